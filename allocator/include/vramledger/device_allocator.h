@@ -1,0 +1,126 @@
+// The caching allocator of one device: torch's size policy, best fit with split and coalesce,
+// per-stream reuse, record_stream events, empty_cache and the out-of-memory path.
+// Thread-safety: every public method may be called from any thread (one mutex per device).
+#ifndef VRAMLEDGER_DEVICE_ALLOCATOR_H_
+#define VRAMLEDGER_DEVICE_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "vramledger/device_backend.h"
+#include "vramledger/options.h"
+#include "vramledger/stats.h"
+#include "vramledger/types.h"
+
+namespace vramledger {
+
+/// The numbers of an out-of-memory failure, the same ones torch's message carries
+/// (PYTORCH-FACTS §2 "OOM"). All sizes in bytes.
+struct OutOfMemoryInfo {
+  int device = 0;
+  StreamId stream = 0;
+  std::size_t requested = 0;     // what the caller asked for
+  std::size_t alloc_size = 0;    // the segment size that could not be obtained ("Tried to allocate")
+  std::size_t device_total = 0;  // cudaMemGetInfo total
+  std::size_t device_free = 0;   // cudaMemGetInfo free
+  std::size_t allowed = 0;       // memory-fraction cap on reserved; 0 = none
+  std::size_t allocated = 0;     // allocated_bytes.all.current
+  std::size_t reserved = 0;      // reserved_bytes.all.current
+  std::size_t largest_free_block = 0;
+  std::int64_t holes = 0;        // free blocks inside segments
+  /// The full message, in torch's shape.
+  std::string message;
+};
+
+/// One block of a segment as a snapshot shows it.
+struct BlockInfo {
+  DevicePtr address = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;  // 0 for inactive blocks
+  /// "active_allocated", "active_pending_free" or "inactive" (torch's exact strings).
+  const char* state = "inactive";
+};
+
+/// One segment (a cudaMalloc'd range, or a mapped range of an expandable segment).
+struct SegmentInfo {
+  int device = 0;
+  DevicePtr address = 0;
+  std::size_t total_size = 0;
+  std::size_t allocated_size = 0;
+  std::size_t active_size = 0;
+  std::size_t requested_size = 0;
+  StreamId stream = 0;
+  bool is_small = false;  // segment_type "small" / "large"
+  bool is_expandable = false;
+  std::vector<BlockInfo> blocks;  // in address order
+};
+
+class DeviceAllocatorImpl;
+
+/// The caching allocator of one device. Construct one per device from options and a backend;
+/// the backend must outlive it.
+class DeviceAllocator {
+ public:
+  /// `backend` is borrowed. Options are taken as parsed (see ParseOptions).
+  DeviceAllocator(const Options& options, DeviceBackend* backend);
+  /// Returns every segment to the backend. Live blocks at destruction are leaked (their memory
+  /// is still freed), so destroy only when the device is done.
+  ~DeviceAllocator();
+  DeviceAllocator(const DeviceAllocator&) = delete;
+  DeviceAllocator& operator=(const DeviceAllocator&) = delete;
+
+  /// Allocates `size` bytes for use on `stream`. Size 0 returns 0 (a null pointer), as torch's
+  /// native allocator does; any size > 0 returns a non-null address or an error:
+  /// ResourceExhausted with torch's out-of-memory message (details in last_oom()), or the
+  /// backend's error for other driver failures.
+  absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream);
+
+  /// Frees an address returned by Malloc. Free(0) is a no-op. NotFound for an unknown address.
+  /// If the block was used on other streams (RecordStream), its memory is reused only after
+  /// events recorded now on those streams complete.
+  absl::Status Free(DevicePtr ptr);
+
+  /// Marks the live block at `ptr` as used on `stream` (torch's Tensor.record_stream).
+  /// NotFound for an unknown address.
+  absl::Status RecordStream(DevicePtr ptr, StreamId stream);
+
+  /// Waits for pending events and returns every fully free segment to the driver.
+  absl::Status EmptyCache();
+
+  /// Caps reserved bytes at `fraction` x device total (torch's set_per_process_memory_fraction).
+  /// InvalidArgument outside [0, 1]; 0 removes the cap.
+  absl::Status SetMemoryFraction(double fraction);
+
+  /// A copy of the statistics (torch's memory_stats keys).
+  DeviceStats GetStats() const;
+  void ResetPeakStats();
+  void ResetAccumulatedStats();
+
+  /// Segments and their blocks, in address order.
+  std::vector<SegmentInfo> Snapshot() const;
+
+  /// The numbers of the most recent out-of-memory failure.
+  OutOfMemoryInfo last_oom() const;
+
+  /// Checks every internal invariant (block chains, free index, stats identities).
+  /// Internal error naming the first broken invariant. O(blocks); for tests and fuzzers.
+  absl::Status CheckInvariants() const;
+
+  const Options& options() const;
+  DeviceBackend* backend() const;
+
+ private:
+  std::unique_ptr<DeviceAllocatorImpl> impl_;
+};
+
+/// Formats a byte count as torch's format_size does: "N bytes" below 1 KiB, else "x.xx KiB/MiB/GiB".
+std::string FormatSize(std::uint64_t bytes);
+
+}  // namespace vramledger
+
+#endif  // VRAMLEDGER_DEVICE_ALLOCATOR_H_

@@ -1,0 +1,72 @@
+// Allocator options: one plain struct with defaults and one parser for the
+// `key:value,...` syntax of PYTORCH_CUDA_ALLOC_CONF. Parsed once at the edge; no global state.
+#ifndef VRAMLEDGER_OPTIONS_H_
+#define VRAMLEDGER_OPTIONS_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "vramledger/types.h"
+
+namespace vramledger {
+
+/// Number of power-of-two intervals of `roundup_power2_divisions` (1 MiB ... 64 GiB), as torch.
+inline constexpr int kRoundupPower2Intervals = 16;
+
+/// Every setting of one device allocator. Torch's keys keep torch's meaning (PYTORCH-FACTS §3).
+struct Options {
+  /// `max_split_size_mb`: blocks of this size or more are never split; SIZE_MAX = unlimited.
+  std::size_t max_split_size = SIZE_MAX;
+  /// `max_non_split_rounding_mb`: an oversize request may take a cached oversize block only if
+  /// the block is smaller than request + this.
+  std::size_t max_non_split_rounding = 20 * kMiB;
+  /// `garbage_collection_threshold` in (0, 1); 0 = off. Only active with a memory fraction.
+  double garbage_collection_threshold = 0.0;
+  /// `expandable_segments` (torch's key).
+  bool expandable_segments = false;
+  /// `large_segment_size_mb`: the segment size for 1-10 MiB requests.
+  std::size_t large_segment_size = 20 * kMiB;
+  /// `roundup_power2_divisions`: divisions per power-of-two interval starting at 1 MiB.
+  std::array<std::size_t, kRoundupPower2Intervals> roundup_power2_divisions{};
+  /// `release_lock_on_cudamalloc` (accepted for compatibility; see docs/design/locking.md).
+  bool release_lock_on_cudamalloc = false;
+  /// `per_process_memory_fraction` in [0, 1]; 0 = no cap. Cap on reserved = fraction x total.
+  double per_process_memory_fraction = 0.0;
+  /// `page_recycling` (vramledger): move whole free pages of expandable segments before growing.
+  bool page_recycling = true;
+  /// `plan` (vramledger): path of the memory plan file; empty = no plan.
+  std::string plan;
+  /// `dump_dir` (vramledger): where OOM forensics go.
+  std::string dump_dir = "./vramledger-dumps";
+  /// `max_dumps` (vramledger): at most this many forensic dumps are kept.
+  int max_dumps = 8;
+  /// The settings string this struct was parsed from (reported in snapshots, as torch does).
+  std::string conf_string;
+};
+
+/// One documented option: name, default as written in a settings string, and meaning.
+struct OptionDoc {
+  std::string_view name;
+  std::string_view default_value;
+  std::string_view doc;
+};
+
+/// The table of every accepted key, in the order shown in errors and in `vramledger --help`.
+const std::array<OptionDoc, 16>& OptionTable();
+
+/// Parses `conf` (`key:value,key:value`, whitespace ignored, lists in [...]) on top of `base`.
+/// Booleans must be `True` or `False`, as torch requires.
+/// Errors: InvalidArgument naming the key and the accepted values, e.g.
+///   "unknown option 'foo' in 'foo:1'; accepted keys: max_split_size_mb, ..."
+absl::StatusOr<Options> ParseOptions(std::string_view conf, const Options& base = Options());
+
+/// Merges the environment variable VRAMLEDGER_CONF (if set) and then `explicit_conf` (which wins).
+absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf);
+
+}  // namespace vramledger
+
+#endif  // VRAMLEDGER_OPTIONS_H_

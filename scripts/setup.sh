@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything vramledger needs on a fresh Debian 12 machine (apt + a project venv),
+# then builds the C++ tree and installs the Python package into .venv.
+# Idempotent: re-running skips what is already there.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+APT_PKGS=(build-essential cmake ninja-build pkg-config libabsl-dev zlib1g-dev nlohmann-json3-dev
+          libgtest-dev libgmock-dev libbenchmark-dev python3-venv)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch, pytest, numpy, matplotlib, scikit_build_core, pybind11" 2>/dev/null; then
+  echo "setup: pip install -r requirements.txt (torch is large; first run takes minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements.txt
+fi
