@@ -28,7 +28,7 @@ struct OutOfMemoryInfo {
   std::size_t alloc_size = 0;    // the segment size that could not be obtained ("Tried to allocate")
   std::size_t device_total = 0;  // cudaMemGetInfo total
   std::size_t device_free = 0;   // cudaMemGetInfo free
-  std::size_t allowed = 0;       // memory-fraction cap on reserved; 0 = none
+  std::size_t allowed = 0;       // memory-fraction cap on reserved (bytes); 0 when none is set
   std::size_t allocated = 0;     // allocated_bytes.all.current
   std::size_t reserved = 0;      // reserved_bytes.all.current
   std::size_t largest_free_block = 0;
@@ -92,8 +92,9 @@ class DeviceAllocator {
   /// Waits for pending events and returns every fully free segment to the driver.
   absl::Status EmptyCache();
 
-  /// Caps reserved bytes at `fraction` x device total (torch's set_per_process_memory_fraction).
-  /// InvalidArgument outside [0, 1]; 0 removes the cap.
+  /// Caps reserved bytes at `fraction` x device total (torch's set_per_process_memory_fraction:
+  /// a segment that would take reserved past the cap fails as if the device were full).
+  /// InvalidArgument outside [0, 1].
   absl::Status SetMemoryFraction(double fraction);
 
   /// A copy of the statistics (torch's memory_stats keys).

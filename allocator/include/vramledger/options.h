@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "vramledger/types.h"
@@ -56,13 +57,16 @@ struct OptionDoc {
 };
 
 /// The table of every accepted key, in the order shown in errors and in `vramledger --help`.
-const std::array<OptionDoc, 16>& OptionTable();
+const std::vector<OptionDoc>& OptionTable();
 
 /// Parses `conf` (`key:value,key:value`, whitespace ignored, lists in [...]) on top of `base`.
 /// Booleans must be `True` or `False`, as torch requires.
 /// Errors: InvalidArgument naming the key and the accepted values, e.g.
 ///   "unknown option 'foo' in 'foo:1'; accepted keys: max_split_size_mb, ..."
 absl::StatusOr<Options> ParseOptions(std::string_view conf, const Options& base = Options());
+
+/// Writes options back as a settings string that ParseOptions accepts (every key, sorted).
+std::string OptionsToString(const Options& options);
 
 /// Merges the environment variable VRAMLEDGER_CONF (if set) and then `explicit_conf` (which wins).
 absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf);

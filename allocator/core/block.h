@@ -1,0 +1,64 @@
+// Blocks, segments and the best-fit free index of one pool. Plain data; the owning
+// DeviceAllocatorImpl guards every instance with its mutex (docs/design/locking.md).
+#ifndef VRAMLEDGER_CORE_BLOCK_H_
+#define VRAMLEDGER_CORE_BLOCK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "vramledger/types.h"
+
+namespace vramledger::core {
+
+struct BlockPool;
+struct Segment;
+
+/// A contiguous piece of a segment: allocated, pending free (waiting on events) or free.
+/// Blocks of one segment form a doubly linked list in address order.
+struct Block {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;            // bytes, a multiple of 512
+  std::size_t requested_size = 0;  // the caller's size while allocated or pending free
+  StreamId stream = 0;             // the allocation stream; the block is reused only by it
+  BlockPool* pool = nullptr;
+  Segment* segment = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  bool allocated = false;
+  int event_count = 0;  // outstanding record_stream events
+  std::vector<StreamId> stream_uses;    // other streams that used it (record_stream)
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool is_free() const { return !allocated && event_count == 0; }
+};
+
+/// One cudaMalloc'd range. `head` is the block at the segment's first byte.
+struct Segment {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;
+  StreamId stream = 0;
+  BlockPool* pool = nullptr;
+  Block* head = nullptr;
+};
+
+/// Best-fit order: (stream, size, address). lower_bound({stream, size, 0}) is the smallest
+/// free block of that stream that fits, the lowest address among equals.
+struct BlockBestFitLess {
+  bool operator()(const Block* a, const Block* b) const {
+    return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+  }
+};
+
+/// The free blocks of one pool (small or large), indexed for best fit.
+struct BlockPool {
+  explicit BlockPool(bool small) : is_small(small) {}
+  absl::btree_set<Block*, BlockBestFitLess> blocks;
+  const bool is_small;
+};
+
+}  // namespace vramledger::core
+
+#endif  // VRAMLEDGER_CORE_BLOCK_H_

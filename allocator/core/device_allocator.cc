@@ -1,0 +1,453 @@
+// The allocation and free paths of one device: best fit, split, coalesce, segment growth,
+// record_stream events and the out-of-memory retry. Locking: docs/design/locking.md.
+#include "vramledger/device_allocator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/device_allocator_impl.h"
+#include "core/size_policy.h"
+
+namespace vramledger {
+
+using core::Block;
+using core::BlockPool;
+using core::Segment;
+namespace sp = size_policy;
+
+std::string FormatSize(std::uint64_t bytes) {
+  // torch's format_size (c10/cuda/CUDACachingAllocator.cpp).
+  if (bytes <= 1024) return absl::StrCat(bytes, " bytes");
+  if (bytes <= 1048576) return absl::StrFormat("%.2f KiB", bytes / 1024.0);
+  if (bytes <= 1073741824) return absl::StrFormat("%.2f MiB", bytes / 1048576.0);
+  return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+}
+
+DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* backend)
+    : options_(options), backend_(backend) {
+  absl::MutexLock lock(&mu_);
+  if (options_.per_process_memory_fraction > 0.0) {
+    std::size_t free_bytes = 0;
+    std::size_t total_bytes = 0;
+    if (backend_->MemGetInfo(&free_bytes, &total_bytes).ok()) {
+      fraction_set_ = true;
+      allowed_bytes_ =
+          static_cast<std::size_t>(options_.per_process_memory_fraction * static_cast<double>(total_bytes));
+    }
+  }
+  stats_.max_split_size =
+      options_.max_split_size == SIZE_MAX ? -1 : static_cast<std::int64_t>(options_.max_split_size);
+}
+
+DeviceAllocatorImpl::~DeviceAllocatorImpl() {
+  absl::MutexLock lock(&mu_);
+  (void)SynchronizeAndFreeEvents();
+  for (auto& [ptr, segment] : segments_) {
+    (void)backend_->Free(ptr);
+    for (Block* b = segment->head; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+  }
+  for (EventId e : spare_events_) (void)backend_->DestroyEvent(e);
+  for (Block* b : spare_blocks_) delete b;
+}
+
+DeviceAllocatorImpl::StatTypes DeviceAllocatorImpl::StatTypesFor(const BlockPool* pool) {
+  StatTypes t{};
+  t[kAggregate] = true;
+  t[pool->is_small ? kSmallPool : kLargePool] = true;
+  return t;
+}
+
+void DeviceAllocatorImpl::UpdateStat(StatArray& array, const StatTypes& types, std::int64_t amount) {
+  for (int i = 0; i < kNumStatTypes; ++i) {
+    if (!types[i]) continue;
+    if (amount >= 0) {
+      array[i].Increase(amount);
+    } else {
+      array[i].Decrease(-amount);
+    }
+  }
+}
+
+Block* DeviceAllocatorImpl::NewBlock() {
+  if (spare_blocks_.empty()) return new Block();
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *b = Block();
+  return b;
+}
+
+void DeviceAllocatorImpl::DeleteBlock(Block* block) { spare_blocks_.push_back(block); }
+
+absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId stream) {
+  if (size == 0) return DevicePtr{0};
+  absl::MutexLock lock(&mu_);
+  if (size >= sp::kMaxRequest) {
+    ++stats_.num_ooms;
+    return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
+  }
+  if (pending_events_ > 0) {
+    if (absl::Status s = ProcessEvents(); !s.ok()) return s;
+  }
+  const std::size_t rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
+  BlockPool* pool = PoolFor(rounded);
+  Block* block = TakeFreeBlock(pool, stream, rounded);
+  if (block == nullptr) {
+    const std::size_t alloc_size = sp::AllocationSize(rounded, options_.large_segment_size);
+    auto grown = AllocSegment(pool, stream, alloc_size);
+    if (!grown.ok()) return grown.status();
+    block = *grown;
+    if (block == nullptr && options_.max_split_size != SIZE_MAX) {
+      auto released = ReleaseAvailableCachedBlocks(stream, alloc_size);
+      if (!released.ok()) return released.status();
+      if (*released) {
+        grown = AllocSegment(pool, stream, alloc_size);
+        if (!grown.ok()) return grown.status();
+        block = *grown;
+      }
+    }
+    if (block == nullptr) {
+      // Last resort: wait for every event, return every fully free segment, retry once.
+      if (absl::Status s = ReleaseCachedBlocks(); !s.ok()) return s;
+      ++stats_.num_alloc_retries;
+      grown = AllocSegment(pool, stream, alloc_size);
+      if (!grown.ok()) return grown.status();
+      block = *grown;
+    }
+    if (block == nullptr) return OutOfMemory(size, alloc_size, stream);
+  }
+  return UseBlock(block, rounded, size)->ptr;
+}
+
+Block* DeviceAllocatorImpl::TakeFreeBlock(BlockPool* pool, StreamId stream, std::size_t size) {
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  key.ptr = 0;
+  auto it = pool->blocks.lower_bound(&key);
+  if (it == pool->blocks.end() || (*it)->stream != stream) return nullptr;
+  const std::size_t max_split = options_.max_split_size;
+  // Never hand an oversize block to a request below max_split_size ...
+  if (size < max_split && (*it)->size >= max_split) return nullptr;
+  // ... and give an oversize request only a block that wastes less than max_non_split_rounding.
+  if (size >= max_split && (*it)->size >= size + options_.max_non_split_rounding) return nullptr;
+  Block* block = *it;
+  pool->blocks.erase(it);
+  return block;
+}
+
+absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool, StreamId stream,
+                                                         std::size_t alloc_size) {
+  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current);
+  if (fraction_set_ && reserved + alloc_size > allowed_bytes_) return nullptr;
+  DevicePtr ptr = 0;
+  absl::Status s;
+  {
+    RelaxedCaptureScope relaxed(backend_);  // cudaMalloc must not break a capture under way
+    s = backend_->Malloc(alloc_size, &ptr);
+  }
+  if (absl::IsResourceExhausted(s)) return nullptr;
+  if (!s.ok()) return s;
+  auto segment = std::make_unique<Segment>();
+  Block* block = NewBlock();
+  block->ptr = ptr;
+  block->size = alloc_size;
+  block->stream = stream;
+  block->pool = pool;
+  block->segment = segment.get();
+  segment->ptr = ptr;
+  segment->size = alloc_size;
+  segment->stream = stream;
+  segment->pool = pool;
+  segment->head = block;
+  segments_.emplace(ptr, std::move(segment));
+  const StatTypes types = StatTypesFor(pool);
+  UpdateStat(stats_.segment, types, 1);
+  UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(alloc_size));
+  ++stats_.num_device_alloc;
+  if (alloc_size >= options_.max_split_size) stats_.oversize_segments.Increase(1);
+  return block;
+}
+
+bool DeviceAllocatorImpl::ShouldSplit(const Block* block, std::size_t size) const {
+  const std::size_t remaining = block->size - size;
+  if (block->pool->is_small) return remaining >= sp::kMinBlockSize;
+  return size < options_.max_split_size && remaining > sp::kSmallSize;
+}
+
+Block* DeviceAllocatorImpl::UseBlock(Block* block, std::size_t rounded, std::size_t requested) {
+  BlockPool* pool = block->pool;
+  const StatTypes types = StatTypesFor(pool);
+  const bool already_split = block->is_split();
+  if (ShouldSplit(block, rounded)) {
+    // The front becomes the allocation; the remainder stays free in the pool.
+    Block* remaining = block;
+    block = NewBlock();
+    block->ptr = remaining->ptr;
+    block->size = rounded;
+    block->stream = remaining->stream;
+    block->pool = pool;
+    block->segment = remaining->segment;
+    block->prev = remaining->prev;
+    if (block->prev != nullptr) block->prev->next = block;
+    block->next = remaining;
+    remaining->prev = block;
+    remaining->ptr += rounded;
+    remaining->size -= rounded;
+    if (block->prev == nullptr) block->segment->head = block;
+    pool->blocks.insert(remaining);
+    if (already_split) {
+      UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
+    } else {
+      UpdateStat(stats_.inactive_split_bytes, types, static_cast<std::int64_t>(remaining->size));
+      UpdateStat(stats_.inactive_split, types, 1);
+    }
+  } else if (already_split) {
+    UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
+    UpdateStat(stats_.inactive_split, types, -1);
+  }
+  block->allocated = true;
+  block->requested_size = requested;
+  live_blocks_.emplace(block->ptr, block);
+  const auto bytes = static_cast<std::int64_t>(block->size);
+  UpdateStat(stats_.allocation, types, 1);
+  UpdateStat(stats_.allocated_bytes, types, bytes);
+  UpdateStat(stats_.active, types, 1);
+  UpdateStat(stats_.active_bytes, types, bytes);
+  UpdateStat(stats_.requested_bytes, types, static_cast<std::int64_t>(requested));
+  if (block->size >= options_.max_split_size) stats_.oversize_allocations.Increase(1);
+  return block;
+}
+
+absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
+  if (ptr == 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto it = live_blocks_.find(ptr);
+  if (it == live_blocks_.end() || !it->second->allocated) {
+    return absl::NotFoundError(absl::StrFormat(
+        "free of address 0x%x, which vramledger did not allocate on device %d or already freed",
+        ptr, backend_->device()));
+  }
+  Block* block = it->second;
+  block->allocated = false;
+  const StatTypes types = StatTypesFor(block->pool);
+  UpdateStat(stats_.allocation, types, -1);
+  UpdateStat(stats_.allocated_bytes, types, -static_cast<std::int64_t>(block->size));
+  if (block->size >= options_.max_split_size) stats_.oversize_allocations.Decrease(1);
+  if (!block->stream_uses.empty()) {
+    // Used on other streams: reusable only once their work up to now has completed.
+    return InsertEvents(block);
+  }
+  live_blocks_.erase(it);
+  FreeBlock(block);
+  return absl::OkStatus();
+}
+
+void DeviceAllocatorImpl::FreeBlock(Block* block) {
+  BlockPool* pool = block->pool;
+  const StatTypes types = StatTypesFor(pool);
+  const auto original_size = static_cast<std::int64_t>(block->size);
+  const auto requested = static_cast<std::int64_t>(block->requested_size);
+  std::int64_t split_blocks_change = 0;
+  std::int64_t split_bytes_change = 0;
+  for (Block* candidate : {block->prev, block->next}) {
+    const std::size_t subsumed = TryMerge(block, candidate);
+    if (subsumed > 0) {
+      split_blocks_change -= 1;
+      split_bytes_change -= static_cast<std::int64_t>(subsumed);
+    }
+  }
+  block->requested_size = 0;
+  pool->blocks.insert(block);
+  if (block->is_split()) {
+    split_blocks_change += 1;
+    split_bytes_change += static_cast<std::int64_t>(block->size);
+  }
+  UpdateStat(stats_.inactive_split, types, split_blocks_change);
+  UpdateStat(stats_.inactive_split_bytes, types, split_bytes_change);
+  UpdateStat(stats_.active, types, -1);
+  UpdateStat(stats_.active_bytes, types, -original_size);
+  UpdateStat(stats_.requested_bytes, types, -requested);
+}
+
+std::size_t DeviceAllocatorImpl::TryMerge(Block* dst, Block* src) {
+  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
+    return 0;
+  }
+  if (dst->prev == src) {
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    if (dst->prev != nullptr) {
+      dst->prev->next = dst;
+    } else {
+      dst->segment->head = dst;
+    }
+  } else {
+    dst->next = src->next;
+    if (dst->next != nullptr) dst->next->prev = dst;
+  }
+  const std::size_t subsumed = src->size;
+  dst->size += subsumed;
+  dst->pool->blocks.erase(src);
+  DeleteBlock(src);
+  return subsumed;
+}
+
+absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_blocks_.find(ptr);
+  if (it == live_blocks_.end() || !it->second->allocated) {
+    return absl::NotFoundError(
+        absl::StrFormat("record_stream on address 0x%x, which is not a live vramledger block", ptr));
+  }
+  Block* block = it->second;
+  if (stream == block->stream) return absl::OkStatus();
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
+      block->stream_uses.end()) {
+    block->stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EventId> DeviceAllocatorImpl::GetEvent() {
+  if (!spare_events_.empty()) {
+    EventId e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  EventId e = 0;
+  if (absl::Status s = backend_->CreateEvent(&e); !s.ok()) return s;
+  return e;
+}
+
+absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
+  auto uses = std::move(block->stream_uses);
+  block->stream_uses.clear();
+  for (StreamId s : uses) {
+    auto event = GetEvent();
+    if (!event.ok()) return event.status();
+    if (absl::Status st = backend_->RecordEvent(*event, s); !st.ok()) return st;
+    ++block->event_count;
+    ++pending_events_;
+    events_[s].emplace_back(*event, block);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::ProcessEvents() {
+  for (auto& [stream, queue] : events_) {
+    while (!queue.empty()) {
+      auto [event, block] = queue.front();
+      auto done = backend_->QueryEvent(event);
+      if (!done.ok()) return done.status();
+      if (!*done) break;  // later events of this stream cannot be done either
+      queue.pop_front();
+      --pending_events_;
+      spare_events_.push_back(event);
+      if (--block->event_count == 0) {
+        live_blocks_.erase(block->ptr);
+        FreeBlock(block);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::SynchronizeAndFreeEvents() {
+  if (pending_events_ > 0) ++stats_.num_sync_all_streams;
+  for (auto& [stream, queue] : events_) {
+    while (!queue.empty()) {
+      auto [event, block] = queue.front();
+      if (absl::Status s = backend_->SynchronizeEvent(event); !s.ok()) return s;
+      queue.pop_front();
+      --pending_events_;
+      spare_events_.push_back(event);
+      if (--block->event_count == 0) {
+        live_blocks_.erase(block->ptr);
+        FreeBlock(block);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::ReleaseSegment(Block* block) {
+  // Pre: `block` spans its whole segment and is in its pool's free index.
+  Segment* segment = block->segment;
+  if (absl::Status s = backend_->Free(segment->ptr); !s.ok()) return s;
+  const StatTypes types = StatTypesFor(block->pool);
+  UpdateStat(stats_.segment, types, -1);
+  UpdateStat(stats_.reserved_bytes, types, -static_cast<std::int64_t>(segment->size));
+  ++stats_.num_device_free;
+  if (segment->size >= options_.max_split_size) stats_.oversize_segments.Decrease(1);
+  block->pool->blocks.erase(block);
+  DeleteBlock(block);
+  segments_.erase(segment->ptr);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> DeviceAllocatorImpl::ReleaseAvailableCachedBlocks(StreamId stream,
+                                                                      std::size_t size) {
+  // torch's release_available_cached_blocks: oversize, unsplit cached blocks of this stream,
+  // the smallest one that covers `size`, else the largest ones until `size` is covered.
+  BlockPool& pool = large_pool_;
+  std::vector<Block*> candidates;
+  for (Block* b : pool.blocks) {
+    if (b->stream == stream && b->size >= options_.max_split_size && !b->is_split()) {
+      candidates.push_back(b);
+    }
+  }
+  if (candidates.empty()) return false;
+  auto fit = std::find_if(candidates.begin(), candidates.end(),
+                          [&](Block* b) { return b->size >= size; });
+  if (fit != candidates.end()) {
+    if (absl::Status s = ReleaseSegment(*fit); !s.ok()) return s;
+    return true;
+  }
+  std::size_t released = 0;
+  for (auto it = candidates.rbegin(); it != candidates.rend() && released < size; ++it) {
+    released += (*it)->size;
+    if (absl::Status s = ReleaseSegment(*it); !s.ok()) return s;
+  }
+  return released >= size;
+}
+
+absl::Status DeviceAllocatorImpl::ReleaseCachedBlocks() {
+  if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
+  for (BlockPool* pool : {&large_pool_, &small_pool_}) {
+    std::vector<Block*> whole;
+    for (Block* b : pool->blocks) {
+      if (!b->is_split()) whole.push_back(b);
+    }
+    for (Block* b : whole) {
+      if (absl::Status s = ReleaseSegment(b); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::EmptyCache() {
+  absl::MutexLock lock(&mu_);
+  return ReleaseCachedBlocks();
+}
+
+absl::Status DeviceAllocatorImpl::SetMemoryFraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory fraction ", fraction, " is outside [0, 1]"));
+  }
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  fraction_set_ = true;
+  allowed_bytes_ = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
+  return absl::OkStatus();
+}
+
+}  // namespace vramledger

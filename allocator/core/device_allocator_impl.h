@@ -1,0 +1,102 @@
+// Internal state of one device's caching allocator: pools, segments, live-block map, event
+// queues and stats. Every member is guarded by `mu_` (docs/design/locking.md).
+#ifndef VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
+#define VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
+
+#include <deque>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "core/block.h"
+#include "vramledger/device_allocator.h"
+
+namespace vramledger {
+
+class DeviceAllocatorImpl {
+ public:
+  DeviceAllocatorImpl(const Options& options, DeviceBackend* backend);
+  ~DeviceAllocatorImpl();
+
+  absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Free(DevicePtr ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RecordStream(DevicePtr ptr, StreamId stream) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EmptyCache() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetMemoryFraction(double fraction) ABSL_LOCKS_EXCLUDED(mu_);
+  DeviceStats GetStats() const ABSL_LOCKS_EXCLUDED(mu_);
+  void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
+  void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<SegmentInfo> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+  OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Options& options() const { return options_; }
+  DeviceBackend* backend() const { return backend_; }
+
+ private:
+  using StatTypes = std::array<bool, kNumStatTypes>;
+  static StatTypes StatTypesFor(const core::BlockPool* pool);
+
+  core::BlockPool* PoolFor(std::size_t rounded_size) {
+    return rounded_size <= 1 * kMiB ? &small_pool_ : &large_pool_;
+  }
+  // Best fit in `pool` for (stream, size) under torch's max_split_size rules; removes it.
+  core::Block* TakeFreeBlock(core::BlockPool* pool, StreamId stream, std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
+  // fraction cap); an error status for any other driver failure.
+  absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, StreamId stream,
+                                            std::size_t alloc_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Splits as needed and marks `block` allocated for a request of `requested` bytes.
+  core::Block* UseBlock(core::Block* block, std::size_t rounded, std::size_t requested)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ShouldSplit(const core::Block* block, std::size_t size) const;
+  // Returns a no-longer-active block to its pool, coalescing with free neighbours.
+  void FreeBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::size_t TryMerge(core::Block* dst, core::Block* src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees oversize cached blocks of `stream` (max_split_size set) until `size` could fit.
+  absl::StatusOr<bool> ReleaseAvailableCachedBlocks(StreamId stream, std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for all events, then frees every fully free segment.
+  absl::Status ReleaseCachedBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseSegment(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InsertEvents(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SynchronizeAndFreeEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<EventId> GetEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OutOfMemory(std::size_t requested, std::size_t alloc_size, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::size_t LargestFreeBlock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t CountHoles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateStat(StatArray& array, const StatTypes& types, std::int64_t amount);
+
+  const Options options_;
+  DeviceBackend* const backend_;
+  mutable absl::Mutex mu_;
+  core::BlockPool small_pool_ ABSL_GUARDED_BY(mu_){true};
+  core::BlockPool large_pool_ ABSL_GUARDED_BY(mu_){false};
+  // Segments by address.
+  absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
+  // Allocated and pending-free blocks by address.
+  absl::flat_hash_map<DevicePtr, core::Block*> live_blocks_ ABSL_GUARDED_BY(mu_);
+  // record_stream events, one FIFO per stream so a slow stream never blocks another.
+  absl::flat_hash_map<StreamId, std::deque<std::pair<EventId, core::Block*>>> events_
+      ABSL_GUARDED_BY(mu_);
+  std::int64_t pending_events_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<EventId> spare_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<core::Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+  bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;  // set_per_process_memory_fraction called
+  std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
+  OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace vramledger
+
+#endif  // VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_

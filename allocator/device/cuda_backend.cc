@@ -1,0 +1,432 @@
+// CudaBackend: runtime calls, driver VMM calls through entry points (libcuda is not linked), the
+// device guard and error mapping. Thread-safe: no mutable state besides the atomic call ledger.
+#include "device/cuda_backend.h"
+
+#include <cuda.h>  // Types only: every driver function is reached through CudaDriverApi.
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace vramledger {
+
+static_assert(std::is_base_of_v<DeviceBackend, CudaBackend> && !std::is_abstract_v<CudaBackend>,
+              "CudaBackend must implement every DeviceBackend primitive");
+
+// Driver ABI versions: all VMM entry points have had one ABI since CUDA 10.2 (the _v10020
+// typedefs). Asking for the 12.0 ABI pins those and stays valid on newer drivers.
+struct CudaDriverApi {
+  PFN_cuMemAddressReserve_v10020 mem_address_reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 mem_address_free = nullptr;
+  PFN_cuMemCreate_v10020 mem_create = nullptr;
+  PFN_cuMemRelease_v10020 mem_release = nullptr;
+  PFN_cuMemMap_v10020 mem_map = nullptr;
+  PFN_cuMemUnmap_v10020 mem_unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity = nullptr;
+  PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
+  PFN_cuGetErrorString_v6000 get_error_string = nullptr;
+  PFN_cuGetErrorName_v6000 get_error_name = nullptr;
+};
+
+namespace {
+
+constexpr unsigned int kDriverAbiVersion = 12000;
+
+// Resolves `symbol` into `*fn`; the error names the symbol.
+template <typename Fn>
+absl::Status LoadEntryPoint(const char* symbol, Fn* fn) {
+  void* address = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(symbol, &address, kDriverAbiVersion, cudaEnableDefault,
+                                       &found);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InternalError(absl::StrFormat("cudaGetDriverEntryPointByVersion(%s): %s", symbol,
+                                               cudaGetErrorString(err)));
+  }
+  if (found != cudaDriverEntryPointSuccess || address == nullptr) {
+    return absl::InternalError(absl::StrFormat(
+        "cudaGetDriverEntryPointByVersion(%s): not found for ABI %d (query result %d)", symbol,
+        kDriverAbiVersion, static_cast<int>(found)));
+  }
+  *fn = reinterpret_cast<Fn>(address);
+  return absl::OkStatus();
+}
+
+absl::Status LoadDriverApi(CudaDriverApi* api) {
+  for (const absl::Status& status : {
+           LoadEntryPoint("cuMemAddressReserve", &api->mem_address_reserve),
+           LoadEntryPoint("cuMemAddressFree", &api->mem_address_free),
+           LoadEntryPoint("cuMemCreate", &api->mem_create),
+           LoadEntryPoint("cuMemRelease", &api->mem_release),
+           LoadEntryPoint("cuMemMap", &api->mem_map),
+           LoadEntryPoint("cuMemUnmap", &api->mem_unmap),
+           LoadEntryPoint("cuMemSetAccess", &api->mem_set_access),
+           LoadEntryPoint("cuMemGetAllocationGranularity", &api->mem_get_allocation_granularity),
+           LoadEntryPoint("cuCtxGetCurrent", &api->ctx_get_current),
+           LoadEntryPoint("cuGetErrorString", &api->get_error_string),
+           LoadEntryPoint("cuGetErrorName", &api->get_error_name),
+       }) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+// Runs `fn` (a CUDA call), records its wall time in microseconds under `call`, returns its result.
+template <typename Fn>
+auto Timed(DriverCallLedger& ledger, DriverCall call, Fn&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  auto result = std::forward<Fn>(fn)();
+  ledger.Record(call, std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - start)
+                          .count());
+  return result;
+}
+
+// Maps a runtime error; clears the runtime's last error so later checks do not see it.
+absl::Status RuntimeStatus(cudaError_t err, std::string_view call, int device) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  const std::string message = absl::StrFormat("%s on device %d: %s (%s)", call, device,
+                                              cudaGetErrorString(err), cudaGetErrorName(err));
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+// Maps a driver error, naming it through the driver's own error strings.
+absl::Status DriverStatus(CUresult err, std::string_view call, int device,
+                          const CudaDriverApi& api) {
+  if (err == CUDA_SUCCESS) return absl::OkStatus();
+  const char* name = "unknown CUresult";
+  const char* text = "no description";
+  if (api.get_error_name(err, &name) != CUDA_SUCCESS) name = "unknown CUresult";
+  if (api.get_error_string(err, &text) != CUDA_SUCCESS) text = "no description";
+  const std::string message =
+      absl::StrFormat("%s on device %d: %s (%s, %d)", call, device, text, name,
+                      static_cast<int>(err));
+  if (err == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+// Makes `device` current for the scope (and, for driver calls, gives the thread a context);
+// restores the previous device on exit. Does nothing when the device is already current.
+class ScopedDevice {
+ public:
+  ScopedDevice(int device, const CudaDriverApi* driver_for_context) {
+    int current = -1;
+    if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
+      status_ = RuntimeStatus(err, "cudaGetDevice", device);
+      return;
+    }
+    if (current != device) {
+      if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+        status_ = RuntimeStatus(err, "cudaSetDevice", device);
+        return;
+      }
+      previous_ = current;
+      return;
+    }
+    if (driver_for_context != nullptr) {
+      // cudaGetDevice reports device 0 on a thread that never touched CUDA, with no context
+      // bound; the driver VMM calls need one. cudaSetDevice binds the primary context (CUDA 12+).
+      CUcontext context = nullptr;
+      if (driver_for_context->ctx_get_current(&context) == CUDA_SUCCESS && context == nullptr) {
+        status_ = RuntimeStatus(cudaSetDevice(device), "cudaSetDevice", device);
+      }
+    }
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;  // Device to restore, or -1 if nothing was switched.
+  absl::Status status_;
+};
+
+cudaStream_t ToStream(StreamId stream) { return reinterpret_cast<cudaStream_t>(stream); }
+cudaEvent_t ToEvent(EventId event) { return reinterpret_cast<cudaEvent_t>(event); }
+CUdeviceptr ToDevicePtr(DevicePtr ptr) { return static_cast<CUdeviceptr>(ptr); }
+
+CUmemLocation DeviceLocation(int device) {
+  CUmemLocation location = {};
+  location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  location.id = device;
+  return location;
+}
+
+CUmemAllocationProp PinnedDeviceProp(int device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = DeviceLocation(device);
+  return prop;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  auto api = std::make_unique<CudaDriverApi>();
+  vmm_status_ = LoadDriverApi(api.get());
+  if (!vmm_status_.ok()) return;
+  ScopedDevice scope(device_, api.get());
+  if (!scope.status().ok()) {
+    vmm_status_ = scope.status();
+    return;
+  }
+  const CUmemAllocationProp prop = PinnedDeviceProp(device_);
+  std::size_t granularity = 0;
+  vmm_status_ = DriverStatus(
+      api->mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+      "cuMemGetAllocationGranularity", device_, *api);
+  if (!vmm_status_.ok()) return;
+  granularity_ = granularity;
+  driver_ = std::move(api);
+}
+
+CudaBackend::~CudaBackend() = default;
+
+absl::Status CudaBackend::CheckGranular(const char* call, const char* what,
+                                        std::size_t value) const {
+  if (value != 0 && value % granularity_ == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: %s %#x is not a positive multiple of the granularity %d bytes", call,
+                      what, value, granularity_));
+}
+
+// ---- Plain segments ----
+
+absl::Status CudaBackend::Malloc(std::size_t size, DevicePtr* out) {
+  if (out == nullptr || size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cudaMalloc: size %d must be positive and out non-null", size));
+  }
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  void* ptr = nullptr;
+  const cudaError_t err = Timed(calls_, DriverCall::kMalloc, [&] { return cudaMalloc(&ptr, size); });
+  if (err != cudaSuccess) {
+    return RuntimeStatus(err, absl::StrFormat("cudaMalloc(%d bytes)", size), device_);
+  }
+  *out = reinterpret_cast<DevicePtr>(ptr);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Free(DevicePtr ptr) {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  const cudaError_t err = Timed(calls_, DriverCall::kFree,
+                                [&] { return cudaFree(reinterpret_cast<void*>(ptr)); });
+  return RuntimeStatus(err, absl::StrFormat("cudaFree(%#x)", ptr), device_);
+}
+
+// ---- Virtual memory management ----
+
+absl::Status CudaBackend::ReserveAddress(std::size_t size, DevicePtr* out) {
+  if (!vmm_status_.ok()) return vmm_status_;
+  if (out == nullptr) return absl::InvalidArgumentError("cuMemAddressReserve: out is null");
+  if (absl::Status s = CheckGranular("cuMemAddressReserve", "size", size); !s.ok()) return s;
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  CUdeviceptr ptr = 0;
+  const CUresult err = Timed(calls_, DriverCall::kAddressReserve, [&] {
+    return driver_->mem_address_reserve(&ptr, size, /*alignment=*/0, /*addr=*/0, /*flags=*/0);
+  });
+  if (err != CUDA_SUCCESS) {
+    return DriverStatus(err, absl::StrFormat("cuMemAddressReserve(%d bytes)", size), device_,
+                        *driver_);
+  }
+  *out = static_cast<DevicePtr>(ptr);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReleaseAddress(DevicePtr ptr, std::size_t size) {
+  if (!vmm_status_.ok()) return vmm_status_;
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  const CUresult err = Timed(calls_, DriverCall::kAddressFree,
+                             [&] { return driver_->mem_address_free(ToDevicePtr(ptr), size); });
+  return DriverStatus(err, absl::StrFormat("cuMemAddressFree(%#x, %d bytes)", ptr, size), device_,
+                      *driver_);
+}
+
+absl::Status CudaBackend::CreatePhysical(std::size_t size, PhysicalHandle* out) {
+  if (!vmm_status_.ok()) return vmm_status_;
+  if (out == nullptr) return absl::InvalidArgumentError("cuMemCreate: out is null");
+  if (absl::Status s = CheckGranular("cuMemCreate", "size", size); !s.ok()) return s;
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  const CUmemAllocationProp prop = PinnedDeviceProp(device_);
+  CUmemGenericAllocationHandle handle = 0;
+  const CUresult err = Timed(calls_, DriverCall::kMemCreate, [&] {
+    return driver_->mem_create(&handle, size, &prop, /*flags=*/0);
+  });
+  if (err != CUDA_SUCCESS) {
+    return DriverStatus(err, absl::StrFormat("cuMemCreate(%d bytes)", size), device_, *driver_);
+  }
+  *out = static_cast<PhysicalHandle>(handle);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReleasePhysical(PhysicalHandle handle) {
+  if (!vmm_status_.ok()) return vmm_status_;
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  const CUresult err = Timed(calls_, DriverCall::kMemRelease, [&] {
+    return driver_->mem_release(static_cast<CUmemGenericAllocationHandle>(handle));
+  });
+  return DriverStatus(err, absl::StrFormat("cuMemRelease(%#x)", handle), device_, *driver_);
+}
+
+absl::Status CudaBackend::Map(DevicePtr va, std::size_t size, PhysicalHandle handle) {
+  if (!vmm_status_.ok()) return vmm_status_;
+  if (absl::Status s = CheckGranular("cuMemMap", "address", va); !s.ok()) return s;
+  if (absl::Status s = CheckGranular("cuMemMap", "size", size); !s.ok()) return s;
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  const CUresult err = Timed(calls_, DriverCall::kMemMap, [&] {
+    return driver_->mem_map(ToDevicePtr(va), size, /*offset=*/0,
+                            static_cast<CUmemGenericAllocationHandle>(handle), /*flags=*/0);
+  });
+  return DriverStatus(err, absl::StrFormat("cuMemMap(%#x, %d bytes, handle %#x)", va, size, handle),
+                      device_, *driver_);
+}
+
+absl::Status CudaBackend::Unmap(DevicePtr va, std::size_t size) {
+  if (!vmm_status_.ok()) return vmm_status_;
+  if (absl::Status s = CheckGranular("cuMemUnmap", "address", va); !s.ok()) return s;
+  if (absl::Status s = CheckGranular("cuMemUnmap", "size", size); !s.ok()) return s;
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  const CUresult err = Timed(calls_, DriverCall::kMemUnmap,
+                             [&] { return driver_->mem_unmap(ToDevicePtr(va), size); });
+  return DriverStatus(err, absl::StrFormat("cuMemUnmap(%#x, %d bytes)", va, size), device_,
+                      *driver_);
+}
+
+absl::Status CudaBackend::SetAccess(DevicePtr va, std::size_t size) {
+  if (!vmm_status_.ok()) return vmm_status_;
+  if (absl::Status s = CheckGranular("cuMemSetAccess", "address", va); !s.ok()) return s;
+  if (absl::Status s = CheckGranular("cuMemSetAccess", "size", size); !s.ok()) return s;
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  CUmemAccessDesc desc = {};
+  desc.location = DeviceLocation(device_);
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUresult err = Timed(calls_, DriverCall::kMemSetAccess, [&] {
+    return driver_->mem_set_access(ToDevicePtr(va), size, &desc, /*count=*/1);
+  });
+  return DriverStatus(err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes)", va, size), device_,
+                      *driver_);
+}
+
+// ---- Events and streams ----
+
+absl::Status CudaBackend::CreateEvent(EventId* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("cudaEventCreateWithFlags: out is null");
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  cudaEvent_t event = nullptr;
+  const cudaError_t err = Timed(calls_, DriverCall::kEventCreate, [&] {
+    return cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  });
+  if (err != cudaSuccess) return RuntimeStatus(err, "cudaEventCreateWithFlags", device_);
+  *out = reinterpret_cast<EventId>(event);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RecordEvent(EventId event, StreamId stream) {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  const cudaError_t err = Timed(calls_, DriverCall::kEventRecord,
+                                [&] { return cudaEventRecord(ToEvent(event), ToStream(stream)); });
+  return RuntimeStatus(err, "cudaEventRecord", device_);
+}
+
+absl::StatusOr<bool> CudaBackend::QueryEvent(EventId event) {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  const cudaError_t err =
+      Timed(calls_, DriverCall::kEventQuery, [&] { return cudaEventQuery(ToEvent(event)); });
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // Not an error; clear it as torch does.
+    return false;
+  }
+  return RuntimeStatus(err, "cudaEventQuery", device_);
+}
+
+absl::Status CudaBackend::SynchronizeEvent(EventId event) {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  const cudaError_t err = Timed(calls_, DriverCall::kEventSynchronize,
+                                [&] { return cudaEventSynchronize(ToEvent(event)); });
+  return RuntimeStatus(err, "cudaEventSynchronize", device_);
+}
+
+absl::Status CudaBackend::DestroyEvent(EventId event) {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  const cudaError_t err =
+      Timed(calls_, DriverCall::kEventDestroy, [&] { return cudaEventDestroy(ToEvent(event)); });
+  return RuntimeStatus(err, "cudaEventDestroy", device_);
+}
+
+absl::Status CudaBackend::SynchronizeStream(StreamId stream) {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  const cudaError_t err = Timed(calls_, DriverCall::kStreamSynchronize,
+                                [&] { return cudaStreamSynchronize(ToStream(stream)); });
+  return RuntimeStatus(err, "cudaStreamSynchronize", device_);
+}
+
+// ---- Device state ----
+
+absl::Status CudaBackend::MemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) {
+    return absl::InvalidArgumentError("cudaMemGetInfo: output pointers must be non-null");
+  }
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  const cudaError_t err = Timed(calls_, DriverCall::kMemGetInfo,
+                                [&] { return cudaMemGetInfo(free_bytes, total_bytes); });
+  return RuntimeStatus(err, "cudaMemGetInfo", device_);
+}
+
+bool CudaBackend::IsCapturing(StreamId stream) {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(ToStream(stream), &status);
+  if (err == cudaSuccess) return status != cudaStreamCaptureStatusNone;
+  (void)cudaGetLastError();
+  // The legacy stream is implicitly part of another stream's global-mode capture.
+  return err == cudaErrorStreamCaptureImplicit;
+}
+
+int CudaBackend::EnterRelaxedCapture() {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int>(mode);
+}
+
+void CudaBackend::ExitRelaxedCapture(int previous_mode) {
+  if (previous_mode < 0) return;
+  cudaStreamCaptureMode mode = static_cast<cudaStreamCaptureMode>(previous_mode);
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
+}
+
+}  // namespace vramledger

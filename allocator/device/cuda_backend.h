@@ -1,0 +1,85 @@
+// CudaBackend: the DeviceBackend over the CUDA runtime and the driver's VMM entry points, each
+// call timed into calls(). Thread-safe: immutable after construction; CUDA itself is thread-safe.
+#ifndef VRAMLEDGER_DEVICE_CUDA_BACKEND_H_
+#define VRAMLEDGER_DEVICE_CUDA_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "vramledger/device_backend.h"
+#include "vramledger/types.h"
+
+namespace vramledger {
+
+// The driver entry points, resolved once through cudaGetDriverEntryPointByVersion (cuda_backend.cc).
+struct CudaDriverApi;
+
+/// One CUDA device. Every call runs with `device` current: the calling thread's current device is
+/// saved, set and restored around it (nothing is set when it already is current). Driver VMM
+/// calls additionally make sure the thread has a current context (the device's primary context).
+///
+/// Errors: out of memory (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY) is
+/// ResourceExhausted; any other CUDA error is Internal, naming the call and CUDA's error string.
+/// The runtime's last error is cleared after a failed runtime call, so that torch's own
+/// cudaGetLastError checks do not pick it up. Arguments the contract rules out (null outputs,
+/// size 0, VMM sizes or addresses that are not multiples of Granularity()) are InvalidArgument,
+/// checked before any CUDA call, as SimBackend does.
+/// Times are wall-clock microseconds of the CUDA call alone (std::chrono::steady_clock).
+class CudaBackend final : public DeviceBackend {
+ public:
+  /// Binds to CUDA device `device`. Resolves the driver VMM entry points and queries the minimum
+  /// allocation granularity once. If that fails (no driver, no device), the VMM methods return
+  /// vmm_status() and Granularity() reports 2 MiB; the runtime methods still work where CUDA does.
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  int device() const override { return device_; }
+  absl::Status Malloc(std::size_t size, DevicePtr* out) override;
+  absl::Status Free(DevicePtr ptr) override;
+
+  /// Minimum granularity of a pinned device allocation on this device, in bytes.
+  std::size_t Granularity() const override { return granularity_; }
+  absl::Status ReserveAddress(std::size_t size, DevicePtr* out) override;
+  absl::Status ReleaseAddress(DevicePtr ptr, std::size_t size) override;
+  absl::Status CreatePhysical(std::size_t size, PhysicalHandle* out) override;
+  absl::Status ReleasePhysical(PhysicalHandle handle) override;
+  absl::Status Map(DevicePtr va, std::size_t size, PhysicalHandle handle) override;
+  absl::Status Unmap(DevicePtr va, std::size_t size) override;
+  absl::Status SetAccess(DevicePtr va, std::size_t size) override;
+
+  absl::Status CreateEvent(EventId* out) override;
+  absl::Status RecordEvent(EventId event, StreamId stream) override;
+  absl::StatusOr<bool> QueryEvent(EventId event) override;
+  absl::Status SynchronizeEvent(EventId event) override;
+  absl::Status DestroyEvent(EventId event) override;
+  absl::Status SynchronizeStream(StreamId stream) override;
+
+  absl::Status MemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) override;
+  /// True while `stream` is capturing (cudaStreamIsCapturing says Active or Invalidated, or
+  /// reports cudaErrorStreamCaptureImplicit for the legacy stream). False on any other error.
+  bool IsCapturing(StreamId stream) override;
+  /// cudaThreadExchangeStreamCaptureMode to relaxed; returns the previous cudaStreamCaptureMode,
+  /// or -1 if the exchange failed (then ExitRelaxedCapture restores nothing).
+  int EnterRelaxedCapture() override;
+  void ExitRelaxedCapture(int previous_mode) override;
+
+  /// OK if the driver VMM entry points were resolved and the granularity queried; else why not.
+  const absl::Status& vmm_status() const { return vmm_status_; }
+
+ private:
+  // Checks that `value` is a positive multiple of the granularity, for the call named `call`.
+  absl::Status CheckGranular(const char* call, const char* what, std::size_t value) const;
+
+  const int device_;
+  std::unique_ptr<const CudaDriverApi> driver_;  // Null if the entry points could not be loaded.
+  absl::Status vmm_status_;
+  std::size_t granularity_ = 2 * kMiB;
+};
+
+}  // namespace vramledger
+
+#endif  // VRAMLEDGER_DEVICE_CUDA_BACKEND_H_

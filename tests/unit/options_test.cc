@@ -1,0 +1,97 @@
+// The settings-string parser: torch's keys and syntax, vramledger's keys, and the errors.
+#include "vramledger/options.h"
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+namespace vramledger {
+namespace {
+
+TEST(Options, DefaultsMatchTorch) {
+  Options o;
+  EXPECT_EQ(o.max_split_size, SIZE_MAX);
+  EXPECT_EQ(o.max_non_split_rounding, 20 * kMiB);
+  EXPECT_EQ(o.large_segment_size, 20 * kMiB);
+  EXPECT_FALSE(o.expandable_segments);
+  EXPECT_TRUE(o.page_recycling);
+}
+
+TEST(Options, ParsesTorchKeysWithWhitespaceAndLists) {
+  auto o = ParseOptions(
+      " max_split_size_mb:200, expandable_segments:True,"
+      "roundup_power2_divisions:[256:1,512:2,1024:4,>:8], garbage_collection_threshold:0.6");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_split_size, 200 * kMiB);
+  EXPECT_TRUE(o->expandable_segments);
+  EXPECT_DOUBLE_EQ(o->garbage_collection_threshold, 0.6);
+  EXPECT_EQ(o->roundup_power2_divisions[8], 1u);    // 256 MiB
+  EXPECT_EQ(o->roundup_power2_divisions[9], 2u);    // 512 MiB
+  EXPECT_EQ(o->roundup_power2_divisions[10], 4u);   // 1024 MiB
+  EXPECT_EQ(o->roundup_power2_divisions[11], 8u);   // '>' fills the rest
+  EXPECT_EQ(o->roundup_power2_divisions[15], 8u);
+  EXPECT_EQ(o->roundup_power2_divisions[0], 0u);
+}
+
+TEST(Options, SingleDivisionsValueFillsEveryInterval) {
+  auto o = ParseOptions("roundup_power2_divisions:4");
+  ASSERT_TRUE(o.ok());
+  for (std::size_t d : o->roundup_power2_divisions) EXPECT_EQ(d, 4u);
+}
+
+TEST(Options, UnknownKeyNamesTheKeyAndTheAcceptedOnes) {
+  auto o = ParseOptions("max_split_size_mb:200,bogus_key:1");
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("unknown option 'bogus_key'"), std::string::npos);
+  EXPECT_NE(o.status().message().find("max_split_size_mb"), std::string::npos);
+}
+
+TEST(Options, BadValuesNameKeyAndExpectation) {
+  struct Case { const char* conf; const char* needle; };
+  for (const Case& c : {Case{"expandable_segments:true", "True or False"},
+                        Case{"max_split_size_mb:10", "at least 20"},
+                        Case{"max_split_size_mb:abc", "'max_split_size_mb'"},
+                        Case{"garbage_collection_threshold:1.5", "(0, 1)"},
+                        Case{"per_process_memory_fraction:-0.1", "[0, 1]"},
+                        Case{"roundup_power2_divisions:3", "power of two"},
+                        Case{"roundup_power2_divisions:[300:2]", "power of two"},
+                        Case{"backend:cudaMallocAsync", "native"},
+                        Case{"max_dumps:-1", ">= 0"},
+                        Case{"justakey", "expected key:value"}}) {
+    auto o = ParseOptions(c.conf);
+    ASSERT_FALSE(o.ok()) << c.conf;
+    EXPECT_NE(o.status().message().find(c.needle), std::string::npos)
+        << c.conf << " -> " << o.status().message();
+  }
+}
+
+TEST(Options, RoundTripsThroughToString) {
+  auto o = ParseOptions("max_split_size_mb:256,expandable_segments:True,roundup_power2_divisions:2");
+  ASSERT_TRUE(o.ok());
+  auto again = ParseOptions(OptionsToString(*o));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->max_split_size, o->max_split_size);
+  EXPECT_EQ(again->expandable_segments, o->expandable_segments);
+  EXPECT_EQ(again->roundup_power2_divisions, o->roundup_power2_divisions);
+}
+
+TEST(Options, ExplicitConfWinsOverEnvironment) {
+  ::setenv("VRAMLEDGER_CONF", "max_split_size_mb:100,expandable_segments:True", 1);
+  auto o = OptionsFromEnvAndString("max_split_size_mb:300");
+  ::unsetenv("VRAMLEDGER_CONF");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_split_size, 300 * kMiB);
+  EXPECT_TRUE(o->expandable_segments);
+}
+
+TEST(Options, BadEnvironmentIsNamed) {
+  ::setenv("VRAMLEDGER_CONF", "nope:1", 1);
+  auto o = OptionsFromEnvAndString("");
+  ::unsetenv("VRAMLEDGER_CONF");
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("VRAMLEDGER_CONF"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace vramledger

@@ -1,0 +1,128 @@
+// `vramledger-replay TRACE [--capacity-gib N] [--json] [--conf key:value,...]`: replays a trace
+// CSV on SimBackend and prints the table (or JSON). Single-threaded command-line entry point.
+#include <cmath>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "replay/replay.h"
+#include "replay/replay_report.h"
+#include "replay/trace_reader.h"
+#include "vramledger/options.h"
+
+namespace vramledger {
+namespace {
+
+constexpr absl::string_view kUsage =
+    "usage: vramledger-replay TRACE [--capacity-gib N] [--json] [--conf key:value,...]\n"
+    "  TRACE            trace CSV (action,addr,size,stream,time_us), plain or .gz\n"
+    "  --capacity-gib N simulated device capacity in GiB (default: the H200's 139.80)\n"
+    "  --json           print one JSON object instead of the table\n"
+    "  --conf S         allocator options, PYTORCH_CUDA_ALLOC_CONF syntax; applied after\n"
+    "                   VRAMLEDGER_CONF from the environment (--conf wins)\n";
+
+struct Args {
+  std::string trace;
+  std::size_t capacity_bytes = kH200TotalBytes;
+  bool json = false;
+  std::string conf;
+  bool help = false;
+};
+
+// The value of `--name V` or `--name=V` at argv[*i]; advances *i past it.
+absl::StatusOr<std::string> FlagValue(absl::string_view name, int argc, char** argv, int* i) {
+  const absl::string_view arg = argv[*i];
+  if (arg.size() > name.size() && arg[name.size()] == '=') {
+    return std::string(arg.substr(name.size() + 1));
+  }
+  if (*i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
+  ++*i;
+  return std::string(argv[*i]);
+}
+
+absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    auto is_flag = [&](absl::string_view name) {
+      return arg == name || (arg.size() > name.size() && arg.substr(0, name.size()) == name &&
+                             arg[name.size()] == '=');
+    };
+    if (arg == "-h" || arg == "--help") {
+      args.help = true;
+    } else if (arg == "--json") {
+      args.json = true;
+    } else if (is_flag("--conf")) {
+      absl::StatusOr<std::string> value = FlagValue("--conf", argc, argv, &i);
+      if (!value.ok()) return value.status();
+      args.conf = *value;
+    } else if (is_flag("--capacity-gib")) {
+      absl::StatusOr<std::string> value = FlagValue("--capacity-gib", argc, argv, &i);
+      if (!value.ok()) return value.status();
+      double gib = 0;
+      if (!absl::SimpleAtod(*value, &gib) || !std::isfinite(gib) || gib <= 0 || gib > 1e6) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--capacity-gib must be a positive number of GiB, got '", *value, "'"));
+      }
+      args.capacity_bytes = static_cast<std::size_t>(gib * static_cast<double>(kGiB));
+    } else if (arg.size() > 1 && arg[0] == '-') {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'"));
+    } else if (args.trace.empty()) {
+      args.trace = std::string(arg);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("one TRACE expected, got '", args.trace, "' and '", arg, "'"));
+    }
+  }
+  if (args.trace.empty() && !args.help) {
+    return absl::InvalidArgumentError("missing TRACE (the trace CSV to replay)");
+  }
+  return args;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "vramledger-replay: error: " << status.message() << "\n";
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<Args> args = ParseArgs(argc, argv);
+  if (!args.ok()) {
+    std::cerr << "vramledger-replay: error: " << args.status().message() << "\n" << kUsage;
+    return 2;
+  }
+  if (args->help) {
+    std::cout << kUsage;
+    return 0;
+  }
+  absl::StatusOr<Options> options = OptionsFromEnvAndString(args->conf);
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(args->trace);
+  if (!events.ok()) return Fail(events.status());
+
+  ReplayConfig config;
+  config.capacity_bytes = args->capacity_bytes;
+  config.source = args->trace;
+  absl::StatusOr<ReplayResult> result = Replay(*events, *options, config);
+  if (!result.ok()) return Fail(result.status());
+
+  for (const std::string& warning : ReplayWarnings(*result)) {
+    std::cerr << "vramledger-replay: warning: " << warning << "\n";
+  }
+  if (args->json) {
+    std::cout << ReplayResultToJson(*result).dump(2) << "\n";
+  } else {
+    std::cout << FormatReplayTable(*result);
+  }
+  std::cout.flush();
+  return std::cout.good() ? 0 : 2;
+}
+
+}  // namespace
+}  // namespace vramledger
+
+int main(int argc, char** argv) { return vramledger::Main(argc, argv); }

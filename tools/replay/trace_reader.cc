@@ -1,0 +1,219 @@
+// Trace CSV parsing: a line parser shared by the in-memory and the file (zlib) readers.
+// Stateless between calls; thread-safe.
+#include "replay/trace_reader.h"
+
+#include <zlib.h>
+
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <memory>
+#include <system_error>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace vramledger {
+namespace {
+
+constexpr std::array<std::string_view, 9> kActionNames = {
+    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap",  "snapshot",       "oom",
+};
+
+// This Abseil may have its own string_view; std::string_view converts through here.
+constexpr absl::string_view Absl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
+
+constexpr absl::string_view kHeader = Absl(kTraceHeader);
+
+// Lines longer than this are cut in error messages.
+constexpr std::size_t kMaxQuotedChars = 160;
+
+std::string Quote(absl::string_view text) {
+  if (text.size() <= kMaxQuotedChars) return std::string(text);
+  return absl::StrCat(text.substr(0, kMaxQuotedChars), "...");
+}
+
+// Parses a whole field as a decimal integer of type T; false if anything else is there.
+template <typename T>
+bool ParseInteger(absl::string_view field, T* out) {
+  if (field.empty() || field.front() == '+') return false;
+  const char* end = field.data() + field.size();
+  const auto [ptr, ec] = std::from_chars(field.data(), end, *out);
+  return ec == std::errc() && ptr == end;
+}
+
+// Feeds lines one at a time; remembers whether the header was seen.
+class LineParser {
+ public:
+  LineParser(absl::string_view source, std::vector<TraceEvent>* out)
+      : source_(source), out_(out) {}
+
+  // Parses physical line number `line` (without its '\n').
+  absl::Status Feed(absl::string_view text, int line) {
+    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+    if (!header_seen_) {
+      if (!IsHeader(text)) {
+        return Error(line, absl::StrCat("expected the header '", kHeader, "'"), text);
+      }
+      header_seen_ = true;
+      return absl::OkStatus();
+    }
+    if (absl::StripAsciiWhitespace(text).empty()) return absl::OkStatus();
+
+    std::array<absl::string_view, 5> fields;
+    std::size_t n = 0;
+    for (absl::string_view f : absl::StrSplit(text, ',')) {
+      if (n < fields.size()) fields[n] = absl::StripAsciiWhitespace(f);
+      ++n;
+    }
+    if (n != fields.size()) {
+      return Error(line,
+                   absl::StrCat("expected 5 columns (", kHeader, "), found ", n), text);
+    }
+    TraceEvent event;
+    event.line = line;
+    const std::optional<TraceAction> action = ParseTraceAction(std::string_view(fields[0].data(), fields[0].size()));
+    if (!action.has_value()) {
+      return Error(line, absl::StrCat("unknown action '", Quote(fields[0]), "'"), text);
+    }
+    event.action = *action;
+    std::uint64_t addr = 0, size = 0, stream = 0;
+    if (!ParseInteger(fields[1], &addr)) return NotNumber(line, "addr", fields[1], text);
+    if (!ParseInteger(fields[2], &size)) return NotNumber(line, "size", fields[2], text);
+    if (!ParseInteger(fields[3], &stream)) return NotNumber(line, "stream", fields[3], text);
+    if (!ParseInteger(fields[4], &event.time_us)) {
+      return Error(line, absl::StrCat("time_us is not an integer: '", Quote(fields[4]), "'"),
+                   text);
+    }
+    event.addr = static_cast<DevicePtr>(addr);
+    event.size = static_cast<std::size_t>(size);
+    event.stream = static_cast<StreamId>(stream);
+    out_->push_back(event);
+    return absl::OkStatus();
+  }
+
+  // Called after the last line; an input without a header is an error.
+  absl::Status Finish(int lines) const {
+    if (header_seen_) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ":", lines < 1 ? 1 : lines, ": empty trace; expected the header '",
+                     kHeader, "'"));
+  }
+
+ private:
+  static bool IsHeader(absl::string_view text) {
+    std::vector<absl::string_view> names = absl::StrSplit(text, ',');
+    std::vector<absl::string_view> want = absl::StrSplit(kHeader, ',');
+    if (names.size() != want.size()) return false;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (absl::StripAsciiWhitespace(names[i]) != want[i]) return false;
+    }
+    return true;
+  }
+
+  absl::Status NotNumber(int line, absl::string_view column, absl::string_view field,
+                         absl::string_view text) const {
+    return Error(line,
+                 absl::StrCat(column, " is not an unsigned integer: '", Quote(field), "'"), text);
+  }
+
+  absl::Status Error(int line, absl::string_view what, absl::string_view text) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ":", line, ": ", what, " (", Quote(text), ")"));
+  }
+
+  absl::string_view source_;
+  std::vector<TraceEvent>* out_;
+  bool header_seen_ = false;
+};
+
+struct GzCloser {
+  void operator()(gzFile_s* file) const { gzclose(file); }
+};
+
+}  // namespace
+
+std::string_view TraceActionName(TraceAction action) {
+  const auto i = static_cast<std::size_t>(action);
+  return i < kActionNames.size() ? kActionNames[i] : std::string_view("?");
+}
+
+std::optional<TraceAction> ParseTraceAction(std::string_view name) {
+  for (std::size_t i = 0; i < kActionNames.size(); ++i) {
+    if (kActionNames[i] == name) return static_cast<TraceAction>(i);
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::vector<TraceEvent>> ParseTraceEvents(std::string_view text,
+                                                         std::string_view source) {
+  std::vector<TraceEvent> events;
+  LineParser parser(Absl(source), &events);
+  int line = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    ++line;
+    if (absl::Status s = parser.Feed(Absl(text.substr(pos, end - pos)), line); !s.ok()) {
+      return s;
+    }
+    pos = end + 1;
+  }
+  if (absl::Status s = parser.Finish(line); !s.ok()) return s;
+  return events;
+}
+
+absl::StatusOr<std::vector<TraceEvent>> ReadTraceFile(const std::string& path) {
+  errno = 0;
+  // gzopen reads plain files transparently, so one path serves .csv and .csv.gz.
+  std::unique_ptr<gzFile_s, GzCloser> file(gzopen(path.c_str(), "rb"));
+  if (file == nullptr) {
+    const int err = errno != 0 ? errno : ENOMEM;
+    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot open"));
+  }
+  gzbuffer(file.get(), 1 << 20);
+
+  std::vector<TraceEvent> events;
+  LineParser parser(path, &events);
+  std::array<char, 1 << 16> buffer;
+  std::string line_text;
+  int line = 0;
+  bool pending = false;  // line_text holds a line not yet fed
+  while (gzgets(file.get(), buffer.data(), static_cast<int>(buffer.size())) != nullptr) {
+    const std::size_t n = std::strlen(buffer.data());
+    line_text.append(buffer.data(), n);
+    pending = true;
+    if (n == 0 || buffer[n - 1] != '\n') continue;  // a longer line: keep reading it
+    line_text.pop_back();
+    ++line;
+    if (absl::Status s = parser.Feed(line_text, line); !s.ok()) return s;
+    line_text.clear();
+    pending = false;
+  }
+  int errnum = Z_OK;
+  const char* message = gzerror(file.get(), &errnum);
+  if (errnum != Z_OK && errnum != Z_STREAM_END) {
+    if (errnum == Z_ERRNO) {
+      return absl::ErrnoToStatus(errno, absl::StrCat(path, ":", line + 1, ": read failed"));
+    }
+    return absl::DataLossError(
+        absl::StrCat(path, ":", line + 1, ": corrupt gzip data: ", message));
+  }
+  if (pending) {
+    ++line;
+    if (absl::Status s = parser.Feed(line_text, line); !s.ok()) return s;
+  }
+  if (absl::Status s = parser.Finish(line); !s.ok()) return s;
+  return events;
+}
+
+}  // namespace vramledger

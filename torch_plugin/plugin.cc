@@ -1,0 +1,390 @@
+// The C ABI of libvramledger_plugin.so: one DeviceAllocator over a CudaBackend per device, created
+// lazily and thread-safely, with refusals thrown as c10::OutOfMemoryError (PYTORCH-FACTS §1, §8).
+#include "torch_plugin/plugin.h"
+
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "device/cuda_backend.h"
+#include "nlohmann/json.hpp"
+#include "vramledger/device_allocator.h"
+#include "vramledger/options.h"
+#include "vramledger/stats.h"
+
+namespace vramledger {
+namespace {
+
+// One device's allocator. `ready` is published (release) once both members exist; readers that
+// must not create (stats, free) only load it.
+struct DeviceSlot {
+  std::once_flag once;
+  absl::Status status;  // sticky creation failure, written inside `once`
+  std::unique_ptr<CudaBackend> backend;
+  std::unique_ptr<DeviceAllocator> allocator;
+  std::atomic<DeviceAllocator*> ready{nullptr};
+};
+
+// Process-wide plugin state. Never destroyed: tensors may be freed during interpreter shutdown,
+// after static destructors would have run, and the CUDA runtime may already be gone by then.
+class PluginState {
+ public:
+  // Reads the device count once. FailedPrecondition when CUDA has no device.
+  absl::Status EnsureDevices() {
+    std::call_once(devices_once_, [this] {
+      int count = 0;
+      const cudaError_t err = cudaGetDeviceCount(&count);
+      if (err != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky error so torch does not see it
+        devices_status_ = absl::FailedPreconditionError(
+            absl::StrCat("vramledger: cudaGetDeviceCount failed: ", cudaGetErrorString(err)));
+        return;
+      }
+      if (count <= 0) {
+        devices_status_ = absl::FailedPreconditionError("vramledger: no CUDA device is present");
+        return;
+      }
+      device_count_ = count;
+      slots_ = new DeviceSlot[count];  // leaked on purpose, see the class comment
+    });
+    return devices_status_;
+  }
+
+  int device_count() const { return device_count_; }
+
+  absl::Status CheckDevice(int device) {
+    if (absl::Status s = EnsureDevices(); !s.ok()) return s;
+    if (device < 0 || device >= device_count_) {
+      return absl::InvalidArgumentError(absl::StrCat("vramledger: invalid device index ", device,
+                                                     " (", device_count_, " CUDA devices)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The allocator of `device`, creating it on first use.
+  absl::StatusOr<DeviceAllocator*> GetOrCreate(int device) {
+    if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+    DeviceSlot& slot = slots_[device];
+    if (DeviceAllocator* a = slot.ready.load(std::memory_order_acquire)) return a;
+    std::call_once(slot.once, [&] { slot.status = CreateSlot(device, &slot); });
+    if (!slot.status.ok()) return slot.status;
+    return slot.ready.load(std::memory_order_acquire);
+  }
+
+  // The allocator of `device` if it exists; nullptr otherwise (never creates).
+  DeviceAllocator* Existing(int device) const {
+    if (device < 0 || device >= device_count_ || slots_ == nullptr) return nullptr;
+    return slots_[device].ready.load(std::memory_order_acquire);
+  }
+
+  // Sets the options; see vramledger_configure.
+  int Configure(const char* conf, std::string* error) {
+    const std::string conf_string = conf == nullptr ? "" : conf;
+    absl::StatusOr<Options> parsed = OptionsFromEnvAndString(conf_string);
+    if (!parsed.ok()) {
+      *error = absl::StrCat("vramledger: ", parsed.status().message());
+      return VRAMLEDGER_INVALID_ARGUMENT;
+    }
+    std::lock_guard<std::mutex> lock(options_mu_);
+    if (frozen_) {
+      if (configured_ && conf_string == conf_) return VRAMLEDGER_OK;
+      *error = absl::StrCat(
+          "vramledger: the allocator is already running with options '", options_.conf_string,
+          "'; options cannot change after the first allocation (asked for '", conf_string, "')");
+      return VRAMLEDGER_FAILED;
+    }
+    options_ = *std::move(parsed);
+    conf_ = conf_string;
+    configured_ = true;
+    return VRAMLEDGER_OK;
+  }
+
+  // The options allocators are (or will be) created with; parses VRAMLEDGER_CONF if
+  // vramledger_configure was never called. `freeze` forbids later changes.
+  absl::StatusOr<Options> CurrentOptions(bool freeze) {
+    std::lock_guard<std::mutex> lock(options_mu_);
+    if (!configured_) {
+      absl::StatusOr<Options> parsed = OptionsFromEnvAndString("");
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("vramledger: VRAMLEDGER_CONF: ", parsed.status().message()));
+      }
+      options_ = *std::move(parsed);
+      configured_ = true;
+    }
+    if (freeze) frozen_ = true;
+    return options_;
+  }
+
+ private:
+  absl::Status CreateSlot(int device, DeviceSlot* slot) {
+    absl::StatusOr<Options> options = CurrentOptions(/*freeze=*/true);
+    if (!options.ok()) return options.status();
+    slot->backend = std::make_unique<CudaBackend>(device);
+    slot->allocator = std::make_unique<DeviceAllocator>(*options, slot->backend.get());
+    slot->ready.store(slot->allocator.get(), std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  std::once_flag devices_once_;
+  absl::Status devices_status_;
+  int device_count_ = 0;
+  DeviceSlot* slots_ = nullptr;
+
+  std::mutex options_mu_;
+  bool configured_ = false;  // options_ holds parsed options
+  bool frozen_ = false;      // an allocator was created with options_
+  std::string conf_;         // the string given to Configure
+  Options options_;
+};
+
+PluginState& State() {
+  static PluginState* const state = new PluginState;  // never destroyed
+  return *state;
+}
+
+std::string& LastError() {
+  thread_local std::string error;
+  return error;
+}
+
+// Records `status` for vramledger_last_error and returns its code.
+int Fail(const absl::Status& status) {
+  LastError() = std::string(status.message());
+  return absl::IsInvalidArgument(status) ? VRAMLEDGER_INVALID_ARGUMENT : VRAMLEDGER_FAILED;
+}
+
+// Throws `status` as the matching c10 error.
+[[noreturn]] void Throw(const absl::Status& status) {
+  if (absl::IsResourceExhausted(status)) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
+  }
+  TORCH_CHECK_VALUE(!absl::IsInvalidArgument(status), std::string(status.message()));
+  TORCH_CHECK(false, std::string(status.message()));
+  std::abort();  // unreachable: TORCH_CHECK(false) throws
+}
+
+// Runs `fn(allocator, device)` on `device`, or on every existing allocator for device -1.
+// Devices without an allocator have nothing to do. The first error wins.
+template <typename Fn>
+absl::Status ForDevices(int device, Fn fn) {
+  PluginState& state = State();
+  if (device == -1) {
+    if (absl::Status s = state.EnsureDevices(); !s.ok()) return s;
+    absl::Status first;
+    for (int d = 0; d < state.device_count(); ++d) {
+      if (DeviceAllocator* a = state.Existing(d)) {
+        absl::Status s = fn(a);
+        if (first.ok()) first = s;
+      }
+    }
+    return first;
+  }
+  if (absl::Status s = state.CheckDevice(device); !s.ok()) return s;
+  DeviceAllocator* a = state.Existing(device);
+  if (a == nullptr) return absl::OkStatus();
+  return fn(a);
+}
+
+// Runs a ctypes-facing body, turning any C++ exception into VRAMLEDGER_FAILED.
+template <typename Fn>
+int CatchAll(Fn fn) {
+  try {
+    LastError().clear();
+    absl::Status s = fn();
+    return s.ok() ? VRAMLEDGER_OK : Fail(s);
+  } catch (const std::exception& e) {
+    LastError() = absl::StrCat("vramledger: ", e.what());
+  } catch (...) {
+    LastError() = "vramledger: unknown C++ exception";
+  }
+  return VRAMLEDGER_FAILED;
+}
+
+}  // namespace
+}  // namespace vramledger
+
+using vramledger::DevicePtr;
+using vramledger::DeviceAllocator;
+using vramledger::State;
+using vramledger::StreamId;
+
+extern "C" {
+
+void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream) {
+  if (size == 0) return nullptr;
+  absl::StatusOr<DeviceAllocator*> allocator = State().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::StatusOr<DevicePtr> ptr =
+      (*allocator)->Malloc(size, reinterpret_cast<StreamId>(stream));
+  if (!ptr.ok()) vramledger::Throw(ptr.status());
+  TORCH_CHECK(*ptr != 0, "vramledger: allocation of ", size, " bytes on device ", device,
+              " returned a null address");
+  return reinterpret_cast<void*>(*ptr);
+}
+
+void vramledger_free(void* ptr, std::size_t size, int device, cudaStream_t stream) {
+  (void)stream;
+  if (ptr == nullptr) return;
+  try {
+    DeviceAllocator* allocator = State().Existing(device);
+    if (allocator == nullptr) {
+      std::fprintf(stderr,
+                   "vramledger: free of %p (%zu bytes) on device %d, which has no allocator; "
+                   "ignored\n",
+                   ptr, size, device);
+      return;
+    }
+    const absl::Status s = allocator->Free(reinterpret_cast<DevicePtr>(ptr));
+    if (!s.ok()) {
+      std::fprintf(stderr, "vramledger: free of %p (%zu bytes) on device %d failed: %s\n", ptr,
+                   size, device, std::string(s.message()).c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vramledger: free of %p on device %d threw: %s\n", ptr, device, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "vramledger: free of %p on device %d threw\n", ptr, device);
+  }
+}
+
+void vramledger_init(int device_count) {
+  const absl::Status s = State().EnsureDevices();
+  if (!s.ok()) vramledger::Throw(s);
+  if (device_count != State().device_count()) {
+    std::fprintf(stderr, "vramledger: torch reports %d CUDA devices, cudaGetDeviceCount %d\n",
+                 device_count, State().device_count());
+  }
+}
+
+void vramledger_reset() {
+  const absl::Status s =
+      vramledger::ForDevices(-1, [](DeviceAllocator* a) { return a->EmptyCache(); });
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_set_memory_fraction(double fraction, int device) {
+  absl::StatusOr<DeviceAllocator*> allocator = State().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->SetMemoryFraction(fraction);
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_record_stream(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr) return;
+  vramledger::PluginState& state = State();
+  const absl::Status devices = state.EnsureDevices();
+  if (!devices.ok()) vramledger::Throw(devices);
+  for (int d = 0; d < state.device_count(); ++d) {
+    DeviceAllocator* allocator = state.Existing(d);
+    if (allocator == nullptr) continue;
+    const absl::Status s = allocator->RecordStream(reinterpret_cast<DevicePtr>(ptr),
+                                                   reinterpret_cast<StreamId>(stream));
+    if (s.ok()) return;
+    if (!absl::IsNotFound(s)) vramledger::Throw(s);
+  }
+  TORCH_CHECK(false, "vramledger: record_stream on ", ptr,
+              ", which no vramledger allocator handed out");
+}
+
+const char* vramledger_last_error() { return vramledger::LastError().c_str(); }
+
+int vramledger_configure(const char* conf) {
+  return vramledger::CatchAll([&]() -> absl::Status {
+    std::string error;
+    const int code = State().Configure(conf, &error);
+    if (code == VRAMLEDGER_OK) return absl::OkStatus();
+    return code == VRAMLEDGER_INVALID_ARGUMENT ? absl::InvalidArgumentError(error)
+                                               : absl::FailedPreconditionError(error);
+  });
+}
+
+const char* vramledger_option_names() {
+  static const std::string* const names = [] {
+    auto* s = new std::string;
+    for (const vramledger::OptionDoc& d : vramledger::OptionTable()) {
+      if (!s->empty()) s->push_back(',');
+      s->append(d.name);
+    }
+    return s;
+  }();
+  return names->c_str();
+}
+
+int vramledger_device_count() {
+  int count = -1;
+  const int rc = vramledger::CatchAll([&]() -> absl::Status {
+    absl::Status s = State().EnsureDevices();
+    if (s.ok()) count = State().device_count();
+    return s;
+  });
+  return rc == VRAMLEDGER_OK ? count : -1;
+}
+
+char* vramledger_memory_stats_json(int device) {
+  char* out = nullptr;
+  vramledger::CatchAll([&]() -> absl::Status {
+    vramledger::PluginState& state = State();
+    if (absl::Status s = state.CheckDevice(device); !s.ok()) return s;
+    vramledger::DeviceStats stats;
+    if (DeviceAllocator* a = state.Existing(device)) {
+      stats = a->GetStats();
+    } else {
+      // Nothing allocated on this device yet: zeros, and the configured max_split_size.
+      absl::StatusOr<vramledger::Options> options = state.CurrentOptions(/*freeze=*/false);
+      if (!options.ok()) return options.status();
+      if (options->max_split_size != SIZE_MAX) {
+        stats.max_split_size = static_cast<std::int64_t>(options->max_split_size);
+      }
+    }
+    nlohmann::json json = nlohmann::json::object();
+    for (const auto& [key, value] : vramledger::FlattenStats(stats)) json[key] = value;
+    json["utilization"] = stats.utilization();
+    const std::string text = json.dump();
+    out = static_cast<char*>(std::malloc(text.size() + 1));
+    if (out == nullptr) return absl::ResourceExhaustedError("vramledger: out of host memory");
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    return absl::OkStatus();
+  });
+  return out;
+}
+
+void vramledger_string_free(char* s) { std::free(s); }
+
+int vramledger_empty_cache(int device) {
+  return vramledger::CatchAll([&] {
+    return vramledger::ForDevices(device, [](DeviceAllocator* a) { return a->EmptyCache(); });
+  });
+}
+
+int vramledger_reset_peak(int device) {
+  return vramledger::CatchAll([&] {
+    return vramledger::ForDevices(device, [](DeviceAllocator* a) {
+      a->ResetPeakStats();
+      return absl::OkStatus();
+    });
+  });
+}
+
+int vramledger_reset_accumulated(int device) {
+  return vramledger::CatchAll([&] {
+    return vramledger::ForDevices(device, [](DeviceAllocator* a) {
+      a->ResetAccumulatedStats();
+      return absl::OkStatus();
+    });
+  });
+}
+
+}  // extern "C"

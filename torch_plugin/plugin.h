@@ -1,0 +1,100 @@
+// The C ABI of libvramledger_plugin.so: the alloc/free pair and hooks that torch's
+// CUDAPluggableAllocator calls, and the status-returning functions the Python package calls via ctypes.
+#ifndef VRAMLEDGER_TORCH_PLUGIN_PLUGIN_H_
+#define VRAMLEDGER_TORCH_PLUGIN_PLUGIN_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#define VRAMLEDGER_EXPORT __attribute__((visibility("default")))
+
+// Two kinds of entry point, with different error rules:
+//
+// * Torch-facing (vramledger_malloc and the hooks init/reset/memory_fraction/record_stream): torch
+//   calls them from C++ frames that propagate exceptions into Python, so they report errors by
+//   throwing c10 errors: c10::OutOfMemoryError (Python torch.OutOfMemoryError) for a refusal,
+//   c10::ValueError (ValueError) for bad options or arguments, c10::Error (RuntimeError) for any
+//   other failure. vramledger_free never throws: it runs inside tensor destructors.
+//
+// * ctypes-facing (everything else): never throw. Those returning int give 0 on success and a
+//   vramledger_status code on failure; the message is then in vramledger_last_error().
+extern "C" {
+
+/// Status codes of the ctypes-facing functions.
+enum vramledger_status {
+  VRAMLEDGER_OK = 0,
+  VRAMLEDGER_INVALID_ARGUMENT = 1,  // bad options or arguments: Python raises ValueError
+  VRAMLEDGER_FAILED = 2,            // anything else (driver error, wrong state): RuntimeError
+};
+
+// ---- Torch-facing ----
+
+/// Allocates `size` bytes on `device` for use on `stream` (torch's MallocFuncType).
+/// Returns nullptr only for size 0; never for size > 0. Throws c10::OutOfMemoryError with torch's
+/// out-of-memory message when the allocator refuses, c10::ValueError when VRAMLEDGER_CONF is
+/// malformed, c10::Error for any other driver failure.
+VRAMLEDGER_EXPORT void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream);
+
+/// Frees `ptr` (torch's FreeFuncType; `size`, `device`, `stream` are the alloc-time values).
+/// nullptr is a no-op. An unknown pointer or a failure prints one line to stderr and returns.
+VRAMLEDGER_EXPORT void vramledger_free(void* ptr, std::size_t size, int device,
+                                       cudaStream_t stream);
+
+/// Init hook (`void(int device_count)`): sizes the per-device table. Throws c10::Error if
+/// cudaGetDeviceCount fails.
+VRAMLEDGER_EXPORT void vramledger_init(int device_count);
+
+/// Reset hook (`void()`, torch.cuda.empty_cache()): empties the cache of every device.
+/// Throws c10::Error on a driver failure.
+VRAMLEDGER_EXPORT void vramledger_reset();
+
+/// Memory-fraction hook (`void(double, int)`): caps reserved bytes of `device` at
+/// fraction x device total. Throws c10::ValueError outside [0, 1] or for a bad device.
+VRAMLEDGER_EXPORT void vramledger_set_memory_fraction(double fraction, int device);
+
+/// record_stream hook (`void(void*, cudaStream_t)`): `ptr` (a block base) was used on `stream`;
+/// its memory is not reused until work queued on `stream` before its free completes.
+/// Throws c10::Error for a pointer vramledger did not allocate.
+VRAMLEDGER_EXPORT void vramledger_record_stream(void* ptr, cudaStream_t stream);
+
+// ---- ctypes-facing ----
+
+/// The message of the last failure on the calling thread ("" if none). Valid until the next
+/// vramledger call on this thread.
+VRAMLEDGER_EXPORT const char* vramledger_last_error();
+
+/// Sets the allocator options from `conf` (`key:value,...`, PYTORCH_CUDA_ALLOC_CONF syntax),
+/// merged over VRAMLEDGER_CONF from the environment (`conf` wins). Must precede the first
+/// allocation; afterwards only the same string is accepted. NULL means "".
+/// Returns VRAMLEDGER_INVALID_ARGUMENT for an unknown key or bad value (the message names it),
+/// VRAMLEDGER_FAILED if allocators already run with a different string.
+VRAMLEDGER_EXPORT int vramledger_configure(const char* conf);
+
+/// Every accepted option key, comma-separated, in the order of OptionTable(). Static storage.
+VRAMLEDGER_EXPORT const char* vramledger_option_names();
+
+/// Number of CUDA devices, or -1 on failure (message in vramledger_last_error()).
+VRAMLEDGER_EXPORT int vramledger_device_count();
+
+/// The statistics of `device` as a JSON object: every key of torch.cuda.memory_stats() (integers,
+/// bytes or counts), "largest_free_block_bytes", and "utilization" (float, peak allocated / peak
+/// reserved). A device that has not allocated yet reports zeros. The string is malloc'd: release
+/// it with vramledger_string_free. NULL on failure (bad device, CUDA unavailable).
+VRAMLEDGER_EXPORT char* vramledger_memory_stats_json(int device);
+
+/// Releases a string returned by vramledger_memory_stats_json. NULL is a no-op.
+VRAMLEDGER_EXPORT void vramledger_string_free(char* s);
+
+/// Returns every fully free cached segment of `device` (-1: every device) to the driver.
+VRAMLEDGER_EXPORT int vramledger_empty_cache(int device);
+
+/// reset_peak_memory_stats: every peak of `device` (-1: every device) becomes its current value.
+VRAMLEDGER_EXPORT int vramledger_reset_peak(int device);
+
+/// reset_accumulated_memory_stats: totals and counters of `device` (-1: every device) become 0.
+VRAMLEDGER_EXPORT int vramledger_reset_accumulated(int device);
+
+}  // extern "C"
+
+#endif  // VRAMLEDGER_TORCH_PLUGIN_PLUGIN_H_
