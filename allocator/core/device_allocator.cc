@@ -27,6 +27,14 @@ std::string FormatSize(std::uint64_t bytes) {
 
 DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* backend)
     : options_(options), backend_(backend) {
+  // Debian's Abseil runs Mutex deadlock detection on every Lock (a graph update, ~300 ns),
+  // which would be most of the hot path. Our lock order is flat (one mutex per device, no
+  // nesting; docs/design/locking.md), so the detector has nothing to find.
+  static const bool kDetectionOff = [] {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+    return true;
+  }();
+  (void)kDetectionOff;
   absl::MutexLock lock(&mu_);
   if (options_.per_process_memory_fraction > 0.0) {
     std::size_t free_bytes = 0;
@@ -54,24 +62,6 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
   }
   for (EventId e : spare_events_) (void)backend_->DestroyEvent(e);
   for (Block* b : spare_blocks_) delete b;
-}
-
-DeviceAllocatorImpl::StatTypes DeviceAllocatorImpl::StatTypesFor(const BlockPool* pool) {
-  StatTypes t{};
-  t[kAggregate] = true;
-  t[pool->is_small ? kSmallPool : kLargePool] = true;
-  return t;
-}
-
-void DeviceAllocatorImpl::UpdateStat(StatArray& array, const StatTypes& types, std::int64_t amount) {
-  for (int i = 0; i < kNumStatTypes; ++i) {
-    if (!types[i]) continue;
-    if (amount >= 0) {
-      array[i].Increase(amount);
-    } else {
-      array[i].Decrease(-amount);
-    }
-  }
 }
 
 Block* DeviceAllocatorImpl::NewBlock() {
@@ -166,7 +156,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool, Stream
   segment->pool = pool;
   segment->head = block;
   segments_.emplace(ptr, std::move(segment));
-  const StatTypes types = StatTypesFor(pool);
+  const StatType types = StatTypesFor(pool);
   UpdateStat(stats_.segment, types, 1);
   UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(alloc_size));
   ++stats_.num_device_alloc;
@@ -182,7 +172,7 @@ bool DeviceAllocatorImpl::ShouldSplit(const Block* block, std::size_t size) cons
 
 Block* DeviceAllocatorImpl::UseBlock(Block* block, std::size_t rounded, std::size_t requested) {
   BlockPool* pool = block->pool;
-  const StatTypes types = StatTypesFor(pool);
+  const StatType types = StatTypesFor(pool);
   const bool already_split = block->is_split();
   if (ShouldSplit(block, rounded)) {
     // The front becomes the allocation; the remainder stays free in the pool.
@@ -235,7 +225,7 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   }
   Block* block = it->second;
   block->allocated = false;
-  const StatTypes types = StatTypesFor(block->pool);
+  const StatType types = StatTypesFor(block->pool);
   UpdateStat(stats_.allocation, types, -1);
   UpdateStat(stats_.allocated_bytes, types, -static_cast<std::int64_t>(block->size));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Decrease(1);
@@ -250,7 +240,7 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
 
 void DeviceAllocatorImpl::FreeBlock(Block* block) {
   BlockPool* pool = block->pool;
-  const StatTypes types = StatTypesFor(pool);
+  const StatType types = StatTypesFor(pool);
   const auto original_size = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(block->requested_size);
   std::int64_t split_blocks_change = 0;
@@ -380,7 +370,7 @@ absl::Status DeviceAllocatorImpl::ReleaseSegment(Block* block) {
   // Pre: `block` spans its whole segment and is in its pool's free index.
   Segment* segment = block->segment;
   if (absl::Status s = backend_->Free(segment->ptr); !s.ok()) return s;
-  const StatTypes types = StatTypesFor(block->pool);
+  const StatType types = StatTypesFor(block->pool);
   UpdateStat(stats_.segment, types, -1);
   UpdateStat(stats_.reserved_bytes, types, -static_cast<std::int64_t>(segment->size));
   ++stats_.num_device_free;

@@ -38,8 +38,10 @@ class DeviceAllocatorImpl {
   DeviceBackend* backend() const { return backend_; }
 
  private:
-  using StatTypes = std::array<bool, kNumStatTypes>;
-  static StatTypes StatTypesFor(const core::BlockPool* pool);
+  // The per-pool stat index of a pool: kSmallPool or kLargePool ("all" is always updated too).
+  static StatType StatTypesFor(const core::BlockPool* pool) {
+    return pool->is_small ? kSmallPool : kLargePool;
+  }
 
   core::BlockPool* PoolFor(std::size_t rounded_size) {
     return rounded_size <= 1 * kMiB ? &small_pool_ : &large_pool_;
@@ -74,7 +76,15 @@ class DeviceAllocatorImpl {
   std::int64_t CountHoles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateStat(StatArray& array, const StatTypes& types, std::int64_t amount);
+  static void UpdateStat(StatArray& array, StatType type, std::int64_t amount) {
+    if (amount >= 0) {
+      array[kAggregate].Increase(amount);
+      array[type].Increase(amount);
+    } else {
+      array[kAggregate].Decrease(-amount);
+      array[type].Decrease(-amount);
+    }
+  }
 
   const Options options_;
   DeviceBackend* const backend_;
