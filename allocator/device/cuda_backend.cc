@@ -43,9 +43,8 @@ template <typename Fn>
 absl::Status LoadEntryPoint(const char* symbol, Fn* fn) {
   void* address = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion(symbol, &address, kDriverAbiVersion, cudaEnableDefault,
-                                       &found);
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &address, kDriverAbiVersion,
+                                                           cudaEnableDefault, &found);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return absl::InternalError(absl::StrFormat("cudaGetDriverEntryPointByVersion(%s): %s", symbol,
@@ -84,9 +83,9 @@ template <typename Fn>
 auto Timed(DriverCallLedger& ledger, DriverCall call, Fn&& fn) {
   const auto start = std::chrono::steady_clock::now();
   auto result = std::forward<Fn>(fn)();
-  ledger.Record(call, std::chrono::duration<double, std::micro>(
-                          std::chrono::steady_clock::now() - start)
-                          .count());
+  ledger.Record(
+      call,
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
   return result;
 }
 
@@ -108,9 +107,8 @@ absl::Status DriverStatus(CUresult err, std::string_view call, int device,
   const char* text = "no description";
   if (api.get_error_name(err, &name) != CUDA_SUCCESS) name = "unknown CUresult";
   if (api.get_error_string(err, &text) != CUDA_SUCCESS) text = "no description";
-  const std::string message =
-      absl::StrFormat("%s on device %d: %s (%s, %d)", call, device, text, name,
-                      static_cast<int>(err));
+  const std::string message = absl::StrFormat("%s on device %d: %s (%s, %d)", call, device, text,
+                                              name, static_cast<int>(err));
   if (err == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }
@@ -214,7 +212,8 @@ absl::Status CudaBackend::Malloc(std::size_t size, DevicePtr* out) {
   ScopedDevice scope(device_, nullptr);
   if (!scope.status().ok()) return scope.status();
   void* ptr = nullptr;
-  const cudaError_t err = Timed(calls_, DriverCall::kMalloc, [&] { return cudaMalloc(&ptr, size); });
+  const cudaError_t err =
+      Timed(calls_, DriverCall::kMalloc, [&] { return cudaMalloc(&ptr, size); });
   if (err != cudaSuccess) {
     return RuntimeStatus(err, absl::StrFormat("cudaMalloc(%d bytes)", size), device_);
   }
@@ -225,8 +224,8 @@ absl::Status CudaBackend::Malloc(std::size_t size, DevicePtr* out) {
 absl::Status CudaBackend::Free(DevicePtr ptr) {
   ScopedDevice scope(device_, nullptr);
   if (!scope.status().ok()) return scope.status();
-  const cudaError_t err = Timed(calls_, DriverCall::kFree,
-                                [&] { return cudaFree(reinterpret_cast<void*>(ptr)); });
+  const cudaError_t err =
+      Timed(calls_, DriverCall::kFree, [&] { return cudaFree(reinterpret_cast<void*>(ptr)); });
   return RuntimeStatus(err, absl::StrFormat("cudaFree(%#x)", ptr), device_);
 }
 

@@ -13,7 +13,8 @@
 
 namespace vramledger {
 
-// The driver entry points, resolved once through cudaGetDriverEntryPointByVersion (cuda_backend.cc).
+// The driver entry points, resolved once through cudaGetDriverEntryPointByVersion
+// (cuda_backend.cc).
 struct CudaDriverApi;
 
 /// One CUDA device. Every call runs with `device` current: the calling thread's current device is

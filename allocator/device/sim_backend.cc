@@ -175,8 +175,8 @@ absl::Status SimBackend::Malloc(std::size_t size, DevicePtr* out) {
         size, config_.device, used_, capacity_));
   }
   const std::size_t charged = RoundUp(size, kMallocAlignment);
-  const std::size_t alignment = size >= config_.granularity ? config_.granularity
-                                                            : kMallocAlignment;
+  const std::size_t alignment =
+      size >= config_.granularity ? config_.granularity : kMallocAlignment;
   const DevicePtr ptr = TakeAddressLocked(charged, alignment);
   if (ptr == 0) return absl::ResourceExhaustedError("cudaMalloc: fake address space exhausted");
   mallocs_.emplace(ptr, charged);
@@ -249,8 +249,8 @@ absl::Status SimBackend::CreatePhysical(std::size_t size, PhysicalHandle* out) {
   if (absl::Status s = CheckGranular(DriverCall::kMemCreate, "size", size); !s.ok()) return s;
   if (size > FreeBytesLocked()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "cuMemCreate: out of memory creating %d bytes on simulated device %d (%d of %d used)",
-        size, config_.device, used_, capacity_));
+        "cuMemCreate: out of memory creating %d bytes on simulated device %d (%d of %d used)", size,
+        config_.device, used_, capacity_));
   }
   const PhysicalHandle handle = next_handle_++;
   handles_.emplace(handle, Handle{size, 0});
@@ -293,21 +293,19 @@ absl::Status SimBackend::Map(DevicePtr va, std::size_t size, PhysicalHandle hand
   }
   auto r = reservations_.upper_bound(va);
   if (r == reservations_.begin() || std::prev(r)->first + std::prev(r)->second < va + size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cuMemMap: [%#x, %#x) is not inside one reservation", va, va + size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cuMemMap: [%#x, %#x) is not inside one reservation", va, va + size));
   }
   auto next = mappings_.lower_bound(va);
   if (next != mappings_.end() && next->first < va + size) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("cuMemMap: [%#x, %#x) overlaps the mapping at %#x", va, va + size,
-                        next->first));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cuMemMap: [%#x, %#x) overlaps the mapping at %#x", va, va + size, next->first));
   }
   if (next != mappings_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second.size > va) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("cuMemMap: [%#x, %#x) overlaps the mapping at %#x", va, va + size,
-                          prev->first));
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cuMemMap: [%#x, %#x) overlaps the mapping at %#x", va, va + size, prev->first));
     }
   }
   mappings_.emplace(va, Mapping{size, handle, false});
@@ -319,9 +317,9 @@ absl::Status SimBackend::Map(DevicePtr va, std::size_t size, PhysicalHandle hand
 absl::Status SimBackend::Unmap(DevicePtr va, std::size_t size) {
   absl::MutexLock lock(&mu_);
   Cover cover = FindCoveringMappings(DriverCall::kMemUnmap, va, size);
-  RecordCallLocked(DriverCall::kMemUnmap,
-                   cover.status.ok() ? cover.micros : ModelledCallMicros(DriverCall::kMemUnmap,
-                                                                         size));
+  RecordCallLocked(DriverCall::kMemUnmap, cover.status.ok()
+                                              ? cover.micros
+                                              : ModelledCallMicros(DriverCall::kMemUnmap, size));
   if (!cover.status.ok()) return cover.status;
   auto it = mappings_.find(va);
   while (it != mappings_.end() && it->first < va + size) {
@@ -335,10 +333,9 @@ absl::Status SimBackend::Unmap(DevicePtr va, std::size_t size) {
 absl::Status SimBackend::SetAccess(DevicePtr va, std::size_t size) {
   absl::MutexLock lock(&mu_);
   Cover cover = FindCoveringMappings(DriverCall::kMemSetAccess, va, size);
-  RecordCallLocked(DriverCall::kMemSetAccess,
-                   cover.status.ok()
-                       ? cover.micros
-                       : ModelledCallMicros(DriverCall::kMemSetAccess, size));
+  RecordCallLocked(
+      DriverCall::kMemSetAccess,
+      cover.status.ok() ? cover.micros : ModelledCallMicros(DriverCall::kMemSetAccess, size));
   if (!cover.status.ok()) return cover.status;
   for (auto it = mappings_.find(va); it != mappings_.end() && it->first < va + size; ++it) {
     it->second.accessible = true;

@@ -18,8 +18,8 @@ namespace {
 // range call is charged per mapping it covers.
 constexpr int kNumSizePoints = 4;
 constexpr std::array<double, kNumSizePoints> kSizePoints = {
-    static_cast<double>(2 * kMiB), static_cast<double>(20 * kMiB),
-    static_cast<double>(256 * kMiB), static_cast<double>(kGiB)};
+    static_cast<double>(2 * kMiB), static_cast<double>(20 * kMiB), static_cast<double>(256 * kMiB),
+    static_cast<double>(kGiB)};
 
 struct MeasuredRow {
   DriverCall call;
@@ -36,23 +36,27 @@ constexpr std::array<MeasuredRow, 7> kMeasured = {{
     {DriverCall::kFree, {26.1, 34.8, 98.3, 298.4}},
 }};
 
-// Estimates, not measured: h200-vmm-latency.txt has no figure for these calls. They are rough
-// host-side costs of a driver round trip of each kind, chosen small next to the measured VMM and
-// cudaMalloc figures. The simulator does not model waiting: a synchronize costs only its call.
+// Estimates, not measured: h200-vmm-latency.txt has no figure for these calls. The values are
+// rounded from one informal, unreviewed probe through CudaBackend's ledger on an H200 (driver
+// 580.159.04, 500 calls each, idle non-blocking stream, so no waiting): reserve/free of address
+// space 1.6/1.7 us, event create/record/query/synchronize/destroy 0.4/0.3/0.2/0.3/0.2 us, stream
+// synchronize 0.3 us, cudaMemGetInfo 5.0 us. Treat them as estimates until they are measured
+// properly into the reference file. The simulator does not model waiting: a synchronize costs
+// only its call.
 struct EstimatedRow {
   DriverCall call;
   double micros;
 };
 
 constexpr std::array<EstimatedRow, 9> kEstimated = {{
-    {DriverCall::kAddressReserve, 3.0},     // estimate, not measured
-    {DriverCall::kAddressFree, 3.0},        // estimate, not measured
-    {DriverCall::kEventCreate, 1.0},        // estimate, not measured
-    {DriverCall::kEventRecord, 1.5},        // estimate, not measured
-    {DriverCall::kEventQuery, 0.5},         // estimate, not measured
-    {DriverCall::kEventSynchronize, 2.0},   // estimate, not measured (excludes the wait)
-    {DriverCall::kEventDestroy, 0.7},       // estimate, not measured
-    {DriverCall::kStreamSynchronize, 3.0},  // estimate, not measured (excludes the wait)
+    {DriverCall::kAddressReserve, 1.6},     // estimate, not measured
+    {DriverCall::kAddressFree, 1.7},        // estimate, not measured
+    {DriverCall::kEventCreate, 0.4},        // estimate, not measured
+    {DriverCall::kEventRecord, 0.3},        // estimate, not measured
+    {DriverCall::kEventQuery, 0.2},         // estimate, not measured
+    {DriverCall::kEventSynchronize, 0.3},   // estimate, not measured (excludes the wait)
+    {DriverCall::kEventDestroy, 0.2},       // estimate, not measured
+    {DriverCall::kStreamSynchronize, 0.3},  // estimate, not measured (excludes the wait)
     {DriverCall::kMemGetInfo, 5.0},         // estimate, not measured
 }};
 

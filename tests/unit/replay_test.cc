@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "replay/replay_report.h"
 #include "replay/trace_reader.h"
+#include "vramledger/device_backend.h"
 #include "vramledger/options.h"
 #include "vramledger/types.h"
 
@@ -26,15 +27,15 @@ using ::testing::StartsWith;
 // small-pool segment, as the trace's own segment_alloc events say torch did.
 constexpr char kTiny[] =
     "action,addr,size,stream,time_us\n"
-    "segment_alloc,1000000000,20971520,0,1\n"    // line 2
-    "alloc,1000000000,3000000,0,2\n"             // line 3
-    "segment_alloc,2000000000,2097152,0,3\n"     // line 4
-    "alloc,2000000000,1000,0,4\n"                // line 5
-    "free_requested,2000000000,1000,0,5\n"       // line 6
-    "free_completed,2000000000,1000,0,6\n"       // line 7
-    "alloc,2000000000,500,0,7\n"                 // line 8
-    "free_completed,1000000000,3000000,0,8\n"    // line 9
-    "segment_free,1000000000,20971520,0,9\n";    // line 10
+    "segment_alloc,1000000000,20971520,0,1\n"  // line 2
+    "alloc,1000000000,3000000,0,2\n"           // line 3
+    "segment_alloc,2000000000,2097152,0,3\n"   // line 4
+    "alloc,2000000000,1000,0,4\n"              // line 5
+    "free_requested,2000000000,1000,0,5\n"     // line 6
+    "free_completed,2000000000,1000,0,6\n"     // line 7
+    "alloc,2000000000,500,0,7\n"               // line 8
+    "free_completed,1000000000,3000000,0,8\n"  // line 9
+    "segment_free,1000000000,20971520,0,9\n";  // line 10
 
 std::vector<TraceEvent> Parse(std::string_view text) {
   absl::StatusOr<std::vector<TraceEvent>> events = ParseTraceEvents(text, "tiny.csv");
@@ -108,7 +109,7 @@ TEST(ReplayTest, UnknownFreesAreReportedNotIgnored) {
   const ReplayResult r = MustReplay(
       "action,addr,size,stream,time_us\n"
       "alloc,4096,1000,0,1\n"
-      "free_completed,42,1000,0,2\n"      // never allocated
+      "free_completed,42,1000,0,2\n"  // never allocated
       "free_completed,4096,1000,0,3\n"
       "free_completed,4096,1000,0,4\n");  // freed twice
   ASSERT_EQ(r.unknown_frees.size(), 2u);
@@ -244,8 +245,7 @@ INSTANTIATE_TEST_SUITE_P(
         BundledTrace{"trace-gpt2m-native.csv.gz", 27105552624, 39151730688, 34621 + 33740},
         BundledTrace{"trace-llama1b-native.csv.gz", 37021797176, 54033121280, 67917},
         BundledTrace{"trace-gpt2m-prefetch-native.csv.gz", 27512273536, 33206304768, 57054},
-        BundledTrace{"trace-gpt2m-prefetch-expandable.csv.gz", 27512273536, 28754051072,
-                     57054}),
+        BundledTrace{"trace-gpt2m-prefetch-expandable.csv.gz", 27512273536, 28754051072, 57054}),
     [](const ::testing::TestParamInfo<BundledTrace>& info) {
       std::string name = info.param.file;
       name = name.substr(0, name.find('.'));

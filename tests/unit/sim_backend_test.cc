@@ -400,9 +400,9 @@ TEST(SimBackendTest, LedgerCountsCallsWithModelledCosts) {
   EXPECT_NEAR(calls.micros(DriverCall::kMemSetAccess), 2 * 22.7, 1e-3);  // Per mapping covered.
   EXPECT_NEAR(calls.micros(DriverCall::kMemUnmap), 2 * 14.2, 1e-3);
   EXPECT_NEAR(calls.micros(DriverCall::kMemRelease), 2 * 9.2, 1e-3);
-  EXPECT_NEAR(calls.micros(DriverCall::kAddressReserve), 3.0, 1e-3);  // Estimates.
-  EXPECT_NEAR(calls.micros(DriverCall::kAddressFree), 3.0, 1e-3);
-  EXPECT_NEAR(calls.total_micros(), 15.8 + 1.2 + 45.4 + 28.4 + 18.4 + 6.0, 1e-3);
+  EXPECT_NEAR(calls.micros(DriverCall::kAddressReserve), 1.6, 1e-3);  // Estimates.
+  EXPECT_NEAR(calls.micros(DriverCall::kAddressFree), 1.7, 1e-3);
+  EXPECT_NEAR(calls.total_micros(), 15.8 + 1.2 + 45.4 + 28.4 + 18.4 + 3.3, 1e-3);
 
   // Failed calls are made, so they are counted too.
   sim.mutable_calls().Reset();

@@ -57,9 +57,9 @@ void WriteGzip(const std::string& path, const std::string& text) {
 }
 
 TEST(TraceActionTest, NamesRoundTrip) {
-  const std::vector<std::string> names = {"alloc",        "free_requested", "free_completed",
-                                          "segment_alloc", "segment_free",  "segment_map",
-                                          "segment_unmap", "snapshot",      "oom"};
+  const std::vector<std::string> names = {"alloc",         "free_requested", "free_completed",
+                                          "segment_alloc", "segment_free",   "segment_map",
+                                          "segment_unmap", "snapshot",       "oom"};
   for (std::size_t i = 0; i < names.size(); ++i) {
     const std::optional<TraceAction> action = ParseTraceAction(names[i]);
     ASSERT_TRUE(action.has_value()) << names[i];
@@ -104,8 +104,9 @@ TEST(ParseTraceEventsTest, HeaderOnlyIsAnEmptyTrace) {
 }
 
 TEST(ParseTraceEventsTest, ErrorsNameFileLineWhatAndText) {
-  EXPECT_EQ(ErrorOf(""), "t.csv:1: empty trace; expected the header "
-                         "'action,addr,size,stream,time_us'");
+  EXPECT_EQ(ErrorOf(""),
+            "t.csv:1: empty trace; expected the header "
+            "'action,addr,size,stream,time_us'");
   EXPECT_EQ(ErrorOf("act,addr,size,stream,time_us\nalloc,1,2,0,3\n"),
             "t.csv:1: expected the header 'action,addr,size,stream,time_us' "
             "(act,addr,size,stream,time_us)");
@@ -175,8 +176,9 @@ TEST(ReadTraceFileTest, ErrorsNameThePath) {
   ASSERT_FALSE(events.ok());
   EXPECT_EQ(events.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(events.status().message(),
-            bad + ":3: expected 5 columns (action,addr,size,stream,time_us), found 4 "
-                  "(alloc,1,2,0)");
+            bad +
+                ":3: expected 5 columns (action,addr,size,stream,time_us), found 4 "
+                "(alloc,1,2,0)");
 }
 
 TEST(ReadTraceFileTest, TruncatedGzipIsDataLoss) {
@@ -195,8 +197,7 @@ TEST(ReadTraceFileTest, TruncatedGzipIsDataLoss) {
 }
 
 TEST(ReadTraceFileTest, ReadsTheBundledGpt2Trace) {
-  const std::string path =
-      std::string(VRAMLEDGER_SOURCE_DIR) + "/traces/trace-gpt2m-native.csv.gz";
+  const std::string path = std::string(VRAMLEDGER_SOURCE_DIR) + "/traces/trace-gpt2m-native.csv.gz";
   absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(path);
   ASSERT_TRUE(events.ok()) << events.status();
   ASSERT_EQ(events->size(), 102529u);  // traces/README.md

@@ -1,0 +1,180 @@
+# Tests of `vramledger replay` (vramledger.cli) run as `python -m vramledger`: the bundled trace
+# and snapshot, options from the environment and --conf, and errors that name file and line.
+"""End-to-end tests of the vramledger command line (needs the package with its _core module)."""
+
+import gzip
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRACES = ROOT / "traces"
+GPT2_TRACE = TRACES / "trace-gpt2m-native.csv.gz"
+GPT2_SNAPSHOT = TRACES / "snapshot-gpt2m-native.pickle.gz"
+REQUIRED_KEYS = {"events", "peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes",
+                 "utilization", "recorded_peak_reserved_bytes", "recorded_utilization",
+                 "driver_calls", "modeled_driver_us"}
+MIB = 1 << 20
+# Issue 2's max_split_size scenario: 300 MiB, free, 250 MiB, 300 MiB.
+MAX_SPLIT_TRACE = ("action,addr,size,stream,time_us\n"
+                   f"alloc,1073741824,{300 * MIB},0,1\n"
+                   f"free_completed,1073741824,{300 * MIB},0,2\n"
+                   f"alloc,2147483648,{250 * MIB},0,3\n"
+                   f"alloc,3221225472,{300 * MIB},0,4\n")
+
+
+def run_cli(*args, env_conf=None):
+    env = dict(os.environ)
+    env.pop("VRAMLEDGER_CONF", None)
+    if env_conf is not None:
+        env["VRAMLEDGER_CONF"] = env_conf
+    return subprocess.run([sys.executable, "-m", "vramledger", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def replay_json(*args, env_conf=None):
+    proc = run_cli("replay", *args, "--json", env_conf=env_conf)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_bundled_trace_json_has_the_keys_and_torch_figures():
+    result, stderr = replay_json(GPT2_TRACE)
+    assert REQUIRED_KEYS <= result.keys()
+    assert result["peak_requested_bytes"] == 27_105_552_624
+    assert result["trace_peak_requested_bytes"] == 27_105_552_624
+    assert result["recorded_peak_reserved_bytes"] == 39_151_730_688
+    assert result["events"] == 34_621 + 33_740
+    assert result["unknown_frees"] == 0
+    assert result["driver_calls"]["cudaMalloc"] == result["device_allocs"] > 0
+    assert result["modeled_driver_us"] > 0
+    assert 0 < result["utilization"] <= 1
+    assert result["recorded_utilization"] == pytest.approx(27_105_552_624 / 39_151_730_688)
+    assert stderr == ""
+
+
+def test_bundled_trace_table_shows_both_columns():
+    proc = run_cli("replay", GPT2_TRACE)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "vramledger (replay)" in out and "recorded (trace, torch)" in out
+    for row in ("events", "peak allocated", "peak requested", "peak reserved", "utilization"):
+        assert f"\n  {row} " in out
+    assert "27,105,552,624 B (25.24 GiB)" in out
+    assert "39,151,730,688 B (36.46 GiB)" in out
+    assert "cudaMalloc" in out and "total" in out
+
+
+def test_snapshot_pickle_replays_its_device_trace():
+    result, stderr = replay_json(GPT2_SNAPSHOT)
+    assert REQUIRED_KEYS <= result.keys()
+    # The last 4,000 entries: 1,023 allocs, 1,489 free_completed of which 466 free blocks
+    # allocated before the window (reported as unknown frees).
+    assert result["trace_events"] == 4000
+    assert result["allocs"] == 1023
+    assert result["unknown_frees"] == 466
+    assert result["events"] == 2046
+    assert result["device"] == 0
+    assert result["snapshot_reserved_bytes"] == 39_151_730_688
+    assert "466 free_completed events" in stderr
+    assert "snapshot-gpt2m-native.pickle.gz:device_traces[0]:1 " in stderr
+
+
+def test_gzip_csv_and_options_from_env_and_conf(tmp_path):
+    trace = tmp_path / "split.csv.gz"
+    with gzip.open(trace, "wt") as f:
+        f.write(MAX_SPLIT_TRACE)
+    assert replay_json(trace)[0]["peak_reserved_bytes"] == 600 * MIB
+    from_env, _ = replay_json(trace, env_conf="max_split_size_mb:200")
+    assert from_env["peak_reserved_bytes"] == 550 * MIB
+    # --conf wins over VRAMLEDGER_CONF: 300 MiB blocks may be split again below 400 MiB.
+    both, _ = replay_json(trace, "--conf", "max_split_size_mb:400",
+                          env_conf="max_split_size_mb:200")
+    assert both["peak_reserved_bytes"] == 600 * MIB
+
+
+def test_malformed_trace_names_file_and_line(tmp_path):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("action,addr,size,stream,time_us\nalloc,1,2,0,3\nallocate,1,2,0,3\n")
+    proc = run_cli("replay", trace)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == (f"vramledger: error: {trace}:3: unknown action 'allocate' "
+                           "(allocate,1,2,0,3)\n")
+
+
+def test_non_numeric_size_names_file_and_line(tmp_path):
+    trace = tmp_path / "bad.csv.gz"
+    with gzip.open(trace, "wt") as f:
+        f.write("action,addr,size,stream,time_us\nalloc,1,big,0,3\n")
+    proc = run_cli("replay", trace, "--json")
+    assert proc.returncode == 2
+    assert proc.stderr == (f"vramledger: error: {trace}:2: size is not an unsigned integer: "
+                           "'big' (alloc,1,big,0,3)\n")
+
+
+def test_unknown_free_is_reported(tmp_path):
+    trace = tmp_path / "unknown.csv"
+    trace.write_text("action,addr,size,stream,time_us\nalloc,4096,1000,0,1\n"
+                     "free_completed,8192,1000,0,2\n")
+    result, stderr = replay_json(trace)
+    assert result["unknown_frees"] == 1
+    assert result["unknown_frees_listed"] == [{"line": 3, "addr": 8192}]
+    assert stderr.startswith("vramledger: warning: 1 free_completed events")
+    assert f"{trace}:3 (addr 0x2000)" in stderr
+
+
+def test_simulated_oom_names_the_line(tmp_path):
+    trace = tmp_path / "big.csv"
+    trace.write_text(f"action,addr,size,stream,time_us\nalloc,4096,{2 << 30},0,1\n")
+    proc = run_cli("replay", trace, "--capacity-gib", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"vramledger: error: {trace}:2: alloc of {2 << 30} bytes")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["replay", "no-such-trace.csv"], "no-such-trace.csv: cannot open"),
+    (["replay", str(GPT2_TRACE), "--conf", "foo:1"], "unknown option 'foo'"),
+    (["replay", str(GPT2_TRACE), "--capacity-gib", "-3"],
+     "--capacity-gib must be a positive number of GiB"),
+    (["replay"], "the following arguments are required: TRACE"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_errors_exit_2_with_one_line(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("vramledger: error: ")
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_a_pickle_that_is_not_a_snapshot_is_refused(tmp_path):
+    not_snapshot = tmp_path / "other.pickle"
+    not_snapshot.write_bytes(pickle.dumps({"segments": []}))
+    proc = run_cli("replay", not_snapshot)
+    assert proc.returncode == 2
+    assert f"{not_snapshot}: not a torch memory snapshot" in proc.stderr
+
+    with_class = tmp_path / "class.pickle"
+    with_class.write_bytes(pickle.dumps({"device_traces": [], "p": pathlib.PurePosixPath("/")}))
+    proc = run_cli("replay", with_class)
+    assert proc.returncode == 2
+    assert "refusing to load pathlib.PurePosixPath" in proc.stderr
+
+    proc = run_cli("replay", GPT2_SNAPSHOT, "--device", "3")
+    assert proc.returncode == 2
+    assert "no device 3 in device_traces" in proc.stderr
+
+
+def test_main_returns_the_status_in_process(capsys, monkeypatch):
+    monkeypatch.delenv("VRAMLEDGER_CONF", raising=False)
+    from vramledger import cli
+    assert cli.main(["replay", str(GPT2_TRACE), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recorded_peak_reserved_bytes"] == 39_151_730_688
+    assert cli.main([]) == 2
+    assert "vramledger: error:" in capsys.readouterr().err

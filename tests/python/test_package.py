@@ -1,0 +1,198 @@
+"""The vramledger package on a machine without a GPU: import, option conversion and errors.
+
+Runs against the importable `vramledger` (installed with `pip install --no-build-isolation .`, or
+torch_plugin/python on PYTHONPATH with VRAMLEDGER_PLUGIN pointing at a built plugin). Tests that
+need the plugin library or torch skip, saying so, where they are missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import vramledger
+from vramledger import _options, _plugin
+
+
+def run_python(code: str, **env_overrides: str | None) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (same sys.path) and returns the finished process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    for key, value in env_overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def plugin_available() -> bool:
+    try:
+        _plugin.plugin_path()
+    except RuntimeError:
+        return False
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_plugin = pytest.mark.skipif(not plugin_available(),
+                                  reason="the torch plugin library or torch is not available")
+
+
+def test_import_is_light_and_does_not_import_torch():
+    r = run_python("""
+        import sys, vramledger
+        print(vramledger.is_installed(), "torch" in sys.modules)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+
+
+def test_install_with_a_missing_override_names_it():
+    r = run_python("""
+        import vramledger
+        try:
+            vramledger.install()
+        except RuntimeError as e:
+            print("RuntimeError:", e)
+    """, VRAMLEDGER_PLUGIN="/nonexistent/libvramledger_plugin.so")
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeError: vramledger: VRAMLEDGER_PLUGIN=/nonexistent/libvramledger_plugin.so " \
+           "does not exist" in r.stdout
+
+
+def test_package_without_plugin_imports_and_install_says_why(tmp_path):
+    # A copy of the pure-Python package with no plugin beside it: a CPU-only build.
+    src = os.path.dirname(vramledger.__file__)
+    shutil.copytree(src, tmp_path / "vramledger",
+                    ignore=shutil.ignore_patterns("*.so", "*.so.*", "__pycache__"))
+    r = run_python(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import vramledger
+        assert vramledger.__file__.startswith({str(tmp_path)!r}), vramledger.__file__
+        try:
+            vramledger.install(max_split_size_mb=200)
+        except RuntimeError as e:
+            print("RuntimeError:", e)
+    """, VRAMLEDGER_PLUGIN=None)
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeError: vramledger: the torch plugin libvramledger_plugin.so is not installed" \
+        in r.stdout
+    assert "pip install --no-build-isolation ." in r.stdout
+
+
+@needs_plugin
+def test_install_without_cuda_says_so():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here; tests/gpu covers install()")
+    r = run_python("""
+        import vramledger
+        try:
+            vramledger.install()
+        except RuntimeError as e:
+            print("RuntimeError:", e)
+        print(vramledger.is_installed())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeError: vramledger.install(): CUDA is not available" in r.stdout
+    assert r.stdout.split()[-1] == "False"
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({}, ""),
+    ({"max_split_size_mb": 200}, "max_split_size_mb:200"),
+    ({"expandable_segments": False, "max_split_size_mb": 200},
+     "expandable_segments:False,max_split_size_mb:200"),
+    ({"expandable_segments": True}, "expandable_segments:True"),
+    ({"garbage_collection_threshold": 0.6}, "garbage_collection_threshold:0.6"),
+    ({"roundup_power2_divisions": 4}, "roundup_power2_divisions:4"),
+    ({"roundup_power2_divisions": [1, 2, 4]}, "roundup_power2_divisions:[1,2,4]"),
+    ({"roundup_power2_divisions": {256: 1, 512: 2, ">": 4}},
+     "roundup_power2_divisions:[256:1,512:2,>:4]"),
+    ({"dump_dir": "/tmp/dumps", "page_recycling": False},
+     "dump_dir:/tmp/dumps,page_recycling:False"),
+])
+def test_options_become_a_sorted_settings_string(options, expected):
+    assert _options.to_conf_string(options) == expected
+
+
+def test_unknown_key_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match="unknown vramledger option 'max_split_mb'"):
+        _options.to_conf_string({"max_split_mb": 200})
+    # install() checks keys before it touches torch or the plugin.
+    with pytest.raises(ValueError, match="'no_such_option'"):
+        vramledger.install(no_such_option=1)
+    assert not vramledger.is_installed()
+
+
+@pytest.mark.parametrize("value", [None, object(), "a,b", "two words", "", 1j])
+def test_values_the_syntax_cannot_carry_are_value_errors(value):
+    with pytest.raises(ValueError, match="'dump_dir'"):
+        _options.to_conf_string({"dump_dir": value})
+
+
+def test_stats_functions_need_install():
+    for fn in (vramledger.memory_stats, vramledger.memory_allocated,
+               vramledger.max_memory_allocated, vramledger.memory_reserved,
+               vramledger.max_memory_reserved, vramledger.reset_peak_memory_stats,
+               vramledger.reset_accumulated_memory_stats):
+        with pytest.raises(RuntimeError, match="not installed"):
+            fn()
+    with pytest.raises(RuntimeError, match="not installed"):
+        vramledger.empty_cache()
+
+
+@needs_plugin
+def test_cpp_and_python_option_tables_agree():
+    assert _plugin.option_names() == list(_options.KNOWN_KEYS)
+
+
+@needs_plugin
+def test_cpp_parser_errors_name_the_key():
+    with pytest.raises(ValueError, match="expandable_segments"):
+        _plugin.configure("expandable_segments:yes")
+    with pytest.raises(ValueError, match="max_split_size_mb"):
+        _plugin.configure(_options.to_conf_string({"max_split_size_mb": "lots"}))
+    with pytest.raises(ValueError, match="unknown option 'bogus'"):
+        _plugin.configure("bogus:1")
+    _plugin.configure("max_split_size_mb:200,expandable_segments:False")
+
+
+@needs_plugin
+def test_environment_settings_are_validated():
+    r = run_python("""
+        from vramledger import _plugin
+        try:
+            _plugin.configure("")
+        except ValueError as e:
+            print("ValueError:", e)
+    """, VRAMLEDGER_CONF="bogus_env_key:1")
+    assert r.returncode == 0, r.stderr
+    assert "ValueError:" in r.stdout and "bogus_env_key" in r.stdout
+
+
+@needs_plugin
+def test_device_arguments_follow_torch():
+    import torch
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialised in this process")
+    assert vramledger._device_index(None) == 0
+    assert vramledger._device_index(3) == 3
+    assert vramledger._device_index("cuda:1") == 1
+    assert vramledger._device_index(torch.device("cuda", 2)) == 2
+    assert vramledger._device_index("cuda") == 0
+    with pytest.raises(ValueError, match="cuda device"):
+        vramledger._device_index("cpu")
+    with pytest.raises(ValueError, match="cuda device"):
+        vramledger._device_index(1.5)
