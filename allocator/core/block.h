@@ -29,6 +29,9 @@ struct Block {
   Block* next = nullptr;
   bool allocated = false;
   int event_count = 0;  // outstanding record_stream events
+  std::uint32_t tag = 0;             // AllocatorHooks::CurrentTag at allocation
+  std::uint64_t context = 0;         // AllocatorHooks::CaptureContext at allocation
+  std::uint64_t free_context = 0;    // ... at the free request
   std::vector<StreamId> stream_uses;    // other streams that used it (record_stream)
 
   bool is_split() const { return prev != nullptr || next != nullptr; }

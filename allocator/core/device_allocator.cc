@@ -76,6 +76,15 @@ void DeviceAllocatorImpl::DeleteBlock(Block* block) { spare_blocks_.push_back(bl
 
 absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId stream) {
   if (size == 0) return DevicePtr{0};
+  AllocationRequest request;
+  request.device = backend_->device();
+  request.size = size;
+  request.stream = stream;
+  AllocatorHooks* hooks = hooks_.load(std::memory_order_acquire);
+  if (hooks != nullptr) {  // stacks and tags are captured before the lock is taken
+    request.context = hooks->CaptureContext(TraceAction::kAlloc);
+    request.tag = hooks->CurrentTag();
+  }
   absl::MutexLock lock(&mu_);
   if (size >= sp::kMaxRequest) {
     ++stats_.num_ooms;
@@ -84,19 +93,27 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   if (pending_events_ > 0) {
     if (absl::Status s = ProcessEvents(); !s.ok()) return s;
   }
-  const std::size_t rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
-  BlockPool* pool = PoolFor(rounded);
-  Block* block = TakeFreeBlock(pool, stream, rounded);
+  request.rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
+  if (hooks != nullptr) {
+    if (absl::Status s = hooks->CheckAllocation(request, stats_); !s.ok()) {
+      ++stats_.num_ooms;
+      Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
+      return s;
+    }
+  }
+  BlockPool* pool = PoolFor(request.rounded);
+  Block* block = TakeFreeBlock(pool, stream, request.rounded);
   if (block == nullptr) {
-    const std::size_t alloc_size = sp::AllocationSize(rounded, options_.large_segment_size);
-    auto grown = AllocSegment(pool, stream, alloc_size);
+    growth_refusal_ = absl::OkStatus();
+    const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
+    auto grown = AllocSegment(pool, request, alloc_size);
     if (!grown.ok()) return grown.status();
     block = *grown;
     if (block == nullptr && options_.max_split_size != SIZE_MAX) {
       auto released = ReleaseAvailableCachedBlocks(stream, alloc_size);
       if (!released.ok()) return released.status();
       if (*released) {
-        grown = AllocSegment(pool, stream, alloc_size);
+        grown = AllocSegment(pool, request, alloc_size);
         if (!grown.ok()) return grown.status();
         block = *grown;
       }
@@ -105,13 +122,35 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
       // Last resort: wait for every event, return every fully free segment, retry once.
       if (absl::Status s = ReleaseCachedBlocks(); !s.ok()) return s;
       ++stats_.num_alloc_retries;
-      grown = AllocSegment(pool, stream, alloc_size);
+      grown = AllocSegment(pool, request, alloc_size);
       if (!grown.ok()) return grown.status();
       block = *grown;
     }
-    if (block == nullptr) return OutOfMemory(size, alloc_size, stream);
+    if (block == nullptr) {
+      if (!growth_refusal_.ok()) {  // the guard said no, even after the cache was released
+        ++stats_.num_ooms;
+        Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
+        return growth_refusal_;
+      }
+      return OutOfMemory(request, alloc_size);
+    }
   }
-  return UseBlock(block, rounded, size)->ptr;
+  return UseBlock(block, request)->ptr;
+}
+
+void DeviceAllocatorImpl::Emit(TraceAction action, DevicePtr addr, std::size_t size,
+                               StreamId stream, std::uint64_t context, std::uint32_t tag) {
+  AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed);
+  if (hooks == nullptr) return;
+  TraceEntry e;
+  e.action = action;
+  e.device = backend_->device();
+  e.addr = addr;
+  e.size = size;
+  e.stream = stream;
+  e.context = context;
+  e.tag = tag;
+  hooks->OnEvent(e);
 }
 
 Block* DeviceAllocatorImpl::TakeFreeBlock(BlockPool* pool, StreamId stream, std::size_t size) {
@@ -131,10 +170,19 @@ Block* DeviceAllocatorImpl::TakeFreeBlock(BlockPool* pool, StreamId stream, std:
   return block;
 }
 
-absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool, StreamId stream,
+absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
+                                                         const AllocationRequest& request,
                                                          std::size_t alloc_size) {
+  const StreamId stream = request.stream;
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current);
   if (fraction_set_ && reserved + alloc_size > allowed_bytes_) return nullptr;
+  if (AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed); hooks != nullptr) {
+    absl::Status verdict = hooks->CheckGrowth(request, reserved + alloc_size, stats_);
+    if (!verdict.ok()) {
+      growth_refusal_ = std::move(verdict);
+      return nullptr;
+    }
+  }
   DevicePtr ptr = 0;
   absl::Status s;
   {
@@ -161,6 +209,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool, Stream
   UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(alloc_size));
   ++stats_.num_device_alloc;
   if (alloc_size >= options_.max_split_size) stats_.oversize_segments.Increase(1);
+  Emit(TraceAction::kSegmentAlloc, ptr, alloc_size, stream, request.context, request.tag);
   return block;
 }
 
@@ -170,7 +219,9 @@ bool DeviceAllocatorImpl::ShouldSplit(const Block* block, std::size_t size) cons
   return size < options_.max_split_size && remaining > sp::kSmallSize;
 }
 
-Block* DeviceAllocatorImpl::UseBlock(Block* block, std::size_t rounded, std::size_t requested) {
+Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& request) {
+  const std::size_t rounded = request.rounded;
+  const std::size_t requested = request.size;
   BlockPool* pool = block->pool;
   const StatType types = StatTypesFor(pool);
   const bool already_split = block->is_split();
@@ -203,6 +254,9 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, std::size_t rounded, std::siz
   }
   block->allocated = true;
   block->requested_size = requested;
+  block->tag = request.tag;
+  block->context = request.context;
+  block->free_context = 0;
   live_blocks_.emplace(block->ptr, block);
   const auto bytes = static_cast<std::int64_t>(block->size);
   UpdateStat(stats_.allocation, types, 1);
@@ -211,11 +265,15 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, std::size_t rounded, std::siz
   UpdateStat(stats_.active_bytes, types, bytes);
   UpdateStat(stats_.requested_bytes, types, static_cast<std::int64_t>(requested));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Increase(1);
+  Emit(TraceAction::kAlloc, block->ptr, requested, block->stream, request.context, request.tag);
   return block;
 }
 
 absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   if (ptr == 0) return absl::OkStatus();
+  AllocatorHooks* hooks = hooks_.load(std::memory_order_acquire);
+  const std::uint64_t context =
+      hooks != nullptr ? hooks->CaptureContext(TraceAction::kFreeRequested) : 0;
   absl::MutexLock lock(&mu_);
   auto it = live_blocks_.find(ptr);
   if (it == live_blocks_.end() || !it->second->allocated) {
@@ -225,6 +283,9 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   }
   Block* block = it->second;
   block->allocated = false;
+  block->free_context = context;
+  Emit(TraceAction::kFreeRequested, block->ptr, block->requested_size, block->stream, context,
+       block->tag);
   const StatType types = StatTypesFor(block->pool);
   UpdateStat(stats_.allocation, types, -1);
   UpdateStat(stats_.allocated_bytes, types, -static_cast<std::int64_t>(block->size));
@@ -243,6 +304,8 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   const StatType types = StatTypesFor(pool);
   const auto original_size = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(block->requested_size);
+  Emit(TraceAction::kFreeCompleted, block->ptr, block->requested_size, block->stream,
+       block->free_context, block->tag);
   std::int64_t split_blocks_change = 0;
   std::int64_t split_bytes_change = 0;
   for (Block* candidate : {block->prev, block->next}) {
@@ -375,6 +438,7 @@ absl::Status DeviceAllocatorImpl::ReleaseSegment(Block* block) {
   UpdateStat(stats_.reserved_bytes, types, -static_cast<std::int64_t>(segment->size));
   ++stats_.num_device_free;
   if (segment->size >= options_.max_split_size) stats_.oversize_segments.Decrease(1);
+  Emit(TraceAction::kSegmentFree, segment->ptr, segment->size, segment->stream, 0, 0);
   block->pool->blocks.erase(block);
   DeleteBlock(block);
   segments_.erase(segment->ptr);

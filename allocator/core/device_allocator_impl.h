@@ -3,6 +3,7 @@
 #ifndef VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
 #define VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "core/block.h"
+#include "vramledger/hooks.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -34,6 +36,7 @@ class DeviceAllocatorImpl {
   OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  void SetHooks(AllocatorHooks* hooks) { hooks_.store(hooks, std::memory_order_release); }
   const Options& options() const { return options_; }
   DeviceBackend* backend() const { return backend_; }
 
@@ -51,10 +54,12 @@ class DeviceAllocatorImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
   // fraction cap); an error status for any other driver failure.
-  absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, StreamId stream,
+  absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
                                             std::size_t alloc_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Emit(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
+            std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits as needed and marks `block` allocated for a request of `requested` bytes.
-  core::Block* UseBlock(core::Block* block, std::size_t rounded, std::size_t requested)
+  core::Block* UseBlock(core::Block* block, const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ShouldSplit(const core::Block* block, std::size_t size) const;
   // Returns a no-longer-active block to its pool, coalescing with free neighbours.
@@ -70,7 +75,7 @@ class DeviceAllocatorImpl {
   absl::Status ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SynchronizeAndFreeEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<EventId> GetEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status OutOfMemory(std::size_t requested, std::size_t alloc_size, StreamId stream)
+  absl::Status OutOfMemory(const AllocationRequest& request, std::size_t alloc_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t LargestFreeBlock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::int64_t CountHoles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -88,6 +93,7 @@ class DeviceAllocatorImpl {
 
   const Options options_;
   DeviceBackend* const backend_;
+  std::atomic<AllocatorHooks*> hooks_{nullptr};
   mutable absl::Mutex mu_;
   core::BlockPool small_pool_ ABSL_GUARDED_BY(mu_){true};
   core::BlockPool large_pool_ ABSL_GUARDED_BY(mu_){false};
@@ -105,6 +111,8 @@ class DeviceAllocatorImpl {
   bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;  // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
+  // The guard's refusal of the current Malloc's growth, if any (reset per Malloc).
+  absl::Status growth_refusal_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vramledger

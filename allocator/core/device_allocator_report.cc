@@ -29,12 +29,15 @@ std::int64_t DeviceAllocatorImpl::CountHoles() const {
   return holes;
 }
 
-absl::Status DeviceAllocatorImpl::OutOfMemory(std::size_t requested, std::size_t alloc_size,
-                                              StreamId stream) {
+absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
+                                              std::size_t alloc_size) {
+  const std::size_t requested = request.size;
+  const StreamId stream = request.stream;
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   (void)backend_->MemGetInfo(&free_bytes, &total_bytes);
   ++stats_.num_ooms;
+  Emit(TraceAction::kOom, free_bytes, request.rounded, stream, request.context, request.tag);
   OutOfMemoryInfo& o = last_oom_;
   o = OutOfMemoryInfo();
   o.device = backend_->device();
@@ -110,6 +113,8 @@ std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
         bi.state = "inactive";
       }
       bi.requested_size = b->allocated || b->event_count > 0 ? b->requested_size : 0;
+      bi.tag = b->is_free() ? 0 : b->tag;
+      bi.context = b->is_free() ? 0 : b->context;
       if (b->allocated) info.allocated_size += b->size;
       if (!b->is_free()) {
         info.active_size += b->size;
@@ -218,5 +223,6 @@ OutOfMemoryInfo DeviceAllocator::last_oom() const { return impl_->last_oom(); }
 absl::Status DeviceAllocator::CheckInvariants() const { return impl_->CheckInvariants(); }
 const Options& DeviceAllocator::options() const { return impl_->options(); }
 DeviceBackend* DeviceAllocator::backend() const { return impl_->backend(); }
+void DeviceAllocator::SetHooks(AllocatorHooks* hooks) { impl_->SetHooks(hooks); }
 
 }  // namespace vramledger

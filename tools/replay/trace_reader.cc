@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -20,11 +21,6 @@
 
 namespace vramledger {
 namespace {
-
-constexpr std::array<std::string_view, 9> kActionNames = {
-    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap",  "snapshot",       "oom",
-};
 
 // This Abseil may have its own string_view; std::string_view converts through here.
 constexpr absl::string_view Absl(std::string_view s) {
@@ -53,8 +49,7 @@ bool ParseInteger(absl::string_view field, T* out) {
 // Feeds lines one at a time; remembers whether the header was seen.
 class LineParser {
  public:
-  LineParser(absl::string_view source, std::vector<TraceEvent>* out)
-      : source_(source), out_(out) {}
+  LineParser(absl::string_view source, std::vector<TraceEvent>* out) : source_(source), out_(out) {}
 
   // Parses physical line number `line` (without its '\n').
   absl::Status Feed(absl::string_view text, int line) {
@@ -75,12 +70,12 @@ class LineParser {
       ++n;
     }
     if (n != fields.size()) {
-      return Error(line,
-                   absl::StrCat("expected 5 columns (", kHeader, "), found ", n), text);
+      return Error(line, absl::StrCat("expected 5 columns (", kHeader, "), found ", n), text);
     }
     TraceEvent event;
     event.line = line;
-    const std::optional<TraceAction> action = ParseTraceAction(std::string_view(fields[0].data(), fields[0].size()));
+    const std::optional<TraceAction> action =
+        ParseTraceAction(std::string_view(fields[0].data(), fields[0].size()));
     if (!action.has_value()) {
       return Error(line, absl::StrCat("unknown action '", Quote(fields[0]), "'"), text);
     }
@@ -90,8 +85,7 @@ class LineParser {
     if (!ParseInteger(fields[2], &size)) return NotNumber(line, "size", fields[2], text);
     if (!ParseInteger(fields[3], &stream)) return NotNumber(line, "stream", fields[3], text);
     if (!ParseInteger(fields[4], &event.time_us)) {
-      return Error(line, absl::StrCat("time_us is not an integer: '", Quote(fields[4]), "'"),
-                   text);
+      return Error(line, absl::StrCat("time_us is not an integer: '", Quote(fields[4]), "'"), text);
     }
     event.addr = static_cast<DevicePtr>(addr);
     event.size = static_cast<std::size_t>(size);
@@ -103,9 +97,8 @@ class LineParser {
   // Called after the last line; an input without a header is an error.
   absl::Status Finish(int lines) const {
     if (header_seen_) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_, ":", lines < 1 ? 1 : lines, ": empty trace; expected the header '",
-                     kHeader, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_, ":", lines < 1 ? 1 : lines, ": empty trace; expected the header '", kHeader, "'"));
   }
 
  private:
@@ -121,8 +114,8 @@ class LineParser {
 
   absl::Status NotNumber(int line, absl::string_view column, absl::string_view field,
                          absl::string_view text) const {
-    return Error(line,
-                 absl::StrCat(column, " is not an unsigned integer: '", Quote(field), "'"), text);
+    return Error(line, absl::StrCat(column, " is not an unsigned integer: '", Quote(field), "'"),
+                 text);
   }
 
   absl::Status Error(int line, absl::string_view what, absl::string_view text) const {
@@ -140,18 +133,6 @@ struct GzCloser {
 };
 
 }  // namespace
-
-std::string_view TraceActionName(TraceAction action) {
-  const auto i = static_cast<std::size_t>(action);
-  return i < kActionNames.size() ? kActionNames[i] : std::string_view("?");
-}
-
-std::optional<TraceAction> ParseTraceAction(std::string_view name) {
-  for (std::size_t i = 0; i < kActionNames.size(); ++i) {
-    if (kActionNames[i] == name) return static_cast<TraceAction>(i);
-  }
-  return std::nullopt;
-}
 
 absl::StatusOr<std::vector<TraceEvent>> ParseTraceEvents(std::string_view text,
                                                          std::string_view source) {
@@ -205,8 +186,7 @@ absl::StatusOr<std::vector<TraceEvent>> ReadTraceFile(const std::string& path) {
     if (errnum == Z_ERRNO) {
       return absl::ErrnoToStatus(errno, absl::StrCat(path, ":", line + 1, ": read failed"));
     }
-    return absl::DataLossError(
-        absl::StrCat(path, ":", line + 1, ": corrupt gzip data: ", message));
+    return absl::DataLossError(absl::StrCat(path, ":", line + 1, ": corrupt gzip data: ", message));
   }
   if (pending) {
     ++line;

@@ -5,44 +5,28 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "vramledger/hooks.h"
 #include "vramledger/types.h"
 
 namespace vramledger {
 
-/// A trace entry's action, with torch's names (torch.cuda.memory._snapshot()["device_traces"]).
-enum class TraceAction : int {
-  kAlloc = 0,       // "alloc": a block handed to the caller
-  kFreeRequested,   // "free_requested": the caller freed it (events may still be pending)
-  kFreeCompleted,   // "free_completed": the memory became reusable
-  kSegmentAlloc,    // "segment_alloc": cudaMalloc of a segment
-  kSegmentFree,     // "segment_free": cudaFree of a segment
-  kSegmentMap,      // "segment_map": pages mapped into an expandable segment
-  kSegmentUnmap,    // "segment_unmap": pages unmapped from an expandable segment
-  kSnapshot,        // "snapshot": a snapshot was taken
-  kOom,             // "oom": an out-of-memory failure (addr holds the device's free bytes)
-};
+// TraceAction, TraceActionName and ParseTraceAction come from the core (vramledger/hooks.h).
 
-/// The torch name of an action, e.g. "free_completed".
-std::string_view TraceActionName(TraceAction action);
-
-/// The action named `name` (exact, case-sensitive), or nullopt if there is none.
-std::optional<TraceAction> ParseTraceAction(std::string_view name);
-
-/// One trace entry. Sizes in bytes; for alloc/free events `size` is the requested size, for
+/// One entry of a recorded trace (the allocator's own live entries are TraceEntry, hooks.h).
+/// Sizes in bytes; for alloc/free events `size` is the requested size, for
 /// segment events the segment (or mapped range) size.
 struct TraceEvent {
   TraceAction action = TraceAction::kAlloc;
   DevicePtr addr = 0;
   std::size_t size = 0;
-  StreamId stream = 0;    // cudaStream_t as an integer, as torch records it
+  StreamId stream = 0;       // cudaStream_t as an integer, as torch records it
   std::int64_t time_us = 0;  // epoch microseconds
-  int line = 0;           // line in the source (the header is line 1), or 1-based entry index
+  int line = 0;              // line in the source (the header is line 1), or 1-based entry index
 };
 
 /// The header line every trace CSV starts with.

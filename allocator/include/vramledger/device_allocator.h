@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "vramledger/device_backend.h"
+#include "vramledger/hooks.h"
 #include "vramledger/options.h"
 #include "vramledger/stats.h"
 #include "vramledger/types.h"
@@ -44,6 +45,8 @@ struct BlockInfo {
   std::size_t requested_size = 0;  // 0 for inactive blocks
   /// "active_allocated", "active_pending_free" or "inactive" (torch's exact strings).
   const char* state = "inactive";
+  std::uint32_t tag = 0;      // AllocatorHooks::CurrentTag at allocation (0 for inactive)
+  std::uint64_t context = 0;  // AllocatorHooks::CaptureContext at allocation (0 for inactive)
 };
 
 /// One segment (a cudaMalloc'd range, or a mapped range of an expandable segment).
@@ -111,6 +114,10 @@ class DeviceAllocator {
   /// Checks every internal invariant (block chains, free index, stats identities).
   /// Internal error naming the first broken invariant. O(blocks); for tests and fuzzers.
   absl::Status CheckInvariants() const;
+
+  /// Installs `hooks` (borrowed; nullptr removes them). They must outlive their installation.
+  /// Safe to call at any time; an allocation in flight sees either the old or the new hooks.
+  void SetHooks(AllocatorHooks* hooks);
 
   const Options& options() const;
   DeviceBackend* backend() const;
