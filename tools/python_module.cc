@@ -94,8 +94,8 @@ py::object RunReplay(const std::vector<TraceEvent>& events, const Options& optio
   return ToPython(ReplayResultToJson(ValueOrRaise(std::move(result))));
 }
 
-py::object ReplayFile(const std::string& path, const std::string& conf,
-                      std::size_t capacity_bytes, bool use_env) {
+py::object ReplayFile(const std::string& path, const std::string& conf, std::size_t capacity_bytes,
+                      bool use_env) {
   const Options options = OptionsFor(conf, use_env);
   absl::StatusOr<std::vector<TraceEvent>> events;
   {
@@ -108,8 +108,8 @@ py::object ReplayFile(const std::string& path, const std::string& conf,
   return RunReplay(ValueOrRaise(std::move(events)), options, config);
 }
 
-using EventTuple = std::tuple<std::string, std::uint64_t, std::uint64_t, std::uint64_t,
-                              std::int64_t>;
+using EventTuple =
+    std::tuple<std::string, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t>;
 
 py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string& conf,
                         std::size_t capacity_bytes, const std::string& source, bool use_env) {
@@ -120,8 +120,8 @@ py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string
     const auto& [action_name, addr, size, stream, time_us] = tuples[i];
     const std::optional<TraceAction> action = ParseTraceAction(action_name);
     if (!action.has_value()) {
-      throw py::value_error(absl::StrCat(source, ":", i + 1, ": unknown action '", action_name,
-                                         "'"));
+      throw py::value_error(
+          absl::StrCat(source, ":", i + 1, ": unknown action '", action_name, "'"));
     }
     TraceEvent event;
     event.action = *action;
@@ -181,7 +181,9 @@ PYBIND11_MODULE(_core, m) {
         "indices into the list, prefixed by `source`. Returns the same dict as replay_file.");
   m.def(
       "parse_options",
-      [](const std::string& conf, bool use_env) { return OptionsToDict(OptionsFor(conf, use_env)); },
+      [](const std::string& conf, bool use_env) {
+        return OptionsToDict(OptionsFor(conf, use_env));
+      },
       py::arg("conf"), py::arg("use_env") = false,
       "Parses `key:value,...` (PYTORCH_CUDA_ALLOC_CONF syntax) into a dict of every option "
       "(sizes in bytes). Raises ValueError with the parser's message.");

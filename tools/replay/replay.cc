@@ -19,8 +19,8 @@ namespace {
 
 // A block the trace allocated and has not freed yet.
 struct LiveBlock {
-  DevicePtr ours = 0;      // what our allocator returned
-  std::size_t size = 0;    // the trace's requested size in bytes
+  DevicePtr ours = 0;    // what our allocator returned
+  std::size_t size = 0;  // the trace's requested size in bytes
 };
 
 // The trace's own bookkeeping: live requested bytes and reserved bytes, with their peaks.
@@ -68,8 +68,8 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
           result.reused_live_addresses.push_back({event.line, event.addr});
           if (absl::Status s = allocator.Free(it->second.ours); !s.ok()) {
             return AtLine(config, event, s.code(),
-                          absl::StrCat("free of the earlier block at reused address ",
-                                       event.addr, " failed: ", s.message()));
+                          absl::StrCat("free of the earlier block at reused address ", event.addr,
+                                       " failed: ", s.message()));
           }
           recorded.live -= static_cast<std::int64_t>(it->second.size);
           live.erase(it);
@@ -95,8 +95,7 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
         }
         if (absl::Status s = allocator.Free(it->second.ours); !s.ok()) {
           return AtLine(config, event, s.code(),
-                        absl::StrCat("free of ", it->second.size, " bytes failed: ",
-                                     s.message()));
+                        absl::StrCat("free of ", it->second.size, " bytes failed: ", s.message()));
         }
         recorded.live -= static_cast<std::int64_t>(it->second.size);
         live.erase(it);
@@ -122,8 +121,7 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
     }
   }
   result.events = result.allocs + result.frees;
-  result.recorded_events =
-      result.events + static_cast<std::int64_t>(result.unknown_frees.size());
+  result.recorded_events = result.events + static_cast<std::int64_t>(result.unknown_frees.size());
 
   const DeviceStats stats = allocator.GetStats();
   result.peak_allocated_bytes = stats.allocated_bytes[kAggregate].peak;

@@ -92,7 +92,7 @@ int Fail(const absl::Status& status) {
 int Main(int argc, char** argv) {
   absl::StatusOr<Args> args = ParseArgs(argc, argv);
   if (!args.ok()) {
-    std::cerr << "vramledger-replay: error: " << args.status().message() << "\n" << kUsage;
+    std::cerr << "vramledger-replay: error: " << args.status().message() << " (see --help)\n";
     return 2;
   }
   if (args->help) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
@@ -40,14 +41,23 @@ std::string Warning(const ReplayResult& result, const std::vector<LineAddress>& 
 }  // namespace
 
 std::string WithThousands(std::int64_t value) {
-  std::string digits = absl::StrCat(value < 0 ? -(value + 1) + std::uint64_t{1}
-                                              : static_cast<std::uint64_t>(value));
+  std::string digits =
+      absl::StrCat(value < 0 ? -(value + 1) + std::uint64_t{1} : static_cast<std::uint64_t>(value));
   std::string out;
   for (std::size_t i = 0; i < digits.size(); ++i) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
     out.push_back(digits[i]);
   }
   return value < 0 ? absl::StrCat("-", out) : out;
+}
+
+std::string MicrosWithThousands(double micros) {
+  const std::string fixed = absl::StrFormat("%.1f", micros);
+  const std::size_t dot = fixed.find('.');
+  std::int64_t whole = 0;
+  if (!absl::SimpleAtoi(absl::string_view(fixed).substr(0, dot), &whole)) return fixed;
+  return absl::StrCat(fixed[0] == '-' && whole == 0 ? "-" : "", WithThousands(whole),
+                      fixed.substr(dot));
 }
 
 std::string BytesAndGiB(std::int64_t bytes) {
@@ -99,8 +109,8 @@ std::string FormatReplayTable(const ReplayResult& result) {
                   " trace events; simulated capacity ", BytesAndGiB(result.capacity_bytes),
                   "; conf: ", result.conf.empty() ? "(defaults)" : result.conf, "\n\n");
   absl::StrAppend(&out, Row("", "vramledger (replay)", "recorded (trace, torch)"));
-  absl::StrAppend(&out, Row("events", WithThousands(result.events),
-                            WithThousands(result.recorded_events)));
+  absl::StrAppend(
+      &out, Row("events", WithThousands(result.events), WithThousands(result.recorded_events)));
   absl::StrAppend(&out, Row("peak allocated", BytesAndGiB(result.peak_allocated_bytes),
                             "n/a (the trace has requested sizes only)"));
   absl::StrAppend(&out, Row("peak requested", BytesAndGiB(result.peak_requested_bytes),
@@ -109,33 +119,35 @@ std::string FormatReplayTable(const ReplayResult& result) {
                             result.recorded_segment_allocs > 0
                                 ? BytesAndGiB(result.recorded_peak_reserved_bytes)
                                 : "n/a (no segment events in the trace)"));
-  absl::StrAppend(&out, Row("utilization",
-                            absl::StrFormat("%.4f (allocated / reserved)", result.utilization),
-                            absl::StrFormat("%.4f (requested / reserved)",
-                                            result.recorded_utilization)));
+  absl::StrAppend(
+      &out, Row("utilization", absl::StrFormat("%.4f (allocated / reserved)", result.utilization),
+                result.recorded_peak_reserved_bytes > 0
+                    ? absl::StrFormat("%.4f (requested / reserved)", result.recorded_utilization)
+                    : std::string("n/a")));
   absl::StrAppend(&out, Row("segment allocs", WithThousands(result.device_allocs),
                             WithThousands(result.recorded_segment_allocs)));
   absl::StrAppend(&out, Row("segment frees", WithThousands(result.device_frees),
                             WithThousands(result.recorded_segment_frees)));
 
-  absl::StrAppend(&out, absl::StrFormat("\n  %-24s %12s %16s\n", "driver calls (modelled)",
-                                        "count", "time (us)"));
+  absl::StrAppend(&out, absl::StrFormat("\n  %-24s %12s %16s\n", "driver calls (modelled)", "count",
+                                        "time (us)"));
   std::int64_t total_calls = 0;
   for (const auto& [name, count] : result.driver_calls) {
     if (count == 0) continue;
     total_calls += count;
     const auto us = result.driver_us.find(name);
-    absl::StrAppend(&out, absl::StrFormat("  %-24s %12s %16.1f\n", name, WithThousands(count),
-                                          us == result.driver_us.end() ? 0.0 : us->second));
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-24s %12s %16s\n", name, WithThousands(count),
+                              MicrosWithThousands(us == result.driver_us.end() ? 0 : us->second)));
   }
-  absl::StrAppend(&out, absl::StrFormat("  %-24s %12s %16.1f\n", "total",
-                                        WithThousands(total_calls), result.modeled_driver_us));
-  absl::StrAppend(&out, absl::StrFormat(
-                            "\n  live at end: %s blocks (%s); unknown frees: %d; "
-                            "allocs of live addresses: %d\n",
-                            WithThousands(result.live_at_end),
-                            BytesAndGiB(result.live_bytes_at_end), result.unknown_frees.size(),
-                            result.reused_live_addresses.size()));
+  absl::StrAppend(&out, absl::StrFormat("  %-24s %12s %16s\n", "total", WithThousands(total_calls),
+                                        MicrosWithThousands(result.modeled_driver_us)));
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("\n  live at end: %s blocks, %s; unknown frees: %d; "
+                      "allocs of live addresses: %d\n",
+                      WithThousands(result.live_at_end), BytesAndGiB(result.live_bytes_at_end),
+                      result.unknown_frees.size(), result.reused_live_addresses.size()));
   return out;
 }
 

@@ -31,6 +31,9 @@ std::vector<std::string> ReplayWarnings(const ReplayResult& result, std::size_t 
 /// 27105552624 -> "27,105,552,624".
 std::string WithThousands(std::int64_t value);
 
+/// Microseconds with one decimal: 16996.64 -> "16,996.6".
+std::string MicrosWithThousands(double micros);
+
 /// Bytes as "27,105,552,624 B (25.24 GiB)".
 std::string BytesAndGiB(std::int64_t bytes);
 

@@ -1,0 +1,7 @@
+# `python -m vramledger ...`: runs the command line of vramledger.cli.
+# Stateless; exits with main()'s status.
+import sys
+
+from vramledger.cli import main
+
+sys.exit(main())

@@ -1,0 +1,232 @@
+# The `vramledger` command line: `vramledger replay TRACE` replays a recorded allocation trace
+# on the simulated device and sets its figures beside torch's. Stateless; one call per process.
+"""Command-line entry point of vramledger (``python -m vramledger``).
+
+Subcommands:
+  replay TRACE [--capacity-gib N] [--json] [--conf key:value,...] [--device N]
+      TRACE is a trace CSV (``action,addr,size,stream,time_us``, plain or .gz) or a torch memory
+      snapshot pickle (``torch.cuda.memory._snapshot()``, ``.pickle`` / ``.pickle.gz``), whose
+      ``device_traces[N]`` is replayed. Sizes are bytes, times microseconds.
+
+Errors print ``vramledger: error: ...`` on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pickle
+import sys
+from typing import Any, Sequence
+
+_GIB = 1 << 30
+_H200_TOTAL_BYTES = 150109880320  # torch's total_memory of the H200 the bundled traces ran on
+_PICKLE_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
+
+
+class CliError(Exception):
+    """An error to print as ``vramledger: error: <message>`` (exit status 2)."""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse calls this and expects no return
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Loads a torch snapshot (plain dicts, lists, numbers, strings) and refuses any class, so a
+    crafted file cannot run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: a torch memory snapshot holds plain values only")
+
+
+def _core():
+    try:
+        from vramledger import _core as core  # the C++ extension (tools/python_module.cc)
+    except ImportError as e:
+        raise CliError(f"the C++ extension vramledger._core is not available ({e}); "
+                       "build and install the package with scripts/setup.sh") from e
+    return core
+
+
+def _is_pickle(path: str) -> bool:
+    return path.lower().endswith(_PICKLE_SUFFIXES)
+
+
+def _load_snapshot(path: str) -> dict:
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            snapshot = _SnapshotUnpickler(f).load()
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError) as e:
+        raise CliError(f"{path}: cannot read the snapshot pickle: {e}") from e
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
+        raise CliError(f"{path}: not a torch memory snapshot (no 'device_traces' list)")
+    return snapshot
+
+
+def _snapshot_events(path: str, snapshot: dict, device: int) -> list[tuple]:
+    """The trace entries of `device` as (action, addr, size, stream, time_us) tuples."""
+    traces = snapshot["device_traces"]
+    if not 0 <= device < len(traces):
+        raise CliError(f"{path}: no device {device} in device_traces "
+                       f"(it has {len(traces)} device(s))")
+    events = []
+    for i, entry in enumerate(traces[device]):
+        try:
+            # An `oom` entry carries the device's free bytes in `device_free` instead of `addr`.
+            addr = entry["device_free"] if entry["action"] == "oom" else entry.get("addr", 0)
+            events.append((str(entry["action"]), int(addr), int(entry.get("size", 0)),
+                           int(entry.get("stream", 0)), int(entry.get("time_us", 0))))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CliError(f"{path}: device_traces[{device}] entry {i + 1}: "
+                           f"malformed entry ({e!r})") from e
+    return events
+
+
+def _snapshot_figures(snapshot: dict, device: int) -> dict:
+    """Reserved and allocated bytes of the snapshot's segments (the state when it was taken)."""
+    reserved = allocated = 0
+    for segment in snapshot.get("segments", []):
+        if segment.get("device", 0) == device:
+            reserved += int(segment.get("total_size", 0))
+            allocated += int(segment.get("allocated_size", 0))
+    return {"snapshot_reserved_bytes": reserved, "snapshot_allocated_bytes": allocated}
+
+
+def _bytes(n: int) -> str:
+    return f"{n:,} B ({n / _GIB:.2f} GiB)"
+
+
+def _format_table(r: dict) -> str:
+    recorded_reserved = "n/a (no segment events in the trace)"
+    if r["recorded_segment_allocs"]:
+        recorded_reserved = _bytes(r["recorded_peak_reserved_bytes"])
+    rows = [
+        ("", "vramledger (replay)", "recorded (trace, torch)"),
+        ("events", f"{r['events']:,}", f"{r['recorded_events']:,}"),
+        ("peak allocated", _bytes(r["peak_allocated_bytes"]),
+         "n/a (the trace has requested sizes only)"),
+        ("peak requested", _bytes(r["peak_requested_bytes"]),
+         _bytes(r["trace_peak_requested_bytes"])),
+        ("peak reserved", _bytes(r["peak_reserved_bytes"]), recorded_reserved),
+        ("utilization", f"{r['utilization']:.4f} (allocated / reserved)",
+         f"{r['recorded_utilization']:.4f} (requested / reserved)"
+         if r["recorded_peak_reserved_bytes"] > 0 else "n/a"),
+        ("segment allocs", f"{r['device_allocs']:,}", f"{r['recorded_segment_allocs']:,}"),
+        ("segment frees", f"{r['device_frees']:,}", f"{r['recorded_segment_frees']:,}"),
+    ]
+    if "snapshot_reserved_bytes" in r:
+        rows.append(("at snapshot", "", f"reserved {_bytes(r['snapshot_reserved_bytes'])}, "
+                                        f"allocated {_bytes(r['snapshot_allocated_bytes'])}"))
+    conf = r["conf"] or "(defaults)"
+    lines = [f"vramledger replay of {r['trace']}",
+             f"  {r['trace_events']:,} trace events; simulated capacity "
+             f"{_bytes(r['capacity_bytes'])}; conf: {conf}", ""]
+    lines += [f"  {a:<16} {b:<36} {c}".rstrip() for a, b, c in rows]
+    lines += ["", f"  {'driver calls (modelled)':<24} {'count':>12} {'time (us)':>16}"]
+    total = 0
+    for name, count in sorted(r["driver_calls"].items()):
+        if count:
+            total += count
+            lines.append(f"  {name:<24} {count:>12,} {r['driver_us'].get(name, 0.0):>16,.1f}")
+    lines.append(f"  {'total':<24} {total:>12,} {r['modeled_driver_us']:>16,.1f}")
+    lines += ["", f"  live at end: {r['live_at_end']:,} blocks, {_bytes(r['live_bytes_at_end'])}; "
+                  f"unknown frees: {r['unknown_frees']:,}; "
+                  f"allocs of live addresses: {r['reused_live_addresses']:,}"]
+    return "\n".join(lines) + "\n"
+
+
+def _warnings(r: dict, is_snapshot: bool) -> list[str]:
+    out = []
+    kinds = (("unknown_frees", "free_completed events of addresses not live in the trace (never "
+                               "allocated in it, or freed twice) were not replayed"),
+             ("reused_live_addresses", "alloc events of addresses still live (the trace lost "
+                                       "their free; the earlier block was freed first)"))
+    for key, what in kinds:
+        if r[key]:
+            places = ", ".join(f"{r['trace']}:{x['line']} (addr {x['addr']:#x})"
+                               for x in r[key + "_listed"][:5])
+            more = ", ..." if r[key] > 5 else ""
+            note = ""
+            if is_snapshot and key == "unknown_frees":
+                note = (" (expected for a snapshot: its trace ring buffer starts mid-run, so "
+                        "blocks allocated before it are unknown)")
+            out.append(f"{r[key]:,} {what}{note}; at {places}{more}")
+    if is_snapshot:
+        out.append(f"a snapshot keeps only the last {r['trace_events']:,} trace entries; blocks "
+                   "allocated before them are not replayed, so the peaks cover that window only")
+    return out
+
+
+def _replay(args: argparse.Namespace) -> int:
+    core = _core()
+    if args.capacity_gib is not None and not 0 < args.capacity_gib <= 1e6:
+        raise CliError(f"--capacity-gib must be a positive number of GiB, got {args.capacity_gib}")
+    capacity = (int(args.capacity_gib * _GIB) if args.capacity_gib is not None
+                else getattr(core, "H200_TOTAL_BYTES", _H200_TOTAL_BYTES))
+    path = args.trace
+    is_snapshot = _is_pickle(path)
+    try:
+        if is_snapshot:
+            snapshot = _load_snapshot(path)
+            events = _snapshot_events(path, snapshot, args.device)
+            result = core.replay_events(events, args.conf, capacity,
+                                        source=f"{path}:device_traces[{args.device}]")
+            result["device"] = args.device
+            result.update(_snapshot_figures(snapshot, args.device))
+        else:
+            result = core.replay_file(path, args.conf, capacity)
+    except (ValueError, OSError, MemoryError, RuntimeError) as e:
+        raise CliError(str(e)) from e
+
+    for warning in _warnings(result, is_snapshot):
+        print(f"vramledger: warning: {warning}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        sys.stdout.write(_format_table(result))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(prog="vramledger", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                     parser_class=_ArgumentParser)
+    commands.required = True
+    replay = commands.add_parser(
+        "replay", help="replay a trace on the simulated device, beside torch's recorded figures",
+        description="Replays alloc / free_completed events of a trace through vramledger on the "
+                    "simulated device (SimBackend) and prints its peaks beside the trace's own.")
+    replay.add_argument("trace", metavar="TRACE",
+                        help="trace CSV (plain or .gz) or torch snapshot pickle (.pickle[.gz])")
+    replay.add_argument("--capacity-gib", type=float, default=None, metavar="N",
+                        help="simulated device capacity in GiB (default: the H200's 139.80)")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    replay.add_argument("--conf", default="", metavar="key:value,...",
+                        help="allocator options (PYTORCH_CUDA_ALLOC_CONF syntax), applied after "
+                             "VRAMLEDGER_CONF from the environment")
+    replay.add_argument("--device", type=int, default=0, metavar="N",
+                        help="device whose trace a snapshot pickle replays (default 0)")
+    replay.set_defaults(run=_replay)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit status (0, or 2 after printing an error)."""
+    try:
+        args = _parser().parse_args(argv)
+        return args.run(args)
+    except CliError as e:
+        print(f"vramledger: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `vramledger replay ... | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
