@@ -38,13 +38,22 @@ struct Block {
   bool is_free() const { return !allocated && event_count == 0; }
 };
 
-/// One cudaMalloc'd range. `head` is the block at the segment's first byte.
+/// One cudaMalloc'd range, or one expandable segment (a reserved virtual range whose pages are
+/// mapped on demand; docs/design/expandable-segments.md). `head` is the block at its first byte.
 struct Segment {
   DevicePtr ptr = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;  // bytes of the cudaMalloc, or of the virtual reservation
   StreamId stream = 0;
   BlockPool* pool = nullptr;
   Block* head = nullptr;
+  // Expandable segments only: page size and the physical handle mapped at each page (0 = none).
+  bool expandable = false;
+  std::size_t page_size = 0;
+  std::vector<PhysicalHandle> pages;
+  std::size_t mapped_pages = 0;
+
+  std::size_t PageOf(DevicePtr p) const { return (p - ptr) / page_size; }
+  DevicePtr PageAddress(std::size_t i) const { return ptr + i * page_size; }
 };
 
 /// Best-fit order: (stream, size, address). lower_bound({stream, size, 0}) is the smallest
@@ -94,11 +103,14 @@ struct NodeRecycler {
 
 /// The free blocks of one pool (small or large), indexed for best fit.
 struct BlockPool {
-  explicit BlockPool(bool small) : is_small(small) {}
+  explicit BlockPool(bool small, bool expandable_pool = false, std::size_t page = 0)
+      : is_small(small), expandable(expandable_pool), page_size(page) {}
   NodeFreeList free_nodes;  // declared first: destroyed after `blocks`
   std::set<Block*, BlockBestFitLess, NodeRecycler<Block*>> blocks{
       BlockBestFitLess(), NodeRecycler<Block*>(&free_nodes)};
   const bool is_small;
+  const bool expandable;       // blocks live in expandable segments
+  const std::size_t page_size;  // expandable only: bytes per physical page
 };
 
 }  // namespace vramledger::core

@@ -60,6 +60,19 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
       b = next;
     }
   }
+  for (auto& [key, segment] : exp_segments_) {
+    for (std::size_t i = 0; i < segment->pages.size(); ++i) {
+      if (segment->pages[i] == 0) continue;
+      (void)backend_->Unmap(segment->PageAddress(i), segment->page_size);
+      (void)backend_->ReleasePhysical(segment->pages[i]);
+    }
+    (void)backend_->ReleaseAddress(segment->ptr, segment->size);
+    for (Block* b = segment->head; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+  }
   for (EventId e : spare_events_) (void)backend_->DestroyEvent(e);
   for (Block* b : spare_blocks_) delete b;
 }
@@ -101,10 +114,11 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
       return s;
     }
   }
-  BlockPool* pool = PoolFor(request.rounded);
+  BlockPool* pool = PoolFor(request.rounded, ContiguousSegmentsScope::active());
+  growth_refusal_ = absl::OkStatus();
+  if (pool->expandable) return MallocExpandable(pool, request);
   Block* block = TakeFreeBlock(pool, stream, request.rounded);
   if (block == nullptr) {
-    growth_refusal_ = absl::OkStatus();
     const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
     auto grown = AllocSegment(pool, request, alloc_size);
     if (!grown.ok()) return grown.status();
@@ -215,7 +229,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
 
 bool DeviceAllocatorImpl::ShouldSplit(const Block* block, std::size_t size) const {
   const std::size_t remaining = block->size - size;
-  if (block->pool->is_small) return remaining >= sp::kMinBlockSize;
+  if (block->pool->is_small || block->pool->expandable) return remaining >= sp::kMinBlockSize;
   return size < options_.max_split_size && remaining > sp::kSmallSize;
 }
 
@@ -242,13 +256,15 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
     remaining->size -= rounded;
     if (block->prev == nullptr) block->segment->head = block;
     pool->blocks.insert(remaining);
-    if (already_split) {
+    if (pool->expandable) {
+      // torch does not count inactive splits of expandable segments (PYTORCH-FACTS §3).
+    } else if (already_split) {
       UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
     } else {
       UpdateStat(stats_.inactive_split_bytes, types, static_cast<std::int64_t>(remaining->size));
       UpdateStat(stats_.inactive_split, types, 1);
     }
-  } else if (already_split) {
+  } else if (already_split && !pool->expandable) {
     UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
     UpdateStat(stats_.inactive_split, types, -1);
   }
@@ -321,8 +337,10 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
     split_blocks_change += 1;
     split_bytes_change += static_cast<std::int64_t>(block->size);
   }
-  UpdateStat(stats_.inactive_split, types, split_blocks_change);
-  UpdateStat(stats_.inactive_split_bytes, types, split_bytes_change);
+  if (!pool->expandable) {
+    UpdateStat(stats_.inactive_split, types, split_blocks_change);
+    UpdateStat(stats_.inactive_split_bytes, types, split_bytes_change);
+  }
   UpdateStat(stats_.active, types, -1);
   UpdateStat(stats_.active_bytes, types, -original_size);
   UpdateStat(stats_.requested_bytes, types, -requested);
@@ -482,7 +500,7 @@ absl::Status DeviceAllocatorImpl::ReleaseCachedBlocks() {
       if (absl::Status s = ReleaseSegment(b); !s.ok()) return s;
     }
   }
-  return absl::OkStatus();
+  return ReleaseExpandablePages();
 }
 
 absl::Status DeviceAllocatorImpl::EmptyCache() {

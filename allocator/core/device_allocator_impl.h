@@ -33,8 +33,11 @@ class DeviceAllocatorImpl {
   void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<SegmentInfo> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+  Fragmentation GetFragmentation(StreamId current_stream) const ABSL_LOCKS_EXCLUDED(mu_);
   OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckSegmentChain(const core::Segment& segment, std::int64_t* counts) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void SetHooks(AllocatorHooks* hooks) { hooks_.store(hooks, std::memory_order_release); }
   const Options& options() const { return options_; }
@@ -46,8 +49,41 @@ class DeviceAllocatorImpl {
     return pool->is_small ? kSmallPool : kLargePool;
   }
 
-  core::BlockPool* PoolFor(std::size_t rounded_size) {
-    return rounded_size <= 1 * kMiB ? &small_pool_ : &large_pool_;
+  core::BlockPool* PoolFor(std::size_t rounded_size, bool contiguous) {
+    const bool small = rounded_size <= 1 * kMiB;
+    if (options_.expandable_segments && !contiguous) return small ? &exp_small_pool_ : &exp_large_pool_;
+    return small ? &small_pool_ : &large_pool_;
+  }
+
+  // ---- Expandable segments (expandable.cc; docs/design/expandable-segments.md) ----
+  absl::StatusOr<DevicePtr> MallocExpandable(core::BlockPool* pool, const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Best fit among the stream's free blocks, preferring one whose first `size` bytes are mapped.
+  core::Block* TakeExpandableBlock(core::BlockPool* pool, StreamId stream, std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves the virtual range of the (stream, pool) segment; its one free block joins the pool.
+  absl::Status CreateExpandableSegment(core::BlockPool* pool, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps every unmapped page under [block->ptr, block->ptr + size): recycled pages first, then new
+  // handles. false (OK) when out of memory or refused (growth_refusal_); nothing changed then.
+  absl::StatusOr<bool> EnsureMapped(core::Block* block, std::size_t size,
+                                    const AllocationRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whole mapped pages strictly inside free blocks of pools with `page_size` (up to `limit`).
+  std::vector<std::pair<core::Segment*, std::size_t>> FreeMappedPages(std::size_t page_size,
+                                                                       std::size_t limit) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps and releases every whole free page of every expandable segment.
+  absl::Status ReleaseExpandablePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UnmapPage(core::Segment* segment, std::size_t page, bool release)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::size_t MissingPages(const core::Block* block, std::size_t size, std::size_t stop_at);
+  // Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
+  static std::size_t MappedRun(const core::Block* block);
+  std::array<core::BlockPool*, 4> AllPools() {
+    return {&small_pool_, &large_pool_, &exp_small_pool_, &exp_large_pool_};
+  }
+  std::array<const core::BlockPool*, 4> AllPools() const {
+    return {&small_pool_, &large_pool_, &exp_small_pool_, &exp_large_pool_};
   }
   // Best fit in `pool` for (stream, size) under torch's max_split_size rules; removes it.
   core::Block* TakeFreeBlock(core::BlockPool* pool, StreamId stream, std::size_t size)
@@ -97,7 +133,13 @@ class DeviceAllocatorImpl {
   mutable absl::Mutex mu_;
   core::BlockPool small_pool_ ABSL_GUARDED_BY(mu_){true};
   core::BlockPool large_pool_ ABSL_GUARDED_BY(mu_){false};
-  // Segments by address.
+  core::BlockPool exp_small_pool_ ABSL_GUARDED_BY(mu_){true, true, 2 * kMiB};
+  core::BlockPool exp_large_pool_ ABSL_GUARDED_BY(mu_){false, true, options_.expandable_page_size};
+  // Expandable segments, one per (stream, pool).
+  absl::flat_hash_map<std::pair<StreamId, const core::BlockPool*>, std::unique_ptr<core::Segment>>
+      exp_segments_ ABSL_GUARDED_BY(mu_);
+  std::int64_t page_moves_ ABSL_GUARDED_BY(mu_) = 0;
+  // Plain (cudaMalloc'd) segments by address.
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.
   absl::flat_hash_map<DevicePtr, core::Block*> live_blocks_ ABSL_GUARDED_BY(mu_);

@@ -11,22 +11,64 @@ namespace vramledger {
 
 using core::Block;
 using core::BlockPool;
+using core::Segment;
 
 std::size_t DeviceAllocatorImpl::LargestFreeBlock() const {
   std::size_t largest = 0;
-  for (const BlockPool* pool : {&small_pool_, &large_pool_}) {
-    for (const Block* b : pool->blocks) largest = std::max(largest, b->size);
+  for (const BlockPool* pool : AllPools()) {
+    for (const Block* b : pool->blocks) largest = std::max(largest, MappedRun(b));
   }
   return largest;
 }
 
 std::int64_t DeviceAllocatorImpl::CountHoles() const {
-  // A hole: a free block inside a segment that also holds live blocks.
+  // A hole: a free block with live neighbours, inside a segment that also holds live blocks
+  // (for expandable segments: not the free tail after the last live block).
   std::int64_t holes = 0;
-  for (const BlockPool* pool : {&small_pool_, &large_pool_}) {
-    for (const Block* b : pool->blocks) holes += b->is_split() ? 1 : 0;
+  for (const BlockPool* pool : AllPools()) {
+    for (const Block* b : pool->blocks) {
+      holes += pool->expandable ? (b->prev != nullptr && b->next != nullptr) : b->is_split();
+    }
   }
   return holes;
+}
+
+Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) const {
+  absl::MutexLock lock(&mu_);
+  Fragmentation f;
+  f.utilization = stats_.utilization();
+  const auto& reserved = stats_.reserved_bytes[kAggregate];
+  const auto& allocated = stats_.allocated_bytes[kAggregate];
+  f.wasted_bytes = reserved.current - allocated.current;
+  f.wasted_bytes_at_peak = reserved.peak - allocated.peak;
+  f.free_bytes = reserved.current - stats_.active_bytes[kAggregate].current;
+  f.largest_free_block = static_cast<std::int64_t>(LargestFreeBlock());
+  f.free_space_fragmentation =
+      f.free_bytes > 0 ? 1.0 - static_cast<double>(f.largest_free_block) / f.free_bytes : 0.0;
+  f.holes = CountHoles();
+  for (const BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
+    f.mapped_free_pages +=
+        static_cast<std::int64_t>(FreeMappedPages(pool->page_size, SIZE_MAX).size());
+  }
+  if (exp_small_pool_.page_size == exp_large_pool_.page_size) f.mapped_free_pages /= 2;
+  for (const BlockPool* pool : AllPools()) {
+    for (const Block* b : pool->blocks) {
+      if (b->stream == current_stream) continue;
+      const Segment* seg = b->segment;
+      if (!seg->expandable) {
+        f.other_stream_cached_bytes += static_cast<std::int64_t>(b->size);
+        continue;
+      }
+      for (std::size_t i = seg->PageOf(b->ptr); i <= seg->PageOf(b->ptr + b->size - 1); ++i) {
+        if (seg->pages[i] == 0) continue;
+        const DevicePtr lo = std::max(b->ptr, seg->PageAddress(i));
+        const DevicePtr hi = std::min(b->ptr + b->size, seg->PageAddress(i) + seg->page_size);
+        f.other_stream_cached_bytes += static_cast<std::int64_t>(hi - lo);
+      }
+    }
+  }
+  f.page_moves = page_moves_;
+  return f;
 }
 
 absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
@@ -90,6 +132,39 @@ OutOfMemoryInfo DeviceAllocatorImpl::last_oom() const {
   return last_oom_;
 }
 
+namespace {
+
+BlockInfo DescribeBlock(const Block* b, DevicePtr lo, DevicePtr hi) {
+  BlockInfo bi;
+  bi.address = lo;
+  bi.size = hi - lo;
+  if (b->allocated) {
+    bi.state = "active_allocated";
+  } else if (b->event_count > 0) {
+    bi.state = "active_pending_free";
+  } else {
+    bi.state = "inactive";
+  }
+  const bool live = !b->is_free();
+  bi.requested_size = live ? b->requested_size : 0;
+  bi.tag = live ? b->tag : 0;
+  bi.context = live ? b->context : 0;
+  const core::Segment* seg = b->segment;
+  bi.handles = seg->expandable ? seg->PageOf(hi - 1) - seg->PageOf(lo) + 1 : 1;
+  return bi;
+}
+
+void AddBlock(SegmentInfo& info, const Block* b, const BlockInfo& bi) {
+  if (b->allocated) info.allocated_size += bi.size;
+  if (!b->is_free()) {
+    info.active_size += bi.size;
+    info.requested_size += bi.requested_size;
+  }
+  info.blocks.push_back(bi);
+}
+
+}  // namespace
+
 std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
   absl::MutexLock lock(&mu_);
   std::vector<SegmentInfo> out;
@@ -102,76 +177,115 @@ std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
     info.stream = segment->stream;
     info.is_small = segment->pool->is_small;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      BlockInfo bi;
-      bi.address = b->ptr;
-      bi.size = b->size;
-      if (b->allocated) {
-        bi.state = "active_allocated";
-      } else if (b->event_count > 0) {
-        bi.state = "active_pending_free";
-      } else {
-        bi.state = "inactive";
-      }
-      bi.requested_size = b->allocated || b->event_count > 0 ? b->requested_size : 0;
-      bi.tag = b->is_free() ? 0 : b->tag;
-      bi.context = b->is_free() ? 0 : b->context;
-      if (b->allocated) info.allocated_size += b->size;
-      if (!b->is_free()) {
-        info.active_size += b->size;
-        info.requested_size += b->requested_size;
-      }
-      info.blocks.push_back(bi);
+      AddBlock(info, b, DescribeBlock(b, b->ptr, b->ptr + b->size));
     }
     out.push_back(std::move(info));
   }
+  // Expandable segments: one SegmentInfo per contiguous mapped range, blocks clipped to it.
+  for (const auto& [key, seg] : exp_segments_) {
+    const Block* b = seg->head;
+    std::size_t i = 0;
+    while (i < seg->pages.size()) {
+      if (seg->pages[i] == 0) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < seg->pages.size() && seg->pages[j] != 0) ++j;
+      SegmentInfo info;
+      info.device = backend_->device();
+      info.address = seg->PageAddress(i);
+      info.total_size = (j - i) * seg->page_size;
+      info.stream = seg->stream;
+      info.is_small = seg->pool->is_small;
+      info.is_expandable = true;
+      info.handles = j - i;
+      const DevicePtr lo = info.address;
+      const DevicePtr hi = lo + info.total_size;
+      while (b != nullptr && b->ptr + b->size <= lo) b = b->next;
+      for (const Block* c = b; c != nullptr && c->ptr < hi; c = c->next) {
+        AddBlock(info, c, DescribeBlock(c, std::max(c->ptr, lo), std::min(c->ptr + c->size, hi)));
+      }
+      out.push_back(std::move(info));
+      i = j;
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
   return out;
+}
+
+// counts: [allocated, active, requested, n_alloc, n_active, n_split, split_bytes, n_free]
+absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
+                                                    std::int64_t* counts) const {
+  auto fail = [&](const Block* b, auto&&... parts) {
+    return absl::InternalError(
+        absl::StrCat("block 0x", absl::Hex(b->ptr), " of segment 0x", absl::Hex(seg.ptr), ": ", parts...));
+  };
+  if (seg.head == nullptr || seg.head->ptr != seg.ptr || seg.head->prev != nullptr) {
+    return absl::InternalError(absl::StrCat("segment 0x", absl::Hex(seg.ptr), ": bad head block"));
+  }
+  DevicePtr expect = seg.ptr;
+  for (const Block* b = seg.head; b != nullptr; b = b->next) {
+    if (b->ptr != expect) return fail(b, "chain is not contiguous");
+    if (b->segment != &seg) return fail(b, "wrong segment");
+    if (b->size == 0 || b->size % 512 != 0) return fail(b, "bad size ", b->size);
+    if (b->next != nullptr && b->next->prev != b) return fail(b, "bad links");
+    if (b->stream != seg.stream || b->pool != seg.pool) return fail(b, "wrong stream or pool");
+    expect += b->size;
+    const bool in_index = b->pool->blocks.contains(const_cast<Block*>(b));
+    auto live_it = live_blocks_.find(b->ptr);
+    const bool in_live = live_it != live_blocks_.end() && live_it->second == b;
+    if (b->is_free()) {
+      if (!in_index || in_live) return fail(b, "free block not indexed as free");
+      if (b->next != nullptr && b->next->is_free() && b->next->stream_uses.empty()) {
+        return fail(b, "free block not coalesced with its free successor");
+      }
+      ++counts[7];
+      if (!seg.expandable && b->is_split()) {
+        ++counts[5];
+        counts[6] += static_cast<std::int64_t>(b->size);
+      }
+    } else {
+      if (in_index || !in_live) return fail(b, "live block indexed as free");
+      if (seg.expandable) {
+        for (std::size_t i = seg.PageOf(b->ptr); i <= seg.PageOf(b->ptr + b->size - 1); ++i) {
+          if (seg.pages[i] == 0) return fail(b, "live block on unmapped page ", i);
+        }
+      }
+      ++counts[4];
+      counts[1] += static_cast<std::int64_t>(b->size);
+      counts[2] += static_cast<std::int64_t>(b->requested_size);
+      if (b->allocated) {
+        ++counts[3];
+        counts[0] += static_cast<std::int64_t>(b->size);
+      }
+    }
+  }
+  if (expect != seg.ptr + seg.size) {
+    return absl::InternalError(absl::StrCat("segment 0x", absl::Hex(seg.ptr), ": blocks do not cover it"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
-  std::int64_t allocated = 0, active = 0, requested = 0, reserved = 0;
-  std::int64_t n_alloc = 0, n_active = 0, n_split = 0, split_bytes = 0, n_free = 0;
+  std::int64_t counts[8] = {};
+  std::int64_t reserved = 0;
   for (const auto& [ptr, segment] : segments_) {
-    if (segment->head == nullptr || segment->head->ptr != ptr || segment->head->prev != nullptr) {
-      return fail("segment 0x", absl::Hex(ptr), ": head block does not start it");
-    }
+    if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->size);
-    DevicePtr expect = ptr;
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      if (b->ptr != expect) return fail("block 0x", absl::Hex(b->ptr), ": chain is not contiguous");
-      if (b->segment != segment.get()) return fail("block 0x", absl::Hex(b->ptr), ": wrong segment");
-      if (b->size == 0 || b->size % 512 != 0) return fail("block 0x", absl::Hex(b->ptr), ": bad size");
-      if (b->next != nullptr && b->next->prev != b) return fail("block 0x", absl::Hex(b->ptr), ": bad links");
-      expect += b->size;
-      const bool in_index = b->pool->blocks.contains(const_cast<Block*>(b));
-      const bool in_live = live_blocks_.contains(b->ptr) && live_blocks_.at(b->ptr) == b;
-      if (b->is_free()) {
-        if (!in_index || in_live) return fail("free block 0x", absl::Hex(b->ptr), ": not indexed as free");
-        if (b->next != nullptr && b->next->is_free() && b->next->stream_uses.empty()) {
-          return fail("free blocks 0x", absl::Hex(b->ptr), " and its successor were not coalesced");
-        }
-        ++n_free;
-        if (b->is_split()) {
-          ++n_split;
-          split_bytes += static_cast<std::int64_t>(b->size);
-        }
-      } else {
-        if (in_index || !in_live) return fail("live block 0x", absl::Hex(b->ptr), ": indexed as free");
-        ++n_active;
-        active += static_cast<std::int64_t>(b->size);
-        requested += static_cast<std::int64_t>(b->requested_size);
-        if (b->allocated) {
-          ++n_alloc;
-          allocated += static_cast<std::int64_t>(b->size);
-        }
-      }
-    }
-    if (expect != ptr + segment->size) return fail("segment 0x", absl::Hex(ptr), ": blocks do not cover it");
   }
+  for (const auto& [key, segment] : exp_segments_) {
+    if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
+    reserved += static_cast<std::int64_t>(segment->mapped_pages * segment->page_size);
+  }
+  const auto [allocated, active, requested, n_alloc, n_active, n_split, split_bytes, n_free] =
+      std::to_array(counts);
   const auto& st = stats_;
-  const std::int64_t indexed =
-      static_cast<std::int64_t>(small_pool_.blocks.size() + large_pool_.blocks.size());
+  std::int64_t indexed = 0;
+  for (const BlockPool* pool : AllPools()) indexed += static_cast<std::int64_t>(pool->blocks.size());
   if (indexed != n_free) return fail("free index holds ", indexed, " blocks, segments hold ", n_free);
   if (static_cast<std::int64_t>(live_blocks_.size()) != n_active) return fail("live map size mismatch");
   struct Check { const char* name; std::int64_t stat; std::int64_t actual; };
@@ -224,5 +338,8 @@ absl::Status DeviceAllocator::CheckInvariants() const { return impl_->CheckInvar
 const Options& DeviceAllocator::options() const { return impl_->options(); }
 DeviceBackend* DeviceAllocator::backend() const { return impl_->backend(); }
 void DeviceAllocator::SetHooks(AllocatorHooks* hooks) { impl_->SetHooks(hooks); }
+Fragmentation DeviceAllocator::GetFragmentation(StreamId current_stream) const {
+  return impl_->GetFragmentation(current_stream);
+}
 
 }  // namespace vramledger

@@ -132,6 +132,11 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     auto v = ParseBool(key, value);
     if (!v.ok()) return v.status();
     o->page_recycling = *v;
+  } else if (key == "expandable_page_mb") {
+    auto v = ParseMiB(key, value, 2);
+    if (!v.ok()) return v.status();
+    if (*v % (2 * kMiB) != 0) return Bad(key, value, "a multiple of 2 MiB");
+    o->expandable_page_size = *v;
   } else if (key == "plan") {
     o->plan = std::string(value);
   } else if (key == "dump_dir") {
@@ -186,6 +191,7 @@ const std::vector<OptionDoc>& OptionTable() {
       {"pinned_reserve_segment_size_mb", "0", "host allocator key, validated and ignored"},
       {"graph_capture_record_stream_reuse", "False", "validated and ignored"},
       {"page_recycling", "True", "vramledger: move free pages of expandable segments"},
+      {"expandable_page_mb", "8", "vramledger: physical page size of expandable segments"},
       {"plan", "", "vramledger: path of the memory plan file"},
       {"dump_dir", "./vramledger-dumps", "vramledger: directory for OOM forensics"},
       {"max_dumps", "8", "vramledger: forensic dumps kept"},
@@ -231,6 +237,7 @@ std::string OptionsToString(const Options& o) {
   parts.push_back(absl::StrCat("release_lock_on_cudamalloc:", o.release_lock_on_cudamalloc ? "True" : "False"));
   parts.push_back(absl::StrCat("per_process_memory_fraction:", o.per_process_memory_fraction));
   parts.push_back(absl::StrCat("page_recycling:", o.page_recycling ? "True" : "False"));
+  parts.push_back(absl::StrCat("expandable_page_mb:", o.expandable_page_size / kMiB));
   if (!o.plan.empty()) parts.push_back(absl::StrCat("plan:", o.plan));
   parts.push_back(absl::StrCat("dump_dir:", o.dump_dir));
   parts.push_back(absl::StrCat("max_dumps:", o.max_dumps));

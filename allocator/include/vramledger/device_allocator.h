@@ -45,6 +45,7 @@ struct BlockInfo {
   std::size_t requested_size = 0;  // 0 for inactive blocks
   /// "active_allocated", "active_pending_free" or "inactive" (torch's exact strings).
   const char* state = "inactive";
+  std::size_t handles = 1;    // physical handles (pages) under the block; 1 for plain segments
   std::uint32_t tag = 0;      // AllocatorHooks::CurrentTag at allocation (0 for inactive)
   std::uint64_t context = 0;  // AllocatorHooks::CaptureContext at allocation (0 for inactive)
 };
@@ -60,7 +61,35 @@ struct SegmentInfo {
   StreamId stream = 0;
   bool is_small = false;  // segment_type "small" / "large"
   bool is_expandable = false;
+  std::size_t handles = 1;        // physical handles backing it (pages of an expandable segment)
   std::vector<BlockInfo> blocks;  // in address order
+};
+
+/// Fragmentation figures of one device (issue 3; all sizes in bytes).
+struct Fragmentation {
+  double utilization = 0;                 // peak allocated / peak reserved
+  std::int64_t wasted_bytes = 0;          // reserved - allocated, now
+  std::int64_t wasted_bytes_at_peak = 0;  // peak reserved - peak allocated
+  std::int64_t free_bytes = 0;            // reserved - active: cached, reusable
+  std::int64_t largest_free_block = 0;    // largest request servable without growing
+  double free_space_fragmentation = 0;    // 1 - largest_free_block / free_bytes (0 if none free)
+  std::int64_t holes = 0;                 // free blocks between live blocks
+  std::int64_t mapped_free_pages = 0;     // whole mapped pages inside free blocks (expandable)
+  std::int64_t other_stream_cached_bytes = 0;  // free bytes cached for streams != `stream`
+  std::int64_t page_moves = 0;            // pages recycled (unmapped here, mapped there)
+};
+
+/// Allocations made on this thread while one of these is alive come from plain, single-handle
+/// segments even with expandable segments on (buffers registered for RDMA or shared with NCCL).
+/// Nests; thread-local.
+class ContiguousSegmentsScope {
+ public:
+  ContiguousSegmentsScope();
+  ~ContiguousSegmentsScope();
+  ContiguousSegmentsScope(const ContiguousSegmentsScope&) = delete;
+  ContiguousSegmentsScope& operator=(const ContiguousSegmentsScope&) = delete;
+  /// True while the calling thread is inside a scope.
+  static bool active();
 };
 
 class DeviceAllocatorImpl;
@@ -105,8 +134,12 @@ class DeviceAllocator {
   void ResetPeakStats();
   void ResetAccumulatedStats();
 
-  /// Segments and their blocks, in address order.
+  /// Segments and their blocks, in address order. An expandable segment shows as one segment
+  /// per contiguous mapped range, as torch reports it.
   std::vector<SegmentInfo> Snapshot() const;
+
+  /// Fragmentation figures; `current_stream` decides what counts as another stream's cache.
+  Fragmentation GetFragmentation(StreamId current_stream = 0) const;
 
   /// The numbers of the most recent out-of-memory failure.
   OutOfMemoryInfo last_oom() const;

@@ -39,6 +39,10 @@ struct Options {
   double per_process_memory_fraction = 0.0;
   /// `page_recycling` (vramledger): move whole free pages of expandable segments before growing.
   bool page_recycling = true;
+  /// `expandable_page_mb` (vramledger): physical page (handle) size of large-pool expandable
+  /// segments, a multiple of 2 MiB; the small pool always uses 2 MiB pages.
+  /// Chosen by measurement: docs/design/expandable-segments.md.
+  std::size_t expandable_page_size = 8 * kMiB;
   /// `plan` (vramledger): path of the memory plan file; empty = no plan.
   std::string plan;
   /// `dump_dir` (vramledger): where OOM forensics go.

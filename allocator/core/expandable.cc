@@ -1,0 +1,278 @@
+// Expandable segments: one reserved virtual range per (stream, pool), physical pages mapped on
+// demand, whole free pages moved (recycled) before new ones are created, and unmapped on
+// empty_cache / OOM retry. Design: docs/design/expandable-segments.md. Locking: locking.md.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/device_allocator_impl.h"
+#include "core/size_policy.h"
+
+namespace vramledger {
+
+using core::Block;
+using core::BlockPool;
+using core::Segment;
+
+namespace {
+thread_local int contiguous_depth = 0;
+}  // namespace
+
+ContiguousSegmentsScope::ContiguousSegmentsScope() { ++contiguous_depth; }
+ContiguousSegmentsScope::~ContiguousSegmentsScope() { --contiguous_depth; }
+bool ContiguousSegmentsScope::active() { return contiguous_depth > 0; }
+
+std::size_t DeviceAllocatorImpl::MissingPages(const Block* block, std::size_t size,
+                                              std::size_t stop_at) {
+  const Segment* seg = block->segment;
+  const std::size_t first = seg->PageOf(block->ptr);
+  const std::size_t last = seg->PageOf(block->ptr + size - 1);
+  std::size_t missing = 0;
+  for (std::size_t i = first; i <= last && missing < stop_at; ++i) missing += seg->pages[i] == 0;
+  return missing;
+}
+
+std::size_t DeviceAllocatorImpl::MappedRun(const Block* block) {
+  const Segment* seg = block->segment;
+  if (!seg->expandable) return block->size;
+  std::size_t best = 0;
+  std::size_t run = 0;
+  const DevicePtr end = block->ptr + block->size;
+  for (std::size_t i = seg->PageOf(block->ptr); i < seg->pages.size(); ++i) {
+    const DevicePtr lo = std::max(block->ptr, seg->PageAddress(i));
+    const DevicePtr hi = std::min(end, seg->PageAddress(i) + seg->page_size);
+    if (lo >= hi) break;
+    run = seg->pages[i] != 0 ? run + (hi - lo) : 0;
+    best = std::max(best, run);
+  }
+  return best;
+}
+
+Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream,
+                                                std::size_t size) {
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  auto it = pool->blocks.lower_bound(&key);
+  if (it == pool->blocks.end() || (*it)->stream != stream) return nullptr;
+  // Best fit by size, but a block whose first `size` bytes are already mapped beats a smaller
+  // one that would need pages: look at a few candidates, and the stream's largest (the tail).
+  constexpr int kCandidates = 8;
+  auto best = pool->blocks.end();
+  std::size_t best_missing = SIZE_MAX;
+  int seen = 0;
+  for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
+       ++c, ++seen) {
+    const std::size_t missing = MissingPages(*c, size, best_missing);
+    if (missing < best_missing) {
+      best = c;
+      best_missing = missing;
+      if (missing == 0) break;
+    }
+  }
+  if (best_missing > 0) {
+    key.size = SIZE_MAX;
+    key.ptr = ~DevicePtr{0};
+    auto last = std::prev(pool->blocks.upper_bound(&key));
+    if ((*last)->stream == stream && (*last)->size >= size &&
+        MissingPages(*last, size, best_missing) < best_missing) {
+      best = last;
+    }
+  }
+  Block* block = *best;
+  pool->blocks.erase(best);
+  return block;
+}
+
+absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, StreamId stream) {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
+  // torch reserves 1.125 x the device's memory per segment (PYTORCH-FACTS §3), page-rounded.
+  const std::size_t page = pool->page_size;
+  const std::size_t pages = (total_bytes + total_bytes / 8 + page - 1) / page;
+  DevicePtr va = 0;
+  {
+    RelaxedCaptureScope relaxed(backend_);
+    if (absl::Status s = backend_->ReserveAddress(pages * page, &va); !s.ok()) return s;
+  }
+  auto segment = std::make_unique<Segment>();
+  segment->ptr = va;
+  segment->size = pages * page;
+  segment->stream = stream;
+  segment->pool = pool;
+  segment->expandable = true;
+  segment->page_size = page;
+  segment->pages.assign(pages, 0);
+  Block* block = NewBlock();
+  block->ptr = va;
+  block->size = segment->size;
+  block->stream = stream;
+  block->pool = pool;
+  block->segment = segment.get();
+  segment->head = block;
+  pool->blocks.insert(block);
+  exp_segments_.emplace(std::make_pair(stream, pool), std::move(segment));
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::FreeMappedPages(
+    std::size_t page_size, std::size_t limit) const {
+  std::vector<std::pair<Segment*, std::size_t>> out;
+  for (const BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
+    if (pool->page_size != page_size) continue;
+    for (const Block* b : pool->blocks) {
+      Segment* seg = b->segment;
+      if (seg->mapped_pages == 0) continue;
+      const std::size_t first = seg->PageOf(b->ptr + page_size - 1);  // first whole page
+      const std::size_t end = seg->PageOf(b->ptr + b->size);           // one past the last
+      for (std::size_t i = first; i < end && out.size() < limit; ++i) {
+        if (seg->pages[i] != 0) out.emplace_back(seg, i);
+      }
+      if (out.size() >= limit) return out;
+    }
+  }
+  return out;
+}
+
+absl::Status DeviceAllocatorImpl::UnmapPage(Segment* seg, std::size_t page, bool release) {
+  const DevicePtr va = seg->PageAddress(page);
+  RelaxedCaptureScope relaxed(backend_);
+  if (absl::Status s = backend_->Unmap(va, seg->page_size); !s.ok()) return s;
+  const PhysicalHandle handle = seg->pages[page];
+  seg->pages[page] = 0;
+  --seg->mapped_pages;
+  ++stats_.num_device_free;
+  Emit(TraceAction::kSegmentUnmap, va, seg->page_size, seg->stream, 0, 0);
+  if (release) {
+    if (absl::Status s = backend_->ReleasePhysical(handle); !s.ok()) return s;
+    UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool),
+               -static_cast<std::int64_t>(seg->page_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t size,
+                                                       const AllocationRequest& request) {
+  Segment* seg = block->segment;
+  const std::size_t page = seg->page_size;
+  std::vector<std::size_t> missing;
+  for (std::size_t i = seg->PageOf(block->ptr); i <= seg->PageOf(block->ptr + size - 1); ++i) {
+    if (seg->pages[i] == 0) missing.push_back(i);
+  }
+  if (missing.empty()) return true;
+  std::vector<std::pair<Segment*, std::size_t>> recycled;
+  if (options_.page_recycling) recycled = FreeMappedPages(page, missing.size());
+  const std::size_t fresh = missing.size() - recycled.size();
+  if (fresh > 0) {
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current);
+    const std::size_t after = reserved + fresh * page;
+    if (fraction_set_ && after > allowed_bytes_) return false;
+    if (AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed); hooks != nullptr) {
+      absl::Status verdict = hooks->CheckGrowth(request, after, stats_);
+      if (!verdict.ok()) {
+        growth_refusal_ = std::move(verdict);
+        return false;
+      }
+    }
+  }
+  RelaxedCaptureScope relaxed(backend_);
+  // New handles first, so that running out of memory leaves every mapping as it was.
+  std::vector<PhysicalHandle> handles;
+  handles.reserve(missing.size());
+  for (std::size_t i = 0; i < fresh; ++i) {
+    PhysicalHandle h = 0;
+    absl::Status s = backend_->CreatePhysical(page, &h);
+    if (!s.ok()) {
+      for (PhysicalHandle created : handles) (void)backend_->ReleasePhysical(created);
+      if (absl::IsResourceExhausted(s)) return false;
+      return s;
+    }
+    handles.push_back(h);
+  }
+  // Recycled pages: wait for their streams (a kernel may still read them), then unmap.
+  std::vector<StreamId> synced;
+  for (auto [src, i] : recycled) {
+    if (std::find(synced.begin(), synced.end(), src->stream) == synced.end()) {
+      if (absl::Status s = backend_->SynchronizeStream(src->stream); !s.ok()) return s;
+      synced.push_back(src->stream);
+    }
+    handles.push_back(src->pages[i]);
+    if (absl::Status s = UnmapPage(src, i, /*release=*/false); !s.ok()) return s;
+    ++page_moves_;
+    if (src->pool->is_small != seg->pool->is_small) {  // the page changes pool: move its bytes
+      stats_.reserved_bytes[StatTypesFor(src->pool)].Decrease(static_cast<std::int64_t>(page));
+      stats_.reserved_bytes[StatTypesFor(seg->pool)].Increase(static_cast<std::int64_t>(page));
+    }
+  }
+  const StatType types = StatTypesFor(seg->pool);
+  UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(fresh * page));
+  // Map, then grant access once per contiguous run of newly mapped pages.
+  for (std::size_t k = 0; k < missing.size(); ++k) {
+    const std::size_t i = missing[k];
+    if (absl::Status s = backend_->Map(seg->PageAddress(i), page, handles[k]); !s.ok()) return s;
+    seg->pages[i] = handles[k];
+    ++seg->mapped_pages;
+    ++stats_.num_device_alloc;
+    Emit(TraceAction::kSegmentMap, seg->PageAddress(i), page, seg->stream, request.context,
+         request.tag);
+    const bool run_ends = k + 1 == missing.size() || missing[k + 1] != i + 1;
+    if (run_ends) {
+      std::size_t run_start = k;
+      while (run_start > 0 && missing[run_start - 1] + 1 == missing[run_start]) --run_start;
+      const std::size_t first = missing[run_start];
+      if (absl::Status s = backend_->SetAccess(seg->PageAddress(first), (i - first + 1) * page);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
+                                                                const AllocationRequest& request) {
+  const std::size_t size = request.rounded;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Block* block = TakeExpandableBlock(pool, request.stream, size);
+    if (block == nullptr && !exp_segments_.contains(std::make_pair(request.stream, pool))) {
+      if (absl::Status s = CreateExpandableSegment(pool, request.stream); !s.ok()) return s;
+      block = TakeExpandableBlock(pool, request.stream, size);
+    }
+    if (block != nullptr) {
+      auto mapped = EnsureMapped(block, size, request);
+      if (!mapped.ok()) return mapped.status();
+      if (*mapped) return UseBlock(block, request)->ptr;
+      pool->blocks.insert(block);  // unchanged; back to the index
+    }
+    if (attempt == 0) {
+      // Release every cached segment and free page, then try once more.
+      if (absl::Status s = ReleaseCachedBlocks(); !s.ok()) return s;
+      ++stats_.num_alloc_retries;
+    }
+  }
+  if (!growth_refusal_.ok()) {
+    ++stats_.num_ooms;
+    Emit(TraceAction::kOom, 0, size, request.stream, request.context, request.tag);
+    return growth_refusal_;
+  }
+  return OutOfMemory(request, size);
+}
+
+absl::Status DeviceAllocatorImpl::ReleaseExpandablePages() {
+  // Unmap only after the owning stream finished with the pages (cuMemUnmap does not wait).
+  std::vector<const Segment*> synced;
+  for (BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
+    for (const auto& [seg, i] : FreeMappedPages(pool->page_size, SIZE_MAX)) {
+      if (seg->pool != pool) continue;
+      if (std::find(synced.begin(), synced.end(), seg) == synced.end()) {
+        if (absl::Status s = backend_->SynchronizeStream(seg->stream); !s.ok()) return s;
+        synced.push_back(seg);
+      }
+      if (absl::Status s = UnmapPage(seg, i, /*release=*/true); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vramledger

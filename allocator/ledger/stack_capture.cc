@@ -1,0 +1,184 @@
+// Native frames through Abseil's unwinder and symboliser; Python frames through the interpreter's
+// public C API looked up once with dlsym(RTLD_DEFAULT). Stateless apart from the resolved table.
+#include "ledger/stack_capture.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/debugging/stacktrace.h"
+#include "absl/debugging/symbolize.h"
+
+namespace vramledger {
+namespace {
+
+// The part of the CPython C API the capture needs. Every object is an opaque pointer; the
+// functions are exported by any CPython >= 3.9 (the frame accessors appeared in 3.9).
+struct PythonApi {
+  using IntFn = int (*)();
+  using ObjFn = void* (*)();
+  using ObjObjFn = void* (*)(void*);
+  using IntObjFn = int (*)(void*);
+  using RefFn = void (*)(void*);
+  using GetAttrFn = void* (*)(void*, const char*);
+  using Utf8Fn = const char* (*)(void*);
+  using VoidFn = void (*)();
+  using FetchFn = void (*)(void**, void**, void**);
+  using RestoreFn = void (*)(void*, void*, void*);
+
+  IntFn is_initialized = nullptr;           // Py_IsInitialized
+  IntFn gil_check = nullptr;                // PyGILState_Check
+  ObjFn thread_state_unchecked = nullptr;   // PyThreadState_GetUnchecked (optional)
+  ObjFn get_frame = nullptr;                // PyEval_GetFrame (borrowed)
+  ObjObjFn frame_back = nullptr;            // PyFrame_GetBack (new reference)
+  ObjObjFn frame_code = nullptr;            // PyFrame_GetCode (new reference)
+  IntObjFn frame_line = nullptr;            // PyFrame_GetLineNumber
+  RefFn incref = nullptr;                   // Py_IncRef
+  RefFn decref = nullptr;                   // Py_DecRef
+  GetAttrFn getattr = nullptr;              // PyObject_GetAttrString
+  Utf8Fn as_utf8 = nullptr;                 // PyUnicode_AsUTF8
+  VoidFn err_clear = nullptr;               // PyErr_Clear
+  FetchFn err_fetch = nullptr;              // PyErr_Fetch (optional)
+  RestoreFn err_restore = nullptr;          // PyErr_Restore (optional)
+  bool complete = false;                    // every required symbol was found
+};
+
+template <typename Fn>
+void Resolve(const char* name, Fn* fn) {
+  *fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+PythonApi LoadPythonApi() {
+  PythonApi api;
+  Resolve("Py_IsInitialized", &api.is_initialized);
+  Resolve("PyGILState_Check", &api.gil_check);
+  Resolve("PyThreadState_GetUnchecked", &api.thread_state_unchecked);  // 3.13+
+  if (api.thread_state_unchecked == nullptr) {
+    Resolve("_PyThreadState_UncheckedGet", &api.thread_state_unchecked);  // 3.5-3.12
+  }
+  Resolve("PyEval_GetFrame", &api.get_frame);
+  Resolve("PyFrame_GetBack", &api.frame_back);
+  Resolve("PyFrame_GetCode", &api.frame_code);
+  Resolve("PyFrame_GetLineNumber", &api.frame_line);
+  Resolve("Py_IncRef", &api.incref);
+  Resolve("Py_DecRef", &api.decref);
+  Resolve("PyObject_GetAttrString", &api.getattr);
+  Resolve("PyUnicode_AsUTF8", &api.as_utf8);
+  Resolve("PyErr_Clear", &api.err_clear);
+  Resolve("PyErr_Fetch", &api.err_fetch);
+  Resolve("PyErr_Restore", &api.err_restore);
+  api.complete = api.is_initialized != nullptr && api.gil_check != nullptr &&
+                 api.get_frame != nullptr && api.frame_back != nullptr &&
+                 api.frame_code != nullptr && api.frame_line != nullptr &&
+                 api.incref != nullptr && api.decref != nullptr && api.getattr != nullptr &&
+                 api.as_utf8 != nullptr && api.err_clear != nullptr;
+  return api;
+}
+
+const PythonApi& Api() {
+  static const PythonApi api = LoadPythonApi();  // thread-safe static initialisation
+  return api;
+}
+
+// The UTF-8 text of attribute `attr` of `object`, or "??"; never leaves an exception set.
+std::string StringAttribute(const PythonApi& api, void* object, const char* attr) {
+  std::string out = "??";
+  void* value = api.getattr(object, attr);
+  if (value == nullptr) {
+    api.err_clear();
+    return out;
+  }
+  if (const char* text = api.as_utf8(value); text != nullptr) {
+    out = text;
+  } else {
+    api.err_clear();
+  }
+  api.decref(value);
+  return out;
+}
+
+}  // namespace
+
+bool PythonFramesAvailable() {
+  const PythonApi& api = Api();
+  return api.complete && api.is_initialized() == 1;
+}
+
+int CapturePythonFrames(PythonFrameRef* out, int max_frames) {
+  const PythonApi& api = Api();
+  if (!api.complete || max_frames <= 0 || api.is_initialized() != 1) return 0;
+  if (api.gil_check() != 1) return 0;
+  // PyGILState_Check answers 1 when its check is disabled (sub-interpreters); an attached
+  // thread state is the direct proof that this thread runs Python.
+  if (api.thread_state_unchecked != nullptr && api.thread_state_unchecked() == nullptr) return 0;
+  void* frame = api.get_frame();  // borrowed
+  if (frame == nullptr) return 0;
+  api.incref(frame);  // own every frame the same way below
+  int n = 0;
+  while (frame != nullptr && n < max_frames) {
+    void* code = api.frame_code(frame);
+    out[n].code = reinterpret_cast<std::uintptr_t>(code);
+    out[n].line = api.frame_line(frame);
+    // The executing frame keeps its code object alive until the allocation returns, which is
+    // longer than the history needs to retain it.
+    api.decref(code);
+    void* back = api.frame_back(frame);
+    api.decref(frame);
+    frame = back;
+    ++n;
+  }
+  if (frame != nullptr) api.decref(frame);
+  return n;
+}
+
+void RetainPythonCode(std::uintptr_t code, std::string* filename, std::string* name) {
+  const PythonApi& api = Api();
+  if (!api.complete || code == 0) {
+    *filename = "??";
+    *name = "??";
+    return;
+  }
+  void* object = reinterpret_cast<void*>(code);
+  api.incref(object);  // never released: the history identifies code objects by address
+  void* type = nullptr;
+  void* value = nullptr;
+  void* traceback = nullptr;
+  const bool save = api.err_fetch != nullptr && api.err_restore != nullptr;
+  if (save) api.err_fetch(&type, &value, &traceback);
+  *filename = StringAttribute(api, object, "co_filename");
+  *name = StringAttribute(api, object, "co_name");
+  if (save) api.err_restore(type, value, traceback);
+}
+
+int CaptureNativeFrames(std::uintptr_t* out, int max_frames, int skip) {
+  constexpr int kMax = 128;
+  void* pcs[kMax];
+  const int n = absl::GetStackTrace(pcs, std::min(max_frames, kMax), skip + 1);
+  for (int i = 0; i < n; ++i) out[i] = reinterpret_cast<std::uintptr_t>(pcs[i]);
+  return n;
+}
+
+Frame SymbolizeNativeFrame(std::uintptr_t pc) {
+  Frame frame;
+  // A return address points after the call; pc - 1 lies inside the calling function.
+  const void* lookup = reinterpret_cast<const void*>(pc > 0 ? pc - 1 : pc);
+  char buffer[1024];
+  if (absl::Symbolize(lookup, buffer, sizeof(buffer))) {
+    frame.name = buffer;
+  } else {
+    char hex[32];
+    std::snprintf(hex, sizeof(hex), "0x%zx", static_cast<std::size_t>(pc));
+    frame.name = hex;
+  }
+  Dl_info info;
+  if (dladdr(lookup, &info) != 0 && info.dli_fname != nullptr) {
+    frame.filename = info.dli_fname;
+  } else {
+    frame.filename = "??";
+  }
+  return frame;
+}
+
+}  // namespace vramledger

@@ -1,0 +1,274 @@
+// Expandable segments on SimBackend: whole-page mapping, page recycling, empty_cache, the
+// issue's scenarios with exact figures, handles per block, contiguous_segments(), and a
+// randomized run checking that no live block ever sits on an unmapped page.
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "device/sim_backend.h"
+#include "vramledger/device_allocator.h"
+
+namespace vramledger {
+namespace {
+
+class ExpandableTest : public ::testing::Test {
+ protected:
+  void Make(const std::string& conf, std::size_t capacity = 64 * kGiB) {
+    SimBackend::Config config;
+    config.capacity = capacity;
+    sim_ = std::make_unique<SimBackend>(config);
+    auto o = ParseOptions(conf);
+    ASSERT_TRUE(o.ok()) << o.status();
+    alloc_ = std::make_unique<DeviceAllocator>(*o, sim_.get());
+  }
+  void SetUp() override { Make("expandable_segments:True,expandable_page_mb:2"); }
+  void TearDown() override { Check(); }
+  void Check() {
+    ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
+    // reserved is exactly the mapped bytes (plus plain segments, none here unless contiguous).
+    std::size_t plain = 0;
+    for (const auto& seg : alloc_->Snapshot()) plain += seg.is_expandable ? 0 : seg.total_size;
+    ASSERT_EQ(static_cast<std::size_t>(Reserved()), sim_->mapped_bytes() + plain);
+  }
+  DevicePtr Alloc(std::size_t size) {
+    auto p = alloc_->Malloc(size, 0);
+    EXPECT_TRUE(p.ok()) << p.status();
+    Check();
+    return p.ok() ? *p : 0;
+  }
+  void Free(DevicePtr p) {
+    ASSERT_TRUE(alloc_->Free(p).ok());
+    Check();
+  }
+  std::int64_t Reserved() { return alloc_->GetStats().reserved_bytes[kAggregate].current; }
+  std::int64_t Allocated() { return alloc_->GetStats().allocated_bytes[kAggregate].current; }
+
+  std::unique_ptr<SimBackend> sim_;
+  std::unique_ptr<DeviceAllocator> alloc_;
+};
+
+TEST_F(ExpandableTest, MapsWholePagesAndFollowsTorchStats) {
+  DevicePtr a = Alloc(3 * kMiB);  // two 2 MiB pages
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(4 * kMiB));
+  DevicePtr b = Alloc(1 * kMiB + 512);  // fits in the mapped remainder? 1 MiB left: no -> 1 page
+  EXPECT_EQ(b, a + 3 * kMiB);
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(6 * kMiB));
+  DeviceStats s = alloc_->GetStats();
+  EXPECT_EQ(s.segment[kAggregate].current, 0);         // torch: expandable segments not counted
+  EXPECT_EQ(s.inactive_split[kAggregate].current, 0);  // nor inactive splits
+  EXPECT_EQ(s.num_device_alloc, 3);                    // one per page mapped
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate), 3);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMalloc), 0);
+}
+
+TEST_F(ExpandableTest, ReuseAfterFreeNeedsNoDriverCall) {
+  DevicePtr a = Alloc(100 * kMiB);
+  Free(a);
+  const auto maps = sim_->calls().count(DriverCall::kMemMap);
+  DevicePtr b = Alloc(60 * kMiB);
+  DevicePtr c = Alloc(40 * kMiB);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(c, a + 60 * kMiB);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemMap), maps);
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(100 * kMiB));
+}
+
+TEST_F(ExpandableTest, EmptyCacheLeavesOnlyPagesUnderLiveBlocks) {
+  DevicePtr a = Alloc(10 * kMiB);
+  DevicePtr b = Alloc(10 * kMiB);
+  DevicePtr c = Alloc(3 * kMiB);  // pages 10..11 (its last page is shared with nothing)
+  Free(b);
+  (void)a;
+  (void)c;
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  // a: 5 pages, c: 2 pages; b's 5 pages unmapped.
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(14 * kMiB));
+  EXPECT_EQ(alloc_->GetStats().num_device_free, 5);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemRelease), 5);
+  EXPECT_GE(sim_->calls().count(DriverCall::kStreamSynchronize), 1);  // before unmapping
+  Free(a);
+  Free(c);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+}
+
+TEST_F(ExpandableTest, RecyclesFreePagesBeforeCreatingNewOnes) {
+  DevicePtr a = Alloc(8 * kMiB);
+  DevicePtr hole = Alloc(8 * kMiB);
+  DevicePtr b = Alloc(8 * kMiB);
+  Free(hole);  // 4 whole free pages sit in the hole between a and b
+  (void)a;
+  const auto creates = sim_->calls().count(DriverCall::kMemCreate);
+  DevicePtr big = Alloc(10 * kMiB);  // does not fit the hole: 5 pages at the tail
+  EXPECT_EQ(big, b + 8 * kMiB);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate) - creates, 1);  // 4 moved, 1 created
+  EXPECT_EQ(alloc_->GetFragmentation().page_moves, 4);
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(26 * kMiB));  // not 34 MiB
+  EXPECT_EQ(Allocated(), static_cast<std::int64_t>(26 * kMiB));
+}
+
+TEST_F(ExpandableTest, NoRecyclingWhenTurnedOff) {
+  Make("expandable_segments:True,expandable_page_mb:2,page_recycling:False");
+  DevicePtr a = Alloc(8 * kMiB);
+  DevicePtr hole = Alloc(8 * kMiB);
+  DevicePtr b = Alloc(8 * kMiB);
+  Free(hole);
+  (void)a;
+  (void)b;
+  Alloc(10 * kMiB);
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(34 * kMiB));
+}
+
+TEST_F(ExpandableTest, Scenario16GiBCard) {
+  // 16 GiB: alloc 10240 MiB, free, 32 x 16 MiB live, 10240 MiB again: fits, reserved at most
+  // 10752 MiB + one page, no OOM.
+  Make("expandable_segments:True,expandable_page_mb:2", 16 * kGiB);
+  DevicePtr a = Alloc(10240 * kMiB);
+  Free(a);
+  for (int i = 0; i < 32; ++i) Alloc(16 * kMiB);
+  DevicePtr b = Alloc(10240 * kMiB);
+  EXPECT_NE(b, 0u);
+  EXPECT_LE(Reserved(), static_cast<std::int64_t>(10752 * kMiB + 2 * kMiB));
+  EXPECT_EQ(alloc_->GetStats().num_ooms, 0);
+}
+
+TEST_F(ExpandableTest, ScenarioMaxSplitCycles) {
+  // expandable + max_split_size_mb:128: 100 x {91 MiB, 45.5 MiB, 2 MiB kept, free 91 and 45.5}
+  // -> allocated grows 2 MiB a cycle, reserved stays under 500 MiB; then the OOM path is clean.
+  Make("expandable_segments:True,max_split_size_mb:128", 4 * kGiB);
+  const std::size_t half = 45 * kMiB + 512 * kKiB;
+  for (int i = 0; i < 100; ++i) {
+    DevicePtr x = Alloc(91 * kMiB);
+    DevicePtr y = Alloc(half);
+    Alloc(2 * kMiB);
+    Free(x);
+    Free(y);
+    ASSERT_EQ(Allocated(), static_cast<std::int64_t>((i + 1) * 2 * kMiB));
+    ASSERT_LT(Reserved(), static_cast<std::int64_t>(500 * kMiB));
+  }
+  std::vector<DevicePtr> fill;
+  for (;;) {
+    auto p = alloc_->Malloc(256 * kMiB, 0);
+    if (!p.ok()) {
+      EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_NE(p.status().message().find("CUDA out of memory"), std::string::npos);
+      break;
+    }
+    fill.push_back(*p);
+    ASSERT_LT(fill.size(), 100u);
+  }
+  Check();
+  EXPECT_EQ(alloc_->GetStats().num_ooms, 1);
+  for (DevicePtr p : fill) Free(p);
+}
+
+TEST_F(ExpandableTest, ScenarioSmallRequestDoesNotDoubleReserved) {
+  // alloc 4096 MiB, free, alloc 10 KiB, alloc 4096 MiB -> 4096 MiB + one small page, not 8192.
+  DevicePtr a = Alloc(4096 * kMiB);
+  Free(a);
+  Alloc(10 * kKiB);
+  Alloc(4096 * kMiB);
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(4096 * kMiB + 2 * kMiB));
+}
+
+TEST_F(ExpandableTest, HandlesPerBlockAndContiguousScope) {
+  // 8 MiB then 30 MiB with 20 MiB handles: the 30 MiB block spans 2 handles.
+  Make("expandable_segments:True,expandable_page_mb:20");
+  DevicePtr a = Alloc(8 * kMiB);
+  DevicePtr b = Alloc(30 * kMiB);
+  std::size_t handles_of_b = 0;
+  for (const auto& seg : alloc_->Snapshot()) {
+    EXPECT_TRUE(seg.is_expandable);
+    EXPECT_EQ(seg.handles, 2u);  // 40 MiB mapped in two 20 MiB handles
+    for (const auto& blk : seg.blocks) {
+      if (blk.address == b) handles_of_b = blk.handles;
+      if (blk.address == a) {
+        EXPECT_EQ(blk.handles, 1u);
+      }
+    }
+  }
+  EXPECT_EQ(handles_of_b, 2u);
+  // Under contiguous_segments(), a 1 GiB buffer is backed by exactly one handle.
+  DevicePtr c = 0;
+  {
+    ContiguousSegmentsScope contiguous;
+    c = Alloc(1024 * kMiB);
+  }
+  bool found = false;
+  for (const auto& seg : alloc_->Snapshot()) {
+    if (seg.address == c) {
+      found = true;
+      EXPECT_FALSE(seg.is_expandable);
+      EXPECT_EQ(seg.handles, 1u);
+      EXPECT_EQ(seg.total_size, 1024 * kMiB);
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMalloc), 1);
+  EXPECT_FALSE(ContiguousSegmentsScope::active());
+}
+
+TEST_F(ExpandableTest, FragmentationFigures) {
+  DevicePtr a = Alloc(4 * kMiB);
+  DevicePtr b = Alloc(6 * kMiB);
+  DevicePtr c = Alloc(4 * kMiB);
+  Free(b);
+  (void)a;
+  (void)c;
+  Fragmentation f = alloc_->GetFragmentation(0);
+  EXPECT_EQ(f.wasted_bytes, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(f.free_bytes, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(f.largest_free_block, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_DOUBLE_EQ(f.free_space_fragmentation, 0.0);
+  EXPECT_EQ(f.holes, 1);
+  EXPECT_EQ(f.mapped_free_pages, 3);
+  EXPECT_EQ(alloc_->GetFragmentation(0x77).other_stream_cached_bytes, static_cast<std::int64_t>(6 * kMiB));
+}
+
+TEST_F(ExpandableTest, RandomizedNoLiveBlockOnUnmappedPage) {
+  Make("expandable_segments:True,expandable_page_mb:2,max_split_size_mb:64", 2 * kGiB);
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<DevicePtr, StreamId>> live;
+  const StreamId streams[] = {0, 0x33};
+  int ooms = 0;
+  for (int op = 0; op < 100000; ++op) {
+    const int what = static_cast<int>(rng() % 100);
+    if (what < 52 || live.empty()) {
+      const std::size_t size = 1 + static_cast<std::size_t>(std::exp2((rng() % 2500) / 100.0));
+      const StreamId s = streams[rng() % 2];
+      auto p = alloc_->Malloc(size, s);
+      if (!p.ok()) {
+        ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+        ++ooms;
+      } else {
+        live.emplace_back(*p, s);
+      }
+    } else if (what < 98) {
+      const std::size_t i = rng() % live.size();
+      if (rng() % 10 == 0) {
+        ASSERT_TRUE(alloc_->RecordStream(live[i].first, streams[0]).ok());
+      }
+      ASSERT_TRUE(alloc_->Free(live[i].first).ok());
+      live[i] = live.back();
+      live.pop_back();
+    } else if (what < 99) {
+      sim_->CompleteAllEvents();
+    } else {
+      ASSERT_TRUE(alloc_->EmptyCache().ok());
+    }
+    // Every operation: chains, live blocks on mapped pages, reserved == mapped bytes.
+    ASSERT_TRUE(alloc_->CheckInvariants().ok()) << "op " << op << ": " << alloc_->CheckInvariants();
+    ASSERT_EQ(static_cast<std::size_t>(Reserved()), sim_->mapped_bytes()) << "op " << op;
+  }
+  EXPECT_GT(ooms, 0);
+  EXPECT_GT(alloc_->GetFragmentation().page_moves, 0);
+  for (auto [p, s] : live) ASSERT_TRUE(alloc_->Free(p).ok());
+  sim_->CompleteAllEvents();
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+}  // namespace
+}  // namespace vramledger
