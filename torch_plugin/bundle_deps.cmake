@@ -6,29 +6,31 @@ if(NOT LIBRARY OR NOT DESTINATION)
   message(FATAL_ERROR "bundle_deps.cmake: pass -DLIBRARY=... -DDESTINATION=...")
 endif()
 
+# Resolve a copy that sits alone in a scratch folder, so that its $ORIGIN finds no bundled copies
+# from an earlier build and every dependency resolves to the system's file.
+get_filename_component(dest "${DESTINATION}" REALPATH)
+get_filename_component(library_name "${LIBRARY}" NAME)
+set(scratch "${dest}/.bundle_scratch")
+file(REMOVE_RECURSE "${scratch}")
+file(MAKE_DIRECTORY "${scratch}")
+file(COPY_FILE "${LIBRARY}" "${scratch}/${library_name}")
 file(GET_RUNTIME_DEPENDENCIES
-  LIBRARIES "${LIBRARY}"
+  LIBRARIES "${scratch}/${library_name}"
   RESOLVED_DEPENDENCIES_VAR resolved
   UNRESOLVED_DEPENDENCIES_VAR unresolved
   # Only Abseil is bundled: libc10/libcudart come from torch, libstdc++/glibc from the system.
   PRE_INCLUDE_REGEXES "^libabsl_"
   PRE_EXCLUDE_REGEXES ".*")
+file(REMOVE_RECURSE "${scratch}")
 if(unresolved)
   message(FATAL_ERROR "bundle_deps.cmake: cannot find ${unresolved} needed by ${LIBRARY}")
 endif()
 
-get_filename_component(dest "${DESTINATION}" REALPATH)
 set(count 0)
 foreach(dep IN LISTS resolved)
-  get_filename_component(dep_dir "${dep}" DIRECTORY)
-  get_filename_component(dep_dir "${dep_dir}" REALPATH)
-  if(dep_dir STREQUAL dest)
-    continue()  # found through $ORIGIN: already bundled by an earlier build
-  endif()
   # `dep` is the path of the NEEDED name (a symlink to the versioned file); copy its content.
   get_filename_component(name "${dep}" NAME)
   file(COPY_FILE "${dep}" "${dest}/${name}" ONLY_IF_DIFFERENT)
   math(EXPR count "${count} + 1")
 endforeach()
-list(LENGTH resolved total)
-message(STATUS "vramledger: ${total} Abseil libraries beside ${LIBRARY} (${count} copied now)")
+message(STATUS "vramledger: ${count} Abseil libraries bundled beside ${LIBRARY}")

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "device/cuda_backend.h"
+#include "device/sim_backend.h"
 #include "nlohmann/json.hpp"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
@@ -33,7 +34,7 @@ namespace {
 struct DeviceSlot {
   std::once_flag once;
   absl::Status status;  // sticky creation failure, written inside `once`
-  std::unique_ptr<CudaBackend> backend;
+  std::unique_ptr<DeviceBackend> backend;  // CudaBackend, or SimBackend under testing
   std::unique_ptr<DeviceAllocator> allocator;
   std::atomic<DeviceAllocator*> ready{nullptr};
 };
@@ -57,10 +58,31 @@ class PluginState {
         devices_status_ = absl::FailedPreconditionError("vramledger: no CUDA device is present");
         return;
       }
-      device_count_ = count;
-      slots_ = new DeviceSlot[count];  // leaked on purpose, see the class comment
+      InitSlots(count);
     });
     return devices_status_;
+  }
+
+  // Testing: `count` simulated devices of `capacity` bytes instead of CUDA. Only before anything
+  // touched the device table.
+  absl::Status UseSimBackend(int count, std::size_t capacity) {
+    if (count <= 0 || capacity == 0) {
+      return absl::InvalidArgumentError("vramledger: simulated devices need a count and capacity");
+    }
+    bool ran = false;
+    std::call_once(devices_once_, [&] {
+      ran = true;
+      sim_capacity_ = capacity;
+      InitSlots(count);
+    });
+    if (!ran) return absl::FailedPreconditionError("vramledger: the device table already exists");
+    return absl::OkStatus();
+  }
+
+  // Testing: the simulated backend of `device`, or nullptr.
+  SimBackend* sim_backend(int device) {
+    if (!EnsureDevices().ok() || sim_capacity_ == 0 || Existing(device) == nullptr) return nullptr;
+    return static_cast<SimBackend*>(slots_[device].backend.get());
   }
 
   int device_count() const { return device_count_; }
@@ -85,6 +107,7 @@ class PluginState {
   }
 
   // The allocator of `device` if it exists; nullptr otherwise (never creates).
+  // Pre: EnsureDevices() returned on this thread (it publishes the table).
   DeviceAllocator* Existing(int device) const {
     if (device < 0 || device >= device_count_ || slots_ == nullptr) return nullptr;
     return slots_[device].ready.load(std::memory_order_acquire);
@@ -133,16 +156,30 @@ class PluginState {
   absl::Status CreateSlot(int device, DeviceSlot* slot) {
     absl::StatusOr<Options> options = CurrentOptions(/*freeze=*/true);
     if (!options.ok()) return options.status();
-    slot->backend = std::make_unique<CudaBackend>(device);
+    if (sim_capacity_ > 0) {
+      SimBackendConfig config;
+      config.device = device;
+      config.capacity = sim_capacity_;
+      slot->backend = std::make_unique<SimBackend>(config);
+    } else {
+      // CudaBackend makes `device` current around each of its calls, so no caller here needs to.
+      slot->backend = std::make_unique<CudaBackend>(device);
+    }
     slot->allocator = std::make_unique<DeviceAllocator>(*options, slot->backend.get());
     slot->ready.store(slot->allocator.get(), std::memory_order_release);
     return absl::OkStatus();
+  }
+
+  void InitSlots(int count) {
+    device_count_ = count;
+    slots_ = new DeviceSlot[count];  // leaked on purpose, see the class comment
   }
 
   std::once_flag devices_once_;
   absl::Status devices_status_;
   int device_count_ = 0;
   DeviceSlot* slots_ = nullptr;
+  std::size_t sim_capacity_ = 0;  // > 0: SimBackend devices (testing)
 
   std::mutex options_mu_;
   bool configured_ = false;  // options_ holds parsed options
@@ -177,7 +214,7 @@ int Fail(const absl::Status& status) {
   std::abort();  // unreachable: TORCH_CHECK(false) throws
 }
 
-// Runs `fn(allocator, device)` on `device`, or on every existing allocator for device -1.
+// Runs `fn(allocator)` on the allocator of `device`, or of every device for device -1.
 // Devices without an allocator have nothing to do. The first error wins.
 template <typename Fn>
 absl::Status ForDevices(int device, Fn fn) {
@@ -240,7 +277,8 @@ void vramledger_free(void* ptr, std::size_t size, int device, cudaStream_t strea
   (void)stream;
   if (ptr == nullptr) return;
   try {
-    DeviceAllocator* allocator = State().Existing(device);
+    vramledger::PluginState& state = State();
+    DeviceAllocator* allocator = state.EnsureDevices().ok() ? state.Existing(device) : nullptr;
     if (allocator == nullptr) {
       std::fprintf(stderr,
                    "vramledger: free of %p (%zu bytes) on device %d, which has no allocator; "
@@ -333,9 +371,10 @@ int vramledger_device_count() {
   return rc == VRAMLEDGER_OK ? count : -1;
 }
 
-char* vramledger_memory_stats_json(int device) {
-  char* out = nullptr;
-  vramledger::CatchAll([&]() -> absl::Status {
+int vramledger_memory_stats_json(int device, char** json_out) {
+  if (json_out != nullptr) *json_out = nullptr;
+  return vramledger::CatchAll([&]() -> absl::Status {
+    if (json_out == nullptr) return absl::InvalidArgumentError("vramledger: json_out is null");
     vramledger::PluginState& state = State();
     if (absl::Status s = state.CheckDevice(device); !s.ok()) return s;
     vramledger::DeviceStats stats;
@@ -353,15 +392,31 @@ char* vramledger_memory_stats_json(int device) {
     for (const auto& [key, value] : vramledger::FlattenStats(stats)) json[key] = value;
     json["utilization"] = stats.utilization();
     const std::string text = json.dump();
-    out = static_cast<char*>(std::malloc(text.size() + 1));
+    char* out = static_cast<char*>(std::malloc(text.size() + 1));
     if (out == nullptr) return absl::ResourceExhaustedError("vramledger: out of host memory");
     std::memcpy(out, text.c_str(), text.size() + 1);
+    *json_out = out;
     return absl::OkStatus();
   });
-  return out;
 }
 
 void vramledger_string_free(char* s) { std::free(s); }
+
+int vramledger_testing_use_sim_backend(int device_count, std::size_t capacity) {
+  return vramledger::CatchAll([&] { return State().UseSimBackend(device_count, capacity); });
+}
+
+int vramledger_testing_complete_events(int device) {
+  return vramledger::CatchAll([&]() -> absl::Status {
+    vramledger::SimBackend* sim = State().sim_backend(device);
+    if (sim == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vramledger: device ", device, " has no simulated allocator"));
+    }
+    sim->CompleteAllEvents();
+    return absl::OkStatus();
+  });
+}
 
 int vramledger_empty_cache(int device) {
   return vramledger::CatchAll([&] {

@@ -1,5 +1,5 @@
 // The C ABI of libvramledger_plugin.so: the alloc/free pair and hooks that torch's
-// CUDAPluggableAllocator calls, and the status-returning functions the Python package calls via ctypes.
+// CUDAPluggableAllocator calls, and the status-returning functions Python calls via ctypes.
 #ifndef VRAMLEDGER_TORCH_PLUGIN_PLUGIN_H_
 #define VRAMLEDGER_TORCH_PLUGIN_PLUGIN_H_
 
@@ -79,9 +79,11 @@ VRAMLEDGER_EXPORT int vramledger_device_count();
 
 /// The statistics of `device` as a JSON object: every key of torch.cuda.memory_stats() (integers,
 /// bytes or counts), "largest_free_block_bytes", and "utilization" (float, peak allocated / peak
-/// reserved). A device that has not allocated yet reports zeros. The string is malloc'd: release
-/// it with vramledger_string_free. NULL on failure (bad device, CUDA unavailable).
-VRAMLEDGER_EXPORT char* vramledger_memory_stats_json(int device);
+/// reserved). A device that has not allocated yet reports zeros. On success *json_out is a
+/// malloc'd NUL-terminated string the caller releases with vramledger_string_free; on failure it
+/// is NULL. VRAMLEDGER_INVALID_ARGUMENT for a bad device index or null `json_out`,
+/// VRAMLEDGER_FAILED when CUDA is unavailable.
+VRAMLEDGER_EXPORT int vramledger_memory_stats_json(int device, char** json_out);
 
 /// Releases a string returned by vramledger_memory_stats_json. NULL is a no-op.
 VRAMLEDGER_EXPORT void vramledger_string_free(char* s);
@@ -94,6 +96,16 @@ VRAMLEDGER_EXPORT int vramledger_reset_peak(int device);
 
 /// reset_accumulated_memory_stats: totals and counters of `device` (-1: every device) become 0.
 VRAMLEDGER_EXPORT int vramledger_reset_accumulated(int device);
+
+// ---- Testing only (the C++ tests of this ABI; no GPU needed) ----
+
+/// Serves `device_count` simulated devices of `capacity` bytes each (SimBackend) instead of CUDA.
+/// Must come before anything else touches the device table: VRAMLEDGER_FAILED afterwards.
+VRAMLEDGER_EXPORT int vramledger_testing_use_sim_backend(int device_count, std::size_t capacity);
+
+/// Completes every event recorded so far on the simulated `device` (as if its streams drained).
+/// VRAMLEDGER_INVALID_ARGUMENT if `device` has no simulated allocator.
+VRAMLEDGER_EXPORT int vramledger_testing_complete_events(int device);
 
 }  // extern "C"
 

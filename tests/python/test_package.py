@@ -155,6 +155,8 @@ def test_stats_functions_need_install():
 
 @needs_plugin
 def test_cpp_and_python_option_tables_agree():
+    # On a mismatch, copy OptionTable()'s keys (allocator/core/options.cc), in order, into
+    # KNOWN_KEYS of torch_plugin/python/vramledger/_options.py.
     assert _plugin.option_names() == list(_options.KNOWN_KEYS)
 
 

@@ -1,0 +1,183 @@
+"""vramledger: a CUDA caching allocator for PyTorch that keeps the books on every byte.
+
+Swap it in once, first thing in the process, before any CUDA tensor or torch.cuda call:
+
+    import vramledger
+    vramledger.install(max_split_size_mb=200)   # torch's PYTORCH_CUDA_ALLOC_CONF keys
+    import torch
+    x = torch.empty(1 << 20, device="cuda")    # served by vramledger
+    print(vramledger.max_memory_allocated())
+
+With a pluggable allocator torch's own torch.cuda.memory_stats() and friends raise, so this
+package offers them under the same names and meanings. Importing it does not import torch and
+works without a GPU or a built plugin; install() says what is missing.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any
+
+from vramledger import _options, _plugin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "install",
+    "is_installed",
+    "memory_stats",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "empty_cache",
+]
+
+_ENV_CONF = "VRAMLEDGER_CONF"
+
+_lock = threading.Lock()
+# (settings string from install()'s keywords, VRAMLEDGER_CONF at the time) once installed.
+_installed: tuple[str, str] | None = None
+# Keeps the CUDAPluggableAllocator (and the ctypes functions it points at) alive.
+_allocator: Any = None
+
+
+def install(**options: Any) -> None:
+    """Makes vramledger torch's CUDA allocator for this process.
+
+    Args:
+      **options: allocator options with torch's key names and meanings (max_split_size_mb=200,
+        expandable_segments=False, roundup_power2_divisions=[1, 2, 4], ...) plus vramledger's
+        own (page_recycling, expandable_page_mb, plan, dump_dir, max_dumps). Settings from the
+        VRAMLEDGER_CONF environment variable (`key:value,...`) apply first; keywords win.
+
+    A second call with the same options (and environment) does nothing.
+
+    Raises:
+      ValueError: an unknown key or bad value (the message names it).
+      RuntimeError: the plugin library or torch is missing, or the plugin cannot load; CUDA is
+        not available; CUDA is already initialised in this process (install() must come before
+        the first CUDA tensor or torch.cuda call); or vramledger is already installed with
+        other options.
+    """
+    global _installed, _allocator
+    conf = _options.to_conf_string(options)
+    env = os.environ.get(_ENV_CONF, "")
+    with _lock:
+        if _installed is not None:
+            if _installed == (conf, env):
+                return
+            raise RuntimeError(
+                f"vramledger is already installed in this process with options {_installed[0]!r} "
+                f"({_ENV_CONF}={_installed[1]!r}); torch cannot swap its allocator twice, so "
+                f"install() accepts only the same options again (asked for {conf!r}, "
+                f"{_ENV_CONF}={env!r})")
+        _plugin.load()  # RuntimeError if the plugin or torch is missing; imports torch
+        _plugin.configure(conf)
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "vramledger.install(): CUDA is not available (torch.cuda.is_available() is "
+                "False); vramledger allocates GPU memory and needs a CUDA device and driver")
+        if torch.cuda.is_initialized():
+            raise RuntimeError(
+                "vramledger.install(): CUDA is already initialised in this process, so torch's "
+                "allocator can no longer be replaced. Call vramledger.install() before the first "
+                "CUDA tensor or torch.cuda call (at the top of the program, before the model is "
+                "moved to the GPU).")
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            _plugin.loaded_path(), "vramledger_malloc", "vramledger_free")
+        hooks = allocator.allocator()
+        hooks.set_init_fn(_plugin.hook_address("vramledger_init"))
+        hooks.set_reset_fn(_plugin.hook_address("vramledger_reset"))
+        hooks.set_memory_fraction_fn(_plugin.hook_address("vramledger_set_memory_fraction"))
+        hooks.set_record_stream_fn(_plugin.hook_address("vramledger_record_stream"))
+        torch.cuda.memory.change_current_allocator(allocator)
+        _allocator = allocator
+        _installed = (conf, env)
+
+
+def is_installed() -> bool:
+    """True once install() succeeded in this process."""
+    return _installed is not None
+
+
+def _require_installed() -> None:
+    if _installed is None:
+        raise RuntimeError("vramledger is not installed in this process; call "
+                           "vramledger.install() before the first CUDA tensor")
+
+
+def _device_index(device: Any) -> int:
+    """torch's device argument (None, int, "cuda:1", torch.device) as an index; None and a device
+    without index mean the current device (0 while CUDA is not initialised)."""
+    import torch
+
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        device = device.index
+    if device is None:
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise ValueError(f"Expected a cuda device (None, int, str or torch.device), got {device!r}")
+    return device
+
+
+def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
+    """torch.cuda.memory_stats() for vramledger: every key torch reports, with its meaning
+    (bytes or counts, ints), plus "utilization" (float: peak allocated / peak reserved) and
+    "largest_free_block_bytes"; sorted by key.
+
+    Raises:
+      RuntimeError: vramledger is not installed. ValueError: bad device.
+    """
+    _require_installed()
+    stats = _plugin.memory_stats(_device_index(device))
+    return collections.OrderedDict(sorted(stats.items()))
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently held by tensors (rounded block sizes), as torch.cuda.memory_allocated."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of memory_allocated() in bytes since the start or reset_peak_memory_stats()."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes currently reserved from the driver (segments or mapped pages), cache included."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of memory_reserved() in bytes since the start or reset_peak_memory_stats()."""
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Every peak statistic of `device` becomes its current value."""
+    _require_installed()
+    _plugin.reset_peak(_device_index(device))
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """The totals ("allocated"/"freed") and event counters of `device` go back to 0."""
+    _require_installed()
+    _plugin.reset_accumulated(_device_index(device))
+
+
+def empty_cache() -> None:
+    """Returns every cached, fully free segment of every device to the driver (as
+    torch.cuda.empty_cache(), which also reaches vramledger once installed)."""
+    _require_installed()
+    _plugin.empty_cache(-1)
