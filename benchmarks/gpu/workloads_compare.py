@@ -1,0 +1,149 @@
+"""GPU proof of issue 3: the three workloads of capture.py under three allocators.
+
+Workloads (../shared/device-examples/capture.py, random weights, bf16 autocast, AdamW lr 1e-4, a
+new random sequence length every step, seeds random.seed(0), torch.manual_seed(0)):
+  gpt2m         GPT-2 24 layers, hidden 1024, 16 heads; batch 8, seq U[128,1024], 12 steps
+  llama1b       Llama 22 layers, hidden 2048, MLP 5632, 32/4 heads; batch 4, seq U[256,2048], 10 steps
+  llama1b-ckpt  the same with gradient checkpointing
+Allocators, each in its own process: torch native; torch expandable_segments:True; vramledger
+(expandable segments + page recycling, VRAMLEDGER_CONF overrides).
+Prints per run: peak allocated, peak reserved, reserved/allocated, median step time (and its
+ratio to native), and the driver calls made in the last three steps (vramledger: map + unmap +
+cudaMalloc + cudaFree counted by its stats; torch: num_device_alloc + num_device_free).
+
+Usage: python workloads_compare.py [--out DIR] [--workloads gpt2m,llama1b,llama1b-ckpt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+RESULT = "RESULT_JSON "
+
+
+def make(workload):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    if workload == "gpt2m":
+        cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257)
+        return GPT2LMHeadModel(cfg), dict(batch=8, lo=128, hi=1024, vocab=50257, ckpt=False, steps=12)
+    cfg = LlamaConfig(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632,
+                      num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                      max_position_embeddings=4096)
+    return LlamaForCausalLM(cfg), dict(batch=4, lo=256, hi=2048, vocab=32000,
+                                       ckpt=workload.endswith("ckpt"), steps=10)
+
+
+def child(workload: str, allocator: str) -> None:
+    if allocator == "vramledger":
+        import vramledger
+        vramledger.install()
+    import random
+
+    import torch
+    random.seed(0)
+    torch.manual_seed(0)
+    model, p = make(workload)
+    model = model.cuda()
+    if p["ckpt"]:
+        model.gradient_checkpointing_enable()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if allocator == "vramledger":
+        import vramledger as mem
+    else:
+        mem = torch.cuda
+    torch.cuda.synchronize()
+    mem.reset_peak_memory_stats()
+    times, losses, calls = [], [], []
+    for _ in range(p["steps"]):
+        seq = random.randint(p["lo"], p["hi"])
+        x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss))
+        s = mem.memory_stats()
+        calls.append(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
+    s = mem.memory_stats()
+    print(RESULT + json.dumps(dict(
+        workload=workload, allocator=allocator, losses=losses, step_s=times,
+        median_step_s=statistics.median(times),
+        peak_allocated=s["allocated_bytes.all.peak"], peak_reserved=s["reserved_bytes.all.peak"],
+        driver_calls_last3=calls[-1] - calls[-4], num_alloc_retries=s["num_alloc_retries"])),
+        flush=True)
+
+
+def run(workload: str, allocator: str) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if allocator == "torch-expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if allocator == "vramledger":
+        env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True")
+    kind = "vramledger" if allocator == "vramledger" else "torch"
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload, kind],
+                          env=env, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(f"--- {workload}/{allocator} failed ({proc.returncode})\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n")
+        return dict(workload=workload, allocator=allocator, failed=True)
+    r = json.loads(lines[-1][len(RESULT):])
+    r["allocator"] = allocator
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--out")
+    ap.add_argument("--workloads", default="gpt2m,llama1b,llama1b-ckpt")
+    a = ap.parse_args()
+    if a.child:
+        child(*a.child)
+        return 0
+    rows = []
+    for w in a.workloads.split(","):
+        for alloc in ("native", "torch-expandable", "vramledger"):
+            rows.append(run(w, alloc))
+    lines = ["| workload | allocator | peak alloc GiB | peak reserved GiB | reserved/alloc | "
+             "median step s | step vs native | driver calls last 3 steps | losses match native |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ok = True
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['workload']} | {r['allocator']} | FAILED | | | | | | |")
+            ok = False
+            continue
+        nat = next(x for x in rows if x["workload"] == r["workload"] and x["allocator"] == "native")
+        match = all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(r["losses"], nat.get("losses", [])))
+        lines.append(
+            f"| {r['workload']} | {r['allocator']} | {r['peak_allocated']/2**30:.2f} | "
+            f"{r['peak_reserved']/2**30:.2f} | {r['peak_reserved']/r['peak_allocated']:.4f} | "
+            f"{r['median_step_s']:.4f} | {r['median_step_s']/nat['median_step_s']:.3f} | "
+            f"{r['driver_calls_last3']} | {match} |")
+    table = "\n".join(lines)
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "workloads_compare.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        with open(os.path.join(a.out, "workloads_compare_table.md"), "w") as f:
+            f.write(table + "\n")
+    print(table)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
