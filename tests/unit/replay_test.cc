@@ -1,15 +1,20 @@
 // Tests of trace replay on SimBackend: a hand-made trace with known peaks, anomalies reported,
-// OOM naming the line, options and streams passed through, and the bundled real traces.
+// OOM naming the line, options and streams passed through, timeline, steps, steady state,
+// fragmentation and page moves, and the bundled real traces.
 #include "replay/replay.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "replay/replay_observers.h"
 #include "replay/replay_report.h"
 #include "replay/trace_reader.h"
 #include "vramledger/device_backend.h"
@@ -211,6 +216,235 @@ TEST(ReplayReportTest, NumbersAndJsonKeys) {
   EXPECT_THAT(table, HasSubstr("cudaMalloc"));
 }
 
+Options MustParse(std::string_view conf) {
+  absl::StatusOr<Options> options = ParseOptions(conf);
+  EXPECT_TRUE(options.ok()) << options.status();
+  return options.ok() ? *options : Options();
+}
+
+ReplayConfig TimelineConfig(std::int64_t sample_every) {
+  ReplayConfig config = Config();
+  config.timeline = true;
+  config.sample_every = sample_every;
+  return config;
+}
+
+TEST(ReplayTimelineTest, EveryEventSampledMatchesTheFinalStats) {
+  const ReplayResult r = MustReplay(kTiny, Options(), TimelineConfig(1));
+  ASSERT_EQ(r.timeline.size(), 9u);  // one point per trace event
+  EXPECT_EQ(r.sample_every, 1);
+  // Line 3 (event 2): the 3,000,000-byte block in the 20 MiB segment.
+  EXPECT_EQ(r.timeline[1].event, 2);
+  EXPECT_EQ(r.timeline[1].line, 3);
+  EXPECT_EQ(r.timeline[1].time_us, 2);
+  EXPECT_EQ(r.timeline[1].allocated_bytes, 3000320);
+  EXPECT_EQ(r.timeline[1].reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(r.timeline[1].requested_bytes, 3000000);
+  EXPECT_EQ(r.timeline[1].recorded_reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(r.timeline[1].wasted_bytes(), 20 * kMiB - 3000320);
+  // The trace's own segment_free (line 10) shows in the recorded curve only.
+  const TimelinePoint& last = r.timeline.back();
+  EXPECT_EQ(last.event, 9);
+  EXPECT_EQ(last.line, 10);
+  EXPECT_EQ(last.allocated_bytes, r.final_allocated_bytes);
+  EXPECT_EQ(last.allocated_bytes, 512);
+  EXPECT_EQ(last.reserved_bytes, r.final_reserved_bytes);
+  EXPECT_EQ(last.requested_bytes, r.live_bytes_at_end);
+  EXPECT_EQ(last.recorded_reserved_bytes, 2 * kMiB);
+  EXPECT_DOUBLE_EQ(last.driver_us, r.modeled_driver_us);
+  std::int64_t max_reserved = 0;
+  std::int64_t max_allocated = 0;
+  for (const TimelinePoint& p : r.timeline) {
+    max_reserved = std::max(max_reserved, p.reserved_bytes);
+    max_allocated = std::max(max_allocated, p.allocated_bytes);
+  }
+  EXPECT_EQ(max_reserved, r.peak_reserved_bytes);
+  EXPECT_EQ(max_allocated, r.peak_allocated_bytes);
+}
+
+TEST(ReplayTimelineTest, SparseSamplingKeepsThePeaksOfBothReservedCurves) {
+  // Recorded reserved peaks at line 4 (event 3, 22 MiB) and falls at line 10; with a point
+  // every 4 events only events 4, 8 and 9 would be sampled, so the peak rides along.
+  const ReplayResult r = MustReplay(kTiny, Options(), TimelineConfig(4));
+  std::vector<std::int64_t> events;
+  for (const TimelinePoint& p : r.timeline) events.push_back(p.event);
+  // Event 2 set the replay's reserved peak (20 MiB) before event 4 raised it to 22 MiB: only
+  // the last new peak of an interval rides along, and event 4 is a sample point anyway.
+  EXPECT_THAT(events, ::testing::ElementsAre(3, 4, 8, 9));
+  EXPECT_EQ(r.timeline[0].recorded_reserved_bytes, 22 * kMiB);
+  EXPECT_EQ(r.timeline[0].reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(r.timeline[0].allocated_bytes, 3000320);
+  EXPECT_EQ(r.timeline.back().recorded_reserved_bytes, 2 * kMiB);
+  EXPECT_EQ(r.timeline.back().allocated_bytes, 512);
+
+  // No timeline unless asked.
+  EXPECT_TRUE(MustReplay(kTiny).timeline.empty());
+  EXPECT_EQ(MustReplay(kTiny).sample_every, 0);
+}
+
+TEST(ReplayTimelineTest, AutomaticIntervalAimsAtTwoThousandPoints) {
+  EXPECT_EQ(TimelineSampler::AutomaticInterval(0), 1);
+  EXPECT_EQ(TimelineSampler::AutomaticInterval(2000), 1);
+  EXPECT_EQ(TimelineSampler::AutomaticInterval(2001), 2);
+  EXPECT_EQ(TimelineSampler::AutomaticInterval(102529), 52);
+  EXPECT_EQ(MustReplay(kTiny, Options(), TimelineConfig(0)).sample_every, 1);
+}
+
+TEST(ReplayTimelineTest, CsvHasTheHeaderAndOneRowPerPoint) {
+  const ReplayResult r = MustReplay(kTiny, Options(), TimelineConfig(1));
+  const std::string csv = TimelineCsv(r);
+  std::istringstream lines(csv);
+  std::string header;
+  std::string second;
+  std::getline(lines, header);
+  std::getline(lines, second);
+  EXPECT_EQ(header,
+            "event,line,time_us,allocated_bytes,reserved_bytes,wasted_bytes,requested_bytes,"
+            "recorded_reserved_bytes,driver_us");
+  EXPECT_EQ(second, absl::StrCat("1,2,1,0,0,0,0,20971520,", "0.000"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 10);
+  EXPECT_THAT(csv, HasSubstr(absl::StrCat("\n2,3,2,3000320,20971520,", 20 * kMiB - 3000320,
+                                          ",3000000,20971520,")));
+}
+
+// Steps marked by `snapshot` rows: 20 MiB segment in step 1, a 2 MiB one in step 2, and an
+// unfinished step after the last mark.
+constexpr char kSteps[] =
+    "action,addr,size,stream,time_us\n"
+    "alloc,1000000000,3000000,0,10\n"           // line 2
+    "free_completed,1000000000,3000000,0,20\n"  // line 3
+    "snapshot,0,0,0,30\n"                       // line 4: ends step 1
+    "alloc,2000000000,1000,0,40\n"              // line 5
+    "snapshot,0,1000,0,50\n"                    // line 6: ends step 2
+    "alloc,3000000000,500,0,60\n";              // line 7: unfinished step 3
+
+TEST(ReplayStepsTest, SnapshotEventsEndSteps) {
+  const ReplayResult r = MustReplay(kSteps);
+  EXPECT_EQ(r.step_marks, 2);
+  ASSERT_EQ(r.steps.size(), 3u);
+  const StepFigures& one = r.steps[0];
+  EXPECT_EQ(one.end_line, 4);
+  EXPECT_EQ(one.end_time_us, 30);
+  EXPECT_TRUE(one.complete);
+  EXPECT_EQ(one.events, 2);
+  EXPECT_EQ(one.peak_allocated_bytes, 3000320);
+  EXPECT_EQ(one.peak_reserved_bytes, 20 * kMiB);
+  EXPECT_DOUBLE_EQ(one.utilization, 3000320.0 / (20.0 * kMiB));
+  EXPECT_EQ(one.driver_calls, 1);  // one cudaMalloc
+  EXPECT_GT(one.modeled_driver_us, 0.0);
+  const StepFigures& two = r.steps[1];
+  EXPECT_EQ(two.end_line, 6);
+  EXPECT_EQ(two.events, 1);
+  EXPECT_EQ(two.peak_allocated_bytes, 1024);
+  EXPECT_EQ(two.peak_reserved_bytes, 22 * kMiB);  // the 20 MiB segment is carried in
+  EXPECT_DOUBLE_EQ(two.utilization, 1024.0 / (22.0 * kMiB));
+  EXPECT_EQ(two.driver_calls, 1);
+  const StepFigures& three = r.steps[2];
+  EXPECT_FALSE(three.complete);
+  EXPECT_EQ(three.end_line, 0);
+  EXPECT_EQ(three.end_time_us, 60);
+  EXPECT_EQ(three.events, 1);
+  EXPECT_EQ(three.peak_allocated_bytes, 1024 + 512);
+  EXPECT_EQ(three.driver_calls, 0);
+  EXPECT_DOUBLE_EQ(one.modeled_driver_us + two.modeled_driver_us + three.modeled_driver_us,
+                   r.modeled_driver_us);
+
+  const nlohmann::json j = ReplayResultToJson(r);
+  ASSERT_EQ(j["utilization_at_each_step"].size(), 3u);
+  EXPECT_EQ(j["utilization_at_each_step"][1]["step"], 2);
+  EXPECT_EQ(j["utilization_at_each_step"][1]["peak_reserved_bytes"], 22 * kMiB);
+  EXPECT_EQ(j["utilization_at_each_step"][2]["complete"], false);
+  EXPECT_THAT(FormatReplayTable(r), HasSubstr("* events after the last step mark"));
+
+  // Without marks there are no steps.
+  EXPECT_TRUE(MustReplay(kTiny).steps.empty());
+  EXPECT_TRUE(ReplayResultToJson(MustReplay(kTiny))["utilization_at_each_step"].empty());
+}
+
+TEST(ReplayDriverTimeTest, SpanAndSteadyState) {
+  const ReplayResult r = MustReplay(kSteps);
+  EXPECT_EQ(r.first_time_us, 10);
+  EXPECT_EQ(r.last_time_us, 60);
+  EXPECT_EQ(r.trace_span_us, 50);
+  EXPECT_DOUBLE_EQ(r.driver_pct_of_span, 100.0 * r.modeled_driver_us / 50.0);
+  // 6 events: the first 25% is 1 event (line 2, the 20 MiB cudaMalloc); the steady state
+  // starts at event 2 (line 3) and makes one call, the 2 MiB cudaMalloc of line 5.
+  const SteadyState& s = r.steady_state;
+  EXPECT_DOUBLE_EQ(s.after_fraction, 0.25);
+  EXPECT_EQ(s.start_event, 2);
+  EXPECT_EQ(s.start_line, 3);
+  EXPECT_EQ(s.span_us, 50);  // from the last warm-up event (time 10) to the end
+  EXPECT_EQ(s.driver_calls.at("cudaMalloc"), 1);
+  EXPECT_DOUBLE_EQ(s.modeled_driver_us,
+                   r.driver_us.at("cudaMalloc") - r.steps[0].modeled_driver_us);
+  EXPECT_DOUBLE_EQ(s.pct_of_span, 100.0 * s.modeled_driver_us / 50.0);
+
+  ReplayConfig none = Config();
+  none.steady_state_after = 1.0;
+  const ReplayResult all_warmup = MustReplay(kSteps, Options(), none);
+  EXPECT_EQ(all_warmup.steady_state.start_event, 0);
+  EXPECT_EQ(all_warmup.steady_state.modeled_driver_us, 0.0);
+}
+
+TEST(ReplayFragmentationTest, PageMovesAndFiguresAtPeakAndEnd) {
+  // 8 MiB pages: A and B take 64 MiB each; A is freed; C needs 128 MiB at the tail. Mapping 16
+  // new pages would take reserved to 256 MiB, above the 192 MiB peak of allocated memory, so
+  // A's 8 whole free pages move under C instead.
+  const std::string trace =
+      "action,addr,size,stream,time_us\n"
+      "alloc,1073741824,67108864,0,1\n"
+      "alloc,2147483648,67108864,0,2\n"
+      "free_completed,1073741824,67108864,0,3\n"
+      "alloc,3221225472,134217728,0,4\n"
+      "free_completed,3221225472,134217728,0,5\n";
+  const ReplayResult r = MustReplay(trace, MustParse("expandable_segments:True"));
+  EXPECT_EQ(r.page_moves, 8);
+  EXPECT_EQ(r.peak_reserved_bytes, 192 * kMiB);
+  EXPECT_DOUBLE_EQ(r.utilization, 1.0);
+  EXPECT_EQ(r.peak_reserved_event, 4);
+  EXPECT_EQ(r.peak_reserved_line, 5);
+  EXPECT_EQ(r.peak_reserved_time_us, 4);
+  // At the peak everything mapped is in use.
+  EXPECT_EQ(r.fragmentation_at_peak.wasted_bytes, 0);
+  EXPECT_EQ(r.fragmentation_at_peak.mapped_free_pages, 0);
+  EXPECT_EQ(r.fragmentation_at_peak.page_moves, 8);
+  // At the end only B is live: C's 16 pages are mapped and free.
+  EXPECT_EQ(r.fragmentation_at_end.wasted_bytes, 128 * kMiB);
+  EXPECT_EQ(r.fragmentation_at_end.wasted_bytes_at_peak, 0);
+  EXPECT_EQ(r.fragmentation_at_end.mapped_free_pages, 16);
+  EXPECT_EQ(r.fragmentation_at_end.other_stream_cached_bytes, 0);
+
+  const nlohmann::json j = ReplayResultToJson(r);
+  EXPECT_EQ(j["page_moves"], 8);
+  EXPECT_EQ(j["fragmentation_at_peak"]["line"], 5);
+  EXPECT_EQ(j["fragmentation_at_end"]["mapped_free_pages"], 16);
+  for (const char* key : {"utilization", "wasted_bytes", "wasted_bytes_at_peak",
+                          "largest_free_block", "free_space_fragmentation", "holes",
+                          "mapped_free_pages", "other_stream_cached_bytes"}) {
+    EXPECT_TRUE(j["fragmentation_at_peak"].contains(key)) << key;
+    EXPECT_TRUE(j["fragmentation_at_end"].contains(key)) << key;
+  }
+
+  // Without recycling the 16 pages are new: reserved 256 MiB, no moves.
+  const ReplayResult off =
+      MustReplay(trace, MustParse("expandable_segments:True,page_recycling:False"));
+  EXPECT_EQ(off.page_moves, 0);
+  EXPECT_EQ(off.peak_reserved_bytes, 256 * kMiB);
+}
+
+TEST(ReplayFragmentationTest, OtherStreamsCacheIsMeasuredFromTheMainStream) {
+  // Stream 7 allocates twice (the main stream); stream 9's freed 2 MiB small segment is cache
+  // held for another stream.
+  const ReplayResult r = MustReplay(
+      "action,addr,size,stream,time_us\n"
+      "alloc,4096,1000,7,1\n"
+      "alloc,8192,1000,7,2\n"
+      "alloc,12288,1000,9,3\n"
+      "free_completed,12288,1000,9,4\n");
+  EXPECT_EQ(r.main_stream, 7u);
+  EXPECT_EQ(r.fragmentation_at_end.other_stream_cached_bytes, 2 * kMiB);
+}
+
 struct BundledTrace {
   const char* file;
   std::int64_t peak_requested;  // traces/README.md: trace peak live (requested) bytes
@@ -237,6 +471,76 @@ TEST_P(BundledTraceTest, ReplayMatchesTheTracesOwnFigures) {
   EXPECT_TRUE(r->reused_live_addresses.empty());
   EXPECT_GE(r->peak_allocated_bytes, r->peak_requested_bytes);
   EXPECT_GE(r->peak_reserved_bytes, r->peak_allocated_bytes);
+}
+
+// Issue 3's replay target on the GPT-2 trace, and the timeline against the final figures.
+TEST(BundledTraceTimelineTest, Gpt2ExpandableReachesTheTargetUtilization) {
+  const std::string path = std::string(VRAMLEDGER_SOURCE_DIR) + "/traces/trace-gpt2m-native.csv.gz";
+  absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(path);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ReplayConfig config;
+  config.source = path;
+  config.timeline = true;
+  absl::StatusOr<ReplayResult> r = Replay(*events, MustParse("expandable_segments:True"), config);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(r->utilization, 0.99);
+  EXPECT_EQ(r->peak_requested_bytes, 27105552624);
+  EXPECT_EQ(r->trace_span_us, 6719931);
+  EXPECT_NEAR(r->driver_pct_of_span, 100.0 * r->modeled_driver_us / 6719931.0, 1e-9);
+  EXPECT_LT(r->steady_state.modeled_driver_us, r->modeled_driver_us);
+  EXPECT_EQ(r->steady_state.start_event, 102529 / 4 + 1);
+  EXPECT_TRUE(r->steps.empty());  // the bundled traces mark no steps
+  EXPECT_GT(r->page_moves, 0);
+  EXPECT_EQ(r->fragmentation_at_end.wasted_bytes_at_peak,
+            r->peak_reserved_bytes - r->peak_allocated_bytes);
+  // At the moment of peak reserved, allocated was at most its own peak.
+  EXPECT_GE(r->fragmentation_at_peak.wasted_bytes,
+            r->peak_reserved_bytes - r->peak_allocated_bytes);
+
+  // The timeline: at most ~2000 points plus the riding peaks, ending at the final figures.
+  EXPECT_EQ(r->sample_every, 52);
+  EXPECT_GE(r->timeline.size(), 1972u);  // ceil(102529 / 52) sample points
+  EXPECT_LE(r->timeline.size(), 2200u);
+  const TimelinePoint& last = r->timeline.back();
+  EXPECT_EQ(last.event, 102529);
+  EXPECT_EQ(last.allocated_bytes, r->final_allocated_bytes);
+  EXPECT_EQ(last.reserved_bytes, r->final_reserved_bytes);
+  EXPECT_EQ(last.requested_bytes, r->live_bytes_at_end);
+  EXPECT_DOUBLE_EQ(last.driver_us, r->modeled_driver_us);
+  std::int64_t max_reserved = 0;
+  std::int64_t max_recorded = 0;
+  std::int64_t previous_event = 0;
+  for (const TimelinePoint& p : r->timeline) {
+    EXPECT_GT(p.event, previous_event);
+    EXPECT_LE(p.event - previous_event, r->sample_every);
+    previous_event = p.event;
+    max_reserved = std::max(max_reserved, p.reserved_bytes);
+    max_recorded = std::max(max_recorded, p.recorded_reserved_bytes);
+    EXPECT_GE(p.reserved_bytes, p.allocated_bytes);
+  }
+  EXPECT_EQ(max_reserved, r->peak_reserved_bytes);
+  EXPECT_EQ(max_recorded, r->recorded_peak_reserved_bytes);
+  // The event that set the peak is a point, with the fragmentation figures' wasted bytes.
+  const auto at_peak = std::find_if(r->timeline.begin(), r->timeline.end(), [&](const auto& p) {
+    return p.event == r->peak_reserved_event;
+  });
+  ASSERT_NE(at_peak, r->timeline.end());
+  EXPECT_EQ(at_peak->reserved_bytes, r->peak_reserved_bytes);
+  EXPECT_EQ(at_peak->wasted_bytes(), r->fragmentation_at_peak.wasted_bytes);
+}
+
+TEST(BundledTraceTimelineTest, NativeReplayMakesTorchsCallsAndModelledTime) {
+  // vramledger's native mode makes the same 428 cudaMallocs of the same sizes as torch did, so
+  // the trace's own segment events priced with the model give the same time.
+  const std::string path = std::string(VRAMLEDGER_SOURCE_DIR) + "/traces/trace-gpt2m-native.csv.gz";
+  absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(path);
+  ASSERT_TRUE(events.ok()) << events.status();
+  absl::StatusOr<ReplayResult> r = Replay(*events, Options(), ReplayConfig());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->driver_calls.at("cudaMalloc"), 428);
+  EXPECT_NEAR(r->recorded_modeled_driver_us, r->driver_us.at("cudaMalloc"), 1.0);
+  EXPECT_EQ(r->page_moves, 0);
+  EXPECT_EQ(r->fragmentation_at_end.mapped_free_pages, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,5 +1,6 @@
 // Trace replay: runs a recorded trace's alloc / free_completed events through a DeviceAllocator
-// on a SimBackend and sets its figures beside the ones the trace recorded. Stateless, thread-safe.
+// on a SimBackend and sets its figures (peaks, timeline, steps, fragmentation, driver time) beside
+// the ones the trace recorded. Stateless, thread-safe.
 #ifndef VRAMLEDGER_TOOLS_REPLAY_REPLAY_H_
 #define VRAMLEDGER_TOOLS_REPLAY_REPLAY_H_
 
@@ -11,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "replay/trace_reader.h"
+#include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 #include "vramledger/types.h"
 
@@ -19,12 +21,72 @@ namespace vramledger {
 /// torch.cuda.get_device_properties(0).total_memory of the H200 the bundled traces come from.
 inline constexpr std::size_t kH200TotalBytes = 150109880320;
 
+/// Timeline points aimed at when ReplayConfig::sample_every is 0 (automatic).
+inline constexpr std::int64_t kTimelineTargetPoints = 2000;
+
 /// How to replay.
 struct ReplayConfig {
   /// Simulated device capacity in bytes.
   std::size_t capacity_bytes = kH200TotalBytes;
   /// Names the trace in messages ("SOURCE:LINE: ..."), e.g. its path.
   std::string source = "<trace>";
+  /// Fill ReplayResult::timeline.
+  bool timeline = false;
+  /// Timeline: a point after every `sample_every`-th trace event (and after the last one);
+  /// 0 = ceil(trace events / kTimelineTargetPoints). Negative is treated as 0.
+  std::int64_t sample_every = 0;
+  /// The steady state is every trace event after the first `steady_state_after` fraction of
+  /// them (in [0, 1)); its driver calls are reported apart (ReplayResult::steady_state).
+  double steady_state_after = 0.25;
+};
+
+/// One point of the timeline: the state after trace event number `event`. Bytes are bytes.
+struct TimelinePoint {
+  std::int64_t event = 0;    // 1-based index into the trace's events (all actions)
+  int line = 0;              // the event's source line
+  std::int64_t time_us = 0;  // the event's time_us
+  // The replay (allocated_bytes, reserved_bytes, requested_bytes of the "all" pool, current).
+  std::int64_t allocated_bytes = 0;
+  std::int64_t reserved_bytes = 0;
+  std::int64_t requested_bytes = 0;
+  /// The trace's own reserved bytes (running sum of its segment events), torch's curve.
+  std::int64_t recorded_reserved_bytes = 0;
+  /// Modelled driver time of the replay so far, microseconds.
+  double driver_us = 0.0;
+
+  /// reserved - allocated: cached or fragmented bytes of the replay.
+  std::int64_t wasted_bytes() const { return reserved_bytes - allocated_bytes; }
+};
+
+/// One training step of a trace that marks its steps (a `snapshot` event ends a step; see
+/// docs/design/replay-timeline.md). Bytes are bytes; times microseconds.
+struct StepFigures {
+  int end_line = 0;              // line of the `snapshot` event that ends it (0: unterminated)
+  std::int64_t end_time_us = 0;  // time_us of that event (of the trace's last event if none)
+  bool complete = true;          // false for events after the last mark
+  std::int64_t events = 0;       // alloc + free_completed events replayed in the step
+  /// Peaks within the step (values carried in from the step before count too).
+  std::int64_t peak_allocated_bytes = 0;
+  std::int64_t peak_reserved_bytes = 0;
+  /// peak_allocated_bytes / peak_reserved_bytes (0 when nothing was reserved).
+  double utilization = 0.0;
+  /// Driver calls the replay made during the step, and their modelled time.
+  std::int64_t driver_calls = 0;
+  double modeled_driver_us = 0.0;
+};
+
+/// Driver calls made after the first ReplayConfig::steady_state_after of the trace's events.
+struct SteadyState {
+  double after_fraction = 0.25;      // ReplayConfig::steady_state_after
+  std::int64_t start_event = 0;      // 1-based index of the first steady-state event (0: none)
+  int start_line = 0;                // its line
+  /// time_us of the last event before the steady state (or of the first event) to the last.
+  std::int64_t span_us = 0;
+  std::map<std::string, std::int64_t> driver_calls;  // by CUDA API name, every kind
+  std::map<std::string, double> driver_us;
+  double modeled_driver_us = 0.0;
+  /// modeled_driver_us / span_us x 100 (0 when the span is 0).
+  double pct_of_span = 0.0;
 };
 
 /// A trace line that referred to an address, for reporting.
@@ -49,8 +111,9 @@ struct ReplayResult {
   std::int64_t peak_allocated_bytes = 0;
   std::int64_t peak_requested_bytes = 0;
   std::int64_t peak_reserved_bytes = 0;
-  /// reserved_bytes at the end of the replay (nothing released on purpose).
+  /// reserved_bytes and allocated_bytes at the end of the replay (nothing released on purpose).
   std::int64_t final_reserved_bytes = 0;
+  std::int64_t final_allocated_bytes = 0;
   /// peak_allocated_bytes / peak_reserved_bytes; 0 when nothing was reserved.
   double utilization = 0.0;
   /// Segment allocations and frees the allocator made (num_device_alloc / num_device_free).
@@ -61,6 +124,41 @@ struct ReplayResult {
   std::map<std::string, std::int64_t> driver_calls;
   std::map<std::string, double> driver_us;
   double modeled_driver_us = 0.0;
+  /// Whole physical pages moved by page recycling (Fragmentation::page_moves at the end).
+  std::int64_t page_moves = 0;
+
+  // ---- Time ----
+  /// time_us of the trace's first and last events, and last - first.
+  std::int64_t first_time_us = 0;
+  std::int64_t last_time_us = 0;
+  std::int64_t trace_span_us = 0;
+  /// modeled_driver_us / trace_span_us x 100 (0 when the span is 0).
+  double driver_pct_of_span = 0.0;
+  SteadyState steady_state;
+
+  // ---- Fragmentation (DeviceAllocator::GetFragmentation of main_stream) ----
+  /// The stream with the most alloc events (the lowest id among equals): "the current stream"
+  /// for Fragmentation::other_stream_cached_bytes.
+  StreamId main_stream = 0;
+  /// Taken right after the event at which reserved bytes first reached their peak.
+  Fragmentation fragmentation_at_peak;
+  std::int64_t peak_reserved_event = 0;  // that event's 1-based index (0: nothing reserved)
+  int peak_reserved_line = 0;
+  std::int64_t peak_reserved_time_us = 0;
+  /// Taken after the last event.
+  Fragmentation fragmentation_at_end;
+
+  // ---- Steps and timeline ----
+  /// `snapshot` events in the trace (step marks).
+  std::int64_t step_marks = 0;
+  /// One entry per step when the trace marks steps; empty otherwise.
+  std::vector<StepFigures> steps;
+  /// The sampling interval used (0 when no timeline was asked for).
+  std::int64_t sample_every = 0;
+  /// Points in event order: after every sample_every-th event and after the last one, plus,
+  /// within each interval, the last event that set a new running peak of allocated, reserved or
+  /// recorded reserved bytes (so the curves' maxima are the reported peaks).
+  std::vector<TimelinePoint> timeline;
 
   // ---- The trace as recorded (torch's allocator) ----
   /// Every event of the trace, of any action.
@@ -81,6 +179,13 @@ struct ReplayResult {
   std::int64_t recorded_segment_allocs = 0;  // segment_alloc + segment_map events
   std::int64_t recorded_segment_frees = 0;   // segment_free + segment_unmap events
   std::int64_t recorded_ooms = 0;            // oom events
+  /// The trace's segment events priced with SimBackend's cost model: segment_alloc/free as one
+  /// cudaMalloc/cudaFree of their size; segment_map/unmap as torch's expandable segments make
+  /// them, per handle (20 MiB, or 2 MiB when the size is not a multiple of 20 MiB):
+  /// cuMemCreate + cuMemMap + cuMemSetAccess, and cuMemUnmap + cuMemRelease. Microseconds.
+  double recorded_modeled_driver_us = 0.0;
+  /// recorded_modeled_driver_us / trace_span_us x 100 (0 when the span is 0).
+  double recorded_driver_pct_of_span = 0.0;
 
   // ---- Anomalies (reported, never ignored) ----
   /// free_completed events of addresses not live in the replay (not allocated by the trace, or
@@ -96,7 +201,8 @@ struct ReplayResult {
 
 /// Replays `events` in order: alloc -> Malloc(size, stream) (the trace's stream id passed
 /// through), free_completed -> Free (free_requested is ignored: the memory became reusable at
-/// free_completed); segment and oom events feed the recorded figures only.
+/// free_completed); segment and oom events feed the recorded figures only; a `snapshot` event
+/// ends a step.
 /// Errors: ResourceExhausted "SOURCE:LINE: alloc of N bytes on stream S failed: <allocator
 /// message>" when the simulated device runs out (the replay stops there); any other allocator
 /// or backend failure with its line in the same shape.

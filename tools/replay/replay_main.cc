@@ -1,6 +1,8 @@
-// `vramledger-replay TRACE [--capacity-gib N] [--json] [--conf key:value,...]`: replays a trace
-// CSV on SimBackend and prints the table (or JSON). Single-threaded command-line entry point.
+// `vramledger-replay TRACE [--capacity-gib N] [--json] [--conf S] [--timeline CSV]`: replays a
+// trace CSV on SimBackend, prints the table (or JSON). Single-threaded command-line entry point.
 #include <cmath>
+#include <cstdint>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -19,17 +21,26 @@ namespace {
 
 constexpr absl::string_view kUsage =
     "usage: vramledger-replay TRACE [--capacity-gib N] [--json] [--conf key:value,...]\n"
-    "  TRACE            trace CSV (action,addr,size,stream,time_us), plain or .gz\n"
+    "                         [--timeline OUT.csv] [--sample-every N]\n"
+    "  TRACE            trace CSV (action,addr,size,stream,time_us), plain or .gz; a\n"
+    "                   `snapshot` row ends a training step\n"
     "  --capacity-gib N simulated device capacity in GiB (default: the H200's 139.80)\n"
     "  --json           print one JSON object instead of the table\n"
     "  --conf S         allocator options, PYTORCH_CUDA_ALLOC_CONF syntax; applied after\n"
-    "                   VRAMLEDGER_CONF from the environment (--conf wins)\n";
+    "                   VRAMLEDGER_CONF from the environment (--conf wins)\n"
+    "  --timeline F     write allocated, reserved and wasted bytes over the trace, and the\n"
+    "                   trace's own reserved bytes, as CSV to F\n"
+    "  --sample-every N a timeline point at least every N trace events (default: at most\n"
+    "                   about 2000 points)\n"
+    "  (--plot is in the Python command: vramledger replay TRACE --plot OUT.png)\n";
 
 struct Args {
   std::string trace;
   std::size_t capacity_bytes = kH200TotalBytes;
   bool json = false;
   std::string conf;
+  std::string timeline;
+  std::int64_t sample_every = 0;
   bool help = false;
 };
 
@@ -60,6 +71,22 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
       absl::StatusOr<std::string> value = FlagValue("--conf", argc, argv, &i);
       if (!value.ok()) return value.status();
       args.conf = *value;
+    } else if (is_flag("--timeline")) {
+      absl::StatusOr<std::string> value = FlagValue("--timeline", argc, argv, &i);
+      if (!value.ok()) return value.status();
+      if (value->empty()) return absl::InvalidArgumentError("--timeline needs a file name");
+      args.timeline = *value;
+    } else if (is_flag("--sample-every")) {
+      absl::StatusOr<std::string> value = FlagValue("--sample-every", argc, argv, &i);
+      if (!value.ok()) return value.status();
+      if (!absl::SimpleAtoi(*value, &args.sample_every) || args.sample_every <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--sample-every must be a positive number of events, got '", *value, "'"));
+      }
+    } else if (is_flag("--plot")) {
+      return absl::InvalidArgumentError(
+          "--plot is drawn by the Python command (vramledger replay TRACE --plot OUT.png); "
+          "this binary writes the --timeline CSV");
     } else if (is_flag("--capacity-gib")) {
       absl::StatusOr<std::string> value = FlagValue("--capacity-gib", argc, argv, &i);
       if (!value.ok()) return value.status();
@@ -82,6 +109,16 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
     return absl::InvalidArgumentError("missing TRACE (the trace CSV to replay)");
   }
   return args;
+}
+
+// Writes `text` to `path`. NotFound / PermissionDenied style errors name the path.
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::NotFoundError(absl::StrCat(path, ": cannot open for writing"));
+  out << text;
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
 }
 
 int Fail(const absl::Status& status) {
@@ -107,8 +144,13 @@ int Main(int argc, char** argv) {
   ReplayConfig config;
   config.capacity_bytes = args->capacity_bytes;
   config.source = args->trace;
+  config.timeline = !args->timeline.empty();
+  config.sample_every = args->sample_every;
   absl::StatusOr<ReplayResult> result = Replay(*events, *options, config);
   if (!result.ok()) return Fail(result.status());
+  if (config.timeline) {
+    if (absl::Status s = WriteFile(args->timeline, TimelineCsv(*result)); !s.ok()) return Fail(s);
+  }
 
   for (const std::string& warning : ReplayWarnings(*result)) {
     std::cerr << "vramledger-replay: warning: " << warning << "\n";

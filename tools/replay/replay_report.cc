@@ -1,9 +1,11 @@
-// Presentation of replay figures: JSON for machines, a fixed-width table and warnings for people.
-// Pure functions; thread-safe.
+// Presentation of replay figures: JSON for machines, a fixed-width table and warnings for people,
+// the timeline as CSV. Pure functions; thread-safe.
 #include "replay/replay_report.h"
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -25,6 +27,40 @@ nlohmann::json ListLines(const std::vector<LineAddress>& items, std::size_t max_
 
 std::string Row(absl::string_view label, absl::string_view replay, absl::string_view recorded) {
   return absl::StrFormat("  %-16s %-36s %s\n", label, replay, recorded);
+}
+
+nlohmann::json SteadyStateToJson(const SteadyState& s) {
+  return {{"after_fraction", s.after_fraction},
+          {"start_event", s.start_event},
+          {"start_line", s.start_line},
+          {"span_us", s.span_us},
+          {"driver_calls", s.driver_calls},
+          {"driver_us", s.driver_us},
+          {"modeled_driver_us", s.modeled_driver_us},
+          {"driver_time_pct_of_span", s.pct_of_span}};
+}
+
+nlohmann::json StepToJson(std::size_t index, const StepFigures& step) {
+  return {{"step", index + 1},
+          {"end_line", step.end_line},
+          {"end_time_us", step.end_time_us},
+          {"complete", step.complete},
+          {"events", step.events},
+          {"peak_allocated_bytes", step.peak_allocated_bytes},
+          {"peak_reserved_bytes", step.peak_reserved_bytes},
+          {"utilization", step.utilization},
+          {"driver_calls", step.driver_calls},
+          {"modeled_driver_us", step.modeled_driver_us}};
+}
+
+std::int64_t TotalCalls(const std::map<std::string, std::int64_t>& calls) {
+  std::int64_t n = 0;
+  for (const auto& [name, count] : calls) n += count;
+  return n;
+}
+
+std::string Seconds(std::int64_t micros) {
+  return absl::StrFormat("%.3f s", static_cast<double>(micros) / 1e6);
 }
 
 std::string Warning(const ReplayResult& result, const std::vector<LineAddress>& items,
@@ -65,6 +101,29 @@ std::string BytesAndGiB(std::int64_t bytes) {
                          static_cast<double>(bytes) / static_cast<double>(kGiB));
 }
 
+nlohmann::json FragmentationToJson(const Fragmentation& f) {
+  return {{"utilization", f.utilization},
+          {"wasted_bytes", f.wasted_bytes},
+          {"wasted_bytes_at_peak", f.wasted_bytes_at_peak},
+          {"free_bytes", f.free_bytes},
+          {"largest_free_block", f.largest_free_block},
+          {"free_space_fragmentation", f.free_space_fragmentation},
+          {"holes", f.holes},
+          {"mapped_free_pages", f.mapped_free_pages},
+          {"other_stream_cached_bytes", f.other_stream_cached_bytes}};
+}
+
+std::string TimelineCsv(const ReplayResult& result) {
+  std::string out = absl::StrCat(kTimelineCsvHeader, "\n");
+  out.reserve(out.size() + result.timeline.size() * 96);
+  for (const TimelinePoint& p : result.timeline) {
+    absl::StrAppend(&out, p.event, ",", p.line, ",", p.time_us, ",", p.allocated_bytes, ",",
+                    p.reserved_bytes, ",", p.wasted_bytes(), ",", p.requested_bytes, ",",
+                    p.recorded_reserved_bytes, ",", absl::StrFormat("%.3f", p.driver_us), "\n");
+  }
+  return out;
+}
+
 nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_listed) {
   nlohmann::json j;
   // The keys of issue 2, in its order.
@@ -77,6 +136,25 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["recorded_utilization"] = result.recorded_utilization;
   j["driver_calls"] = result.driver_calls;
   j["modeled_driver_us"] = result.modeled_driver_us;
+  // Issue 3's keys.
+  j["page_moves"] = result.page_moves;
+  nlohmann::json at_peak = FragmentationToJson(result.fragmentation_at_peak);
+  at_peak["event"] = result.peak_reserved_event;
+  at_peak["line"] = result.peak_reserved_line;
+  at_peak["time_us"] = result.peak_reserved_time_us;
+  j["fragmentation_at_peak"] = std::move(at_peak);
+  j["fragmentation_at_end"] = FragmentationToJson(result.fragmentation_at_end);
+  nlohmann::json steps = nlohmann::json::array();
+  for (std::size_t i = 0; i < result.steps.size(); ++i) {
+    steps.push_back(StepToJson(i, result.steps[i]));
+  }
+  j["utilization_at_each_step"] = std::move(steps);
+  j["step_marks"] = result.step_marks;
+  j["trace_span_us"] = result.trace_span_us;
+  j["driver_time_pct_of_span"] = result.driver_pct_of_span;
+  j["steady_state"] = SteadyStateToJson(result.steady_state);
+  j["recorded_modeled_driver_us"] = result.recorded_modeled_driver_us;
+  j["recorded_driver_time_pct_of_span"] = result.recorded_driver_pct_of_span;
   // Everything else.
   j["trace"] = result.source;
   j["capacity_bytes"] = result.capacity_bytes;
@@ -84,6 +162,12 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["allocs"] = result.allocs;
   j["frees"] = result.frees;
   j["final_reserved_bytes"] = result.final_reserved_bytes;
+  j["final_allocated_bytes"] = result.final_allocated_bytes;
+  j["first_time_us"] = result.first_time_us;
+  j["last_time_us"] = result.last_time_us;
+  j["main_stream"] = result.main_stream;
+  j["sample_every"] = result.sample_every;
+  j["timeline_points"] = result.timeline.size();
   j["device_allocs"] = result.device_allocs;
   j["device_frees"] = result.device_frees;
   j["alloc_retries"] = result.alloc_retries;
@@ -102,6 +186,86 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["live_bytes_at_end"] = result.live_bytes_at_end;
   return j;
 }
+
+namespace {
+
+// Driver time against the trace's span, steady state, page moves.
+std::string FormatDriverTime(const ReplayResult& r) {
+  const SteadyState& s = r.steady_state;
+  std::string out = absl::StrFormat("\n  %-24s %s us (%s), first to last event\n", "trace span",
+                                    WithThousands(r.trace_span_us), Seconds(r.trace_span_us));
+  absl::StrAppend(&out, absl::StrFormat("  %-24s %s us = %.3f%% of the span\n",
+                                        "driver time (modelled)",
+                                        MicrosWithThousands(r.modeled_driver_us),
+                                        r.driver_pct_of_span));
+  absl::StrAppend(&out, absl::StrFormat("  %-24s %s us = %.3f%% of the span (torch's segment "
+                                        "events, same cost model)\n",
+                                        "recorded (trace, torch)",
+                                        MicrosWithThousands(r.recorded_modeled_driver_us),
+                                        r.recorded_driver_pct_of_span));
+  absl::StrAppend(
+      &out, absl::StrFormat("  %-24s after %.0f%% of the events (from line %d; span %s): %s "
+                            "calls, %s us = %.3f%% of its span\n",
+                            "steady state", 100.0 * s.after_fraction, s.start_line,
+                            Seconds(s.span_us), WithThousands(TotalCalls(s.driver_calls)),
+                            MicrosWithThousands(s.modeled_driver_us), s.pct_of_span));
+  absl::StrAppend(&out,
+                  absl::StrFormat("  %-24s %s\n", "page moves", WithThousands(r.page_moves)));
+  return out;
+}
+
+// Fragmentation at the moment of peak reserved and at the end, side by side.
+std::string FormatFragmentation(const ReplayResult& r) {
+  const Fragmentation& p = r.fragmentation_at_peak;
+  const Fragmentation& e = r.fragmentation_at_end;
+  std::string out = absl::StrFormat(
+      "\n  %-26s %-34s %s\n", "fragmentation",
+      absl::StrCat("at peak reserved (line ", r.peak_reserved_line, ")"), "at end");
+  auto bytes_row = [&out](absl::string_view label, std::int64_t a, std::int64_t b) {
+    absl::StrAppend(&out, absl::StrFormat("  %-26s %-34s %s\n", label, BytesAndGiB(a),
+                                          BytesAndGiB(b)));
+  };
+  auto number_row = [&out](absl::string_view label, const std::string& a, const std::string& b) {
+    absl::StrAppend(&out, absl::StrFormat("  %-26s %-34s %s\n", label, a, b));
+  };
+  number_row("utilization", absl::StrFormat("%.4f", p.utilization),
+             absl::StrFormat("%.4f", e.utilization));
+  bytes_row("wasted (reserved-alloc.)", p.wasted_bytes, e.wasted_bytes);
+  bytes_row("wasted at peak", p.wasted_bytes_at_peak, e.wasted_bytes_at_peak);
+  bytes_row("largest free block", p.largest_free_block, e.largest_free_block);
+  number_row("free-space fragmentation", absl::StrFormat("%.4f", p.free_space_fragmentation),
+             absl::StrFormat("%.4f", e.free_space_fragmentation));
+  number_row("holes", WithThousands(p.holes), WithThousands(e.holes));
+  number_row("mapped free pages", WithThousands(p.mapped_free_pages),
+             WithThousands(e.mapped_free_pages));
+  bytes_row("other streams' cache", p.other_stream_cached_bytes, e.other_stream_cached_bytes);
+  return out;
+}
+
+// One row per step; empty when the trace marks no steps.
+std::string FormatSteps(const ReplayResult& r) {
+  if (r.steps.empty()) return "";
+  std::string out = absl::StrFormat("\n  %-6s %10s %9s %18s %18s %11s %8s %14s\n", "step",
+                                    "end line", "events", "peak allocated", "peak reserved",
+                                    "utilization", "calls", "driver (us)");
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    const StepFigures& s = r.steps[i];
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-6s %10s %9s %18s %18s %11.4f %8s %14s\n",
+                              absl::StrCat(i + 1, s.complete ? "" : "*"),
+                              s.complete ? WithThousands(s.end_line) : "end",
+                              WithThousands(s.events), WithThousands(s.peak_allocated_bytes),
+                              WithThousands(s.peak_reserved_bytes), s.utilization,
+                              WithThousands(s.driver_calls),
+                              MicrosWithThousands(s.modeled_driver_us)));
+  }
+  if (!r.steps.back().complete) {
+    absl::StrAppend(&out, "  * events after the last step mark (an unfinished step)\n");
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string FormatReplayTable(const ReplayResult& result) {
   std::string out = absl::StrCat("vramledger replay of ", result.source, "\n");
@@ -142,6 +306,8 @@ std::string FormatReplayTable(const ReplayResult& result) {
   }
   absl::StrAppend(&out, absl::StrFormat("  %-24s %12s %16s\n", "total", WithThousands(total_calls),
                                         MicrosWithThousands(result.modeled_driver_us)));
+  absl::StrAppend(&out, FormatDriverTime(result), FormatFragmentation(result),
+                  FormatSteps(result));
   absl::StrAppend(
       &out,
       absl::StrFormat("\n  live at end: %s blocks, %s; unknown frees: %d; "
