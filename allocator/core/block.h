@@ -51,6 +51,7 @@ struct Segment {
   std::size_t page_size = 0;
   std::vector<PhysicalHandle> pages;
   std::size_t mapped_pages = 0;
+  std::size_t page_limit = 0;  // 1 + the highest page index ever mapped (bounds page walks)
 
   std::size_t PageOf(DevicePtr p) const { return (p - ptr) / page_size; }
   DevicePtr PageAddress(std::size_t i) const { return ptr + i * page_size; }

@@ -61,6 +61,10 @@ class DeviceAllocatorImpl {
   // Best fit among the stream's free blocks, preferring one whose first `size` bytes are mapped.
   core::Block* TakeExpandableBlock(core::BlockPool* pool, StreamId stream, std::size_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the start of free `block` to the page-aligned place inside it whose `size` bytes miss
+  // the fewest pages; the bytes before it stay free as their own block. Returns the block.
+  core::Block* PlaceOnMappedPages(core::Block* block, std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves the virtual range of the (stream, pool) segment; its one free block joins the pool.
   absl::Status CreateExpandableSegment(core::BlockPool* pool, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -69,9 +73,10 @@ class DeviceAllocatorImpl {
   absl::StatusOr<bool> EnsureMapped(core::Block* block, std::size_t size,
                                     const AllocationRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whole mapped pages strictly inside free blocks of pools with `page_size` (up to `limit`).
-  std::vector<std::pair<core::Segment*, std::size_t>> FreeMappedPages(std::size_t page_size,
-                                                                       std::size_t limit) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `also` (optional): a free block taken out of the index, whose pages from `also_from` on count.
+  std::vector<std::pair<core::Segment*, std::size_t>> FreeMappedPages(
+      std::size_t page_size, std::size_t limit, const core::Block* also = nullptr,
+      DevicePtr also_from = 0) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps and releases every whole free page of every expandable segment.
   absl::Status ReleaseExpandablePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapPage(core::Segment* segment, std::size_t page, bool release)

@@ -59,7 +59,8 @@ Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) con
         f.other_stream_cached_bytes += static_cast<std::int64_t>(b->size);
         continue;
       }
-      for (std::size_t i = seg->PageOf(b->ptr); i <= seg->PageOf(b->ptr + b->size - 1); ++i) {
+      const std::size_t last = std::min(seg->PageOf(b->ptr + b->size - 1) + 1, seg->page_limit);
+      for (std::size_t i = seg->PageOf(b->ptr); i < last; ++i) {
         if (seg->pages[i] == 0) continue;
         const DevicePtr lo = std::max(b->ptr, seg->PageAddress(i));
         const DevicePtr hi = std::min(b->ptr + b->size, seg->PageAddress(i) + seg->page_size);
@@ -185,13 +186,13 @@ std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
   for (const auto& [key, seg] : exp_segments_) {
     const Block* b = seg->head;
     std::size_t i = 0;
-    while (i < seg->pages.size()) {
+    while (i < seg->page_limit) {
       if (seg->pages[i] == 0) {
         ++i;
         continue;
       }
       std::size_t j = i;
-      while (j < seg->pages.size() && seg->pages[j] != 0) ++j;
+      while (j < seg->page_limit && seg->pages[j] != 0) ++j;
       SegmentInfo info;
       info.device = backend_->device();
       info.address = seg->PageAddress(i);

@@ -41,7 +41,7 @@ std::size_t DeviceAllocatorImpl::MappedRun(const Block* block) {
   std::size_t best = 0;
   std::size_t run = 0;
   const DevicePtr end = block->ptr + block->size;
-  for (std::size_t i = seg->PageOf(block->ptr); i < seg->pages.size(); ++i) {
+  for (std::size_t i = seg->PageOf(block->ptr); i < seg->page_limit; ++i) {
     const DevicePtr lo = std::max(block->ptr, seg->PageAddress(i));
     const DevicePtr hi = std::min(end, seg->PageAddress(i) + seg->page_size);
     if (lo >= hi) break;
@@ -87,6 +87,55 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   return block;
 }
 
+Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size) {
+  Segment* seg = block->segment;
+  const std::size_t page = seg->page_size;
+  const DevicePtr end = block->ptr + block->size;
+  std::size_t best_missing = MissingPages(block, size, SIZE_MAX);
+  if (best_missing == 0) return block;
+  // Page-aligned starts a with a + size <= end; [a, a + size) covers n pages. Slide a window of n
+  // pages, counting the unmapped ones; nothing past page_limit was ever mapped.
+  const DevicePtr first_start = seg->PageAddress(seg->PageOf(block->ptr + page - 1));
+  if (first_start + size > end) return block;
+  const std::size_t n = (size + page - 1) / page;
+  const std::size_t j0 = seg->PageOf(first_start);
+  const std::size_t j_last = std::min(seg->PageOf(end - size), seg->page_limit);
+  std::size_t missing = 0;
+  for (std::size_t i = j0; i < j0 + n; ++i) missing += seg->pages[i] == 0;
+  std::size_t best_j = SIZE_MAX;
+  for (std::size_t j = j0;; ++j) {
+    if (missing < best_missing) {
+      best_missing = missing;
+      best_j = j;
+      if (missing == 0) break;
+    }
+    if (j + 1 > j_last) break;
+    missing -= seg->pages[j] == 0;
+    missing += seg->pages[j + n] == 0;
+  }
+  if (best_j == SIZE_MAX) return block;
+  // Split off the front [block->ptr, a) as a free block of its own.
+  const DevicePtr a = seg->PageAddress(best_j);
+  Block* front = NewBlock();
+  front->ptr = block->ptr;
+  front->size = a - block->ptr;
+  front->stream = block->stream;
+  front->pool = block->pool;
+  front->segment = seg;
+  front->prev = block->prev;
+  if (front->prev != nullptr) {
+    front->prev->next = front;
+  } else {
+    seg->head = front;
+  }
+  front->next = block;
+  block->prev = front;
+  block->ptr = a;
+  block->size -= front->size;
+  block->pool->blocks.insert(front);
+  return block;
+}
+
 absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, StreamId stream) {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
@@ -120,19 +169,27 @@ absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, Strea
 }
 
 std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::FreeMappedPages(
-    std::size_t page_size, std::size_t limit) const {
+    std::size_t page_size, std::size_t limit, const Block* also, DevicePtr also_from) const {
   std::vector<std::pair<Segment*, std::size_t>> out;
+  // Whole mapped pages of [lo, hi) inside free block `b`.
+  auto collect = [&](const Block* b, DevicePtr lo, DevicePtr hi) {
+    Segment* seg = b->segment;
+    if (seg->mapped_pages == 0 || hi <= lo) return;
+    const std::size_t first = seg->PageOf(lo + page_size - 1);  // first whole page
+    const std::size_t end = std::min(seg->PageOf(hi), seg->page_limit);  // one past the last
+    for (std::size_t i = first; i < end && out.size() < limit; ++i) {
+      if (seg->pages[i] != 0) out.emplace_back(seg, i);
+    }
+  };
+  // The block being placed first: its own pages past the request move within the block.
+  if (also != nullptr && also->segment->page_size == page_size) {
+    collect(also, also_from, also->ptr + also->size);
+  }
   for (const BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
     if (pool->page_size != page_size) continue;
     for (const Block* b : pool->blocks) {
-      Segment* seg = b->segment;
-      if (seg->mapped_pages == 0) continue;
-      const std::size_t first = seg->PageOf(b->ptr + page_size - 1);  // first whole page
-      const std::size_t end = seg->PageOf(b->ptr + b->size);           // one past the last
-      for (std::size_t i = first; i < end && out.size() < limit; ++i) {
-        if (seg->pages[i] != 0) out.emplace_back(seg, i);
-      }
       if (out.size() >= limit) return out;
+      collect(b, b->ptr, b->ptr + b->size);
     }
   }
   return out;
@@ -176,7 +233,9 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     const double reserved_after = static_cast<double>(stats_.reserved_bytes[kAggregate].current) +
                                   static_cast<double>(missing.size() * page);
     if (reserved_after > (1.0 + kRecycleSlack) * peak_after) {
-      recycled = FreeMappedPages(page, missing.size());
+      // Pages of the block itself past the request count too (it is out of the index now).
+      recycled = FreeMappedPages(page, missing.size(), block,
+                                 seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1));
     }
   }
   const std::size_t fresh = missing.size() - recycled.size();
@@ -229,6 +288,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     if (absl::Status s = backend_->Map(seg->PageAddress(i), page, handles[k]); !s.ok()) return s;
     seg->pages[i] = handles[k];
     ++seg->mapped_pages;
+    seg->page_limit = std::max(seg->page_limit, i + 1);
     ++stats_.num_device_alloc;
     Emit(TraceAction::kSegmentMap, seg->PageAddress(i), page, seg->stream, request.context,
          request.tag);
@@ -256,10 +316,12 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
       block = TakeExpandableBlock(pool, request.stream, size);
     }
     if (block != nullptr) {
+      block = PlaceOnMappedPages(block, size);
       auto mapped = EnsureMapped(block, size, request);
       if (!mapped.ok()) return mapped.status();
       if (*mapped) return UseBlock(block, request)->ptr;
-      pool->blocks.insert(block);  // unchanged; back to the index
+      TryMerge(block, block->prev);  // undo PlaceOnMappedPages' split, if any
+      pool->blocks.insert(block);    // unchanged; back to the index
     }
     if (attempt == 0) {
       // Release every cached segment and free page, then try once more.

@@ -146,6 +146,8 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     int v = 0;
     if (!absl::SimpleAtoi(value, &v) || v < 0) return Bad(key, value, "an integer >= 0");
     o->max_dumps = v;
+  } else if (key == "step_log") {  // issue 6: per-step peak logs
+    o->step_log = std::string(value);
   } else {
     std::vector<std::string> names;
     for (const OptionDoc& d : OptionTable()) names.emplace_back(d.name);
@@ -191,10 +193,11 @@ const std::vector<OptionDoc>& OptionTable() {
       {"pinned_reserve_segment_size_mb", "0", "host allocator key, validated and ignored"},
       {"graph_capture_record_stream_reuse", "False", "validated and ignored"},
       {"page_recycling", "True", "vramledger: move free pages of expandable segments"},
-      {"expandable_page_mb", "8", "vramledger: physical page size of expandable segments"},
+      {"expandable_page_mb", "6", "vramledger: physical page size of expandable segments"},
       {"plan", "", "vramledger: path of the memory plan file"},
       {"dump_dir", "./vramledger-dumps", "vramledger: directory for OOM forensics"},
       {"max_dumps", "8", "vramledger: forensic dumps kept"},
+      {"step_log", "", "vramledger: directory for per-step peak logs (vramledger.step())"},
   };
   return *table;
 }
@@ -241,6 +244,7 @@ std::string OptionsToString(const Options& o) {
   if (!o.plan.empty()) parts.push_back(absl::StrCat("plan:", o.plan));
   parts.push_back(absl::StrCat("dump_dir:", o.dump_dir));
   parts.push_back(absl::StrCat("max_dumps:", o.max_dumps));
+  if (!o.step_log.empty()) parts.push_back(absl::StrCat("step_log:", o.step_log));
   return absl::StrJoin(parts, ",");
 }
 

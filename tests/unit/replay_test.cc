@@ -397,7 +397,8 @@ TEST(ReplayFragmentationTest, PageMovesAndFiguresAtPeakAndEnd) {
       "free_completed,1073741824,67108864,0,3\n"
       "alloc,3221225472,134217728,0,4\n"
       "free_completed,3221225472,134217728,0,5\n";
-  const ReplayResult r = MustReplay(trace, MustParse("expandable_segments:True"));
+  const ReplayResult r =
+      MustReplay(trace, MustParse("expandable_segments:True,expandable_page_mb:8"));
   EXPECT_EQ(r.page_moves, 8);
   EXPECT_EQ(r.peak_reserved_bytes, 192 * kMiB);
   EXPECT_DOUBLE_EQ(r.utilization, 1.0);
@@ -427,7 +428,7 @@ TEST(ReplayFragmentationTest, PageMovesAndFiguresAtPeakAndEnd) {
 
   // Without recycling the 16 pages are new: reserved 256 MiB, no moves.
   const ReplayResult off =
-      MustReplay(trace, MustParse("expandable_segments:True,page_recycling:False"));
+      MustReplay(trace, MustParse("expandable_segments:True,page_recycling:False,expandable_page_mb:8"));
   EXPECT_EQ(off.page_moves, 0);
   EXPECT_EQ(off.peak_reserved_bytes, 256 * kMiB);
 }

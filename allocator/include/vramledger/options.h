@@ -42,13 +42,16 @@ struct Options {
   /// `expandable_page_mb` (vramledger): physical page (handle) size of large-pool expandable
   /// segments, a multiple of 2 MiB; the small pool always uses 2 MiB pages.
   /// Chosen by measurement: docs/design/expandable-segments.md.
-  std::size_t expandable_page_size = 8 * kMiB;
+  std::size_t expandable_page_size = 6 * kMiB;
   /// `plan` (vramledger): path of the memory plan file; empty = no plan.
   std::string plan;
   /// `dump_dir` (vramledger): where OOM forensics go.
   std::string dump_dir = "./vramledger-dumps";
   /// `max_dumps` (vramledger): at most this many forensic dumps are kept.
   int max_dumps = 8;
+  /// `step_log` (vramledger, issue 6): directory of the per-step peak logs written by
+  /// vramledger.step() (<dir>/vramledger-steps-rank<R>.jsonl); empty = no log.
+  std::string step_log;
   /// The settings string this struct was parsed from (reported in snapshots, as torch does).
   std::string conf_string;
 };
