@@ -84,6 +84,7 @@ Options OptionsFor(const std::string& conf, bool use_env) {
   return ValueOrRaise(use_env ? OptionsFromEnvAndString(conf) : ParseOptions(conf));
 }
 
+// The result dict; with a timeline, its CSV text (TimelineCsv) under "timeline_csv".
 py::object RunReplay(const std::vector<TraceEvent>& events, const Options& options,
                      const ReplayConfig& config) {
   absl::StatusOr<ReplayResult> result;
@@ -91,20 +92,32 @@ py::object RunReplay(const std::vector<TraceEvent>& events, const Options& optio
     py::gil_scoped_release release;
     result = Replay(events, options, config);
   }
-  return ToPython(ReplayResultToJson(ValueOrRaise(std::move(result))));
+  const ReplayResult& r = ValueOrRaise(std::move(result));
+  py::object out = ToPython(ReplayResultToJson(r));
+  if (config.timeline) out["timeline_csv"] = py::str(TimelineCsv(r));
+  return out;
+}
+
+ReplayConfig ConfigFor(std::size_t capacity_bytes, const std::string& source, bool timeline,
+                       std::int64_t sample_every) {
+  if (sample_every < 0) throw py::value_error("sample_every must be 0 (automatic) or positive");
+  ReplayConfig config;
+  config.capacity_bytes = capacity_bytes;
+  config.source = source;
+  config.timeline = timeline;
+  config.sample_every = sample_every;
+  return config;
 }
 
 py::object ReplayFile(const std::string& path, const std::string& conf, std::size_t capacity_bytes,
-                      bool use_env) {
+                      bool use_env, bool timeline, std::int64_t sample_every) {
   const Options options = OptionsFor(conf, use_env);
   absl::StatusOr<std::vector<TraceEvent>> events;
   {
     py::gil_scoped_release release;
     events = ReadTraceFile(path);
   }
-  ReplayConfig config;
-  config.capacity_bytes = capacity_bytes;
-  config.source = path;
+  const ReplayConfig config = ConfigFor(capacity_bytes, path, timeline, sample_every);
   return RunReplay(ValueOrRaise(std::move(events)), options, config);
 }
 
@@ -112,7 +125,8 @@ using EventTuple =
     std::tuple<std::string, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t>;
 
 py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string& conf,
-                        std::size_t capacity_bytes, const std::string& source, bool use_env) {
+                        std::size_t capacity_bytes, const std::string& source, bool use_env,
+                        bool timeline, std::int64_t sample_every) {
   const Options options = OptionsFor(conf, use_env);
   std::vector<TraceEvent> events;
   events.reserve(tuples.size());
@@ -132,10 +146,7 @@ py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string
     event.line = static_cast<int>(i + 1);
     events.push_back(event);
   }
-  ReplayConfig config;
-  config.capacity_bytes = capacity_bytes;
-  config.source = source;
-  return RunReplay(events, options, config);
+  return RunReplay(events, options, ConfigFor(capacity_bytes, source, timeline, sample_every));
 }
 
 py::dict OptionsToDict(const Options& o) {
@@ -159,23 +170,32 @@ py::dict OptionsToDict(const Options& o) {
 }
 
 }  // namespace
+
+// tools/python_ledger.cc: snapshots of replays, SimAllocator (issue 5).
+void RegisterLedgerBindings(py::module_& m);
+
 }  // namespace vramledger
 
 PYBIND11_MODULE(_core, m) {
   using namespace vramledger;  // NOLINT(build/namespaces): module definition only
   m.doc() = "vramledger's C++ core: trace replay on the simulated device, options parsing.";
   m.attr("H200_TOTAL_BYTES") = py::int_(kH200TotalBytes);
+  m.attr("TIMELINE_CSV_HEADER") = py::str(kTimelineCsvHeader);
 
   m.def("replay_file", &ReplayFile, py::arg("path"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("use_env") = true,
+        py::arg("timeline") = false, py::arg("sample_every") = 0,
         "Replays a trace CSV (plain or .gz) on SimBackend; returns the dict of "
         "`vramledger replay --json` (sizes in bytes, times in microseconds).\n"
         "Options: VRAMLEDGER_CONF (if use_env) then `conf`, which wins.\n"
+        "With timeline=True the dict also holds 'timeline_csv', the text of "
+        "`vramledger replay --timeline` (a point at least every `sample_every` trace events; "
+        "0 = about 2000 points in all).\n"
         "Raises ValueError (malformed trace or options, message 'FILE:LINE: ...'), "
         "FileNotFoundError, MemoryError (the simulated device ran out; names the line).");
   m.def("replay_events", &ReplayEvents, py::arg("events"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("source") = "<events>",
-        py::arg("use_env") = true,
+        py::arg("use_env") = true, py::arg("timeline") = false, py::arg("sample_every") = 0,
         "Replays a list of (action: str, addr: int, size: int, stream: int, time_us: int) "
         "tuples (torch's action names); line numbers in messages and results are 1-based "
         "indices into the list, prefixed by `source`. Returns the same dict as replay_file.");
@@ -187,4 +207,5 @@ PYBIND11_MODULE(_core, m) {
       py::arg("conf"), py::arg("use_env") = false,
       "Parses `key:value,...` (PYTORCH_CUDA_ALLOC_CONF syntax) into a dict of every option "
       "(sizes in bytes). Raises ValueError with the parser's message.");
+  RegisterLedgerBindings(m);
 }

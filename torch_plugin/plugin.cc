@@ -22,6 +22,8 @@
 #include "device/cuda_backend.h"
 #include "device/sim_backend.h"
 #include "nlohmann/json.hpp"
+#include "torch_plugin/guard_api.h"  // issue 6: budget guard
+#include "torch_plugin/plugin_history.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 #include "vramledger/stats.h"
@@ -166,6 +168,13 @@ class PluginState {
       slot->backend = std::make_unique<CudaBackend>(device);
     }
     slot->allocator = std::make_unique<DeviceAllocator>(*options, slot->backend.get());
+    // Issue 6: the budget guard, chained before the memory history (plugin_history.cc).
+    if (absl::Status s = AttachGuard(device, *options, slot->backend.get(), slot->allocator.get(),
+                                     LedgerHooks());
+        !s.ok()) {
+      return s;
+    }
+    AttachLedger(device, slot->allocator.get());
     slot->ready.store(slot->allocator.get(), std::memory_order_release);
     return absl::OkStatus();
   }
@@ -252,6 +261,9 @@ int CatchAll(Fn fn) {
 }
 
 }  // namespace
+
+std::string& PluginLastError() { return LastError(); }  // for plugin_history.cc
+
 }  // namespace vramledger
 
 using vramledger::DevicePtr;
@@ -267,7 +279,8 @@ void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream) {
   if (!allocator.ok()) vramledger::Throw(allocator.status());
   const absl::StatusOr<DevicePtr> ptr =
       (*allocator)->Malloc(size, reinterpret_cast<StreamId>(stream));
-  if (!ptr.ok()) vramledger::Throw(ptr.status());
+  // Issue 6: a guard refusal gets its full report; any other failure goes to WithOomDump.
+  if (!ptr.ok()) vramledger::Throw(vramledger::GuardRefusalOrOomDump(device, ptr.status()));
   TORCH_CHECK(*ptr != 0, "vramledger: allocation of ", size, " bytes on device ", device,
               " returned a null address");
   return reinterpret_cast<void*>(*ptr);

@@ -196,6 +196,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
       growth_refusal_ = std::move(verdict);
       return nullptr;
     }
+    growth_refusal_ = absl::OkStatus();  // a later check allowed it
   }
   DevicePtr ptr = 0;
   absl::Status s;

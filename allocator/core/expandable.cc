@@ -249,6 +249,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
         growth_refusal_ = std::move(verdict);
         return false;
       }
+      growth_refusal_ = absl::OkStatus();  // a later check allowed it
     }
   }
   RelaxedCaptureScope relaxed(backend_);

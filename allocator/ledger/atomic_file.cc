@@ -69,8 +69,8 @@ absl::Status SystemError(const std::string& what, const std::string& path, int e
 absl::Status WriteFileAtomically(const std::string& path,
                                  const std::function<absl::Status(std::ostream&)>& write) {
   static std::atomic<unsigned> counter{0};
-  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid(), "-",
-                                        counter.fetch_add(1, std::memory_order_relaxed));
+  const std::string temp =
+      absl::StrCat(path, ".tmp-", ::getpid(), "-", counter.fetch_add(1, std::memory_order_relaxed));
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return SystemError("create", temp, errno);
   absl::Status status;

@@ -1,7 +1,6 @@
-// Memory history with torch's record modes: a ring buffer per device keeping exactly the N most
-// recent trace entries, and interned stacks (Python + native) symbolised only when read.
-// Thread-safety: all methods may be called from any thread (one mutex per device ring, one for
-// the stack table); OnEvent runs under the device allocator's lock and never calls back into it.
+// Memory history with torch's record modes: per-device rings keeping exactly the N most recent
+// trace entries, and interned stacks symbolised when read (docs/design/memory-history.md).
+// Thread-safety: any thread; a mutex per ring and one for the stack table; OnEvent never blocks.
 #ifndef VRAMLEDGER_LEDGER_HISTORY_H_
 #define VRAMLEDGER_LEDGER_HISTORY_H_
 
@@ -12,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -58,8 +58,8 @@ std::string_view HistoryStacksName(HistoryStacks stacks);
 /// One recorded trace entry. Bytes are bytes; time is epoch microseconds.
 struct RecordedEntry {
   TraceAction action = TraceAction::kAlloc;
-  DevicePtr addr = 0;       // for kOom: the device's free bytes (torch's device_free)
-  std::size_t size = 0;     // torch's convention per action (see TraceEntry::size)
+  DevicePtr addr = 0;    // for kOom: the device's free bytes (torch's device_free)
+  std::size_t size = 0;  // torch's convention per action (see TraceEntry::size)
   StreamId stream = 0;
   std::int64_t time_us = 0;
   std::uint64_t stack = 0;  // interned stack id (0: no frames recorded)
@@ -108,12 +108,15 @@ class History : public AllocatorHooks {
   std::uint64_t SegmentStack(int device, DevicePtr address) const;
 
   /// The frames of stack `id`, innermost first: native frames (when stacks were "all") then
-  /// Python frames. Native frames are symbolised here (cached). Empty for id 0 or unknown ids.
+  /// Python frames. Native frames are symbolised and Python lines computed here (both cached);
+  /// computing a line takes the GIL (PyGILState_Ensure), so call this with no lock held that a
+  /// thread holding the GIL could wait for (never under a device lock). Empty for id 0 or
+  /// unknown ids.
   std::vector<Frame> Frames(std::uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_, symbol_mu_);
 
-  /// Interns an explicit stack (tests, and callers with their own unwinder); returns its id
-  /// (0 for an empty stack). Python code objects are not retained: `python` must name objects
-  /// already retained, or fake addresses with names given by `python_names` (same length).
+  /// Interns an explicit stack (tests); returns its id (0 for an empty stack). `python` holds
+  /// fake code addresses with lines as positions, named by `python_names` (same length);
+  /// nothing is retained. Do not mix with real captures in one History.
   std::uint64_t InternForTesting(const std::vector<PythonFrameRef>& python,
                                  const std::vector<Frame>& python_names,
                                  const std::vector<std::uintptr_t>& native)
@@ -140,10 +143,17 @@ class History : public AllocatorHooks {
     std::string name;
   };
 
-  // Looks up or inserts a stack; `retain_python` retains new code objects (GIL held).
-  std::uint64_t Intern(const PythonFrameRef* python, int num_python,
-                       const std::uintptr_t* native, int num_native, bool retain_python,
-                       const std::vector<Frame>* python_names) ABSL_LOCKS_EXCLUDED(mu_);
+  // The id of a stored stack equal to the given one, or 0.
+  std::uint64_t Find(std::uint64_t hash, const PythonFrameRef* python, int num_python,
+                     const std::uintptr_t* native, int num_native) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::uint64_t FindLocked(std::uint64_t hash, const PythonFrameRef* python, int num_python,
+                           const std::uintptr_t* native, int num_native) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retains and names the code objects of `python` not seen before. Pre: the GIL is held.
+  void RetainNewCodes(const PythonFrameRef* python, int num_python) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stores the stack (unless a racing thread did) and returns its id.
+  std::uint64_t Insert(std::uint64_t hash, const PythonFrameRef* python, int num_python,
+                       const std::uintptr_t* native, int num_native) ABSL_LOCKS_EXCLUDED(mu_);
   bool SameStack(const StoredStack& s, const PythonFrameRef* python, int num_python,
                  const std::uintptr_t* native, int num_native) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -167,9 +177,16 @@ class History : public AllocatorHooks {
   absl::flat_hash_map<std::uint64_t, std::uint64_t> by_hash_ ABSL_GUARDED_BY(mu_);  // -> id
   absl::flat_hash_map<std::uintptr_t, CodeName> code_names_ ABSL_GUARDED_BY(mu_);
 
-  // Symbolised native frames, filled lazily by Frames().
+  // Symbolised native frames and Python lines, filled lazily by Frames().
+  static std::pair<std::uintptr_t, int> LineKey(const PythonFrameRef& f) {
+    return {f.code, f.position};
+  }
   mutable absl::Mutex symbol_mu_;
   mutable absl::flat_hash_map<std::uintptr_t, Frame> symbols_ ABSL_GUARDED_BY(symbol_mu_);
+  mutable absl::flat_hash_map<std::pair<std::uintptr_t, int>, int> lines_
+      ABSL_GUARDED_BY(symbol_mu_);
+  // Set by InternForTesting: Python positions are lines (the code objects are fake).
+  std::atomic<bool> testing_lines_{false};
 };
 
 }  // namespace vramledger

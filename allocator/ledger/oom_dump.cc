@@ -59,17 +59,17 @@ absl::StatusOr<std::string> WriteOomDump(const OomDumpConfig& config,
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot create the dump directory ", dir.string(), ": ", ec.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the dump directory ", dir.string(), ": ", ec.message()));
   }
   const std::int64_t now_us = absl::GetCurrentTimeNanos() / 1000;
-  const std::string stem = absl::StrCat(kOomDumpPrefix, "device", config.device, "-pid",
-                                        ::getpid(), "-", UtcStamp(now_us));
+  const std::string stem = absl::StrCat(kOomDumpPrefix, "device", config.device, "-pid", ::getpid(),
+                                        "-", UtcStamp(now_us));
   std::string path = (dir / absl::StrCat(stem, kOomDumpSuffix)).string();
   for (int k = 1; fs::exists(path, ec); ++k) {  // two dumps within one microsecond
     path = (dir / absl::StrCat(stem, "-", k, kOomDumpSuffix)).string();
   }
-  SnapshotOptions options;
+  SnapshotOptions options = config.snapshot;
   options.extra["dump"] = SnapshotJson::object();
   options.extra["dump"]["reason"] = config.reason;
   options.extra["dump"]["device"] = config.device;

@@ -22,6 +22,9 @@ struct OomDumpConfig {
   /// What ran out, recorded in the snapshot's "vramledger" object ("oom" or "guard").
   std::string reason = "oom";
   std::string message;  // the error message, recorded beside it
+  /// Base snapshot options (tag names, extra "vramledger" keys such as the plan); the dump's
+  /// own "dump" key is added to them.
+  SnapshotOptions snapshot;
 };
 
 /// Prefix and suffix of the dumps' file names: vramledger-oom-device<D>-pid<P>-<UTC time>.json.
@@ -30,7 +33,8 @@ inline constexpr char kOomDumpSuffix[] = ".json";
 
 /// Writes a JSON snapshot of `allocators` and `history` (which may be nullptr) into
 /// config.dump_dir (created if missing) and removes the oldest vramledger-oom-*.json files there
-/// beyond config.max_dumps. Returns the new file's path, or "" when max_dumps <= 0.
+/// beyond config.max_dumps. Returns the new file's path, or "" when max_dumps <= 0. Same lock
+/// rules as BuildSnapshot (call it after the failed allocation returned, never under its lock).
 /// Errors: those of WriteFileAtomically, or FailedPrecondition naming the directory when it
 /// cannot be created. Pruning failures are ignored (the dump itself succeeded).
 absl::StatusOr<std::string> WriteOomDump(const OomDumpConfig& config,

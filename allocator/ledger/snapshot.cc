@@ -106,8 +106,8 @@ Json SegmentJson(const SegmentInfo& s, const History* history, FrameCache& frame
   j["segment_type"] = s.is_small ? "small" : "large";
   j["segment_pool_id"] = Json::array({0, 0});
   j["is_expandable"] = s.is_expandable;
-  j["frames"] = history != nullptr ? frames.Get(history->SegmentStack(s.device, s.address))
-                                   : Json::array();
+  j["frames"] =
+      history != nullptr ? frames.Get(history->SegmentStack(s.device, s.address)) : Json::array();
   Json blocks = Json::array();
   for (const BlockInfo& b : s.blocks) {
     Json block = Json::object();
@@ -195,7 +195,7 @@ Json DeviceJson(const DeviceCapture& d, const SnapshotOptions& options) {
   }
   j["holes_per_stream"] = std::move(per_stream);
   Json handles = Json::array();  // [segment address, physical handles]
-  Json tags = Json::array();      // [block address, tag id, tag name]
+  Json tags = Json::array();     // [block address, tag id, tag name]
   for (const SegmentInfo& s : d.segments) {
     handles.push_back(Json::array({s.address, s.handles}));
     for (const BlockInfo& b : s.blocks) {
@@ -215,7 +215,8 @@ Json HistoryJson(const History* history) {
   j["enabled"] = std::string(HistoryEnabledName(s.enabled));
   j["context"] = std::string(HistoryContextName(s.context));
   j["stacks"] = std::string(HistoryStacksName(s.stacks));
-  j["max_entries"] = std::min<std::uint64_t>(s.max_entries, std::numeric_limits<std::int64_t>::max());
+  j["max_entries"] =
+      std::min<std::uint64_t>(s.max_entries, std::numeric_limits<std::int64_t>::max());
   j["stacks_interned"] = history->num_stacks();
   j["entries_dropped"] = history->dropped();
   return j;
@@ -246,9 +247,7 @@ Json Head(const Capture& c, const History* history, const SnapshotOptions& optio
   return doc;
 }
 
-std::string Dump(const Json& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 }  // namespace
 
@@ -307,8 +306,8 @@ SnapshotJson AllocatorSettingsJson(const Options& o) {
   return j;
 }
 
-SnapshotJson BuildSnapshot(const std::vector<const DeviceAllocator*>& allocators,
-                           History* history, const SnapshotOptions& options) {
+SnapshotJson BuildSnapshot(const std::vector<const DeviceAllocator*>& allocators, History* history,
+                           const SnapshotOptions& options) {
   const Capture c = Take(allocators, history, options.record_snapshot_entry);
   FrameCache frames(history);
   Json doc = Head(c, history, options, frames);

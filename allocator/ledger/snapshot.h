@@ -39,7 +39,7 @@ struct SegmentFigures {
   std::int64_t requested_bytes = 0;  // requested sizes of active blocks
   std::int64_t free_bytes = 0;       // inactive blocks
   std::int64_t largest_free_block = 0;
-  std::int64_t holes = 0;            // inactive blocks in segments that also hold active ones
+  std::int64_t holes = 0;  // inactive blocks in segments that also hold active ones
   std::int64_t hole_bytes = 0;
   std::int64_t segments = 0;
   std::int64_t blocks = 0;
@@ -59,16 +59,19 @@ SegmentFigures ComputeSegmentFigures(const std::vector<SegmentInfo>& segments);
 
 /// Builds the whole snapshot. `allocators` may hold nullptr for devices without an allocator;
 /// `history` may be nullptr (then device_traces lists are empty and blocks have no frames).
-/// device_traces has one list per device index up to the highest device seen.
-SnapshotJson BuildSnapshot(const std::vector<const DeviceAllocator*>& allocators,
-                           History* history, const SnapshotOptions& options = SnapshotOptions());
+/// device_traces has one list per device index up to the highest device seen. Takes each
+/// allocator's lock in turn and may take the GIL (History::Frames): never call it while holding
+/// a device lock or a lock that a thread holding the GIL could wait for.
+SnapshotJson BuildSnapshot(const std::vector<const DeviceAllocator*>& allocators, History* history,
+                           const SnapshotOptions& options = SnapshotOptions());
 
 /// Writes the same document as JSON to `out`, streaming the trace entries one at a time (the
 /// history is never held in memory as JSON). Invalid UTF-8 in frame names is replaced.
 /// Errors: DataLoss when the stream fails.
 absl::Status WriteSnapshotJson(std::ostream& out,
                                const std::vector<const DeviceAllocator*>& allocators,
-                               History* history, const SnapshotOptions& options = SnapshotOptions());
+                               History* history,
+                               const SnapshotOptions& options = SnapshotOptions());
 
 /// WriteSnapshotJson into `path` atomically (temporary file + rename).
 /// Errors: those of WriteFileAtomically (the path and the system error in the message).

@@ -3,6 +3,7 @@
 """End-to-end tests of the vramledger command line (needs the package with its _core module)."""
 
 import gzip
+import importlib.util
 import json
 import os
 import pathlib
@@ -178,3 +179,129 @@ def test_main_returns_the_status_in_process(capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["recorded_peak_reserved_bytes"] == 39_151_730_688
     assert cli.main([]) == 2
     assert "vramledger: error:" in capsys.readouterr().err
+
+
+# ---- issue 3: timeline, plot, fragmentation, steps, driver time ----
+
+TIMELINE_HEADER = ("event,line,time_us,allocated_bytes,reserved_bytes,wasted_bytes,"
+                   "requested_bytes,recorded_reserved_bytes,driver_us")
+FRAGMENTATION_KEYS = {"utilization", "wasted_bytes", "wasted_bytes_at_peak", "largest_free_block",
+                      "free_space_fragmentation", "holes", "mapped_free_pages",
+                      "other_stream_cached_bytes"}
+
+
+def read_timeline(path):
+    import csv
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [{k: float(v) if k == "driver_us" else int(v) for k, v in r.items()} for r in rows]
+
+
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def test_gpt2_expandable_timeline_plot_and_json(tmp_path):
+    csv_path, png_path = tmp_path / "gpt2.csv", tmp_path / "gpt2.png"
+    plot = ["--plot", png_path] if HAVE_MATPLOTLIB else []
+    result, stderr = replay_json(GPT2_TRACE, "--conf", "expandable_segments:True",
+                                 "--timeline", csv_path, *plot)
+    assert stderr == ""
+    # Issue 3's target on the GPT-2 trace; the replay still serves every request as torch did.
+    assert result["utilization"] >= 0.99
+    assert result["peak_requested_bytes"] == 27_105_552_624
+    assert result["page_moves"] > 0
+    assert FRAGMENTATION_KEYS <= result["fragmentation_at_peak"].keys()
+    assert FRAGMENTATION_KEYS <= result["fragmentation_at_end"].keys()
+    assert result["utilization_at_each_step"] == []  # the bundled traces mark no steps
+    assert result["trace_span_us"] == 6_719_931
+    assert result["driver_time_pct_of_span"] == pytest.approx(
+        100 * result["modeled_driver_us"] / 6_719_931)
+    steady = result["steady_state"]
+    assert steady["start_event"] == 102_529 // 4 + 1
+    assert 0 < steady["modeled_driver_us"] < result["modeled_driver_us"]
+    assert result["timeline"] == str(csv_path)
+    assert "timeline_csv" not in result
+
+    assert csv_path.read_text().splitlines()[0] == TIMELINE_HEADER
+    rows = read_timeline(csv_path)
+    assert result["sample_every"] == 52 and len(rows) == result["timeline_points"]
+    assert 1972 <= len(rows) <= 2200
+    last = rows[-1]
+    assert last["event"] == 102_529
+    assert last["allocated_bytes"] == result["final_allocated_bytes"]
+    assert last["reserved_bytes"] == result["final_reserved_bytes"]
+    assert last["wasted_bytes"] == last["reserved_bytes"] - last["allocated_bytes"]
+    assert last["driver_us"] == pytest.approx(result["modeled_driver_us"], abs=1e-3)
+    assert max(r["reserved_bytes"] for r in rows) == result["peak_reserved_bytes"]
+    assert max(r["recorded_reserved_bytes"] for r in rows) == 39_151_730_688
+    peak = result["fragmentation_at_peak"]
+    at_peak = next(r for r in rows if r["event"] == peak["event"])
+    assert at_peak["wasted_bytes"] == peak["wasted_bytes"]
+
+    if HAVE_MATPLOTLIB:  # the plot is optional: matplotlib is not a dependency
+        assert result["plot"] == str(png_path)
+        png = png_path.read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_timeline_sample_every_and_table_lines(tmp_path):
+    csv_path = tmp_path / "t.csv"
+    trace = tmp_path / "split.csv"
+    trace.write_text(MAX_SPLIT_TRACE)
+    proc = run_cli("replay", trace, "--timeline", csv_path, "--sample-every", "1")
+    assert proc.returncode == 0, proc.stderr
+    rows = read_timeline(csv_path)
+    assert [r["event"] for r in rows] == [1, 2, 3, 4]
+    assert [r["allocated_bytes"] for r in rows] == [300 * MIB, 0, 250 * MIB, 550 * MIB]
+    assert [r["reserved_bytes"] for r in rows] == [300 * MIB] * 3 + [600 * MIB]
+    assert [r["time_us"] for r in rows] == [1, 2, 3, 4]
+    for label in ("trace span", "driver time (modelled)", "steady state", "page moves",
+                  "fragmentation", "largest free block", "mapped free pages"):
+        assert f"\n  {label} " in proc.stdout, label
+
+
+def test_snapshot_rows_mark_steps(tmp_path):
+    trace = tmp_path / "steps.csv"
+    trace.write_text("action,addr,size,stream,time_us\n"
+                     "alloc,1000000000,3000000,0,10\n"
+                     "free_completed,1000000000,3000000,0,20\n"
+                     "snapshot,0,0,0,30\n"
+                     "alloc,2000000000,1000,0,40\n"
+                     "snapshot,0,1000,0,50\n")
+    result, _ = replay_json(trace)
+    steps = result["utilization_at_each_step"]
+    assert [s["end_line"] for s in steps] == [4, 6]
+    assert [s["peak_allocated_bytes"] for s in steps] == [3_000_320, 1024]
+    assert [s["peak_reserved_bytes"] for s in steps] == [20 * MIB, 22 * MIB]
+    assert steps[0]["utilization"] == pytest.approx(3_000_320 / (20 * MIB))
+    assert [s["driver_calls"] for s in steps] == [1, 1]
+    assert result["step_marks"] == 2
+    proc = run_cli("replay", trace)
+    assert "\n  step     end line    events     peak allocated      peak reserved utilization" \
+        in proc.stdout
+    assert "\n  2               6         1              1,024         23,068,672      0.0000" \
+        in proc.stdout
+
+
+def test_snapshot_pickle_timeline(tmp_path):
+    csv_path = tmp_path / "snap.csv"
+    result, _ = replay_json(GPT2_SNAPSHOT, "--timeline", csv_path)
+    rows = read_timeline(csv_path)
+    assert rows[-1]["event"] == 4000
+    assert rows[-1]["reserved_bytes"] == result["final_reserved_bytes"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sample-every", "0"], "--sample-every must be a positive number of events"),
+    (["--timeline", "/no/such/dir/t.csv"], "/no/such/dir/t.csv: cannot write the timeline"),
+    pytest.param(["--plot", "/no/such/dir/t.png"], "/no/such/dir/t.png: cannot write the plot",
+                 marks=pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="needs matplotlib")),
+])
+def test_timeline_errors(tmp_path, args, message):
+    trace = tmp_path / "split.csv"
+    trace.write_text(MAX_SPLIT_TRACE)
+    proc = run_cli("replay", trace, *args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("vramledger: error: ")
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1

@@ -27,11 +27,14 @@ constexpr StreamId kStream = 0;
 class GuardTest : public ::testing::Test {
  protected:
   // A device of `capacity` bytes under the plan `plan_json` ("" = no plan: accounting only).
-  void Make(const std::string& plan_json, std::size_t capacity = 64 * kGiB) {
+  void Make(const std::string& plan_json, std::size_t capacity = 64 * kGiB,
+            const std::string& conf = "") {
     SimBackend::Config config;
     config.capacity = capacity;
     sim_ = std::make_unique<SimBackend>(config);
-    alloc_ = std::make_unique<DeviceAllocator>(Options(), sim_.get());
+    auto options = ParseOptions(conf);
+    ASSERT_TRUE(options.ok()) << options.status();
+    alloc_ = std::make_unique<DeviceAllocator>(*options, sim_.get());
     std::optional<DeviceBudget> budget;
     if (!plan_json.empty()) {
       auto plan = ParsePlan(plan_json, "plan.json", 1);
@@ -88,14 +91,60 @@ TEST_F(GuardTest, LimitIsRefusedOnlyAfterTheCacheIsReleased) {
   auto c = alloc_->Malloc(400 * kMiB, kStream);
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(absl::IsResourceExhausted(c.status()));
-  EXPECT_THAT(std::string(c.status().message()),
-              StartsWith("vramledger plan violation: plan.json:2: limit: reserved memory would "
-                         "grow to 1.07 GiB (1153433600 bytes), past the plan's limit of 1.00 GiB "
-                         "(1073741824 bytes)"));
+  EXPECT_THAT(
+      std::string(c.status().message()),
+      StartsWith("vramledger plan violation: plan.json:2: limit: reserved memory would "
+                 "grow to 1.07 GiB (1153433600 bytes), past the plan's limit of 1024.00 MiB "
+                 "(1073741824 bytes)"));
   EXPECT_EQ(guard_->refusals(), 1);
   EXPECT_EQ(alloc_->GetStats().num_ooms, 1);
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(700 * kMiB));
   ASSERT_TRUE(alloc_->Free(b).ok());
+}
+
+TEST_F(GuardTest, ExpandableSegmentsAreCappedAndTheirPagesCounted) {
+  Make("{\"limit\": \"1GiB\"}", 64 * kGiB, "expandable_segments:True");
+  DevicePtr a = Alloc(600 * kMiB);
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  DevicePtr b = Alloc(700 * kMiB);  // reuses or recycles the mapped pages: no refusal
+  EXPECT_EQ(guard_->refusals(), 0);
+  auto c = alloc_->Malloc(400 * kMiB, kStream);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              StartsWith("vramledger plan violation: plan.json:1: limit: reserved memory would "
+                         "grow to "));
+  EXPECT_EQ(guard_->refusals(), 1);
+  const DeviceStats stats = alloc_->GetStats();
+  EXPECT_LE(stats.reserved_bytes[kAggregate].peak, static_cast<std::int64_t>(kGiB));
+  const StepRecord step = guard_->EndStep(stats);
+  EXPECT_EQ(step.peak_reserved, static_cast<std::uint64_t>(stats.reserved_bytes[kAggregate].peak));
+  EXPECT_EQ(step.peak_allocated,
+            static_cast<std::uint64_t>(stats.allocated_bytes[kAggregate].peak));
+  ASSERT_TRUE(alloc_->Free(b).ok());
+}
+
+// The guard refuses the first growth, allows it after the cache is released, and then the device
+// itself runs out: that failure is not the guard's, so it is neither counted nor completed as one.
+TEST(GuardStaleRefusalTest, ADeviceOomAfterTheGuardRelentedIsNotAPlanViolation) {
+  SimBackend::Config config;
+  config.capacity = 650 * kMiB;  // the device is smaller than the card the plan was made for
+  SimBackend sim(config);
+  DeviceAllocator alloc(Options(), &sim);
+  TagRegistry tags;
+  auto plan = ParsePlan("{\"limit\": \"1GiB\"}", "plan.json", 1);
+  ASSERT_TRUE(plan.ok());
+  auto guard = BudgetGuard::Create(0, &tags, *ResolvePlan(*plan, 0, 64 * kGiB));
+  ASSERT_TRUE(guard.ok());
+  alloc.SetHooks(guard->get());
+  auto a = alloc.Malloc(600 * kMiB, kStream);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(alloc.Free(*a).ok());
+  auto b = alloc.Malloc(700 * kMiB, kStream);  // guard: no, then yes; device: no
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ((*guard)->refusals(), 0);
+  const absl::Status reported = (*guard)->CompleteRefusal(b.status(), alloc);
+  EXPECT_EQ(reported, b.status());  // not completed as a plan violation
+  alloc.SetHooks(nullptr);
 }
 
 TEST_F(GuardTest, HeadroomLowersTheLimit) {
@@ -103,9 +152,10 @@ TEST_F(GuardTest, HeadroomLowersTheLimit) {
   EXPECT_NE(Alloc(768 * kMiB), 0u);
   auto refused = alloc_->Malloc(2 * kMiB, kStream);  // a new 2 MiB small segment
   ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("past the plan's limit of 768.00 MiB (805306368 bytes) (limit 1.00 GiB at "
-                        "line 1 minus headroom 256.00 MiB at line 2)"));
+  EXPECT_THAT(
+      std::string(refused.status().message()),
+      HasSubstr("past the plan's limit of 768.00 MiB (805306368 bytes) (limit 1024.00 MiB at "
+                "line 1 minus headroom 256.00 MiB at line 2)"));
 }
 
 TEST_F(GuardTest, CategoryLimitRefusesAtAllocationForTheThreadTagAndThePhase) {
@@ -144,13 +194,14 @@ TEST_F(GuardTest, WarnAtLogsOncePerStepWithTheBreakdown) {
               StartsWith("vramledger plan warning: device 0 reserved 600.00 MiB (629145600 bytes) "
                          "passed warn_at 512.00 MiB (536870912 bytes) (plan.json:3, field "
                          "'warn_at') in step 0\n  live bytes by category (current / plan):\n"));
-  EXPECT_THAT(warnings_[0], HasSubstr("weights"));
-  EXPECT_THAT(warnings_[0], HasSubstr("untagged"));
+  EXPECT_THAT(warnings_[0],
+              HasSubstr("    weights            300.00 MiB / 1024.00 MiB   (plan line 2)\n"));
   EXPECT_EQ(guard_->EndStep(alloc_->GetStats()).warnings, 1);
   Alloc(kMiB);  // still above warn_at in step 1: one more warning
   Alloc(kMiB);
   ASSERT_EQ(warnings_.size(), 2u);
   EXPECT_THAT(warnings_[1], HasSubstr("in step 1"));
+  EXPECT_THAT(warnings_[1], HasSubstr("    untagged           330.00 MiB / -"));
   EXPECT_EQ(guard_->warnings(), 2);
 }
 
@@ -184,7 +235,8 @@ TEST_F(GuardTest, PerTagCurrentAndPeakAndStepPeaks) {
   EXPECT_EQ(s0.peak_reserved, 2 * kMiB + 20 * kMiB);     // a small and a large segment
   EXPECT_EQ(s0.allocated, 5120u + 1024u);
   ASSERT_EQ(s0.tag_peaks.size(), 2u);
-  EXPECT_EQ(s0.tag_peaks[0], (std::pair<std::string, std::int64_t>("activations", 3 * kMiB + 5000)));
+  EXPECT_EQ(s0.tag_peaks[0],
+            (std::pair<std::string, std::int64_t>("activations", 3 * kMiB + 5000)));
   EXPECT_EQ(s0.tag_peaks[1], (std::pair<std::string, std::int64_t>("weights", 1000)));
   // The next step starts from what is live now.
   StepRecord s1 = guard_->EndStep(alloc_->GetStats());
@@ -211,13 +263,15 @@ class FakeHistory : public AllocatorHooks, public StackSymbolizer {
 TEST_F(GuardTest, CompletedRefusalNamesEverything) {
   Make("{\n  \"limit\": \"1GiB\",\n  \"category_limits\": {\"activations\": \"512MiB\"}\n}");
   guard_->SetPythonStackProvider([] {
-    return std::vector<StackFrame>{{"train.py", 42, "forward", true}, {"train.py", 90, "main", true}};
+    return std::vector<StackFrame>{{"train.py", 42, "forward", true},
+                                   {"train.py", 90, "main", true}};
   });
-  guard_->SetForensicDump([](int device, const std::string& message) -> absl::StatusOr<std::string> {
-    EXPECT_EQ(device, 0);
-    EXPECT_THAT(message, StartsWith("vramledger plan violation"));
-    return std::string("/dumps/vramledger-oom-0.json");
-  });
+  guard_->SetForensicDump(
+      [](int device, const std::string& message) -> absl::StatusOr<std::string> {
+        EXPECT_EQ(device, 0);
+        EXPECT_THAT(message, StartsWith("vramledger plan violation"));
+        return std::string("/dumps/vramledger-oom-0.json");
+      });
   {
     ScopedThreadTag scope(Tag("activations"));
     Alloc(500 * kMiB);
@@ -235,10 +289,12 @@ TEST_F(GuardTest, CompletedRefusalNamesEverything) {
                               "tag 'untagged'\n"));
   EXPECT_THAT(text, HasSubstr("  live bytes by category (current / plan):\n    activations"));
   EXPECT_THAT(text, HasSubstr("500.00 MiB / 512.00 MiB    (plan line 3)"));
-  EXPECT_THAT(text, HasSubstr("  allocated 500.00 MiB (524288000 bytes), reserved 500.00 MiB "
-                              "(524288000 bytes) (plan limit 1.00 GiB), largest free block 0 bytes\n"));
-  EXPECT_THAT(text, HasSubstr("  stack (innermost first), captured at the refusal:\n"
-                              "    train.py:42 in forward\n    train.py:90 in main\n    [native] "));
+  EXPECT_THAT(
+      text, HasSubstr("  allocated 500.00 MiB (524288000 bytes), reserved 500.00 MiB "
+                      "(524288000 bytes) (plan limit 1024.00 MiB), largest free block 0 bytes\n"));
+  EXPECT_THAT(text,
+              HasSubstr("  stack (innermost first), captured at the refusal:\n"
+                        "    train.py:42 in forward\n    train.py:90 in main\n    [native] "));
   EXPECT_THAT(text, HasSubstr("\n  forensic snapshot: /dumps/vramledger-oom-0.json"));
   // Completed once: a second call does not match any more.
   EXPECT_EQ(guard_->CompleteRefusal(refused.status(), *alloc_), refused.status());

@@ -77,7 +77,9 @@ TEST(GuardConcurrencyTest, EightTaggedThreadsKeepExactBooks) {
     sum_current += u.current;
     EXPECT_EQ(u.current, 0) << u.name;
     for (int t = 0; t < kThreads; ++t) {
-      if (u.name == "tag" + std::to_string(t)) EXPECT_EQ(u.peak, expected_peak[t]) << u.name;
+      if (u.name == "tag" + std::to_string(t)) {
+        EXPECT_EQ(u.peak, expected_peak[t]) << u.name;
+      }
     }
     if (u.name == "backward") {
       // Threads 2, 4, 6 share the phase: its peak is at least each one's own and at most the sum.

@@ -185,16 +185,17 @@ TEST(PlanErrorTest, UnknownCategory) {
                          "'activation'; known categories: weights, gradients, optimizer, "
                          "activations, workspace, communication, untagged"));
   const std::string device =
-      "{\"categories\": [\"kv\"],\n \"devices\": {\"0\": {\"category_limits\": {\n \"kvcache\": 1}}}}";
-  EXPECT_THAT(Message(ParseError(device)),
-              StartsWith("plan.json:3: field 'devices.0.category_limits.kvcache': unknown category"));
+      "{\"categories\": [\"kv\"],\n \"devices\": {\"0\": {\"category_limits\": {\n \"kvcache\": "
+      "1}}}}";
+  EXPECT_THAT(
+      Message(ParseError(device)),
+      StartsWith("plan.json:3: field 'devices.0.category_limits.kvcache': unknown category"));
 }
 
 TEST(PlanErrorTest, BadCategoryDeclarations) {
   EXPECT_THAT(Message(ParseError("{\"categories\": [\"ok\",\n \"weights\"]}")),
               StartsWith("plan.json:2: field 'categories.1': category 'weights' is built in"));
-  EXPECT_THAT(Message(ParseError("{\"categories\": [\"a\", \"a\"]}")),
-              HasSubstr("declared twice"));
+  EXPECT_THAT(Message(ParseError("{\"categories\": [\"a\", \"a\"]}")), HasSubstr("declared twice"));
   EXPECT_THAT(Message(ParseError("{\"categories\": [\"has space\"]}")),
               StartsWith("plan.json:1: field 'categories.0': expected a category name"));
   EXPECT_THAT(Message(ParseError("{\"categories\": \"kv\"}")),
@@ -210,7 +211,8 @@ TEST(PlanErrorTest, BadSizesAndTypes) {
               StartsWith("plan.json:1: field 'limit': a limit must be more than 0 bytes"));
   EXPECT_THAT(Message(ParseError("{\"category_limits\": [1]}")),
               StartsWith("plan.json:1: field 'category_limits': expected an object"));
-  EXPECT_THAT(Message(ParseError("[1, 2]")), StartsWith("plan.json:1: field '': a plan is a JSON object"));
+  EXPECT_THAT(Message(ParseError("[1, 2]")),
+              StartsWith("plan.json:1: field '': a plan is a JSON object"));
   EXPECT_THAT(Message(ParseError("{\"vramledger_plan\": 2}")),
               HasSubstr("unsupported plan version 2"));
 }
@@ -241,7 +243,8 @@ TEST(PlanErrorTest, UnreadableFileNamesThePath) {
   auto plan = LoadPlanFile("/nonexistent/plan.json", 1);
   ASSERT_FALSE(plan.ok());
   EXPECT_TRUE(absl::IsNotFound(plan.status()));
-  EXPECT_THAT(Message(plan.status()), StartsWith("/nonexistent/plan.json: cannot read the plan file"));
+  EXPECT_THAT(Message(plan.status()),
+              StartsWith("/nonexistent/plan.json: cannot read the plan file"));
 }
 
 TEST(PlanTest, LoadsAFile) {

@@ -34,7 +34,7 @@ void SetUpOnce() {
   std::call_once(once, [] {
     ASSERT_EQ(vramledger_testing_use_sim_backend(kDevices, kCapacity), VRAMLEDGER_OK)
         << vramledger_last_error();
-    ASSERT_EQ(vramledger_configure("max_split_size_mb:200"), VRAMLEDGER_OK)
+    ASSERT_EQ(vramledger_configure("max_split_size_mb:200,max_dumps:0"), VRAMLEDGER_OK)
         << vramledger_last_error();
   });
 }
@@ -140,7 +140,7 @@ TEST_F(PluginAbiTest, FreeOfUnknownPointerPrintsOneLineAndContinues) {
 TEST_F(PluginAbiTest, OptionsAreFrozenByTheFirstAllocation) {
   void* p = vramledger_malloc(512, 0, Stream(0));
   ASSERT_NE(p, nullptr);
-  EXPECT_EQ(vramledger_configure("max_split_size_mb:200"), VRAMLEDGER_OK);
+  EXPECT_EQ(vramledger_configure("max_split_size_mb:200,max_dumps:0"), VRAMLEDGER_OK);
   EXPECT_EQ(vramledger_configure("max_split_size_mb:300"), VRAMLEDGER_FAILED);
   EXPECT_NE(std::string(vramledger_last_error()).find("already running"), std::string::npos);
   EXPECT_EQ(vramledger_configure("no_such_key:1"), VRAMLEDGER_INVALID_ARGUMENT);

@@ -47,7 +47,8 @@ std::string ReadFile(const fs::path& p) {
 }
 
 fs::path TempDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("vramledger-" + name + "-" + std::to_string(getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("vramledger-" + name + "-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -120,9 +121,9 @@ TEST_F(SnapshotTest, DeviceTracesAreTheActionsInOrder) {
   ASSERT_TRUE(alloc_->Free(a).ok());
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   const Json doc = Snap();
-  EXPECT_EQ(TraceActions(doc), (std::vector<std::string>{"segment_alloc", "alloc",
-                                                         "free_requested", "free_completed",
-                                                         "segment_free", "snapshot"}));
+  EXPECT_EQ(TraceActions(doc),
+            (std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed",
+                                      "segment_free", "snapshot"}));
   const Json& t = doc["device_traces"][0];
   EXPECT_EQ(t[0]["size"], 20 * kMiB);
   EXPECT_EQ(t[1]["size"], 3 * kMiB);
@@ -229,11 +230,12 @@ TEST_F(SnapshotTest, AllocatorSettingsUseTorchsKeysAndUnits) {
   Make("max_split_size_mb:200,roundup_power2_divisions:[256:8]");
   Alloc(1 * kMiB);
   const Json s = Snap()["allocator_settings"];
-  EXPECT_EQ(Keys(s), (std::vector<std::string>{
-                         "PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold",
-                         "expandable_segments", "pinned_num_register_threads",
-                         "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
-                         "graph_capture_record_stream_reuse", "roundup_power2_divisions"}));
+  EXPECT_EQ(Keys(s),
+            (std::vector<std::string>{
+                "PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold",
+                "expandable_segments", "pinned_num_register_threads", "release_lock_on_cudamalloc",
+                "pinned_use_cuda_host_register", "graph_capture_record_stream_reuse",
+                "roundup_power2_divisions"}));
   EXPECT_EQ(s["max_split_size"], 200 * kMiB);
   EXPECT_EQ(s["PYTORCH_CUDA_ALLOC_CONF"], "max_split_size_mb:200,roundup_power2_divisions:[256:8]");
   EXPECT_EQ(s["roundup_power2_divisions"].size(), 16u);
@@ -287,10 +289,8 @@ TEST(AtomicFile, WritesWholeFilesAndLeavesNoTemporary) {
               }).ok());
   EXPECT_EQ(fs::file_size(path), 3u << 20);
   // A missing directory is an error naming the path.
-  const absl::Status missing =
-      WriteFileAtomically((dir / "no" / "such.json").string(), [](std::ostream&) {
-        return absl::OkStatus();
-      });
+  const absl::Status missing = WriteFileAtomically((dir / "no" / "such.json").string(),
+                                                   [](std::ostream&) { return absl::OkStatus(); });
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(missing.message().find("no/such.json"), std::string::npos) << missing;
   fs::remove_all(dir);

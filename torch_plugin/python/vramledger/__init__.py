@@ -21,6 +21,9 @@ import threading
 from typing import Any
 
 from vramledger import _options, _plugin
+from vramledger._snapshot import dump_snapshot, record_memory_history, snapshot  # issue 5
+from vramledger._guard import phase, step, step_scope, tag  # issue 6: budget guard
+from vramledger import _guard  # issue 6
 
 __version__ = "0.1.0"
 
@@ -35,6 +38,13 @@ __all__ = [
     "reset_peak_memory_stats",
     "reset_accumulated_memory_stats",
     "empty_cache",
+    "record_memory_history",
+    "snapshot",
+    "dump_snapshot",
+    "tag",  # issue 6
+    "phase",
+    "step",
+    "step_scope",
 ]
 
 _ENV_CONF = "VRAMLEDGER_CONF"
@@ -78,6 +88,7 @@ def install(**options: Any) -> None:
                 f"{_ENV_CONF}={env!r})")
         _plugin.load()  # RuntimeError if the plugin or torch is missing; imports torch
         _plugin.configure(conf)
+        _guard.on_install(options, env)  # issue 6: stack provider; the plan is checked early
         import torch
 
         if not torch.cuda.is_available():
@@ -134,13 +145,16 @@ def _device_index(device: Any) -> int:
 def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     """torch.cuda.memory_stats() for vramledger: every key torch reports, with its meaning
     (bytes or counts, ints), plus "utilization" (float: peak allocated / peak reserved) and
-    "largest_free_block_bytes"; sorted by key.
+    "largest_free_block_bytes"; sorted by key. Per-tag bytes (issue 6): "tags.<name>.current" and
+    "tags.<name>.peak" (requested bytes), "guard.refusals", "guard.warnings", "guard.limit_bytes".
 
     Raises:
       RuntimeError: vramledger is not installed. ValueError: bad device.
     """
     _require_installed()
-    stats = _plugin.memory_stats(_device_index(device))
+    index = _device_index(device)
+    stats = _plugin.memory_stats(index)
+    stats.update(_guard.tag_stats(index))  # issue 6: "tags.<name>.current" / ".peak", "guard.*"
     return collections.OrderedDict(sorted(stats.items()))
 
 
@@ -168,6 +182,7 @@ def reset_peak_memory_stats(device: Any = None) -> None:
     """Every peak statistic of `device` becomes its current value."""
     _require_installed()
     _plugin.reset_peak(_device_index(device))
+    _guard.reset_tag_peaks(_device_index(device))  # issue 6: tag peaks too
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:

@@ -29,6 +29,7 @@ KNOWN_KEYS: tuple[str, ...] = (
     "plan",
     "dump_dir",
     "max_dumps",
+    "step_log",  # issue 6: per-step peak logs
 )
 
 # Characters the settings syntax reserves (it also drops whitespace), so a string value

@@ -4,9 +4,12 @@
 
 Subcommands:
   replay TRACE [--capacity-gib N] [--json] [--conf key:value,...] [--device N]
+               [--timeline OUT.csv] [--plot OUT.png] [--sample-every N]
       TRACE is a trace CSV (``action,addr,size,stream,time_us``, plain or .gz) or a torch memory
       snapshot pickle (``torch.cuda.memory._snapshot()``, ``.pickle`` / ``.pickle.gz``), whose
-      ``device_traces[N]`` is replayed. Sizes are bytes, times microseconds.
+      ``device_traces[N]`` is replayed. Sizes are bytes, times microseconds. A ``snapshot`` event
+      ends a training step (utilization_at_each_step). --timeline writes allocated, reserved and
+      wasted bytes over the trace with the trace's own reserved bytes as CSV; --plot draws them.
 
 Errors print ``vramledger: error: ...`` on stderr and exit with status 2.
 """
@@ -19,6 +22,10 @@ import json
 import pickle
 import sys
 from typing import Any, Sequence
+
+from vramledger import _snapshot_cli  # issue 5: inspect, convert, diff, replay --snapshot
+from vramledger import _guard_cli  # issue 6: plan, report
+from vramledger import _timeline  # issue 3: replay --timeline / --plot
 
 _GIB = 1 << 30
 _H200_TOTAL_BYTES = 150109880320  # torch's total_memory of the H200 the bundled traces ran on
@@ -101,6 +108,63 @@ def _bytes(n: int) -> str:
     return f"{n:,} B ({n / _GIB:.2f} GiB)"
 
 
+def _format_driver_time(r: dict) -> list[str]:
+    """Driver time against the trace's span, the steady state and page moves (as the C++
+    table, tools/replay/replay_report.cc)."""
+    s = r["steady_state"]
+    span = r["trace_span_us"]
+    return [
+        "",
+        f"  {'trace span':<24} {span:,} us ({span / 1e6:.3f} s), first to last event",
+        f"  {'driver time (modelled)':<24} {r['modeled_driver_us']:,.1f} us = "
+        f"{r['driver_time_pct_of_span']:.3f}% of the span",
+        f"  {'recorded (trace, torch)':<24} {r['recorded_modeled_driver_us']:,.1f} us = "
+        f"{r['recorded_driver_time_pct_of_span']:.3f}% of the span (torch's segment events, "
+        "same cost model)",
+        f"  {'steady state':<24} after {100 * s['after_fraction']:.0f}% of the events (from line "
+        f"{s['start_line']}; span {s['span_us'] / 1e6:.3f} s): "
+        f"{sum(s['driver_calls'].values()):,} calls, {s['modeled_driver_us']:,.1f} us = "
+        f"{s['driver_time_pct_of_span']:.3f}% of its span",
+        f"  {'page moves':<24} {r['page_moves']:,}",
+    ]
+
+
+def _format_fragmentation(r: dict) -> list[str]:
+    """Fragmentation at the moment of peak reserved and at the end, side by side."""
+    p, e = r["fragmentation_at_peak"], r["fragmentation_at_end"]
+    rows = [("utilization", f"{p['utilization']:.4f}", f"{e['utilization']:.4f}")]
+    for label, key in (("wasted (reserved-alloc.)", "wasted_bytes"),
+                       ("wasted at peak", "wasted_bytes_at_peak"),
+                       ("largest free block", "largest_free_block")):
+        rows.append((label, _bytes(p[key]), _bytes(e[key])))
+    rows += [("free-space fragmentation", f"{p['free_space_fragmentation']:.4f}",
+              f"{e['free_space_fragmentation']:.4f}"),
+             ("holes", f"{p['holes']:,}", f"{e['holes']:,}"),
+             ("mapped free pages", f"{p['mapped_free_pages']:,}", f"{e['mapped_free_pages']:,}"),
+             ("other streams' cache", _bytes(p["other_stream_cached_bytes"]),
+              _bytes(e["other_stream_cached_bytes"]))]
+    header = ("fragmentation", f"at peak reserved (line {p['line']})", "at end")
+    return [""] + [f"  {a:<26} {b:<34} {c}" for a, b, c in [header] + rows]
+
+
+def _format_steps(r: dict) -> list[str]:
+    """One row per step; nothing when the trace marks no steps."""
+    steps = r["utilization_at_each_step"]
+    if not steps:
+        return []
+    lines = ["", f"  {'step':<6} {'end line':>10} {'events':>9} {'peak allocated':>18} "
+                 f"{'peak reserved':>18} {'utilization':>11} {'calls':>8} {'driver (us)':>14}"]
+    for s in steps:
+        name = f"{s['step']}{'' if s['complete'] else '*'}"
+        end = f"{s['end_line']:,}" if s["complete"] else "end"
+        lines.append(f"  {name:<6} {end:>10} {s['events']:>9,} {s['peak_allocated_bytes']:>18,} "
+                     f"{s['peak_reserved_bytes']:>18,} {s['utilization']:>11.4f} "
+                     f"{s['driver_calls']:>8,} {s['modeled_driver_us']:>14,.1f}")
+    if not steps[-1]["complete"]:
+        lines.append("  * events after the last step mark (an unfinished step)")
+    return lines
+
+
 def _format_table(r: dict) -> str:
     recorded_reserved = "n/a (no segment events in the trace)"
     if r["recorded_segment_allocs"]:
@@ -134,6 +198,7 @@ def _format_table(r: dict) -> str:
             total += count
             lines.append(f"  {name:<24} {count:>12,} {r['driver_us'].get(name, 0.0):>16,.1f}")
     lines.append(f"  {'total':<24} {total:>12,} {r['modeled_driver_us']:>16,.1f}")
+    lines += _format_driver_time(r) + _format_fragmentation(r) + _format_steps(r)
     lines += ["", f"  live at end: {r['live_at_end']:,} blocks, {_bytes(r['live_bytes_at_end'])}; "
                   f"unknown frees: {r['unknown_frees']:,}; "
                   f"allocs of live addresses: {r['reused_live_addresses']:,}"]
@@ -162,12 +227,36 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
     return out
 
 
+def _write_timeline(args: argparse.Namespace, result: dict) -> None:
+    """Writes --timeline and draws --plot from result["timeline_csv"] (removed from `result`)."""
+    text = result.pop("timeline_csv", None)
+    if text is None:
+        return
+    conf = result["conf"] or "(defaults)"
+    title = (f"{result['trace']}\nconf: {conf}; utilization {result['utilization']:.4f} "
+             f"(recorded {result['recorded_utilization']:.4f})")
+    try:
+        if args.timeline:
+            _timeline.write_csv(text, args.timeline)
+            result["timeline"] = args.timeline
+        if args.plot:
+            _timeline.plot(text, args.plot, title)
+            result["plot"] = args.plot
+    except _timeline.TimelineError as e:
+        raise CliError(str(e)) from e
+
+
 def _replay(args: argparse.Namespace) -> int:
     core = _core()
     if args.capacity_gib is not None and not 0 < args.capacity_gib <= 1e6:
         raise CliError(f"--capacity-gib must be a positive number of GiB, got {args.capacity_gib}")
     capacity = (int(args.capacity_gib * _GIB) if args.capacity_gib is not None
                 else getattr(core, "H200_TOTAL_BYTES", _H200_TOTAL_BYTES))
+    if args.sample_every is not None and args.sample_every <= 0:
+        raise CliError(f"--sample-every must be a positive number of events, "
+                       f"got {args.sample_every}")
+    timeline = {"timeline": bool(args.timeline or args.plot),
+                "sample_every": args.sample_every or 0}
     path = args.trace
     is_snapshot = _is_pickle(path)
     try:
@@ -175,20 +264,25 @@ def _replay(args: argparse.Namespace) -> int:
             snapshot = _load_snapshot(path)
             events = _snapshot_events(path, snapshot, args.device)
             result = core.replay_events(events, args.conf, capacity,
-                                        source=f"{path}:device_traces[{args.device}]")
+                                        source=f"{path}:device_traces[{args.device}]", **timeline)
             result["device"] = args.device
             result.update(_snapshot_figures(snapshot, args.device))
         else:
-            result = core.replay_file(path, args.conf, capacity)
+            result = core.replay_file(path, args.conf, capacity, **timeline)
     except (ValueError, OSError, MemoryError, RuntimeError) as e:
         raise CliError(str(e)) from e
+    _write_timeline(args, result)
 
+    if args.snapshot:  # issue 5: the replayed allocator's snapshot at peak or end
+        result["snapshot"] = _snapshot_cli.write_replay_snapshot(args, core, capacity)
     for warning in _warnings(result, is_snapshot):
         print(f"vramledger: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         sys.stdout.write(_format_table(result))
+        if "snapshot" in result:
+            sys.stdout.write(_snapshot_cli.format_replay_snapshot(result["snapshot"]))
     return 0
 
 
@@ -211,7 +305,18 @@ def _parser() -> argparse.ArgumentParser:
                              "VRAMLEDGER_CONF from the environment")
     replay.add_argument("--device", type=int, default=0, metavar="N",
                         help="device whose trace a snapshot pickle replays (default 0)")
+    replay.add_argument("--timeline", default=None, metavar="OUT.csv",
+                        help="write allocated, reserved and wasted bytes over the trace, with the "
+                             "trace's own reserved bytes, as CSV")
+    replay.add_argument("--plot", default=None, metavar="OUT.png",
+                        help="draw the timeline as a PNG (needs matplotlib)")
+    replay.add_argument("--sample-every", type=int, default=None, metavar="N",
+                        help="timeline: a point at least every N trace events (default: about "
+                             "2000 points in all)")
+    _snapshot_cli.add_replay_snapshot_args(replay)
     replay.set_defaults(run=_replay)
+    _snapshot_cli.register(commands, CliError)
+    _guard_cli.register(commands, CliError)  # issue 6
     return parser
 
 

@@ -1,0 +1,171 @@
+// The plugin's history, the registry of its allocators for snapshots, and the OOM dump glue.
+// Process-wide state, never destroyed (tensors may be freed during interpreter shutdown).
+#include "torch_plugin/plugin_history.h"
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "ledger/oom_dump.h"
+#include "ledger/snapshot.h"
+
+namespace vramledger {
+namespace {
+
+std::array<std::atomic<DeviceAllocator*>, History::kMaxDevices>& Registry() {
+  static auto* const registry =
+      new std::array<std::atomic<DeviceAllocator*>, History::kMaxDevices>();
+  return *registry;
+}
+
+std::vector<const DeviceAllocator*> Allocators() {
+  std::vector<const DeviceAllocator*> out;
+  for (const std::atomic<DeviceAllocator*>& slot : Registry()) {
+    if (DeviceAllocator* a = slot.load(std::memory_order_acquire)) out.push_back(a);
+  }
+  return out;
+}
+
+// Runs a ctypes-facing body; any failure or exception becomes a status code and the message of
+// vramledger_last_error().
+template <typename Fn>
+int Guarded(Fn fn) {
+  PluginLastError().clear();
+  try {
+    const absl::Status s = fn();
+    if (s.ok()) return VRAMLEDGER_OK;
+    PluginLastError() = absl::StrCat("vramledger: ", s.message());
+    return absl::IsInvalidArgument(s) ? VRAMLEDGER_INVALID_ARGUMENT : VRAMLEDGER_FAILED;
+  } catch (const std::exception& e) {
+    PluginLastError() = absl::StrCat("vramledger: ", e.what());
+  } catch (...) {
+    PluginLastError() = "vramledger: unknown C++ exception";
+  }
+  return VRAMLEDGER_FAILED;
+}
+
+absl::Mutex& DecoratorMutex() {
+  static absl::Mutex* const mu = new absl::Mutex;
+  return *mu;
+}
+
+std::function<void(SnapshotOptions*)>& Decorator() {
+  static auto* const decorate = new std::function<void(SnapshotOptions*)>;
+  return *decorate;
+}
+
+}  // namespace
+
+void SetSnapshotDecorator(std::function<void(SnapshotOptions*)> decorate) {
+  absl::MutexLock lock(&DecoratorMutex());
+  Decorator() = std::move(decorate);
+}
+
+SnapshotOptions PluginSnapshotOptions() {
+  std::function<void(SnapshotOptions*)> decorate;
+  {
+    absl::MutexLock lock(&DecoratorMutex());
+    decorate = Decorator();
+  }
+  SnapshotOptions options;
+  if (decorate) decorate(&options);
+  return options;
+}
+
+History& PluginHistory() {
+  static History* const history = new History();
+  return *history;
+}
+
+AllocatorHooks* LedgerHooks() { return &PluginHistory(); }
+
+void AttachLedger(int device, DeviceAllocator* allocator) {
+  if (device < 0 || device >= History::kMaxDevices) return;
+  Registry()[device].store(allocator, std::memory_order_release);
+}
+
+absl::Status WithOomDump(int device, const absl::Status& status) {
+  if (!absl::IsResourceExhausted(status)) return status;
+  try {
+    const DeviceAllocator* allocator = device >= 0 && device < History::kMaxDevices
+                                           ? Registry()[device].load(std::memory_order_acquire)
+                                           : nullptr;
+    if (allocator == nullptr) return status;
+    OomDumpConfig config;
+    config.dump_dir = allocator->options().dump_dir;
+    config.max_dumps = allocator->options().max_dumps;
+    config.device = device;
+    config.message = std::string(status.message());
+    config.snapshot = PluginSnapshotOptions();
+    absl::StatusOr<std::string> path = WriteOomDump(config, Allocators(), &PluginHistory());
+    if (!path.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          status.message(),
+          "\nvramledger: the forensic snapshot could not be written: ", path.status().message()));
+    }
+    if (path->empty()) return status;  // max_dumps <= 0
+    return absl::ResourceExhaustedError(
+        absl::StrCat(status.message(), "\nvramledger: memory snapshot written to ", *path,
+                     " (summarise it with `vramledger inspect ", *path,
+                     "`, or open it at pytorch.org/memory_viz)"));
+  } catch (...) {
+    return status;  // a failed dump must not hide the out-of-memory error
+  }
+}
+
+}  // namespace vramledger
+
+extern "C" {
+
+int vramledger_record_memory_history(const char* enabled, const char* context, const char* stacks,
+                                     unsigned long long max_entries, int clear_history) {
+  return vramledger::Guarded([&]() -> absl::Status {
+    std::optional<std::string_view> e, c;
+    if (enabled != nullptr) e = enabled;
+    if (context != nullptr) c = context;
+    absl::StatusOr<vramledger::HistorySettings> settings =
+        vramledger::ParseHistorySettings(e, c, stacks == nullptr ? "python" : stacks, max_entries);
+    if (!settings.ok()) return settings.status();
+    vramledger::PluginHistory().Configure(*settings, clear_history != 0);
+    return absl::OkStatus();
+  });
+}
+
+int vramledger_snapshot_json(char** json_out) {
+  if (json_out != nullptr) *json_out = nullptr;
+  return vramledger::Guarded([&]() -> absl::Status {
+    if (json_out == nullptr) return absl::InvalidArgumentError("json_out is null");
+    std::ostringstream out;
+    absl::Status s =
+        vramledger::WriteSnapshotJson(out, vramledger::Allocators(), &vramledger::PluginHistory(),
+                                      vramledger::PluginSnapshotOptions());
+    if (!s.ok()) return s;
+    const std::string text = std::move(out).str();
+    char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+    if (copy == nullptr) return absl::ResourceExhaustedError("out of host memory");
+    std::memcpy(copy, text.c_str(), text.size() + 1);
+    *json_out = copy;
+    return absl::OkStatus();
+  });
+}
+
+int vramledger_dump_snapshot_json(const char* path) {
+  return vramledger::Guarded([&]() -> absl::Status {
+    if (path == nullptr || *path == '\0') return absl::InvalidArgumentError("empty path");
+    return vramledger::WriteSnapshotJsonFile(path, vramledger::Allocators(),
+                                             &vramledger::PluginHistory(),
+                                             vramledger::PluginSnapshotOptions());
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,25 @@
+"""The issue-6 subcommands of `vramledger`: `plan` (memory estimate and plan file, _plan.py) and
+`report` (per-rank peaks from step logs, _report.py). Registered by cli.py."""
+
+from __future__ import annotations
+
+from vramledger import _plan, _report
+
+
+def register(commands, cli_error: type[Exception]) -> None:
+    """Adds `plan` and `report` to the `vramledger` subcommands; errors become `cli_error`."""
+    plan = commands.add_parser(
+        "plan", help="estimate GPU memory per category and write a plan file",
+        description="Estimates a training job's GPU memory per GPU by category (weights, "
+                    "gradients, optimizer, activations, workspace, communication) from a Hugging "
+                    "Face config.json or flags, beside the card's capacity, and writes a plan "
+                    "file the guard enforces. Formulas: docs/design/memory-planner.md.")
+    _plan.add_arguments(plan)
+    plan.set_defaults(run=lambda args: _plan.run(args, cli_error))
+    report = commands.add_parser(
+        "report", help="per-rank peaks of a job from its step logs",
+        description="Reads the step logs of every rank (vramledger.step() with the step_log "
+                    "option) and prints per-rank peak allocated and reserved bytes, their spread, "
+                    "and ranks more than 5%% above the median.")
+    _report.add_arguments(report)
+    report.set_defaults(run=lambda args: _report.run(args, cli_error))
