@@ -115,10 +115,13 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
     }
   }
   BlockPool* pool = PoolFor(request.rounded, ContiguousSegmentsScope::active());
-  growth_refusal_ = absl::OkStatus();
-  if (pool->expandable) return MallocExpandable(pool, request);
+  if (pool->expandable) {
+    growth_refusal_ = absl::OkStatus();
+    return MallocExpandable(pool, request);
+  }
   Block* block = TakeFreeBlock(pool, stream, request.rounded);
   if (block == nullptr) {
+    growth_refusal_ = absl::OkStatus();
     const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
     auto grown = AllocSegment(pool, request, alloc_size);
     if (!grown.ok()) return grown.status();
@@ -152,8 +155,8 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   return UseBlock(block, request)->ptr;
 }
 
-void DeviceAllocatorImpl::Emit(TraceAction action, DevicePtr addr, std::size_t size,
-                               StreamId stream, std::uint64_t context, std::uint32_t tag) {
+void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size,
+                                      StreamId stream, std::uint64_t context, std::uint32_t tag) {
   AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed);
   if (hooks == nullptr) return;
   TraceEntry e;

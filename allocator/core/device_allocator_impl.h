@@ -97,8 +97,15 @@ class DeviceAllocatorImpl {
   // fraction cap); an error status for any other driver failure.
   absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
                                             std::size_t alloc_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One trace entry to the hooks, if any (the check is inline: the hot path pays one load).
   void Emit(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
-            std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+            std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (hooks_.load(std::memory_order_relaxed) != nullptr) {
+      EmitToHooks(action, addr, size, stream, context, tag);
+    }
+  }
+  void EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
+                   std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits as needed and marks `block` allocated for a request of `requested` bytes.
   core::Block* UseBlock(core::Block* block, const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

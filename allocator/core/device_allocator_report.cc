@@ -72,6 +72,17 @@ Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) con
   return f;
 }
 
+namespace {
+
+// 1 - largest_free_block / free_bytes, the share of cached free bytes outside the largest free
+// block (0 when nothing is free).
+double FreeSpaceFragmentation(std::size_t free_bytes, std::size_t largest_free_block) {
+  if (free_bytes == 0 || largest_free_block >= free_bytes) return 0;
+  return 1.0 - static_cast<double>(largest_free_block) / static_cast<double>(free_bytes);
+}
+
+}  // namespace
+
 absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
                                               std::size_t alloc_size) {
   const std::size_t requested = request.size;
@@ -102,7 +113,10 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
       "Of the allocated memory ", FormatSize(o.allocated), " is allocated by vramledger, and ",
       FormatSize(o.reserved - o.allocated), " is reserved by vramledger but unallocated. ",
       "Largest free block ", FormatSize(o.largest_free_block), ", ", o.holes,
-      " holes (request ", FormatSize(requested), " on stream ", stream, ").");
+      " holes, free-space fragmentation ",
+      absl::StrFormat("%.1f%%", 100.0 * FreeSpaceFragmentation(o.reserved - o.allocated,
+                                                               o.largest_free_block)),
+      " (request ", FormatSize(requested), " on stream ", stream, ").");
   if (!options_.expandable_segments && o.reserved - o.allocated > alloc_size) {
     absl::StrAppend(&o.message,
                     " If reserved but unallocated memory is large try setting "
