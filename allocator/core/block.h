@@ -106,9 +106,9 @@ struct NodeRecycler {
 struct BlockPool {
   explicit BlockPool(bool small, bool expandable_pool = false, std::size_t page = 0)
       : is_small(small), expandable(expandable_pool), page_size(page) {}
+  using Index = std::set<Block*, BlockBestFitLess, NodeRecycler<Block*>>;
   NodeFreeList free_nodes;  // declared first: destroyed after `blocks`
-  std::set<Block*, BlockBestFitLess, NodeRecycler<Block*>> blocks{
-      BlockBestFitLess(), NodeRecycler<Block*>(&free_nodes)};
+  Index blocks{BlockBestFitLess(), NodeRecycler<Block*>(&free_nodes)};
   const bool is_small;
   const bool expandable;       // blocks live in expandable segments
   const std::size_t page_size;  // expandable only: bytes per physical page

@@ -114,13 +114,17 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
       return s;
     }
   }
-  BlockPool* pool = PoolFor(request.rounded, ContiguousSegmentsScope::active());
+  BlockPool* pool = active_pools_.empty()  // CUDA graph private pools: graph_pools.cc
+                        ? PoolFor(request.rounded, ContiguousSegmentsScope::active())
+                        : RoutePool(request, ContiguousSegmentsScope::active());
   if (pool->expandable) {
     growth_refusal_ = absl::OkStatus();
     return MallocExpandable(pool, request);
   }
-  Block* block = TakeFreeBlock(pool, stream, request.rounded);
-  if (block == nullptr) {
+  auto found = FindFreeBlock(pool, stream, request.rounded);
+  if (found != pool->blocks.end()) return UseBlock(*found, request, &found)->ptr;
+  Block* block = nullptr;
+  {
     growth_refusal_ = absl::OkStatus();
     const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
     auto grown = AllocSegment(pool, request, alloc_size);
@@ -152,7 +156,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
       return OutOfMemory(request, alloc_size);
     }
   }
-  return UseBlock(block, request)->ptr;
+  return UseBlock(block, request, nullptr)->ptr;
 }
 
 void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size,
@@ -170,21 +174,35 @@ void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::s
   hooks->OnEvent(e);
 }
 
-Block* DeviceAllocatorImpl::TakeFreeBlock(BlockPool* pool, StreamId stream, std::size_t size) {
+BlockPool::Index::iterator DeviceAllocatorImpl::FindFreeBlock(BlockPool* pool, StreamId stream,
+                                                             std::size_t size) {
   Block key;
   key.stream = stream;
   key.size = size;
   key.ptr = 0;
   auto it = pool->blocks.lower_bound(&key);
-  if (it == pool->blocks.end() || (*it)->stream != stream) return nullptr;
+  if (it == pool->blocks.end() || (*it)->stream != stream) return pool->blocks.end();
   const std::size_t max_split = options_.max_split_size;
   // Never hand an oversize block to a request below max_split_size ...
-  if (size < max_split && (*it)->size >= max_split) return nullptr;
+  if (size < max_split && (*it)->size >= max_split) return pool->blocks.end();
   // ... and give an oversize request only a block that wastes less than max_non_split_rounding.
-  if (size >= max_split && (*it)->size >= size + options_.max_non_split_rounding) return nullptr;
-  Block* block = *it;
-  pool->blocks.erase(it);
-  return block;
+  if (size >= max_split && (*it)->size >= size + options_.max_non_split_rounding) {
+    return pool->blocks.end();
+  }
+  return it;
+}
+
+void DeviceAllocatorImpl::Reposition(BlockPool* pool, BlockPool::Index::iterator it) {
+  // The block at `it` changed its key in place (docs/design/locking.md, "in-place keys"): keep
+  // the node where it is when the order still holds, else unlink and relink it (no allocation).
+  auto& index = pool->blocks;
+  const core::BlockBestFitLess less;
+  const bool ordered = (it == index.begin() || less(*std::prev(it), *it)) &&
+                       (std::next(it) == index.end() || less(*it, *std::next(it)));
+  if (!ordered) {
+    auto node = index.extract(it);
+    index.insert(std::move(node));
+  }
 }
 
 absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
@@ -237,7 +255,8 @@ bool DeviceAllocatorImpl::ShouldSplit(const Block* block, std::size_t size) cons
   return size < options_.max_split_size && remaining > sp::kSmallSize;
 }
 
-Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& request) {
+Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& request,
+                                     const BlockPool::Index::iterator* indexed) {
   const std::size_t rounded = request.rounded;
   const std::size_t requested = request.size;
   BlockPool* pool = block->pool;
@@ -259,7 +278,11 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
     remaining->ptr += rounded;
     remaining->size -= rounded;
     if (block->prev == nullptr) block->segment->head = block;
-    pool->blocks.insert(remaining);
+    if (indexed != nullptr) {
+      Reposition(pool, *indexed);  // the remainder keeps the indexed node
+    } else {
+      pool->blocks.insert(remaining);
+    }
     if (pool->expandable) {
       // torch does not count inactive splits of expandable segments (PYTORCH-FACTS §3).
     } else if (already_split) {
@@ -268,9 +291,12 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
       UpdateStat(stats_.inactive_split_bytes, types, static_cast<std::int64_t>(remaining->size));
       UpdateStat(stats_.inactive_split, types, 1);
     }
-  } else if (already_split && !pool->expandable) {
-    UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
-    UpdateStat(stats_.inactive_split, types, -1);
+  } else {
+    if (indexed != nullptr) pool->blocks.erase(*indexed);
+    if (already_split && !pool->expandable) {
+      UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
+      UpdateStat(stats_.inactive_split, types, -1);
+    }
   }
   block->allocated = true;
   block->requested_size = requested;
@@ -326,20 +352,55 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   const auto requested = static_cast<std::int64_t>(block->requested_size);
   Emit(TraceAction::kFreeCompleted, block->ptr, block->requested_size, block->stream,
        block->free_context, block->tag);
+  auto mergeable = [](const Block* b) {
+    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+  };
+  Block* prev = mergeable(block->prev) ? block->prev : nullptr;
+  Block* next = mergeable(block->next) ? block->next : nullptr;
   std::int64_t split_blocks_change = 0;
   std::int64_t split_bytes_change = 0;
-  for (Block* candidate : {block->prev, block->next}) {
-    const std::size_t subsumed = TryMerge(block, candidate);
-    if (subsumed > 0) {
+  Block* result = block;
+  if (prev == nullptr && next == nullptr) {
+    block->requested_size = 0;
+    pool->blocks.insert(block);
+  } else {
+    // Coalesce into a free neighbour that is already indexed, changing its key in place.
+    Block* keep = prev != nullptr ? prev : next;
+    auto it = pool->blocks.find(keep);  // before any key changes
+    if (prev != nullptr && next != nullptr) pool->blocks.erase(next);
+    for (Block* gone : {prev, next}) {
+      if (gone == nullptr) continue;
       split_blocks_change -= 1;
-      split_bytes_change -= static_cast<std::int64_t>(subsumed);
+      split_bytes_change -= static_cast<std::int64_t>(gone->size);
     }
+    if (prev != nullptr) {
+      prev->size += block->size;
+      prev->next = block->next;
+      if (prev->next != nullptr) prev->next->prev = prev;
+      DeleteBlock(block);
+      if (next != nullptr) {
+        prev->size += next->size;
+        prev->next = next->next;
+        if (prev->next != nullptr) prev->next->prev = prev;
+        DeleteBlock(next);
+      }
+    } else {
+      next->ptr = block->ptr;
+      next->size += block->size;
+      next->prev = block->prev;
+      if (next->prev != nullptr) {
+        next->prev->next = next;
+      } else {
+        next->segment->head = next;
+      }
+      DeleteBlock(block);
+    }
+    result = keep;
+    Reposition(pool, it);
   }
-  block->requested_size = 0;
-  pool->blocks.insert(block);
-  if (block->is_split()) {
+  if (result->is_split()) {
     split_blocks_change += 1;
-    split_bytes_change += static_cast<std::int64_t>(block->size);
+    split_bytes_change += static_cast<std::int64_t>(result->size);
   }
   if (!pool->expandable) {
     UpdateStat(stats_.inactive_split, types, split_blocks_change);
@@ -401,6 +462,11 @@ absl::StatusOr<EventId> DeviceAllocatorImpl::GetEvent() {
 }
 
 absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
+  if (CaptureUnderway()) {  // no event record during a capture: FlushDeferredFrees does it later
+    deferred_frees_.push_back(block);
+    ++pending_events_;
+    return absl::OkStatus();
+  }
   auto uses = std::move(block->stream_uses);
   block->stream_uses.clear();
   for (StreamId s : uses) {
@@ -415,6 +481,10 @@ absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
 }
 
 absl::Status DeviceAllocatorImpl::ProcessEvents() {
+  if (CaptureUnderway()) return absl::OkStatus();  // no cudaEventQuery during a capture
+  if (!deferred_frees_.empty()) {
+    if (absl::Status s = FlushDeferredFrees(); !s.ok()) return s;
+  }
   for (auto& [stream, queue] : events_) {
     while (!queue.empty()) {
       auto [event, block] = queue.front();
@@ -471,6 +541,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::ReleaseAvailableCachedBlocks(StreamId 
                                                                       std::size_t size) {
   // torch's release_available_cached_blocks: oversize, unsplit cached blocks of this stream,
   // the smallest one that covers `size`, else the largest ones until `size` is covered.
+  if (CaptureUnderway()) return false;  // no cudaFree during a capture
   BlockPool& pool = large_pool_;
   std::vector<Block*> candidates;
   for (Block* b : pool.blocks) {
@@ -494,7 +565,10 @@ absl::StatusOr<bool> DeviceAllocatorImpl::ReleaseAvailableCachedBlocks(StreamId 
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseCachedBlocks() {
+  if (CaptureUnderway()) return absl::OkStatus();  // no synchronize, free or unmap in a capture
+  if (absl::Status s = FlushDeferredFrees(); !s.ok()) return s;
   if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
+  if (absl::Status s = ReleaseFreeablePrivatePools(); !s.ok()) return s;
   for (BlockPool* pool : {&large_pool_, &small_pool_}) {
     std::vector<Block*> whole;
     for (Block* b : pool->blocks) {

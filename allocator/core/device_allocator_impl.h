@@ -39,6 +39,11 @@ class DeviceAllocatorImpl {
   absl::Status CheckSegmentChain(const core::Segment& segment, std::int64_t* counts) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  absl::Status BeginAllocateToPool(MempoolId id, StreamFilter filter) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EndAllocateToPool(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReleasePool(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  int PoolUseCount(MempoolId id) const ABSL_LOCKS_EXCLUDED(mu_);
+
   void SetHooks(AllocatorHooks* hooks) { hooks_.store(hooks, std::memory_order_release); }
   const Options& options() const { return options_; }
   DeviceBackend* backend() const { return backend_; }
@@ -54,6 +59,37 @@ class DeviceAllocatorImpl {
     if (options_.expandable_segments && !contiguous) return small ? &exp_small_pool_ : &exp_large_pool_;
     return small ? &small_pool_ : &large_pool_;
   }
+
+  // ---- CUDA graph private pools (graph_pools.cc; PYTORCH-FACTS §6) ----
+  // One private pool: plain (never expandable) small and large pools of its own.
+  struct PrivatePool {
+    int use_count = 1;
+    core::BlockPool small{true};
+    core::BlockPool large{false};
+  };
+  // A pool being allocated to (between Begin and End).
+  struct ActivePool {
+    MempoolId id;
+    StreamFilter filter;
+    std::vector<StreamId> streams;  // streams routed to it so far
+    bool saw_capture = false;       // one of them was capturing when routed
+  };
+  // The pool for a request: an active private pool whose filter accepts the stream, else the
+  // usual PoolFor. Only called while active_pools_ is not empty.
+  core::BlockPool* RoutePool(const AllocationRequest& request, bool contiguous)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True while a capture may be under way: an active pool has served no stream yet, or one of
+  // its streams is capturing. Drops pools of failed captures first (PruneFailedCaptures).
+  bool CaptureUnderway() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An active pool that served a capturing stream, none of whose streams capture any more, had
+  // its capture fail (torch sends no End/Release then): it stops being active and loses a use.
+  void PruneFailedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records events for blocks whose frees were deferred during a capture.
+  absl::Status FlushDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns whole free segments of pools with no use left; forgets pools with no segment left.
+  absl::Status ReleaseFreeablePrivatePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free blocks indexed in private pools (for CheckInvariants).
+  std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Expandable segments (expandable.cc; docs/design/expandable-segments.md) ----
   absl::StatusOr<DevicePtr> MallocExpandable(core::BlockPool* pool, const AllocationRequest& request)
@@ -90,9 +126,11 @@ class DeviceAllocatorImpl {
   std::array<const core::BlockPool*, 4> AllPools() const {
     return {&small_pool_, &large_pool_, &exp_small_pool_, &exp_large_pool_};
   }
-  // Best fit in `pool` for (stream, size) under torch's max_split_size rules; removes it.
-  core::Block* TakeFreeBlock(core::BlockPool* pool, StreamId stream, std::size_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Best fit in `pool` for (stream, size) under torch's max_split_size rules; end() if none.
+  core::BlockPool::Index::iterator FindFreeBlock(core::BlockPool* pool, StreamId stream,
+                                                 std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restores the free index's order after the key of the block at `it` changed in place.
+  static void Reposition(core::BlockPool* pool, core::BlockPool::Index::iterator it);
   // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
   // fraction cap); an error status for any other driver failure.
   absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
@@ -106,8 +144,10 @@ class DeviceAllocatorImpl {
   }
   void EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
                    std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Splits as needed and marks `block` allocated for a request of `requested` bytes.
-  core::Block* UseBlock(core::Block* block, const AllocationRequest& request)
+  // Splits as needed and marks `block` allocated for `request`. `indexed`: the block's position
+  // in its pool's free index if it is still there (the remainder of a split then keeps the node).
+  core::Block* UseBlock(core::Block* block, const AllocationRequest& request,
+                        const core::BlockPool::Index::iterator* indexed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ShouldSplit(const core::Block* block, std::size_t size) const;
   // Returns a no-longer-active block to its pool, coalescing with free neighbours.
@@ -165,6 +205,12 @@ class DeviceAllocatorImpl {
   bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;  // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
+  // CUDA graph private pools by id, the active ones, ids pruned as failed captures, and blocks
+  // whose record_stream events wait for the end of a capture.
+  absl::flat_hash_map<MempoolId, std::unique_ptr<PrivatePool>> private_pools_ ABSL_GUARDED_BY(mu_);
+  std::vector<ActivePool> active_pools_ ABSL_GUARDED_BY(mu_);
+  std::vector<MempoolId> pruned_pools_ ABSL_GUARDED_BY(mu_);
+  std::vector<core::Block*> deferred_frees_ ABSL_GUARDED_BY(mu_);
   // The guard's refusal of the current Malloc's growth, if any (reset per Malloc).
   absl::Status growth_refusal_ ABSL_GUARDED_BY(mu_);
 };

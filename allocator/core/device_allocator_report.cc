@@ -300,7 +300,16 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
       std::to_array(counts);
   const auto& st = stats_;
   std::int64_t indexed = 0;
-  for (const BlockPool* pool : AllPools()) indexed += static_cast<std::int64_t>(pool->blocks.size());
+  const core::BlockBestFitLess less;
+  for (const BlockPool* pool : AllPools()) {
+    indexed += static_cast<std::int64_t>(pool->blocks.size());
+    // Keys change in place (Reposition): the index must still be strictly ordered.
+    for (auto it = pool->blocks.begin(); it != pool->blocks.end() && std::next(it) != pool->blocks.end();
+         ++it) {
+      if (!less(*it, *std::next(it))) return fail("free index out of order at 0x", absl::Hex((*it)->ptr));
+    }
+  }
+  indexed += PrivatePoolFreeBlocks();  // CUDA graph private pools (graph_pools.cc)
   if (indexed != n_free) return fail("free index holds ", indexed, " blocks, segments hold ", n_free);
   if (static_cast<std::int64_t>(live_blocks_.size()) != n_active) return fail("live map size mismatch");
   struct Check { const char* name; std::int64_t stat; std::int64_t actual; };

@@ -320,7 +320,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
       block = PlaceOnMappedPages(block, size);
       auto mapped = EnsureMapped(block, size, request);
       if (!mapped.ok()) return mapped.status();
-      if (*mapped) return UseBlock(block, request)->ptr;
+      if (*mapped) return UseBlock(block, request, nullptr)->ptr;
       TryMerge(block, block->prev);  // undo PlaceOnMappedPages' split, if any
       pool->blocks.insert(block);    // unchanged; back to the index
     }
