@@ -16,9 +16,6 @@ using core::Segment;
 
 namespace {
 thread_local int contiguous_depth = 0;
-// Headroom over the peak of allocated memory within which growth maps new pages instead of
-// moving free ones (docs/design/expandable-segments.md, "Recycling slack").
-constexpr double kRecycleSlack = 0.004;
 }  // namespace
 
 ContiguousSegmentsScope::ContiguousSegmentsScope() { ++contiguous_depth; }
@@ -221,7 +218,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     if (seg->pages[i] == 0) missing.push_back(i);
   }
   if (missing.empty()) return true;
-  // Recycle only when new pages would take reserved past (1 + kRecycleSlack) x the peak of
+  // Recycle only when new pages would take reserved past (1 + recycle_slack) x the peak of
   // allocated memory (the peak this allocation reaches included): below that, growing costs no
   // utilization at the peak, and moving pages back and forth between steps would cost driver
   // calls in every step (measured on the H200: ~120 calls a step on GPT-2 without the slack).
@@ -232,7 +229,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
         std::max<std::int64_t>(allocated.peak, allocated.current + static_cast<std::int64_t>(size)));
     const double reserved_after = static_cast<double>(stats_.reserved_bytes[kAggregate].current) +
                                   static_cast<double>(missing.size() * page);
-    if (reserved_after > (1.0 + kRecycleSlack) * peak_after) {
+    if (reserved_after > (1.0 + options_.recycle_slack) * peak_after) {
       // Pages of the block itself past the request count too (it is out of the index now).
       recycled = FreeMappedPages(page, missing.size(), block,
                                  seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1));

@@ -146,6 +146,10 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     int v = 0;
     if (!absl::SimpleAtoi(value, &v) || v < 0) return Bad(key, value, "an integer >= 0");
     o->max_dumps = v;
+  } else if (key == "recycle_slack") {
+    double v = 0;
+    if (!absl::SimpleAtod(value, &v) || v < 0.0 || v > 1.0) return Bad(key, value, "a number in [0, 1]");
+    o->recycle_slack = v;
   } else if (key == "step_log") {  // issue 6: per-step peak logs
     o->step_log = std::string(value);
   } else {
@@ -194,6 +198,7 @@ const std::vector<OptionDoc>& OptionTable() {
       {"graph_capture_record_stream_reuse", "False", "validated and ignored"},
       {"page_recycling", "True", "vramledger: move free pages of expandable segments"},
       {"expandable_page_mb", "6", "vramledger: physical page size of expandable segments"},
+      {"recycle_slack", "0.004", "vramledger: growth allowed over peak allocated before recycling"},
       {"plan", "", "vramledger: path of the memory plan file"},
       {"dump_dir", "./vramledger-dumps", "vramledger: directory for OOM forensics"},
       {"max_dumps", "8", "vramledger: forensic dumps kept"},
@@ -241,6 +246,7 @@ std::string OptionsToString(const Options& o) {
   parts.push_back(absl::StrCat("per_process_memory_fraction:", o.per_process_memory_fraction));
   parts.push_back(absl::StrCat("page_recycling:", o.page_recycling ? "True" : "False"));
   parts.push_back(absl::StrCat("expandable_page_mb:", o.expandable_page_size / kMiB));
+  parts.push_back(absl::StrCat("recycle_slack:", o.recycle_slack));
   if (!o.plan.empty()) parts.push_back(absl::StrCat("plan:", o.plan));
   parts.push_back(absl::StrCat("dump_dir:", o.dump_dir));
   parts.push_back(absl::StrCat("max_dumps:", o.max_dumps));

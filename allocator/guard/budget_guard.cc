@@ -264,7 +264,11 @@ absl::Status BudgetGuard::CompleteRefusal(const absl::Status& status,
     r.frames = symbolizer->Symbolize(r.context);
     if (!r.frames.empty()) r.stack_note = "as recorded when the allocation was requested";
   }
-  if (r.frames.empty()) {
+  // A recorded stack without a Python frame (the history kept native frames only) names no
+  // line of the model code: capture the live frames instead.
+  if (std::none_of(r.frames.begin(), r.frames.end(),
+                   [](const StackFrame& f) { return f.python; })) {
+    r.frames.clear();
     if (python) r.frames = python();
     std::vector<StackFrame> native = CaptureNativeFrames(/*skip=*/1, kNativeFrames);
     r.frames.insert(r.frames.end(), native.begin(), native.end());

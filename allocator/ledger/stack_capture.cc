@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "absl/debugging/symbolize.h"
 
@@ -207,6 +208,45 @@ void RetainPythonCode(std::uintptr_t code, std::string* filename, std::string* n
   *filename = StringAttribute(api, object, "co_filename");
   *name = StringAttribute(api, object, "co_name");
   if (save) api.err_restore(type, value, traceback);
+}
+
+std::vector<Frame> CaptureLivePythonFrames(int max_frames) {
+  std::vector<Frame> frames;
+  const PythonApi& api = Api();
+  if (!api.complete || max_frames <= 0 || api.is_initialized() != 1) return frames;
+  if (api.this_thread_state() == nullptr) return frames;  // the thread never ran Python
+  if (api.is_finalizing != nullptr && api.is_finalizing() != 0) return frames;
+  const int state = api.gil_ensure();  // re-entrant: fine if this thread holds the GIL
+  void* type = nullptr;
+  void* value = nullptr;
+  void* traceback = nullptr;
+  const bool save = api.err_fetch != nullptr && api.err_restore != nullptr;
+  if (save) api.err_fetch(&type, &value, &traceback);
+  void* frame = api.get_frame();  // borrowed
+  if (frame != nullptr) api.incref(frame);
+  while (frame != nullptr && static_cast<int>(frames.size()) < max_frames) {
+    Frame f;
+    f.python = true;
+    f.line = api.frame_line(frame);
+    void* code = api.frame_code(frame);  // new reference
+    if (code != nullptr) {
+      f.filename = StringAttribute(api, code, "co_filename");
+      f.name = StringAttribute(api, code, "co_name");
+      api.decref(code);
+    } else {
+      api.err_clear();
+      f.filename = "??";
+      f.name = "??";
+    }
+    frames.push_back(std::move(f));
+    void* back = api.frame_back(frame);
+    api.decref(frame);
+    frame = back;
+  }
+  if (frame != nullptr) api.decref(frame);
+  if (save) api.err_restore(type, value, traceback);
+  api.gil_release(state);
+  return frames;
 }
 
 int CaptureNativeFrames(std::uintptr_t* out, int max_frames, int skip) {

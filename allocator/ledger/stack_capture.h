@@ -68,6 +68,15 @@ void ResolvePythonLines(const std::vector<PythonFrameRef>& frames, std::vector<i
 /// that capture.
 void RetainPythonCode(std::uintptr_t code, std::string* filename, std::string* name);
 
+/// The calling thread's Python frames, innermost first, at most `max_frames`, read at once
+/// (file, line and function; `python` true). Takes the GIL like PythonStackCapture when the
+/// thread has a Python thread state but released the GIL (torch's operators do), and gives it
+/// back before returning; a thread without Python, a missing interpreter and finalisation give
+/// none. Leaves any pending Python exception as it was. Slow (one attribute lookup per frame);
+/// for reports, not the allocation path.
+/// Pre: the caller holds no lock that a thread holding the GIL could wait for.
+std::vector<Frame> CaptureLivePythonFrames(int max_frames);
+
 /// Writes up to `max_frames` native return addresses of the calling thread, innermost first,
 /// skipping `skip` frames above the caller, and returns how many. Allocates nothing after the
 /// first call in the process (which loads libgcc_s for the unwinder).

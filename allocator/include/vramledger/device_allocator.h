@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -94,6 +96,11 @@ class ContiguousSegmentsScope {
 
 class DeviceAllocatorImpl;
 
+/// A CUDA graph private pool's id: torch's MempoolId_t (`std::pair<CaptureId_t, CaptureId_t>`).
+using MempoolId = std::pair<std::uint64_t, std::uint64_t>;
+/// Decides whether an allocation on a stream goes to a private pool (torch's filter callback).
+using StreamFilter = std::function<bool(StreamId)>;
+
 /// The caching allocator of one device. Construct one per device from options and a backend;
 /// the backend must outlive it.
 class DeviceAllocator {
@@ -147,6 +154,25 @@ class DeviceAllocator {
   /// Checks every internal invariant (block chains, free index, stats identities).
   /// Internal error naming the first broken invariant. O(blocks); for tests and fuzzers.
   absl::Status CheckInvariants() const;
+
+  // ---- CUDA graph private pools (PYTORCH-FACTS §6; core/graph_pools.cc) ----
+
+  /// From now on, allocations on streams for which `filter` is true (called under the device
+  /// lock; it must not call the allocator) come from private pool `pool`, created on first use or
+  /// shared (use count + 1) if it exists. While such a pool is active and a stream it served is
+  /// capturing (or it has served none yet), no event is queried or recorded, nothing is freed or
+  /// unmapped, and frees of record_stream'ed blocks are deferred.
+  /// InvalidArgument if `pool` is already active (being allocated to).
+  absl::Status BeginAllocateToPool(MempoolId pool, StreamFilter filter);
+  /// Stops routing to `pool` (torch's capture_end); its memory stays reserved for it.
+  /// NotFound if `pool` is not active.
+  absl::Status EndAllocateToPool(MempoolId pool);
+  /// Drops one use of `pool` (torch's graph reset). At zero uses its memory returns to the
+  /// driver once its blocks are free: whole free segments at once, the rest at the next
+  /// EmptyCache or out-of-memory retry. NotFound for an unknown pool.
+  absl::Status ReleasePool(MempoolId pool);
+  /// Use count of `pool`, 0 if it does not exist (any more).
+  int PoolUseCount(MempoolId pool) const;
 
   /// Installs `hooks` (borrowed; nullptr removes them). They must outlive their installation.
   /// Safe to call at any time; an allocation in flight sees either the old or the new hooks.

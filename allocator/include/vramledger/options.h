@@ -43,6 +43,10 @@ struct Options {
   /// segments, a multiple of 2 MiB; the small pool always uses 2 MiB pages.
   /// Chosen by measurement: docs/design/expandable-segments.md.
   std::size_t expandable_page_size = 6 * kMiB;
+  /// `recycle_slack` (vramledger): pages are recycled only when growing would take reserved past
+  /// (1 + slack) x the peak of allocated bytes. Larger: fewer page moves per step, lower
+  /// utilization (docs/design/expandable-segments.md, "Recycling slack").
+  double recycle_slack = 0.004;
   /// `plan` (vramledger): path of the memory plan file; empty = no plan.
   std::string plan;
   /// `dump_dir` (vramledger): where OOM forensics go.

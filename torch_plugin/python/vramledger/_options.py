@@ -26,6 +26,7 @@ KNOWN_KEYS: tuple[str, ...] = (
     "graph_capture_record_stream_reuse",
     "page_recycling",
     "expandable_page_mb",
+    "recycle_slack",
     "plan",
     "dump_dir",
     "max_dumps",
