@@ -14,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/Exception.h>
+
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -27,6 +30,7 @@
 #include "guard/tags.h"
 #include "ledger/history.h"
 #include "ledger/oom_dump.h"
+#include "ledger/stack_capture.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/plugin_history.h"
 
@@ -83,8 +87,67 @@ std::vector<const DeviceAllocator*> GuardedAllocators() {
   return out;
 }
 
-// Calls the Python package's stack function and parses its lines (see guard_api.h).
+constexpr int kMaxLivePythonFrames = 128;
+constexpr std::size_t kMaxUserFrames = 24;
+
+// Frames of torch, this package, the standard library and frozen modules; site-packages (which
+// holds model code such as transformers) counts as user code. The same rule as _guard.py's.
+bool IsLibraryFrame(absl::string_view file) {
+  if (absl::StartsWith(file, "<frozen")) return true;
+  if (absl::StrContains(file, "/site-packages/torch/") ||
+      absl::StrContains(file, "/dist-packages/torch/") || absl::StrContains(file, "/vramledger/")) {
+    return true;
+  }
+  if (absl::StrContains(file, "-packages/")) return false;
+  return absl::StrContains(file, "/lib/python3");
+}
+
+// The calling thread's Python frames read through the C API (ledger/stack_capture.h), taking the
+// GIL that torch's operators release before they allocate: user frames innermost first, then a
+// note on the library frames left out. Empty when the thread runs no Python.
+std::vector<guard::StackFrame> LivePythonFrames() {
+  std::vector<guard::StackFrame> user, library;
+  for (Frame& f : CaptureLivePythonFrames(kMaxLivePythonFrames)) {
+    guard::StackFrame frame{std::move(f.filename), f.line, std::move(f.name), true};
+    (IsLibraryFrame(frame.file) ? library : user).push_back(std::move(frame));
+  }
+  if (user.empty()) user.swap(library);
+  std::size_t left_out = library.size();
+  if (user.size() > kMaxUserFrames) {
+    left_out += user.size() - kMaxUserFrames;
+    user.resize(kMaxUserFrames);
+  }
+  if (left_out > 0) {
+    guard::StackFrame note;
+    note.python = true;
+    note.function = absl::StrCat("(+", left_out, " torch, vramledger, standard-library or outer ",
+                                 "frames left out)");
+    user.push_back(std::move(note));
+  }
+  return user;
+}
+
+bool HasFileFrame(const std::vector<guard::StackFrame>& frames) {
+  for (const guard::StackFrame& f : frames) {
+    if (!f.file.empty()) return true;
+  }
+  return false;
+}
+
+std::vector<guard::StackFrame> ProviderFrames();
+
+// The Python frames of a refusal: the Python package's provider (which also names the main
+// thread's frames for autograd's threads); when it is not set or gives no frame, the frames read
+// directly through the C API. Called outside the allocator lock.
 std::vector<guard::StackFrame> PythonFrames() {
+  std::vector<guard::StackFrame> frames = ProviderFrames();
+  if (HasFileFrame(frames)) return frames;
+  std::vector<guard::StackFrame> live = LivePythonFrames();
+  return live.empty() ? frames : live;
+}
+
+// Calls the Python package's stack function and parses its lines (see guard_api.h).
+std::vector<guard::StackFrame> ProviderFrames() {
   vramledger_python_stack_fn fn = G().python_fn.load(std::memory_order_acquire);
   if (fn == nullptr) return {};
   std::string buffer(64 * 1024, '\0');
@@ -333,6 +396,20 @@ int vramledger_plan_check(const char* path, int device_count, unsigned long long
 int vramledger_set_python_stack_fn(vramledger_python_stack_fn fn) {
   G().python_fn.store(fn, std::memory_order_release);
   return VRAMLEDGER_OK;
+}
+
+void* vramledger_testing_malloc(size_t size, int device, char** message_out) {
+  if (message_out != nullptr) *message_out = nullptr;
+  std::string message;
+  try {
+    return vramledger_malloc(size, device, nullptr);
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (message_out != nullptr) (void)vramledger::ToCString(message, message_out);
+  return nullptr;
 }
 
 }  // extern "C"

@@ -23,6 +23,7 @@
 #include "device/sim_backend.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/guard_api.h"  // issue 6: budget guard
+#include "torch_plugin/oom_observers.h"  // issue 4
 #include "torch_plugin/plugin_history.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
@@ -280,7 +281,12 @@ void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream) {
   const absl::StatusOr<DevicePtr> ptr =
       (*allocator)->Malloc(size, reinterpret_cast<StreamId>(stream));
   // Issue 6: a guard refusal gets its full report; any other failure goes to WithOomDump.
-  if (!ptr.ok()) vramledger::Throw(vramledger::GuardRefusalOrOomDump(device, ptr.status()));
+  if (!ptr.ok()) {
+    if (absl::IsResourceExhausted(ptr.status())) {  // observers first, outside the device lock
+      vramledger::NotifyOutOfMemoryObservers(device, size, (*allocator)->last_oom());
+    }
+    vramledger::Throw(vramledger::GuardRefusalOrOomDump(device, ptr.status()));
+  }
   TORCH_CHECK(*ptr != 0, "vramledger: allocation of ", size, " bytes on device ", device,
               " returned a null address");
   return reinterpret_cast<void*>(*ptr);
@@ -348,6 +354,31 @@ void vramledger_record_stream(void* ptr, cudaStream_t stream) {
   }
   TORCH_CHECK(false, "vramledger: record_stream on ", ptr,
               ", which no vramledger allocator handed out");
+}
+
+void vramledger_begin_allocate_to_pool(int device, vramledger_mempool_id pool_id,
+                                       std::function<bool(cudaStream_t)> filter) {
+  absl::StatusOr<DeviceAllocator*> allocator = State().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->BeginAllocateToPool(
+      {pool_id.first, pool_id.second}, [filter = std::move(filter)](StreamId stream) {
+        return filter && filter(reinterpret_cast<cudaStream_t>(stream));
+      });
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_end_allocate_to_pool(int device, vramledger_mempool_id pool_id) {
+  absl::StatusOr<DeviceAllocator*> allocator = State().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->EndAllocateToPool({pool_id.first, pool_id.second});
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_release_pool(int device, vramledger_mempool_id pool_id) {
+  absl::StatusOr<DeviceAllocator*> allocator = State().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->ReleasePool({pool_id.first, pool_id.second});
+  if (!s.ok()) vramledger::Throw(s);
 }
 
 const char* vramledger_last_error() { return vramledger::LastError().c_str(); }

@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <functional>
+#include <utility>
 
 #define VRAMLEDGER_EXPORT __attribute__((visibility("default")))
 
@@ -58,7 +60,38 @@ VRAMLEDGER_EXPORT void vramledger_set_memory_fraction(double fraction, int devic
 /// Throws c10::Error for a pointer vramledger did not allocate.
 VRAMLEDGER_EXPORT void vramledger_record_stream(void* ptr, cudaStream_t stream);
 
+/// torch's MempoolId_t (c10/core/CachingDeviceAllocator.h): a CUDA graph private pool's id.
+typedef std::pair<unsigned long long, unsigned long long> vramledger_mempool_id;
+
+/// set_begin_allocate_to_pool hook (`void(int, MempoolId_t, std::function<bool(cudaStream_t)>)`,
+/// torch's capture_begin and use_mem_pool): allocations on `device` on streams for which
+/// `filter` is true go to private pool `pool_id` (shared if it exists) until the end hook.
+/// C++ parameters by value: built with torch's libstdc++ and C++11 ABI. Throws c10::ValueError
+/// if the pool is already being allocated to, c10::Error for a bad device.
+VRAMLEDGER_EXPORT void vramledger_begin_allocate_to_pool(
+    int device, vramledger_mempool_id pool_id, std::function<bool(cudaStream_t)> filter);
+
+/// set_end_allocate_to_pool_fn hook (`void(int, MempoolId_t)`, capture_end): stops routing to
+/// the pool; its memory stays reserved for the graph. Throws c10::Error for an inactive pool.
+VRAMLEDGER_EXPORT void vramledger_end_allocate_to_pool(int device, vramledger_mempool_id pool_id);
+
+/// set_release_pool hook (`void(int, MempoolId_t)`, graph reset/destruction): drops one use of
+/// the pool; at none its memory returns to the driver once its blocks are free. Throws
+/// c10::Error for an unknown pool.
+VRAMLEDGER_EXPORT void vramledger_release_pool(int device, vramledger_mempool_id pool_id);
+
 // ---- ctypes-facing ----
+
+/// An out-of-memory observer: torch's OutOfMemoryObserver arguments (device, the allocation size
+/// that failed, the limit: the memory-fraction cap if set, else the device total, and the device's
+/// free bytes). Called on the allocating thread, without allocator locks, before the throw.
+typedef void (*vramledger_oom_observer_fn)(int device, std::size_t alloc_size, std::size_t limit,
+                                           std::size_t device_free);
+
+/// Registers `observer` (nullptr removes it), replacing any earlier one; Python registers one
+/// trampoline that calls every vramledger.attach_out_of_memory_observer callable. Returns
+/// VRAMLEDGER_OK.
+VRAMLEDGER_EXPORT int vramledger_set_oom_observer(vramledger_oom_observer_fn observer);
 
 /// The message of the last failure on the calling thread ("" if none). Valid until the next
 /// vramledger call on this thread.

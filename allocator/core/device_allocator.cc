@@ -464,6 +464,7 @@ absl::StatusOr<EventId> DeviceAllocatorImpl::GetEvent() {
 absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
   if (CaptureUnderway()) {  // no event record during a capture: FlushDeferredFrees does it later
     deferred_frees_.push_back(block);
+    block->event_count = 1;  // pending (not free, not mergeable) until FlushDeferredFrees
     ++pending_events_;
     return absl::OkStatus();
   }

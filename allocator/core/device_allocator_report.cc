@@ -89,7 +89,10 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
   const StreamId stream = request.stream;
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
-  (void)backend_->MemGetInfo(&free_bytes, &total_bytes);
+  {
+    RelaxedCaptureScope relaxed(backend_);  // an OOM during a capture must not break it
+    (void)backend_->MemGetInfo(&free_bytes, &total_bytes);
+  }
   ++stats_.num_ooms;
   Emit(TraceAction::kOom, free_bytes, request.rounded, stream, request.context, request.tag);
   OutOfMemoryInfo& o = last_oom_;

@@ -131,6 +131,7 @@ absl::Status DeviceAllocatorImpl::FlushDeferredFrees() {
   deferred_frees_.clear();
   pending_events_ -= static_cast<std::int64_t>(blocks.size());
   for (Block* block : blocks) {
+    block->event_count = 0;  // InsertEvents adds one per stream that used it
     if (absl::Status s = InsertEvents(block); !s.ok()) return s;
   }
   return absl::OkStatus();

@@ -1,4 +1,4 @@
-"""GPU proof of issue 6: GPT-2-medium training under a memory plan, through vramledger's guard.
+"""GPU proof of issue 6: GPT-2-medium or Llama-1B training under a memory plan, through the guard.
 
 Trains a GPT-2-medium-shaped model (transformers' GPT2LMHeadModel when transformers is installed,
 else a built-in replica of the same layers: 24 x hidden 1024, 16 heads, vocab 50257, gelu_new,
@@ -17,8 +17,15 @@ CUDA's initialisation):
                vramledger.tag("activations"): must be refused inside the forward pass by the
                category_limits.activations rule.
 
+--model llama1b trains Llama-1B instead, as ../shared/device-examples/capture.py does
+(transformers' LlamaForCausalLM: hidden 2048, 22 layers, MLP 5632, 32 / 4 heads, vocab 32000;
+micro-batch 4, sequence length uniform in [256, 2048], seeded; built on the GPU to save the CPU
+initialisation), 10 steps by default. In the "small" scenario every step uses the longest
+sequence, so that the first allocation past the limit comes in the forward pass of the model
+code (whose line the message must name).
+
 Usage (on the GPU machine, the plugin built and the package importable, as run_h200.sh sets up):
-  python benchmarks/gpu/guard_check.py [--out DIR] [--steps 5]
+  python benchmarks/gpu/guard_check.py [--model gpt2|llama1b] [--out DIR] [--steps N]
 Writes DIR/guard_check.json (every scenario in full) and prints a summary; exit status 0 when
 every check passed, 1 otherwise.
 """
@@ -36,7 +43,14 @@ import time
 import traceback
 
 RESULT_PREFIX = "RESULT_JSON "
-BATCH, SEQ, VOCAB = 8, 1024, 50257
+BATCH, SEQ, VOCAB = 8, 1024, 50257  # GPT-2-medium
+# Llama-1B as in ../shared/device-examples/capture.py.
+LLAMA = {"batch": 4, "lo": 256, "hi": 2048, "vocab": 32000}
+LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22,
+                "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
+                "vocab_size": 32000, "hidden_act": "silu", "tie_word_embeddings": False,
+                "max_position_embeddings": 4096}
+DEFAULT_STEPS = {"gpt2": 5, "llama1b": 10}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -108,15 +122,27 @@ def build_model():
     return GPT2(), "replica"
 
 
-def planned(workdir: str) -> dict:
+def build_llama():
+    """Llama-1B (transformers' LlamaForCausalLM, random weights), built on the current device."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(**{k: v for k, v in LLAMA_CONFIG.items() if k != "model_type"})
+    return LlamaForCausalLM(cfg), "transformers"
+
+
+def planned(workdir: str, model: str) -> dict:
     """`vramledger plan` for this shape: the estimate and the plan file it writes."""
     path = os.path.join(workdir, "plan.json")
     config = os.path.join(workdir, "config.json")
+    if model == "llama1b":
+        doc, batch, seq = LLAMA_CONFIG, LLAMA["batch"], LLAMA["hi"]
+    else:
+        doc = {"model_type": "gpt2", "n_layer": 24, "n_embd": 1024, "n_head": 16,
+               "n_positions": 1024, "vocab_size": VOCAB, "activation_function": "gelu_new"}
+        batch, seq = BATCH, SEQ
     with open(config, "w") as f:
-        json.dump({"model_type": "gpt2", "n_layer": 24, "n_embd": 1024, "n_head": 16,
-                   "n_positions": 1024, "vocab_size": VOCAB, "activation_function": "gelu_new"}, f)
+        json.dump(doc, f)
     proc = subprocess.run([sys.executable, "-m", "vramledger", "plan", "--config", config,
-                           "--batch", str(BATCH), "--seq", str(SEQ), "--out", path, "--json"],
+                           "--batch", str(batch), "--seq", str(seq), "--out", path, "--json"],
                           capture_output=True, text=True, check=True)
     est = json.loads(proc.stdout)
     return {"estimate": est, "plan_path": path}
@@ -130,7 +156,7 @@ def line_of(path: str, key: str) -> int:
     return 0
 
 
-def child(scenario: str, workdir: str, steps: int) -> dict:
+def child(scenario: str, workdir: str, steps: int, model_name: str = "gpt2") -> dict:
     """One scenario in this process; returns its result."""
     import vramledger
     # Expandable segments keep reserved within a few % of allocated (measured 1.03-1.04 on the
@@ -144,16 +170,33 @@ def child(scenario: str, workdir: str, steps: int) -> dict:
     vramledger.install(**conf)
     import torch
 
+    import random
+
     torch.manual_seed(0)
-    model, kind = build_model()
-    model = model.cuda().train()
+    rng = random.Random(0)
+    if model_name == "llama1b":
+        with torch.device("cuda"):
+            model, kind = build_llama()
+        model = model.train()
+        batch, vocab = LLAMA["batch"], LLAMA["vocab"]
+
+        def seq_len():  # the longest sequence in "small": refused in the forward pass
+            return LLAMA["hi"] if scenario == "small" else rng.randint(LLAMA["lo"], LLAMA["hi"])
+    else:
+        model, kind = build_model()
+        model = model.cuda().train()
+        batch, vocab = BATCH, VOCAB
+
+        def seq_len():
+            return SEQ
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model_file = sys.modules[type(model).__module__].__file__
-    result = {"scenario": scenario, "model": kind, "model_file": model_file, "steps": [],
+    result = {"scenario": scenario, "model": kind, "model_name": model_name,
+              "model_file": model_file, "steps": [],
               "params": sum(p.numel() for p in model.parameters())}
 
     def train_step():
-        x = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
+        x = torch.randint(0, vocab, (batch, seq_len()), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             if scenario == "category":
                 with vramledger.tag("activations"):
@@ -188,9 +231,17 @@ def child(scenario: str, workdir: str, steps: int) -> dict:
     return result
 
 
-def run_child(scenario: str, workdir: str, steps: int) -> dict:
+def run_child(scenario: str, workdir: str, steps: int, model: str) -> dict:
+    t0 = time.perf_counter()
+    result = _run_child(scenario, workdir, steps, model)
+    result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def _run_child(scenario: str, workdir: str, steps: int, model: str) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--child", scenario, "--workdir", workdir,
-                           "--steps", str(steps)], capture_output=True, text=True, timeout=1800)
+                           "--steps", str(steps), "--model", model],
+                          capture_output=True, text=True, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
@@ -198,7 +249,8 @@ def run_child(scenario: str, workdir: str, steps: int) -> dict:
             "stderr_tail": proc.stderr.splitlines()[-30:]}
 
 
-def check(results: dict, plan: dict, small_limit: int) -> list[tuple[str, bool, str]]:
+def check(results: dict, plan: dict, small_limit: int,
+          steps: int) -> list[tuple[str, bool, str]]:
     checks = []
 
     def add(name, ok, detail=""):
@@ -212,7 +264,9 @@ def check(results: dict, plan: dict, small_limit: int) -> list[tuple[str, bool, 
         add("planner within 10% of the measured peak allocated", abs(est / measured - 1) <= 0.10,
             f"planned {est:,} vs measured {measured:,} ({est / measured - 1:+.1%}, {m['model']})")
     s = results["sufficient"]
-    add("sufficient plan runs every step", s.get("outcome") == "ran", s.get("outcome", ""))
+    add("sufficient plan runs every step",
+        s.get("outcome") == "ran" and len(s.get("steps", [])) == steps,
+        f"{s.get('outcome', '')}, {len(s.get('steps', []))} of {steps} steps")
     sm = results["small"]
     msg = sm.get("message", "")
     add("small plan raises torch.OutOfMemoryError", sm.get("outcome") == "OutOfMemoryError",
@@ -237,22 +291,28 @@ def check(results: dict, plan: dict, small_limit: int) -> list[tuple[str, bool, 
     add("category limit refused in the forward pass",
         c.get("outcome") == "OutOfMemoryError" and "category_limits.activations" in cm
         and "tag 'activations'" in cm, cm.splitlines()[0] if cm else c.get("outcome", ""))
+    cframe = re.search(rf"{re.escape(model_file)}:\d+ in \w+", cm)
+    add("category refusal names the Python frame of the model code", cframe is not None,
+        cframe.group(0) if cframe else "")
     return checks
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--model", choices=sorted(DEFAULT_STEPS), default="gpt2")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps per scenario (default: 5 for gpt2, 10 for llama1b)")
     ap.add_argument("--child", default=None)
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
+    steps = args.steps if args.steps is not None else DEFAULT_STEPS[args.model]
     if args.child:
-        print(RESULT_PREFIX + json.dumps(child(args.child, args.workdir, args.steps)))
+        print(RESULT_PREFIX + json.dumps(child(args.child, args.workdir, steps, args.model)))
         return 0
     workdir = args.out or tempfile.mkdtemp(prefix="vramledger-guard-")
     os.makedirs(workdir, exist_ok=True)
-    plan = planned(workdir)
+    plan = planned(workdir, args.model)
     with open(plan["plan_path"]) as f:
         doc = json.load(f)
     cap = doc["limit"] - doc["headroom"]
@@ -270,16 +330,19 @@ def main() -> int:
         json.dump(category, f, indent=2)
     results = {}
     for scenario in ("measure", "sufficient", "small", "category"):
-        results[scenario] = run_child(scenario, workdir, args.steps)
+        results[scenario] = run_child(scenario, workdir, steps, args.model)
         results[scenario]["plan_path"] = (os.path.join(workdir, f"plan-{scenario}.json")
                                           if scenario != "measure" else None)
-    checks = check(results, plan, small["limit"])
-    summary = {"workdir": workdir, "estimate": plan["estimate"], "results": results,
+    checks = check(results, plan, small["limit"], steps)
+    summary = {"workdir": workdir, "model": args.model, "steps": steps,
+               "estimate": plan["estimate"], "results": results,
                "checks": [{"check": n, "ok": ok, "detail": d} for n, ok, d in checks]}
     with open(os.path.join(workdir, "guard_check.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if results["small"].get("message"):
         print("--- the refusal (small plan):\n" + results["small"]["message"] + "\n---")
+    print("wall seconds per scenario: " + ", ".join(
+        f"{k} {v.get('wall_seconds')}" for k, v in results.items()))
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}")
     print(f"wrote {os.path.join(workdir, 'guard_check.json')}")

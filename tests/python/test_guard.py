@@ -309,3 +309,73 @@ def test_tags_steps_and_report_through_the_plugin(tmp_path):
     # The stack provider's format: user frames innermost first ("F", file, line, function).
     stack = json.loads(stack_line).splitlines()
     assert stack[0].startswith("F\t<string>\t")
+
+
+# ---- a refusal raised from Python through the plugin names the model code's frames ----
+
+MODEL_CODE = textwrap.dedent("""
+    import ctypes
+
+
+    def forward(lib):
+        message = ctypes.c_void_p()
+        ptr = lib.vramledger_testing_malloc(2 << 30, 0, ctypes.byref(message))
+        assert not ptr
+        text = ctypes.string_at(message.value).decode()
+        lib.vramledger_string_free(message)
+        return text
+""")
+
+
+@needs_plugin
+def test_refusal_from_python_lists_the_python_frames_innermost_first(tmp_path):
+    """ctypes.CDLL releases the GIL around the call, as torch's operators do before they allocate:
+    the refusal must still list the model code's frames, with and without the package's stack
+    provider (the H200 run showed native frames only), from the main thread and another one."""
+    (tmp_path / "model.py").write_text(MODEL_CODE)
+    (tmp_path / "plan.json").write_text('{\n  "vramledger_plan": 1,\n  "limit": "1GiB"\n}\n')
+    code = textwrap.dedent(f"""
+        import ctypes, json, sys, threading
+        import torch  # noqa: F401 - the plugin needs torch's libc10
+        sys.path.insert(0, {str(tmp_path)!r})
+        import model
+        from vramledger import _guard, _plugin
+        lib = ctypes.CDLL(_plugin.plugin_path())
+        lib.vramledger_testing_use_sim_backend.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        assert lib.vramledger_testing_use_sim_backend(1, 8 << 30) == 0
+        conf = "plan:{tmp_path / 'plan.json'},dump_dir:{tmp_path / 'dumps'}"
+        assert lib.vramledger_configure(conf.encode()) == 0
+        lib.vramledger_testing_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int,
+                                                  ctypes.POINTER(ctypes.c_void_p)]
+        lib.vramledger_testing_malloc.restype = ctypes.c_void_p
+        lib.vramledger_string_free.argtypes = [ctypes.c_void_p]
+
+        def train_step():
+            return model.forward(lib)
+
+        texts = [train_step()]  # no stack provider: frames read through the C API
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(train_step()))
+        t.start(); t.join()
+        texts += seen
+        lib.vramledger_set_python_stack_fn(_guard._stack_callback)  # the package's provider
+        texts.append(train_step())
+        print(json.dumps(texts))
+    """)
+    env = dict(os.environ)
+    env.pop("VRAMLEDGER_CONF", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    texts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(texts) == 3
+    model_file = str(tmp_path / "model.py")
+    for text in texts:
+        assert text.startswith(f"vramledger plan violation: {tmp_path / 'plan.json'}:3: limit: ")
+        stack = text.split("  stack (innermost first), captured at the refusal:\n", 1)[1]
+        frames = stack.splitlines()
+        # Innermost user frame first: the line of model.py that asked, then its caller.
+        assert frames[0] == f"    {model_file}:7 in forward", stack
+        assert frames[1].startswith("    <string>:") and frames[1].endswith(" in train_step")
+        assert any(f.startswith("    [native] ") for f in frames)
+        assert "forensic snapshot: " + str(tmp_path / "dumps") in text

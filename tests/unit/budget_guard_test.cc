@@ -20,6 +20,7 @@ namespace vramledger::guard {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 constexpr StreamId kStream = 0;
@@ -315,6 +316,31 @@ TEST_F(GuardTest, RefusalUsesTheHistoryStackThroughTheChain) {
                               "requested:\n    model.py:88 in attention\n    [native] "
                               "libtorch_cuda.so: at::empty_cuda\n"));
   EXPECT_THAT(text, HasSubstr("forensic snapshot: none (no snapshot writer is installed)"));
+  alloc_->SetHooks(nullptr);
+}
+
+// A recorded stack without a Python frame names no line of the model code: the live frames of the
+// refusing thread (the Python provider, then native frames) replace it.
+TEST_F(GuardTest, RecordedStackWithoutPythonFramesFallsBackToLiveFrames) {
+  struct NativeOnlyHistory : FakeHistory {
+    std::vector<StackFrame> Symbolize(std::uint64_t context) override {
+      if (context != 77) return {};
+      return {{"libtorch_cuda.so", 0, "at::empty_cuda", false}};
+    }
+  };
+  Make("{\"limit\": \"64MiB\"}");
+  NativeOnlyHistory history;
+  HooksChain chain({guard_.get(), &history});
+  alloc_->SetHooks(&chain);
+  guard_->SetSymbolizer(&history);
+  guard_->SetPythonStackProvider(
+      [] { return std::vector<StackFrame>{{"model.py", 12, "forward", true}}; });
+  auto refused = alloc_->Malloc(80 * kMiB, kStream);
+  ASSERT_FALSE(refused.ok());
+  const std::string text(guard_->CompleteRefusal(refused.status(), *alloc_).message());
+  EXPECT_THAT(text, HasSubstr("stack (innermost first), captured at the refusal:\n"
+                              "    model.py:12 in forward\n    [native] "));
+  EXPECT_THAT(text, Not(HasSubstr("at::empty_cuda")));
   alloc_->SetHooks(nullptr);
 }
 

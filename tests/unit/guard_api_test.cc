@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -25,7 +26,9 @@ constexpr std::size_t kCapacity = 4 * kGiB;
 namespace fs = std::filesystem;
 
 fs::path Dir() {
-  static const fs::path dir = fs::temp_directory_path() / "vramledger_guard_api_test";
+  // One directory per process: CTest runs each test case in its own process, in parallel.
+  static const fs::path dir =
+      fs::temp_directory_path() / ("vramledger_guard_api_test-" + std::to_string(getpid()));
   return dir;
 }
 

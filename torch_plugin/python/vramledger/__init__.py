@@ -20,7 +20,7 @@ import os
 import threading
 from typing import Any
 
-from vramledger import _options, _plugin
+from vramledger import _options, _plugin, _summary
 from vramledger._snapshot import dump_snapshot, record_memory_history, snapshot  # issue 5
 from vramledger._guard import phase, step, step_scope, tag  # issue 6: budget guard
 from vramledger import _guard  # issue 6
@@ -37,6 +37,9 @@ __all__ = [
     "max_memory_reserved",
     "reset_peak_memory_stats",
     "reset_accumulated_memory_stats",
+    "memory_summary",
+    "memory_stats_as_nested_dict",
+    "attach_out_of_memory_observer",
     "empty_cache",
     "record_memory_history",
     "snapshot",
@@ -56,10 +59,15 @@ _installed: tuple[str, str] | None = None
 _allocator: Any = None
 
 
-def install(**options: Any) -> None:
+def install(*, patch_torch: bool = True, **options: Any) -> None:
     """Makes vramledger torch's CUDA allocator for this process.
 
     Args:
+      patch_torch: also make torch.cuda's memory_stats, memory_stats_as_nested_dict,
+        memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
+        reset_peak_memory_stats, reset_accumulated_memory_stats and memory_summary (and the same
+        names in torch.cuda.memory) answer from vramledger; torch's own raise RuntimeError with a
+        pluggable allocator. False leaves torch's functions alone.
       **options: allocator options with torch's key names and meanings (max_split_size_mb=200,
         expandable_segments=False, roundup_power2_divisions=[1, 2, 4], ...) plus vramledger's
         own (page_recycling, expandable_page_mb, plan, dump_dir, max_dumps). Settings from the
@@ -108,9 +116,45 @@ def install(**options: Any) -> None:
         hooks.set_reset_fn(_plugin.hook_address("vramledger_reset"))
         hooks.set_memory_fraction_fn(_plugin.hook_address("vramledger_set_memory_fraction"))
         hooks.set_record_stream_fn(_plugin.hook_address("vramledger_record_stream"))
+        # CUDA graph private pools (torch.cuda.graph, use_mem_pool).
+        hooks.set_begin_allocate_to_pool(_plugin.hook_address("vramledger_begin_allocate_to_pool"))
+        hooks.set_end_allocate_to_pool_fn(_plugin.hook_address("vramledger_end_allocate_to_pool"))
+        hooks.set_release_pool(_plugin.hook_address("vramledger_release_pool"))
+        _plugin.set_oom_observer(_call_oom_observers)  # issue 4: observers run before the throw
         torch.cuda.memory.change_current_allocator(allocator)
         _allocator = allocator
         _installed = (conf, env)
+        if patch_torch:
+            _patch_torch(torch)
+
+
+# Names of torch.cuda (and torch.cuda.memory) functions that install(patch_torch=True) replaces,
+# each by the vramledger function of the same name.
+_TORCH_PATCHED = (
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "memory_summary",
+)
+# The torch functions replaced by _patch_torch(), as (module, name) -> original.
+_torch_originals: dict[tuple[str, str], Any] = {}
+
+
+def _patch_torch(torch: Any) -> None:
+    """Points torch.cuda.X and torch.cuda.memory.X at vramledger's X for every X in
+    _TORCH_PATCHED, keeping the originals in _torch_originals."""
+    namespace = globals()
+    for module in (torch.cuda, torch.cuda.memory):
+        for name in _TORCH_PATCHED:
+            key = (module.__name__, name)
+            if key not in _torch_originals:
+                _torch_originals[key] = getattr(module, name, None)
+            setattr(module, name, namespace[name])
 
 
 def is_installed() -> bool:
@@ -158,6 +202,27 @@ def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     return collections.OrderedDict(sorted(stats.items()))
 
 
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """memory_stats() nested at its dots, as torch.cuda.memory_stats_as_nested_dict():
+    {"allocated_bytes": {"all": {"current": ...}, ...}, "num_ooms": ..., ...}.
+
+    Raises:
+      RuntimeError: vramledger is not installed. ValueError: bad device.
+    """
+    return _summary.nest(memory_stats(device))
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """torch.cuda.memory_summary() from vramledger's figures: the same 75-column table, byte for
+    byte, with the large/small pool rows left out when `abbreviated`.
+
+    Raises:
+      RuntimeError: vramledger is not installed. ValueError: bad device.
+    """
+    index = _device_index(device)
+    return _summary.format_summary(memory_stats(index), index, abbreviated)
+
+
 def memory_allocated(device: Any = None) -> int:
     """Bytes currently held by tensors (rounded block sizes), as torch.cuda.memory_allocated."""
     return memory_stats(device)["allocated_bytes.all.current"]
@@ -196,3 +261,38 @@ def empty_cache() -> None:
     torch.cuda.empty_cache(), which also reaches vramledger once installed)."""
     _require_installed()
     _plugin.empty_cache(-1)
+
+
+# Callables given to attach_out_of_memory_observer(), in order; copied under _observers_lock (not
+# _lock, which install() holds) and called outside it.
+_observers_lock = threading.Lock()
+_oom_observers: list[Any] = []
+
+
+def attach_out_of_memory_observer(observer: Any) -> None:
+    """Calls `observer(device, alloc_size, limit, device_free)` on every out-of-memory failure,
+    before torch.OutOfMemoryError is raised, as torch.cuda.memory._attach_out_of_memory_observer
+    does for its native allocator: `alloc_size` is the size that could not be obtained, `limit`
+    the memory-fraction cap in bytes if one is set, else the device total, and `device_free` the
+    device's free bytes. Observers run on the allocating thread; an exception in one is printed
+    and the others still run. May be called before or after install().
+    """
+    if not callable(observer):
+        raise TypeError(f"observer must be callable, got {observer!r}")
+    with _observers_lock:
+        _oom_observers.append(observer)
+
+
+def _call_oom_observers(device: int, alloc_size: int, limit: int, device_free: int) -> None:
+    """The plugin's observer (a ctypes trampoline): runs every attached observer in order."""
+    import sys
+    import traceback
+
+    with _observers_lock:
+        observers = list(_oom_observers)
+    for observer in observers:
+        try:
+            observer(device, alloc_size, limit, device_free)
+        except Exception:  # pylint: disable=broad-except  # one bad observer must not hide others
+            print(f"vramledger: out-of-memory observer {observer!r} raised:", file=sys.stderr)
+            traceback.print_exc()

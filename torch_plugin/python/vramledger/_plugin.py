@@ -22,6 +22,12 @@ _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _lib_path: str | None = None
 
+# vramledger_oom_observer_fn: (device, alloc size, limit, device free) -> void.
+OOM_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t,
+                                ctypes.c_size_t)
+# The registered trampoline; kept alive here because the plugin holds only its address.
+_oom_trampoline: Any = None
+
 
 def plugin_path() -> str:
     """Absolute path of the plugin library: $VRAMLEDGER_PLUGIN, else the one in this package.
@@ -56,11 +62,16 @@ def _declare(lib: ctypes.CDLL) -> None:
         "vramledger_empty_cache": ([c_int], c_int),
         "vramledger_reset_peak": ([c_int], c_int),
         "vramledger_reset_accumulated": ([c_int], c_int),
+        "vramledger_set_oom_observer": ([OOM_OBSERVER], c_int),
         # Hooks: torch calls them; declared so that their addresses can be taken.
         "vramledger_init": ([c_int], None),
         "vramledger_reset": ([], None),
         "vramledger_set_memory_fraction": ([c_double, c_int], None),
         "vramledger_record_stream": ([c_void_p, c_void_p], None),
+        # C++ signatures (std::pair / std::function by value): only their addresses are used.
+        "vramledger_begin_allocate_to_pool": (None, None),
+        "vramledger_end_allocate_to_pool": (None, None),
+        "vramledger_release_pool": (None, None),
         "vramledger_malloc": ([ctypes.c_size_t, c_int, c_void_p], c_void_p),
         "vramledger_free": ([c_void_p, ctypes.c_size_t, c_int, c_void_p], None),
     }
@@ -170,3 +181,12 @@ def reset_accumulated(device: int = -1) -> None:
 def hook_address(name: str) -> int:
     """Address of the exported function `name`, as torch's set_*_fn methods take it."""
     return ctypes.cast(getattr(load(), name), ctypes.c_void_p).value
+
+
+def set_oom_observer(fn: Any) -> None:
+    """Registers `fn(device, alloc_size, limit, device_free)` as the plugin's out-of-memory
+    observer (None removes it); it runs on the allocating thread before the OOM is raised."""
+    global _oom_trampoline
+    trampoline = OOM_OBSERVER(fn) if fn is not None else OOM_OBSERVER()
+    _check(load().vramledger_set_oom_observer(trampoline))
+    _oom_trampoline = trampoline

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from vramledger import _snapshot_cli  # issue 5: inspect, convert, diff, replay --snapshot
 from vramledger import _guard_cli  # issue 6: plan, report
+from vramledger import _run_cli  # issue 7: run (LD_PRELOAD shim)
 from vramledger import _timeline  # issue 3: replay --timeline / --plot
 
 _GIB = 1 << 30
@@ -317,6 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.set_defaults(run=_replay)
     _snapshot_cli.register(commands, CliError)
     _guard_cli.register(commands, CliError)  # issue 6
+    _run_cli.register(commands, CliError)  # issue 7
     return parser
 
 

@@ -1,0 +1,176 @@
+"""Issue 4 on a GPU: torch's memory API, CUDA graphs, torch.compile, OOM observers and DataLoader
+workers under vramledger. Prints one table row per check; exit status 1 if any failed.
+
+    PYTHONPATH=torch_plugin/python VRAMLEDGER_PLUGIN=build-i/torch_plugin/lib/libvramledger_plugin.so \
+        .venv/bin/python benchmarks/gpu/torch_integration_check.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+
+import vramledger
+
+vramledger.install()  # before any CUDA call; patch_torch=True by default
+
+import torch  # noqa: E402
+
+RESULTS: list[tuple[str, bool, str]] = []
+
+
+def check(name):
+    """Runs the decorated function as one check and records (name, ok, detail)."""
+    def wrap(fn):
+        start = time.perf_counter()
+        try:
+            detail = fn() or ""
+            RESULTS.append((name, True, f"{detail} ({time.perf_counter() - start:.1f} s)"))
+        except Exception as e:  # pylint: disable=broad-except
+            traceback.print_exc()
+            RESULTS.append((name, False, f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"))
+        return fn
+    return wrap
+
+
+@check("torch.cuda memory API answers from vramledger")
+def _memory_api():
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    stats = torch.cuda.memory_stats()
+    assert stats["allocated_bytes.all.current"] >= 64 << 20, stats
+    assert torch.cuda.memory_allocated() == vramledger.memory_allocated()
+    assert torch.cuda.max_memory_allocated() >= 64 << 20
+    assert torch.cuda.memory_reserved() >= torch.cuda.memory_allocated()
+    assert torch.cuda.memory.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["current"] > 0
+    summary = torch.cuda.memory_summary()
+    assert summary.startswith("|=====") and "Allocated memory" in summary, summary
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    del x
+    return f"allocated {torch.cuda.memory_allocated()} B after del"
+
+
+@check("CUDA graph capture + replay of an MLP step equals eager")
+def _graph():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10)).cuda()
+    static_in = torch.randn(64, 256, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch's docs do
+        for _ in range(3):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = model(static_in)
+    worst = 0.0
+    for _ in range(5):
+        data = torch.randn(64, 256, device="cuda")
+        static_in.copy_(data)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = model(data)
+        worst = max(worst, (static_out - eager).abs().max().item())
+    assert worst < 1e-4, worst
+    before = torch.cuda.memory_reserved()
+    del graph, static_out
+    torch.cuda.empty_cache()
+    return f"max |graph - eager| = {worst:.2e}; reserved {before} -> {torch.cuda.memory_reserved()}"
+
+
+@check("failed capture leaves no pool behind")
+def _failed_capture():
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            y = torch.ones(1 << 20, device="cuda") * 2
+            torch.cuda.synchronize()  # not allowed while capturing: the capture fails
+    except Exception:  # pylint: disable=broad-except
+        pass
+    else:
+        raise AssertionError("the capture did not fail")
+    torch.cuda.synchronize()
+    y = None  # noqa: F841
+    del graph
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved()
+    assert after == before, (before, after)
+    return f"reserved {before} -> {after}"
+
+
+@check('torch.compile(mode="default") runs')
+def _compile():
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 1)).cuda()
+    compiled = torch.compile(model, mode="default")
+    x = torch.randn(32, 128, device="cuda")
+    out = compiled(x)
+    out.sum().backward()
+    diff = (out - model(x)).abs().max().item()
+    assert diff < 1e-3, diff
+    return f"max |compiled - eager| = {diff:.2e}"
+
+
+@check("OOM observer called, torch.OutOfMemoryError raised, process keeps working")
+def _oom():
+    calls = []
+    vramledger.attach_out_of_memory_observer(lambda *args: calls.append(args))
+    total = torch.cuda.get_device_properties(0).total_memory
+    try:
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        message = str(e)
+    else:
+        raise AssertionError("no OutOfMemoryError")
+    assert len(calls) == 1, calls
+    device, alloc_size, limit, device_free = calls[0]
+    assert device == 0 and alloc_size >= 2 * total and limit == total, calls
+    assert "free-space fragmentation" in message, message
+    assert torch.cuda.memory_stats()["num_ooms"] >= 1
+    torch.ones(10, device="cuda").sum().item()
+    return f"observer args {calls[0]}"
+
+
+class _Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        x = torch.full((16,), float(i))
+        return x, x.sum()
+
+
+@check("DataLoader(pin_memory=True, num_workers=2) feeds a training loop")
+def _dataloader():
+    loader = torch.utils.data.DataLoader(_Squares(), batch_size=32, num_workers=2,
+                                         pin_memory=True)
+    model = torch.nn.Linear(16, 1).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    batches = 0
+    for x, y in loader:
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+        loss = ((model(x).squeeze(1) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        batches += 1
+    assert batches == 8, batches
+    return f"{batches} batches"
+
+
+def main() -> int:
+    width = max(len(name) for name, _, _ in RESULTS)
+    print(f"\n{'check':<{width}}  result  detail")
+    for name, ok, detail in RESULTS:
+        print(f"{name:<{width}}  {'PASS' if ok else 'FAIL':<6}  {detail}")
+    print(torch.cuda.memory_summary(abbreviated=True))
+    return 0 if all(ok for _, ok, _ in RESULTS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+// CUDA graph private pools on SimBackend (core/graph_pools.cc, PYTORCH-FACTS §6): routing by the
+// filter, shared pools and use counts, release only after the blocks are free, failed captures.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "device/sim_backend.h"
+#include "vramledger/device_allocator.h"
+
+namespace vramledger {
+namespace {
+
+constexpr StreamId kEager = 0x10;
+constexpr StreamId kCapture = 0x20;
+constexpr MempoolId kPool{1, 0};
+constexpr MempoolId kOtherPool{2, 0};
+
+class GraphPoolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SimBackend::Config config;
+    config.capacity = 16 * kGiB;
+    sim_ = std::make_unique<SimBackend>(config);
+    auto options = ParseOptions("");
+    ASSERT_TRUE(options.ok()) << options.status();
+    alloc_ = std::make_unique<DeviceAllocator>(*options, sim_.get());
+  }
+  void TearDown() override {
+    EXPECT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
+  }
+  DevicePtr Alloc(std::size_t size, StreamId stream) {
+    auto p = alloc_->Malloc(size, stream);
+    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
+    return p.ok() ? *p : 0;
+  }
+  void Free(DevicePtr p) {
+    ASSERT_TRUE(alloc_->Free(p).ok());
+    ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
+  }
+  // Starts a capture on kCapture into `pool`, as torch's capture_begin does.
+  void BeginCapture(MempoolId pool) {
+    ASSERT_TRUE(
+        alloc_->BeginAllocateToPool(pool, [](StreamId s) { return s == kCapture; }).ok());
+    sim_->SetCapturing(kCapture, true);
+  }
+  // Ends it successfully (capture_end).
+  void EndCapture(MempoolId pool) {
+    sim_->SetCapturing(kCapture, false);
+    ASSERT_TRUE(alloc_->EndAllocateToPool(pool).ok());
+  }
+  std::int64_t Reserved() { return alloc_->GetStats().reserved_bytes[kAggregate].current; }
+  std::int64_t Calls(DriverCall call) { return sim_->calls().count(call); }
+
+  std::unique_ptr<SimBackend> sim_;
+  std::unique_ptr<DeviceAllocator> alloc_;
+};
+
+TEST_F(GraphPoolsTest, FilterRoutesOnlyItsStreamsToThePrivatePool) {
+  const DevicePtr eager = Alloc(4 * kMiB, kEager);
+  Free(eager);  // cached in the global pool, same stream as nothing below
+  BeginCapture(kPool);
+  const DevicePtr captured = Alloc(4 * kMiB, kCapture);
+  const DevicePtr other = Alloc(4 * kMiB, kEager);  // not accepted by the filter
+  EXPECT_EQ(other, eager);                          // served by the global cache
+  EndCapture(kPool);
+  Free(captured);
+  // The captured block's memory stays with the pool: eager code on the capture stream does not
+  // get it back while the graph lives.
+  const DevicePtr after = Alloc(4 * kMiB, kCapture);
+  EXPECT_NE(after, captured);
+  Free(after);
+  Free(other);
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
+}
+
+TEST_F(GraphPoolsTest, SharedPoolCountsUsesAndReleasesAtZero) {
+  BeginCapture(kPool);
+  const DevicePtr a = Alloc(8 * kMiB, kCapture);
+  EndCapture(kPool);
+  Free(a);
+  BeginCapture(kPool);  // a second graph shares the pool: it reuses the pool's cached block
+  const DevicePtr b = Alloc(8 * kMiB, kCapture);
+  EXPECT_EQ(b, a);
+  EndCapture(kPool);
+  Free(b);
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 2);
+  const std::int64_t reserved = Reserved();
+  EXPECT_GT(reserved, 0);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
+  EXPECT_EQ(Reserved(), reserved);  // one graph still uses it
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), reserved);  // empty_cache does not take a live pool's memory
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
+  EXPECT_EQ(Reserved(), 0);
+  EXPECT_FALSE(alloc_->ReleasePool(kPool).ok());  // gone
+}
+
+TEST_F(GraphPoolsTest, MemoryReturnsOnlyAfterReleaseAndFree) {
+  BeginCapture(kPool);
+  const DevicePtr output = Alloc(2 * kMiB, kCapture);  // a graph output that outlives the graph
+  EndCapture(kPool);
+  const std::int64_t reserved = Reserved();
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), reserved);  // the output is still live
+  Free(output);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
+}
+
+TEST_F(GraphPoolsTest, BeginningAnActivePoolTwiceIsAnError) {
+  BeginCapture(kPool);
+  EXPECT_FALSE(alloc_->BeginAllocateToPool(kPool, [](StreamId) { return true; }).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(kOtherPool, [](StreamId) { return false; }).ok());
+  EndCapture(kPool);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kOtherPool).ok());
+  EXPECT_FALSE(alloc_->EndAllocateToPool(kOtherPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kOtherPool).ok());
+}
+
+TEST_F(GraphPoolsTest, FailedCaptureLeaksNothing) {
+  const std::int64_t before = Reserved();
+  BeginCapture(kPool);
+  const DevicePtr a = Alloc(16 * kMiB, kCapture);
+  const DevicePtr b = Alloc(64 * kKiB, kCapture);
+  sim_->SetCapturing(kCapture, false);  // the capture failed: no End, no Release
+  Free(a);
+  Free(b);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), before);
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
+  // Allocations on the old capture stream are plain again, and the pool id can be reused.
+  Free(Alloc(kMiB, kCapture));
+  BeginCapture(kPool);
+  Free(Alloc(kMiB, kCapture));
+  EndCapture(kPool);
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+}
+
+TEST_F(GraphPoolsTest, NoEventQueryOrFreeWhileCapturing) {
+  const DevicePtr used = Alloc(4 * kMiB, kEager);
+  ASSERT_TRUE(alloc_->RecordStream(used, 0x30).ok());
+  Free(used);  // an event on 0x30 is pending
+  const DevicePtr cached = Alloc(32 * kMiB, kEager);
+  Free(cached);
+  BeginCapture(kPool);
+  const std::int64_t queries = Calls(DriverCall::kEventQuery);
+  const std::int64_t frees = Calls(DriverCall::kFree);
+  const std::int64_t syncs = Calls(DriverCall::kEventSynchronize);
+  const DevicePtr in_capture = Alloc(kMiB, kCapture);
+  Free(Alloc(2 * kMiB, kEager));  // another thread's eager work during the capture
+  // A record_stream'ed free during the capture is deferred, not recorded.
+  const DevicePtr shared = Alloc(kMiB, kCapture);
+  ASSERT_TRUE(alloc_->RecordStream(shared, 0x30).ok());
+  const std::int64_t records = Calls(DriverCall::kEventRecord);
+  Free(shared);
+  EXPECT_EQ(Calls(DriverCall::kEventRecord), records);
+  // An out-of-memory retry during the capture frees and synchronizes nothing.
+  sim_->SetCapacity(sim_->used_bytes());
+  EXPECT_FALSE(alloc_->Malloc(8 * kGiB, kEager).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Calls(DriverCall::kEventQuery), queries);
+  EXPECT_EQ(Calls(DriverCall::kFree), frees);
+  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), syncs);
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
+  EndCapture(kPool);
+  sim_->SetCapacity(16 * kGiB);
+  // After the capture the deferred events are recorded and processed as usual.
+  EXPECT_GT(Calls(DriverCall::kEventRecord), records);
+  sim_->CompleteAllEvents();
+  Free(Alloc(kMiB, kEager));
+  EXPECT_GT(Calls(DriverCall::kEventQuery), queries);
+  Free(in_capture);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+}  // namespace
+}  // namespace vramledger

@@ -1,0 +1,604 @@
+// libvramledger_preload.so (issue 7): interposes cudaMalloc/cudaFree/cudaMallocAsync/cudaFreeAsync
+// and cudaMemGetInfo, serving device memory from one vramledger DeviceAllocator per device.
+//
+// Recursion: CudaBackend (compiled into this library) calls cudaMalloc/cudaFree/cudaMemGetInfo
+// itself, and those names bind to this library's definitions (it comes first in the global
+// scope). Every entry into vramledger therefore runs under InsideScope, a thread-local flag; an
+// interposed function called while the flag is set forwards straight to the real runtime
+// function (dlsym(RTLD_NEXT)). The flag is initial-exec TLS: reading it never allocates.
+//
+// Everything here is process-wide and never destroyed: frees can arrive during exit.
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <ostream>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "device/cuda_backend.h"
+#include "ledger/atomic_file.h"
+#include "ledger/snapshot.h"
+#include "nlohmann/json.hpp"
+#include "torch_plugin/guard_api.h"
+#include "torch_plugin/plugin_history.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/options.h"
+#include "vramledger/stats.h"
+
+#define VRAMLEDGER_PRELOAD_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace vramledger {
+
+// guard_api.cc and plugin_history.cc report ctypes errors here (plugin.cc defines it there).
+std::string& PluginLastError() {
+  thread_local std::string error;
+  return error;
+}
+
+namespace {
+
+constexpr int kMaxDevices = History::kMaxDevices;
+
+// ---- The real runtime ----
+
+using MallocFn = cudaError_t (*)(void**, size_t);
+using FreeFn = cudaError_t (*)(void*);
+using MallocAsyncFn = cudaError_t (*)(void**, size_t, cudaStream_t);
+using FreeAsyncFn = cudaError_t (*)(void*, cudaStream_t);
+using MemGetInfoFn = cudaError_t (*)(size_t*, size_t*);
+
+// The next definition of `name` after this library (the program's libcudart), or nullptr.
+template <typename F>
+F Real(const char* name) {
+  static_assert(sizeof(F) == sizeof(void*));
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+struct RealRuntime {
+  MallocFn malloc = Real<MallocFn>("cudaMalloc");
+  FreeFn free = Real<FreeFn>("cudaFree");
+  MallocAsyncFn malloc_async = Real<MallocAsyncFn>("cudaMallocAsync");
+  FreeAsyncFn free_async = Real<FreeAsyncFn>("cudaFreeAsync");
+  MemGetInfoFn mem_get_info = Real<MemGetInfoFn>("cudaMemGetInfo");
+};
+
+// Resolved at the first interposed call, when the program's runtime is loaded (never at
+// constructor time: torch loads libcudart after this library's constructor ran).
+const RealRuntime& Runtime() {
+  static const RealRuntime* const runtime = new RealRuntime;
+  return *runtime;
+}
+
+// ---- The recursion guard ----
+
+__attribute__((tls_model("initial-exec"))) thread_local bool t_inside = false;
+
+// Marks the calling thread as inside vramledger for its lifetime (nests).
+class InsideScope {
+ public:
+  InsideScope() : previous_(t_inside) { t_inside = true; }
+  ~InsideScope() { t_inside = previous_; }
+  InsideScope(const InsideScope&) = delete;
+  InsideScope& operator=(const InsideScope&) = delete;
+
+ private:
+  const bool previous_;
+};
+
+// ---- Counters ----
+
+struct Counters {
+  std::atomic<std::int64_t> malloc_calls{0};        // cudaMalloc calls from the program
+  std::atomic<std::int64_t> malloc_async_calls{0};  // cudaMallocAsync calls from the program
+  std::atomic<std::int64_t> free_calls{0};          // cudaFree calls from the program
+  std::atomic<std::int64_t> free_async_calls{0};    // cudaFreeAsync calls from the program
+  std::atomic<std::int64_t> served_allocs{0};       // allocations vramledger served
+  std::atomic<std::int64_t> served_frees{0};        // frees of vramledger's blocks
+  std::atomic<std::int64_t> forwarded_frees{0};     // frees of memory vramledger did not allocate
+  std::atomic<std::int64_t> zero_size_allocs{0};    // size-0 requests (null, no memory)
+  std::atomic<std::int64_t> refusals{0};            // cudaErrorMemoryAllocation returned
+  std::atomic<std::int64_t> errors{0};              // other failures returned
+  std::atomic<std::int64_t> inner_calls{0};         // vramledger's own calls sent to the runtime
+  std::atomic<std::int64_t> memgetinfo_calls{0};
+};
+
+// ---- Process state ----
+
+struct Slot {
+  std::once_flag once;
+  absl::Status status;
+  std::unique_ptr<CudaBackend> backend;
+  std::unique_ptr<DeviceAllocator> allocator;
+  std::atomic<DeviceAllocator*> ready{nullptr};
+  std::atomic<std::int64_t> plan_limit{-2};  // -2: not resolved, -1: no limit
+};
+
+struct LiveBlock {
+  int device = 0;
+  StreamId stream = 0;
+};
+
+class Preload {
+ public:
+  explicit Preload(Options options) : options_(std::move(options)) {}
+
+  const Options& options() const { return options_; }
+  Counters& counters() { return counters_; }
+
+  // The allocator of `device`, created on first use. Pre: inside an InsideScope.
+  absl::StatusOr<DeviceAllocator*> GetOrCreate(int device) {
+    if (device < 0 || device >= kMaxDevices) {
+      return absl::InvalidArgumentError(absl::StrCat("vramledger: device ", device,
+                                                     " is beyond the ", kMaxDevices, " supported"));
+    }
+    Slot& slot = slots_[device];
+    if (DeviceAllocator* a = slot.ready.load(std::memory_order_acquire)) return a;
+    std::call_once(slot.once, [&] {
+      slot.backend = std::make_unique<CudaBackend>(device);
+      slot.allocator = std::make_unique<DeviceAllocator>(options_, slot.backend.get());
+      slot.status = AttachGuard(device, options_, slot.backend.get(), slot.allocator.get(),
+                                LedgerHooks());
+      if (!slot.status.ok()) return;
+      AttachLedger(device, slot.allocator.get());
+      slot.ready.store(slot.allocator.get(), std::memory_order_release);
+    });
+    if (!slot.status.ok()) return slot.status;
+    return slot.ready.load(std::memory_order_acquire);
+  }
+
+  DeviceAllocator* Existing(int device) const {
+    if (device < 0 || device >= kMaxDevices) return nullptr;
+    return slots_[device].ready.load(std::memory_order_acquire);
+  }
+
+  // Every device's allocator up to the highest that exists (nullptr for the others).
+  std::vector<const DeviceAllocator*> Allocators() const {
+    std::vector<const DeviceAllocator*> out;
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (const DeviceAllocator* a = Existing(d)) {
+        out.resize(d + 1, nullptr);
+        out[d] = a;
+      }
+    }
+    return out;
+  }
+
+  void Remember(void* ptr, LiveBlock block) {
+    absl::MutexLock lock(&mu_);
+    live_[ptr] = block;
+  }
+
+  // Removes `ptr` from the live table; false when vramledger did not allocate it.
+  bool Forget(void* ptr, LiveBlock* block) {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) return false;
+    *block = it->second;
+    live_.erase(it);
+    return true;
+  }
+
+  // The plan's limit on `device` in bytes (-1: no plan or no limit), resolved once against
+  // the card's total. Pre: inside an InsideScope.
+  std::int64_t PlanLimit(int device, std::size_t card_total) {
+    if (options_.plan.empty() || device < 0 || device >= kMaxDevices) return -1;
+    Slot& slot = slots_[device];
+    std::int64_t limit = slot.plan_limit.load(std::memory_order_relaxed);
+    if (limit != -2) return limit;
+    limit = -1;
+    char* json = nullptr;
+    if (vramledger_plan_check(options_.plan.c_str(), device + 1, card_total, &json) == 0 &&
+        json != nullptr) {
+      const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+      if (doc.is_object() && doc.contains("devices") &&
+          doc["devices"].size() > static_cast<std::size_t>(device)) {
+        const nlohmann::json& d = doc["devices"][device];
+        if (d.contains("limit") && d["limit"].is_number()) limit = d["limit"].get<std::int64_t>();
+      }
+    }
+    vramledger_string_free(json);
+    slot.plan_limit.store(limit, std::memory_order_relaxed);
+    return limit;
+  }
+
+ private:
+  const Options options_;
+  Counters counters_;
+  Slot slots_[kMaxDevices];
+  absl::Mutex mu_;
+  absl::flat_hash_map<void*, LiveBlock> live_ ABSL_GUARDED_BY(mu_);
+};
+
+// Set by the constructor; nullptr until then (and forever when the shim is disabled).
+std::atomic<Preload*> g_preload{nullptr};
+std::atomic<bool> g_dump_requested{false};  // SIGUSR1 arrived
+std::atomic<int> g_dump_sequence{0};
+struct sigaction g_previous_usr1;
+
+// ---- Dumps ----
+
+std::string FormatCount(std::int64_t n) { return absl::StrCat(n); }
+
+// The one-screen summary: calls seen, then peaks and utilization per device.
+std::string Summary(Preload& p, const char* reason) {
+  const Counters& c = p.counters();
+  std::ostringstream out;
+  out << "vramledger preload summary (" << reason << ", pid " << getpid() << ")\n"
+      << "options: " << OptionsToString(p.options()) << "\n"
+      << "calls seen: cudaMalloc " << c.malloc_calls.load() << ", cudaMallocAsync "
+      << c.malloc_async_calls.load() << ", cudaFree " << c.free_calls.load()
+      << ", cudaFreeAsync " << c.free_async_calls.load() << "\n"
+      << "served: allocations " << c.served_allocs.load() << ", frees " << c.served_frees.load()
+      << ", size-0 " << c.zero_size_allocs.load() << "; forwarded frees (not ours) "
+      << c.forwarded_frees.load() << "; refusals " << c.refusals.load() << ", errors "
+      << c.errors.load() << "\n";
+  for (int d = 0; d < kMaxDevices; ++d) {
+    const DeviceAllocator* a = p.Existing(d);
+    if (a == nullptr) continue;
+    const DeviceStats s = a->GetStats();
+    const Fragmentation f = a->GetFragmentation();
+    const Stat& alloc = s.allocated_bytes[kAggregate];
+    const Stat& reserved = s.reserved_bytes[kAggregate];
+    out << "device " << d << ": peak allocated " << FormatSize(alloc.peak) << ", peak reserved "
+        << FormatSize(reserved.peak) << ", utilization " << f.utilization << "\n"
+        << "  now: allocated " << FormatSize(alloc.current) << ", reserved "
+        << FormatSize(reserved.current) << ", largest free block "
+        << FormatSize(f.largest_free_block) << ", holes " << f.holes << "\n"
+        << "  allocations " << FormatCount(s.allocation[kAggregate].allocated) << ", frees "
+        << FormatCount(s.allocation[kAggregate].freed) << ", segments "
+        << FormatCount(s.segment[kAggregate].allocated) << ", cudaMalloc retries " << s.num_alloc_retries
+        << ", OOMs " << s.num_ooms << "\n";
+  }
+  return out.str();
+}
+
+// Writes <dump_dir>/vramledger-preload-pid<P>-<tag>.json (snapshot) and .txt (summary).
+// Pre: no allocator lock held by this thread. Never throws.
+void WriteDump(Preload& p, const std::string& tag) {
+  InsideScope inside;
+  try {
+    const std::string base = absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid",
+                                          getpid(), "-", tag);
+    ::mkdir(p.options().dump_dir.c_str(), 0755);  // WriteSnapshotJsonFile needs it to exist
+    SnapshotOptions snapshot = PluginSnapshotOptions();
+    const Counters& c = p.counters();
+    snapshot.extra["preload"] = {
+        {"reason", tag},
+        {"cudaMalloc_calls", c.malloc_calls.load()},
+        {"cudaMallocAsync_calls", c.malloc_async_calls.load()},
+        {"cudaFree_calls", c.free_calls.load()},
+        {"cudaFreeAsync_calls", c.free_async_calls.load()},
+        {"served_allocations", c.served_allocs.load()},
+        {"served_frees", c.served_frees.load()},
+        {"forwarded_frees", c.forwarded_frees.load()},
+        {"refusals", c.refusals.load()},
+    };
+    const absl::Status s =
+        WriteSnapshotJsonFile(base + ".json", p.Allocators(), &PluginHistory(), snapshot);
+    if (!s.ok()) {
+      std::fprintf(stderr, "vramledger: preload snapshot not written: %s\n",
+                   std::string(s.message()).c_str());
+    }
+    const std::string summary = Summary(p, tag.c_str());
+    const absl::Status t = WriteFileAtomically(base + ".txt", [&](std::ostream& out) {
+      out << summary;
+      return out.good() ? absl::OkStatus() : absl::DataLossError("summary write failed");
+    });
+    if (!t.ok()) {
+      std::fprintf(stderr, "vramledger: preload summary not written: %s\n",
+                   std::string(t.message()).c_str());
+    }
+    if (std::getenv("VRAMLEDGER_PRELOAD_QUIET") == nullptr) {
+      std::fprintf(stderr, "%swritten: %s.json, %s.txt\n", summary.c_str(), base.c_str(),
+                   base.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vramledger: preload dump failed: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "vramledger: preload dump failed\n");
+  }
+}
+
+// SIGUSR1: only sets the flag; the dump runs on the next interposed call (async-signal-safe).
+void OnUsr1(int signo, siginfo_t* info, void* context) {
+  g_dump_requested.store(true, std::memory_order_relaxed);
+  if (g_previous_usr1.sa_flags & SA_SIGINFO) {
+    if (g_previous_usr1.sa_sigaction != nullptr) g_previous_usr1.sa_sigaction(signo, info, context);
+  } else if (g_previous_usr1.sa_handler != SIG_DFL && g_previous_usr1.sa_handler != SIG_IGN &&
+             g_previous_usr1.sa_handler != nullptr) {
+    g_previous_usr1.sa_handler(signo);
+  }
+}
+
+// The shim's state for a call from the program (nullptr: forward), doing a requested dump first.
+Preload* Active() {
+  if (t_inside) return nullptr;
+  Preload* p = g_preload.load(std::memory_order_acquire);
+  if (p != nullptr && g_dump_requested.load(std::memory_order_relaxed) &&
+      g_dump_requested.exchange(false)) {
+    WriteDump(*p, absl::StrCat("sigusr1-", g_dump_sequence.fetch_add(1) + 1));
+  }
+  return p;
+}
+
+int CurrentDevice() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    device = 0;
+  }
+  return device;
+}
+
+// Serves one allocation of the program. Pre: p is active (not inside).
+cudaError_t Allocate(Preload& p, void** out, size_t size, cudaStream_t stream) {
+  if (out == nullptr) return cudaErrorInvalidValue;
+  if (size == 0) {
+    *out = nullptr;
+    p.counters().zero_size_allocs.fetch_add(1, std::memory_order_relaxed);
+    return cudaSuccess;
+  }
+  InsideScope inside;
+  const int device = CurrentDevice();
+  absl::StatusOr<DevicePtr> ptr;
+  absl::StatusOr<DeviceAllocator*> allocator = p.GetOrCreate(device);
+  if (allocator.ok()) {
+    ptr = (*allocator)->Malloc(size, reinterpret_cast<StreamId>(stream));
+  } else {
+    ptr = allocator.status();
+  }
+  if (!ptr.ok()) {
+    if (absl::IsResourceExhausted(ptr.status())) {
+      // The guard's report (or torch's OOM message) with the forensic snapshot's path.
+      const absl::Status report = GuardRefusalOrOomDump(device, ptr.status());
+      std::fprintf(stderr, "%s\n", std::string(report.message()).c_str());
+      p.counters().refusals.fetch_add(1, std::memory_order_relaxed);
+      return cudaErrorMemoryAllocation;
+    }
+    std::fprintf(stderr, "vramledger: allocation of %zu bytes on device %d failed: %s\n", size,
+                 device, std::string(ptr.status().message()).c_str());
+    p.counters().errors.fetch_add(1, std::memory_order_relaxed);
+    return absl::IsInvalidArgument(ptr.status()) ? cudaErrorInvalidValue : cudaErrorUnknown;
+  }
+  *out = reinterpret_cast<void*>(*ptr);
+  p.Remember(*out, LiveBlock{device, reinterpret_cast<StreamId>(stream)});
+  p.counters().served_allocs.fetch_add(1, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+// Frees `ptr` if vramledger allocated it (true); false means the caller forwards it.
+bool Release(Preload& p, void* ptr, cudaStream_t stream, bool async, cudaError_t* result) {
+  LiveBlock block;
+  if (ptr == nullptr || !p.Forget(ptr, &block)) return false;
+  InsideScope inside;
+  *result = cudaSuccess;
+  DeviceAllocator* a = p.Existing(block.device);
+  absl::Status s;
+  const StreamId free_stream = reinterpret_cast<StreamId>(stream);
+  // cudaFreeAsync on another stream: reuse waits for that stream's work queued so far.
+  if (async && free_stream != block.stream) {
+    s = a->RecordStream(reinterpret_cast<DevicePtr>(ptr), free_stream);
+  }
+  if (s.ok()) s = a->Free(reinterpret_cast<DevicePtr>(ptr));
+  if (!s.ok()) {
+    std::fprintf(stderr, "vramledger: free of %p on device %d failed: %s\n", ptr, block.device,
+                 std::string(s.message()).c_str());
+    p.counters().errors.fetch_add(1, std::memory_order_relaxed);
+    *result = cudaErrorInvalidValue;
+  } else {
+    p.counters().served_frees.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+// PYTORCH_CUDA_ALLOC_CONF gains backend:cudaMallocAsync unless it names a backend already, so
+// that torch sends every tensor allocation through cudaMallocAsync (PYTORCH-FACTS §8).
+void SelectTorchBackend() {
+  const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  if (conf == nullptr || conf[0] == '\0') {
+    setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", 1);
+    return;
+  }
+  if (std::strstr(conf, "backend") != nullptr) return;
+  setenv("PYTORCH_CUDA_ALLOC_CONF", absl::StrCat(conf, ",backend:cudaMallocAsync").c_str(), 1);
+}
+
+void AtExit() {
+  Preload* p = g_preload.load(std::memory_order_acquire);
+  static std::atomic<bool> done{false};
+  if (p == nullptr || done.exchange(true)) return;
+  if (std::getenv("VRAMLEDGER_PRELOAD_NO_EXIT_DUMP") != nullptr) return;
+  const Counters& c = p->counters();
+  if (c.malloc_calls.load() + c.malloc_async_calls.load() == 0) return;  // never used CUDA
+  WriteDump(*p, "exit");
+}
+
+// Runs before the program's main: reads VRAMLEDGER_CONF (a bad value ends the process with one
+// line naming the key), checks the plan file, selects torch's backend, installs SIGUSR1.
+__attribute__((constructor)) void PreloadInit() {
+  InsideScope inside;
+  if (std::getenv("VRAMLEDGER_PRELOAD_DISABLE") != nullptr) return;
+  absl::StatusOr<Options> options = OptionsFromEnvAndString("");
+  if (!options.ok()) {
+    std::fprintf(stderr, "vramledger: %s\n",
+                 std::string(options.status().message()).c_str());
+    std::fflush(stderr);
+    std::_Exit(2);
+  }
+  if (!options->plan.empty()) {
+    char* json = nullptr;
+    if (vramledger_plan_check(options->plan.c_str(), 0, 0, &json) != 0) {
+      std::fprintf(stderr, "vramledger: VRAMLEDGER_CONF: option 'plan': %s\n",
+                   PluginLastError().c_str());
+      std::fflush(stderr);
+      std::_Exit(2);
+    }
+    vramledger_string_free(json);
+  }
+  SelectTorchBackend();
+  g_preload.store(new Preload(*std::move(options)), std::memory_order_release);
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_sigaction = OnUsr1;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGUSR1, &action, &g_previous_usr1);
+  std::atexit(AtExit);
+}
+
+__attribute__((destructor)) void PreloadFini() { AtExit(); }
+
+}  // namespace
+}  // namespace vramledger
+
+using vramledger::Active;
+using vramledger::Preload;
+using vramledger::Runtime;
+
+// ---- The interposed runtime functions ----
+
+VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
+  Preload* p = Active();
+  if (p == nullptr) {
+    if (Preload* q = vramledger::g_preload.load(std::memory_order_relaxed)) {
+      q->counters().inner_calls.fetch_add(1, std::memory_order_relaxed);
+    }
+    return Runtime().malloc(ptr, size);
+  }
+  p->counters().malloc_calls.fetch_add(1, std::memory_order_relaxed);
+  return vramledger::Allocate(*p, ptr, size, nullptr);
+}
+
+VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size,
+                                                      cudaStream_t stream) {
+  Preload* p = Active();
+  if (p == nullptr) return Runtime().malloc_async(ptr, size, stream);
+  p->counters().malloc_async_calls.fetch_add(1, std::memory_order_relaxed);
+  return vramledger::Allocate(*p, ptr, size, stream);
+}
+
+VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
+  Preload* p = Active();
+  if (p == nullptr) {
+    if (Preload* q = vramledger::g_preload.load(std::memory_order_relaxed)) {
+      q->counters().inner_calls.fetch_add(1, std::memory_order_relaxed);
+    }
+    return Runtime().free(ptr);
+  }
+  p->counters().free_calls.fetch_add(1, std::memory_order_relaxed);
+  cudaError_t result = cudaSuccess;
+  if (vramledger::Release(*p, ptr, nullptr, /*async=*/false, &result)) return result;
+  if (ptr != nullptr) p->counters().forwarded_frees.fetch_add(1, std::memory_order_relaxed);
+  return Runtime().free(ptr);  // not ours (or cudaFree(0), which initializes the context)
+}
+
+VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  Preload* p = Active();
+  if (p == nullptr) return Runtime().free_async(ptr, stream);
+  p->counters().free_async_calls.fetch_add(1, std::memory_order_relaxed);
+  cudaError_t result = cudaSuccess;
+  if (vramledger::Release(*p, ptr, stream, /*async=*/true, &result)) return result;
+  if (ptr != nullptr) p->counters().forwarded_frees.fetch_add(1, std::memory_order_relaxed);
+  return Runtime().free_async(ptr, stream);
+}
+
+// With a plan, the device looks as large as the plan's limit: total = limit, free = what the
+// limit leaves beyond vramledger's reserved bytes (never more than the real free memory).
+VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  const cudaError_t err = Runtime().mem_get_info(free_bytes, total_bytes);
+  Preload* p = Active();
+  if (p == nullptr || err != cudaSuccess || p->options().plan.empty() || free_bytes == nullptr ||
+      total_bytes == nullptr) {
+    return err;
+  }
+  p->counters().memgetinfo_calls.fetch_add(1, std::memory_order_relaxed);
+  vramledger::InsideScope inside;
+  const int device = vramledger::CurrentDevice();
+  const std::int64_t limit = p->PlanLimit(device, *total_bytes);
+  if (limit < 0) return err;
+  std::int64_t reserved = 0;
+  if (const vramledger::DeviceAllocator* a = p->Existing(device)) {
+    reserved = a->GetStats().reserved_bytes[vramledger::kAggregate].current;
+  }
+  const std::size_t plan_free = limit > reserved ? static_cast<std::size_t>(limit - reserved) : 0;
+  *total_bytes = std::min(*total_bytes, static_cast<std::size_t>(limit));
+  *free_bytes = std::min(*free_bytes, plan_free);
+  return err;
+}
+
+// guard_api.cc's testing entry point calls the plugin's vramledger_malloc; inside the shim it is
+// an allocation from the current device's vramledger allocator (throws std::bad_alloc on refusal).
+// Not exported (version script).
+void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream) {
+  Preload* p = Active();
+  if (p == nullptr) throw std::bad_alloc();
+  int previous = 0;
+  cudaGetDevice(&previous);
+  if (previous != device) cudaSetDevice(device);
+  void* out = nullptr;
+  const cudaError_t err = vramledger::Allocate(*p, &out, size, stream);
+  if (previous != device) cudaSetDevice(previous);
+  if (err != cudaSuccess) throw std::bad_alloc();
+  return out;
+}
+
+// guard_api.cc's ctypes functions use these two of plugin.cc's (not exported here either).
+int vramledger_device_count() {
+  int count = -1;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return -1;
+  return count;
+}
+
+void vramledger_string_free(char* s) { std::free(s); }
+
+// ---- Introspection (tests, scripts through ctypes) ----
+
+/// The shim's counters as a JSON object in a malloc'd string (free() it); NULL when inactive.
+VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
+  Preload* p = vramledger::g_preload.load(std::memory_order_acquire);
+  if (p == nullptr) return nullptr;
+  const vramledger::Counters& c = p->counters();
+  const nlohmann::json j = {
+      {"cudaMalloc_calls", c.malloc_calls.load()},
+      {"cudaMallocAsync_calls", c.malloc_async_calls.load()},
+      {"cudaFree_calls", c.free_calls.load()},
+      {"cudaFreeAsync_calls", c.free_async_calls.load()},
+      {"served_allocations", c.served_allocs.load()},
+      {"served_frees", c.served_frees.load()},
+      {"forwarded_frees", c.forwarded_frees.load()},
+      {"zero_size_allocations", c.zero_size_allocs.load()},
+      {"refusals", c.refusals.load()},
+      {"errors", c.errors.load()},
+      {"inner_runtime_calls", c.inner_calls.load()},
+  };
+  const std::string text = j.dump();
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
+/// Writes a snapshot and summary now (as SIGUSR1 does), tagged `tag` ("manual" when NULL).
+VRAMLEDGER_PRELOAD_EXPORT void vramledger_preload_dump(const char* tag) {
+  Preload* p = vramledger::g_preload.load(std::memory_order_acquire);
+  if (p != nullptr) vramledger::WriteDump(*p, tag == nullptr ? "manual" : tag);
+}

@@ -1,0 +1,58 @@
+"""`vramledger run [options] -- COMMAND` (issue 7): runs an unmodified program with the LD_PRELOAD
+shim libvramledger_preload.so (found beside this package, or $VRAMLEDGER_PRELOAD) and VRAMLEDGER_CONF."""
+
+from __future__ import annotations
+
+import os
+
+PRELOAD_NAME = "libvramledger_preload.so"
+PRELOAD_ENV = "VRAMLEDGER_PRELOAD"  # overrides where the shim is looked for (in-tree runs)
+
+
+def preload_path(cli_error: type[Exception]) -> str:
+    """Absolute path of the shim: $VRAMLEDGER_PRELOAD, else the one in this package."""
+    override = os.environ.get(PRELOAD_ENV)
+    path = override or os.path.join(os.path.dirname(os.path.abspath(__file__)), PRELOAD_NAME)
+    if not os.path.isfile(path):
+        raise cli_error(f"vramledger: the LD_PRELOAD shim {path} does not exist (a build without "
+                        f"the CUDA toolkit?); set {PRELOAD_ENV} to a built one")
+    return os.path.abspath(path)
+
+
+def run(args, cli_error: type[Exception]) -> int:
+    """Sets LD_PRELOAD and VRAMLEDGER_CONF and execs the command (never returns on success)."""
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise cli_error("vramledger run: give the command after --")
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = " ".join(filter(None, [preload_path(cli_error), env.get("LD_PRELOAD")]))
+    conf = [c for c in (env.get("VRAMLEDGER_CONF"), args.conf) if c]
+    if args.plan:
+        conf.append(f"plan:{os.path.abspath(args.plan)}")
+    if args.dump_dir:
+        conf.append(f"dump_dir:{os.path.abspath(args.dump_dir)}")
+    if conf:
+        env["VRAMLEDGER_CONF"] = ",".join(conf)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        raise cli_error(f"vramledger run: cannot run {command[0]}: {e}") from e
+    return 0
+
+
+def register(commands, cli_error: type[Exception]) -> None:
+    """Adds `run` to the `vramledger` subcommands; errors become `cli_error`."""
+    p = commands.add_parser(
+        "run", help="run an unmodified program with vramledger's LD_PRELOAD shim",
+        description="Runs COMMAND with LD_PRELOAD=libvramledger_preload.so and VRAMLEDGER_CONF, "
+                    "so its cudaMalloc/cudaMallocAsync (and torch's tensors, through "
+                    "backend:cudaMallocAsync) are served by vramledger. A snapshot and summary "
+                    "are written to the dump directory at exit and on SIGUSR1.")
+    p.add_argument("--conf", default="", help="allocator options (key:value,...), appended to "
+                                              "VRAMLEDGER_CONF")
+    p.add_argument("--plan", help="plan file the guard enforces")
+    p.add_argument("--dump-dir", help="where snapshots, summaries and OOM dumps go")
+    p.add_argument("cmd", nargs="...", metavar="-- COMMAND", help="the program and its arguments")
+    p.set_defaults(run=lambda args: run(args, cli_error))
