@@ -249,7 +249,8 @@ def test_record_stream_defers_reuse_on_a_side_stream():
         s = vramledger.memory_stats()
         assert s["active_bytes.all.current"] == s["allocated_bytes.all.current"], s
         w = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
-        assert w.data_ptr() == ptr, "the completed block should be reused"
+        if busy:  # otherwise y already took the completed block
+            assert w.data_ptr() == ptr, "the completed block should be reused"
         print("OK")
     """)
 
