@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include <c10/util/Exception.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
@@ -396,20 +395,6 @@ int vramledger_plan_check(const char* path, int device_count, unsigned long long
 int vramledger_set_python_stack_fn(vramledger_python_stack_fn fn) {
   G().python_fn.store(fn, std::memory_order_release);
   return VRAMLEDGER_OK;
-}
-
-void* vramledger_testing_malloc(size_t size, int device, char** message_out) {
-  if (message_out != nullptr) *message_out = nullptr;
-  std::string message;
-  try {
-    return vramledger_malloc(size, device, nullptr);
-  } catch (const c10::Error& e) {
-    message = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
-  if (message_out != nullptr) (void)vramledger::ToCString(message, message_out);
-  return nullptr;
 }
 
 }  // extern "C"

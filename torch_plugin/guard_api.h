@@ -70,11 +70,6 @@ VRAMLEDGER_EXPORT int vramledger_set_python_stack_fn(vramledger_python_stack_fn 
 
 // ---- Testing only (tests that reach the allocator from Python through ctypes) ----
 
-/// vramledger_malloc(size, device, default stream) with the c10 error it throws caught: returns
-/// the address, or NULL and, when `message_out` is not NULL, the error's text (without torch's
-/// backtrace) in *message_out, released with vramledger_string_free. ctypes releases the GIL
-/// around the call, as torch's operators do before they allocate.
-VRAMLEDGER_EXPORT void* vramledger_testing_malloc(size_t size, int device, char** message_out);
 
 }  // extern "C"
 

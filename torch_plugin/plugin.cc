@@ -462,6 +462,23 @@ int vramledger_testing_complete_events(int device) {
   });
 }
 
+void* vramledger_testing_malloc(size_t size, int device, char** message_out) {
+  if (message_out != nullptr) *message_out = nullptr;
+  std::string message;
+  try {
+    return vramledger_malloc(size, device, nullptr);
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (message_out != nullptr) {  // released with vramledger_string_free (std::free)
+    *message_out = static_cast<char*>(std::malloc(message.size() + 1));
+    if (*message_out != nullptr) std::memcpy(*message_out, message.c_str(), message.size() + 1);
+  }
+  return nullptr;
+}
+
 int vramledger_empty_cache(int device) {
   return vramledger::CatchAll([&] {
     return vramledger::ForDevices(device, [](DeviceAllocator* a) { return a->EmptyCache(); });

@@ -139,6 +139,11 @@ VRAMLEDGER_EXPORT int vramledger_testing_use_sim_backend(int device_count, std::
 /// Completes every event recorded so far on the simulated `device` (as if its streams drained).
 /// VRAMLEDGER_INVALID_ARGUMENT if `device` has no simulated allocator.
 VRAMLEDGER_EXPORT int vramledger_testing_complete_events(int device);
+/// vramledger_malloc(size, device, default stream) with the c10 error it throws caught: returns
+/// the address, or NULL and, when `message_out` is not NULL, the error's text (without torch's
+/// backtrace) in *message_out, released with vramledger_string_free. ctypes releases the GIL
+/// around the call, as torch's operators do before they allocate.
+VRAMLEDGER_EXPORT void* vramledger_testing_malloc(size_t size, int device, char** message_out);
 
 }  // extern "C"
 

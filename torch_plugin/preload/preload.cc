@@ -546,21 +546,6 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t*
   return err;
 }
 
-// guard_api.cc's testing entry point calls the plugin's vramledger_malloc; inside the shim it is
-// an allocation from the current device's vramledger allocator (throws std::bad_alloc on refusal).
-// Not exported (version script).
-void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream) {
-  Preload* p = Active();
-  if (p == nullptr) throw std::bad_alloc();
-  int previous = 0;
-  cudaGetDevice(&previous);
-  if (previous != device) cudaSetDevice(device);
-  void* out = nullptr;
-  const cudaError_t err = vramledger::Allocate(*p, &out, size, stream);
-  if (previous != device) cudaSetDevice(previous);
-  if (err != cudaSuccess) throw std::bad_alloc();
-  return out;
-}
 
 // guard_api.cc's ctypes functions use these two of plugin.cc's (not exported here either).
 int vramledger_device_count() {
