@@ -6,10 +6,12 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 
@@ -30,6 +32,8 @@ struct CudaDriverApi {
   PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity = nullptr;
   PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state = nullptr;
   PFN_cuGetErrorString_v6000 get_error_string = nullptr;
   PFN_cuGetErrorName_v6000 get_error_name = nullptr;
 };
@@ -70,6 +74,8 @@ absl::Status LoadDriverApi(CudaDriverApi* api) {
            LoadEntryPoint("cuMemSetAccess", &api->mem_set_access),
            LoadEntryPoint("cuMemGetAllocationGranularity", &api->mem_get_allocation_granularity),
            LoadEntryPoint("cuCtxGetCurrent", &api->ctx_get_current),
+           LoadEntryPoint("cuDeviceGet", &api->device_get),
+           LoadEntryPoint("cuDevicePrimaryCtxGetState", &api->primary_ctx_get_state),
            LoadEntryPoint("cuGetErrorString", &api->get_error_string),
            LoadEntryPoint("cuGetErrorName", &api->get_error_name),
        }) {
@@ -171,7 +177,86 @@ CUmemAllocationProp PinnedDeviceProp(int device) {
   return prop;
 }
 
+constexpr int kMaxPeerDevices = 64;  // bits of a peer mask
+
+// Access descriptors for `self` (if >= 0) and every device in `peers`.
+std::vector<CUmemAccessDesc> AccessDescriptors(int self, std::uint64_t peers) {
+  std::vector<CUmemAccessDesc> descs;
+  for (int d = -1; d < kMaxPeerDevices; ++d) {
+    if (d == -1 ? self < 0 : (peers >> d & 1) == 0) continue;
+    CUmemAccessDesc desc = {};
+    desc.location = DeviceLocation(d == -1 ? self : d);
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    descs.push_back(desc);
+  }
+  return descs;
+}
+
 }  // namespace
+
+// Process-wide peer access of VMM memory (docs/design/peer-access.md): the CudaBackends alive and
+// the devices granted read/write access to every page they map. A device is granted once its
+// primary context is active (so a process that never touches a GPU never creates page tables on
+// it: one process per GPU under torchrun stays on its own GPU).
+class PeerAccessRegistry {
+ public:
+  static PeerAccessRegistry& Get() {
+    static PeerAccessRegistry* registry = new PeerAccessRegistry();  // never destroyed
+    return *registry;
+  }
+
+  void Add(CudaBackend* backend, const CudaDriverApi* driver) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    backends_.push_back(backend);
+    capable_ |= backend->peer_capable_;
+    if (driver_ == nullptr) driver_ = driver;
+  }
+
+  void Remove(CudaBackend* backend) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    backends_.erase(std::remove(backends_.begin(), backends_.end(), backend), backends_.end());
+  }
+
+  // Grants newly active peer-capable devices access to every backend's mapped handles; returns
+  // the devices granted so far (in `*granted`) even when a grant failed.
+  absl::Status Refresh(std::uint64_t* granted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    *granted = granted_;
+    const std::uint64_t pending = capable_ & ~granted_;
+    if (pending == 0 || driver_ == nullptr) return absl::OkStatus();
+    std::uint64_t fresh = 0;
+    for (int d = 0; d < kMaxPeerDevices; ++d) {
+      if ((pending >> d & 1) == 0) continue;
+      CUdevice dev = 0;
+      unsigned int flags = 0;
+      int active = 0;
+      if (driver_->device_get(&dev, d) == CUDA_SUCCESS &&
+          driver_->primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && active != 0) {
+        fresh |= std::uint64_t{1} << d;
+      }
+    }
+    if (fresh == 0) return absl::OkStatus();
+    absl::Status status;
+    for (CudaBackend* backend : backends_) {
+      status.Update(backend->GrantMapped(fresh & backend->peer_capable_));
+    }
+    granted_ |= fresh;
+    *granted = granted_;
+    return status;
+  }
+
+  std::uint64_t granted() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return granted_;
+  }
+
+  absl::Mutex mu_;  // before any CudaBackend::mapped_mu_
+
+ private:
+  std::vector<CudaBackend*> backends_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t capable_ ABSL_GUARDED_BY(mu_) = 0;  // union of the backends' peer_capable_
+  std::uint64_t granted_ ABSL_GUARDED_BY(mu_) = 0;  // devices granted on every mapped handle
+  const CudaDriverApi* driver_ ABSL_GUARDED_BY(mu_) = nullptr;  // any backend's entry points
+};
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   auto api = std::make_unique<CudaDriverApi>();
@@ -190,9 +275,53 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (!vmm_status_.ok()) return;
   granularity_ = granularity;
   driver_ = std::move(api);
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) (void)cudaGetLastError();
+  for (int peer = 0; peer < std::min(count, kMaxPeerDevices); ++peer) {
+    int can = 0;
+    if (peer == device_) continue;
+    if (cudaDeviceCanAccessPeer(&can, peer, device_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (can != 0) peer_capable_ |= std::uint64_t{1} << peer;
+  }
+  PeerAccessRegistry::Get().Add(this, driver_.get());
 }
 
-CudaBackend::~CudaBackend() = default;
+CudaBackend::~CudaBackend() {
+  if (driver_ != nullptr) PeerAccessRegistry::Get().Remove(this);
+}
+
+std::uint64_t CudaBackend::peer_mask() const {
+  return PeerAccessRegistry::Get().granted() & peer_capable_;
+}
+
+absl::Status CudaBackend::RefreshPeerAccess() {
+  PeerAccessRegistry& registry = PeerAccessRegistry::Get();
+  absl::MutexLock lock(&registry.mu_);
+  std::uint64_t granted = 0;
+  return registry.Refresh(&granted);
+}
+
+absl::Status CudaBackend::GrantMapped(std::uint64_t peers) {
+  if (peers == 0 || driver_ == nullptr) return absl::OkStatus();
+  ScopedDevice scope(device_, driver_.get());
+  if (!scope.status().ok()) return scope.status();
+  const std::vector<CUmemAccessDesc> descs = AccessDescriptors(/*self=*/-1, peers);
+  absl::MutexLock lock(&mapped_mu_);
+  for (const auto& [va, size] : mapped_) {
+    const CUresult err = Timed(calls_, DriverCall::kMemSetAccess, [&] {
+      return driver_->mem_set_access(ToDevicePtr(va), size, descs.data(), descs.size());
+    });
+    if (err != CUDA_SUCCESS) {
+      return DriverStatus(err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes) for peers %#x", va,
+                                               size, peers),
+                          device_, *driver_);
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CudaBackend::CheckGranular(const char* call, const char* what,
                                         std::size_t value) const {
@@ -297,6 +426,10 @@ absl::Status CudaBackend::Map(DevicePtr va, std::size_t size, PhysicalHandle han
     return driver_->mem_map(ToDevicePtr(va), size, /*offset=*/0,
                             static_cast<CUmemGenericAllocationHandle>(handle), /*flags=*/0);
   });
+  if (err == CUDA_SUCCESS) {
+    absl::MutexLock lock(&mapped_mu_);
+    mapped_[va] = size;
+  }
   return DriverStatus(err, absl::StrFormat("cuMemMap(%#x, %d bytes, handle %#x)", va, size, handle),
                       device_, *driver_);
 }
@@ -307,6 +440,13 @@ absl::Status CudaBackend::Unmap(DevicePtr va, std::size_t size) {
   if (absl::Status s = CheckGranular("cuMemUnmap", "size", size); !s.ok()) return s;
   ScopedDevice scope(device_, driver_.get());
   if (!scope.status().ok()) return scope.status();
+  {
+    // Forget the handles first, so that no peer grant touches them once they are unmapped.
+    absl::MutexLock lock(&mapped_mu_);
+    for (auto it = mapped_.lower_bound(va); it != mapped_.end() && it->first < va + size;) {
+      it = mapped_.erase(it);
+    }
+  }
   const CUresult err = Timed(calls_, DriverCall::kMemUnmap,
                              [&] { return driver_->mem_unmap(ToDevicePtr(va), size); });
   return DriverStatus(err, absl::StrFormat("cuMemUnmap(%#x, %d bytes)", va, size), device_,
@@ -319,14 +459,23 @@ absl::Status CudaBackend::SetAccess(DevicePtr va, std::size_t size) {
   if (absl::Status s = CheckGranular("cuMemSetAccess", "size", size); !s.ok()) return s;
   ScopedDevice scope(device_, driver_.get());
   if (!scope.status().ok()) return scope.status();
-  CUmemAccessDesc desc = {};
-  desc.location = DeviceLocation(device_);
-  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // Under the registry's lock, so that a peer granted by a concurrent refresh is either in
+  // `peers` here or finds this range in mapped_ (Map recorded it before this call).
+  PeerAccessRegistry& registry = PeerAccessRegistry::Get();
+  absl::MutexLock lock(&registry.mu_);
+  std::uint64_t granted = 0;
+  const absl::Status refreshed = registry.Refresh(&granted);
+  const std::uint64_t peers = granted & peer_capable_;
+  const std::vector<CUmemAccessDesc> descs = AccessDescriptors(device_, peers);
   const CUresult err = Timed(calls_, DriverCall::kMemSetAccess, [&] {
-    return driver_->mem_set_access(ToDevicePtr(va), size, &desc, /*count=*/1);
+    return driver_->mem_set_access(ToDevicePtr(va), size, descs.data(), descs.size());
   });
-  return DriverStatus(err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes)", va, size), device_,
-                      *driver_);
+  if (err != CUDA_SUCCESS) {
+    return DriverStatus(
+        err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes, peers %#x)", va, size, peers),
+        device_, *driver_);
+  }
+  return refreshed;
 }
 
 // ---- Events and streams ----

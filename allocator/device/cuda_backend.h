@@ -4,9 +4,13 @@
 #define VRAMLEDGER_DEVICE_CUDA_BACKEND_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "vramledger/device_backend.h"
 #include "vramledger/types.h"
@@ -50,6 +54,9 @@ class CudaBackend final : public DeviceBackend {
   absl::Status ReleasePhysical(PhysicalHandle handle) override;
   absl::Status Map(DevicePtr va, std::size_t size, PhysicalHandle handle) override;
   absl::Status Unmap(DevicePtr va, std::size_t size) override;
+  /// Grants read/write access to `[va, va + size)` to this device and to every peer in
+  /// peer_mask() (docs/design/peer-access.md: cudaDeviceEnablePeerAccess does not cover VMM
+  /// memory, so vramledger grants peers itself).
   absl::Status SetAccess(DevicePtr va, std::size_t size) override;
 
   absl::Status CreateEvent(EventId* out) override;
@@ -71,7 +78,23 @@ class CudaBackend final : public DeviceBackend {
   /// OK if the driver VMM entry points were resolved and the granularity queried; else why not.
   const absl::Status& vmm_status() const { return vmm_status_; }
 
+  /// Devices (bit d = CUDA device d) that may read and write this device's mapped pages: the
+  /// devices that cudaDeviceCanAccessPeer this one and whose primary context is active in this
+  /// process, as of the last refresh (docs/design/peer-access.md). 0 with one device.
+  std::uint64_t peer_mask() const;
+
+  /// Refreshes the peers of every CudaBackend of the process: a peer-capable device whose primary
+  /// context became active since the last refresh is granted read/write access to every range
+  /// already mapped by every backend (one cuMemSetAccess per mapped handle). Also run by
+  /// SetAccess. Call it after a device that vramledger never allocated on starts reading
+  /// vramledger memory. Errors: the first failing cuMemSetAccess; the grants made stay.
+  static absl::Status RefreshPeerAccess();
+
  private:
+  friend class PeerAccessRegistry;
+  // Grants `peers` access to every mapped handle of this backend (catch-up after a refresh).
+  absl::Status GrantMapped(std::uint64_t peers) ABSL_LOCKS_EXCLUDED(mapped_mu_);
+
   // Checks that `value` is a positive multiple of the granularity, for the call named `call`.
   absl::Status CheckGranular(const char* call, const char* what, std::size_t value) const;
 
@@ -79,6 +102,11 @@ class CudaBackend final : public DeviceBackend {
   std::unique_ptr<const CudaDriverApi> driver_;  // Null if the entry points could not be loaded.
   absl::Status vmm_status_;
   std::size_t granularity_ = 2 * kMiB;
+  std::uint64_t peer_capable_ = 0;  // devices that can access this one (cudaDeviceCanAccessPeer)
+
+  // Every mapped handle (address -> size), for granting peers that appear later.
+  mutable absl::Mutex mapped_mu_;
+  absl::btree_map<DevicePtr, std::size_t> mapped_ ABSL_GUARDED_BY(mapped_mu_);
 };
 
 }  // namespace vramledger

@@ -2,6 +2,8 @@
 // Skips every test when CUDA reports no device. Each test owns its backend and streams.
 #include "device/cuda_backend.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -330,6 +332,61 @@ TEST_F(CudaBackendTest, ConcurrentMallocFreeFromEightThreads) {
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(backend_->calls().count(DriverCall::kMalloc), kThreads * kRounds * kPerRound);
   EXPECT_EQ(backend_->calls().count(DriverCall::kFree), kThreads * kRounds * kPerRound);
+}
+
+// Issue 8: memory mapped on device 1 is readable and writable from device 0 once device 0's
+// context is active (cudaDeviceEnablePeerAccess does not cover VMM memory; docs/design/
+// peer-access.md). Checked with cuMemGetAccess and with a peer copy of known bytes.
+TEST_F(CudaBackendTest, GrantsActivePeersAccessToMappedPages) {
+  if (device_count_ < 2) GTEST_SKIP() << "needs two CUDA devices, found " << device_count_;
+  int can = 0;
+  ASSERT_EQ(cudaDeviceCanAccessPeer(&can, 0, 1), cudaSuccess);
+  if (can == 0) GTEST_SKIP() << "device 0 cannot access device 1";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaFree(nullptr), cudaSuccess);  // device 0's primary context is active
+  CudaBackend backend1(1);
+  ASSERT_TRUE(backend1.vmm_status().ok()) << backend1.vmm_status();
+  const std::size_t page = backend1.Granularity();
+  DevicePtr va = 0;
+  PhysicalHandle handle = 0;
+  ASSERT_TRUE(backend1.ReserveAddress(2 * page, &va).ok());
+  ASSERT_TRUE(backend1.CreatePhysical(page, &handle).ok());
+  ASSERT_TRUE(backend1.Map(va, page, handle).ok());
+  ASSERT_TRUE(backend1.SetAccess(va, page).ok());
+  EXPECT_EQ(backend1.peer_mask() & 1u, 1u);
+
+  void* get_access = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  ASSERT_EQ(cudaGetDriverEntryPointByVersion("cuMemGetAccess", &get_access, 12000,
+                                             cudaEnableDefault, &found),
+            cudaSuccess);
+  ASSERT_NE(get_access, nullptr);
+  for (int d : {0, 1}) {
+    CUmemLocation location = {};
+    location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    location.id = d;
+    unsigned long long flags = 0;  // NOLINT(runtime/int): the driver's type
+    ASSERT_EQ(reinterpret_cast<PFN_cuMemGetAccess_v10020>(get_access)(&flags, &location,
+                                                                      static_cast<CUdeviceptr>(va)),
+              CUDA_SUCCESS);
+    EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) << "device " << d;
+  }
+
+  // Device 0 writes device 1's page through a peer copy, device 1 reads it back.
+  std::vector<std::uint32_t> pattern(page / 4), back(page / 4, 0);
+  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<std::uint32_t>(i * 7);
+  void* src0 = nullptr;
+  ASSERT_EQ(cudaMalloc(&src0, page), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(src0, pattern.data(), page, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyPeer(reinterpret_cast<void*>(va), 1, src0, 0, page), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(back.data(), reinterpret_cast<void*>(va), page, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(back, pattern);
+  ASSERT_EQ(cudaFree(src0), cudaSuccess);
+
+  ASSERT_TRUE(backend1.Unmap(va, page).ok());
+  ASSERT_TRUE(backend1.ReleasePhysical(handle).ok());
+  ASSERT_TRUE(backend1.ReleaseAddress(va, 2 * page).ok());
 }
 
 }  // namespace
