@@ -21,6 +21,16 @@ thread_local int contiguous_depth = 0;
 ContiguousSegmentsScope::ContiguousSegmentsScope() { ++contiguous_depth; }
 ContiguousSegmentsScope::~ContiguousSegmentsScope() { --contiguous_depth; }
 bool ContiguousSegmentsScope::active() { return contiguous_depth > 0; }
+void ContiguousSegmentsScope::Enter() { ++contiguous_depth; }
+absl::Status ContiguousSegmentsScope::Exit() {
+  if (contiguous_depth <= 0) {
+    return absl::FailedPreconditionError(
+        "contiguous_segments: exit without a matching enter on this thread (no scope is open)");
+  }
+  --contiguous_depth;
+  return absl::OkStatus();
+}
+int ContiguousSegmentsScope::depth() { return contiguous_depth; }
 
 std::size_t DeviceAllocatorImpl::MissingPages(const Block* block, std::size_t size,
                                               std::size_t stop_at) {
@@ -224,10 +234,10 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   // calls in every step (measured on the H200: ~120 calls a step on GPT-2 without the slack).
   std::vector<std::pair<Segment*, std::size_t>> recycled;
   if (options_.page_recycling) {
-    const auto& allocated = stats_.allocated_bytes[kAggregate];
-    const double peak_after = static_cast<double>(
-        std::max<std::int64_t>(allocated.peak, allocated.current + static_cast<std::int64_t>(size)));
-    const double reserved_after = static_cast<double>(stats_.reserved_bytes[kAggregate].current) +
+    const auto& allocated = stats_.allocated_bytes;
+    const double peak_after = static_cast<double>(std::max<std::int64_t>(
+        allocated.peak(kAggregate), allocated.current(kAggregate) + static_cast<std::int64_t>(size)));
+    const double reserved_after = static_cast<double>(stats_.reserved_bytes.current(kAggregate)) +
                                   static_cast<double>(missing.size() * page);
     if (reserved_after > (1.0 + options_.recycle_slack) * peak_after) {
       // Pages of the block itself past the request count too (it is out of the index now).
@@ -237,11 +247,11 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   }
   const std::size_t fresh = missing.size() - recycled.size();
   if (fresh > 0) {
-    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current);
+    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
     const std::size_t after = reserved + fresh * page;
     if (fraction_set_ && after > allowed_bytes_) return false;
     if (AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed); hooks != nullptr) {
-      absl::Status verdict = hooks->CheckGrowth(request, after, stats_);
+      absl::Status verdict = hooks->CheckGrowth(request, after, stats_.ToDeviceStats());
       if (!verdict.ok()) {
         growth_refusal_ = std::move(verdict);
         return false;
@@ -274,8 +284,8 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     if (absl::Status s = UnmapPage(src, i, /*release=*/false); !s.ok()) return s;
     ++page_moves_;
     if (src->pool->is_small != seg->pool->is_small) {  // the page changes pool: move its bytes
-      stats_.reserved_bytes[StatTypesFor(src->pool)].Decrease(static_cast<std::int64_t>(page));
-      stats_.reserved_bytes[StatTypesFor(seg->pool)].Increase(static_cast<std::int64_t>(page));
+      stats_.reserved_bytes.Move(StatTypesFor(src->pool), StatTypesFor(seg->pool),
+                                 static_cast<std::int64_t>(page));
     }
   }
   const StatType types = StatTypesFor(seg->pool);

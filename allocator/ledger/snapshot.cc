@@ -106,6 +106,7 @@ Json SegmentJson(const SegmentInfo& s, const History* history, FrameCache& frame
   j["segment_type"] = s.is_small ? "small" : "large";
   j["segment_pool_id"] = Json::array({0, 0});
   j["is_expandable"] = s.is_expandable;
+  j["handles"] = s.handles;  // vramledger's: physical handles backing the segment (issue 3)
   j["frames"] =
       history != nullptr ? frames.Get(history->SegmentStack(s.device, s.address)) : Json::array();
   Json blocks = Json::array();
@@ -116,6 +117,7 @@ Json SegmentJson(const SegmentInfo& s, const History* history, FrameCache& frame
     block["requested_size"] = b.requested_size;
     block["state"] = b.state;
     block["frames"] = frames.Get(b.context);
+    block["handles"] = b.handles;  // vramledger's: physical handles under the block (issue 3)
     blocks.push_back(std::move(block));
   }
   j["blocks"] = std::move(blocks);

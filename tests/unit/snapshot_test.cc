@@ -98,9 +98,11 @@ TEST_F(SnapshotTest, TopLevelSegmentBlockAndEntryKeysAreTorchs) {
   EXPECT_EQ(Keys(doc["segments"][0]),
             (std::vector<std::string>{"device", "address", "total_size", "allocated_size",
                                       "active_size", "requested_size", "stream", "segment_type",
-                                      "segment_pool_id", "is_expandable", "frames", "blocks"}));
+                                      "segment_pool_id", "is_expandable", "handles", "frames",
+                                      "blocks"}));
   EXPECT_EQ(Keys(doc["segments"][0]["blocks"][0]),
-            (std::vector<std::string>{"address", "size", "requested_size", "state", "frames"}));
+            (std::vector<std::string>{"address", "size", "requested_size", "state", "frames",
+                                      "handles"}));
   EXPECT_EQ(doc["segments"][0]["segment_pool_id"], Json::array({0, 0}));
   const Json& alloc_entry = doc["device_traces"][0][0];
   EXPECT_EQ(Keys(alloc_entry),
@@ -336,6 +338,42 @@ TEST_F(SnapshotTest, OomDumpsAreNamedAndAtMostMaxDumpsKept) {
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(*none, "");
   fs::remove_all(dir.parent_path());
+}
+
+// Issue 3: each segment says whether it is expandable and how many physical handles back it, each
+// block how many handles lie under it.
+TEST_F(SnapshotTest, SegmentsAndBlocksShowExpandableAndHandles) {
+  Make("expandable_segments:True,expandable_page_mb:20");
+  Alloc(8 * kMiB);
+  const DevicePtr b = Alloc(30 * kMiB);  // [8, 38) MiB: across the first two 20 MiB handles
+  DevicePtr c = 0;
+  {
+    ContiguousSegmentsScope contiguous;
+    c = Alloc(1024 * kMiB);
+  }
+  const Json doc = Snap();
+  ASSERT_EQ(doc["segments"].size(), 2u);
+  int seen = 0;
+  for (const Json& seg : doc["segments"]) {
+    if (seg["address"] == c) {
+      ++seen;
+      EXPECT_EQ(seg["is_expandable"], false);
+      EXPECT_EQ(seg["handles"], 1);
+      EXPECT_EQ(seg["total_size"], 1024 * kMiB);
+      EXPECT_EQ(seg["blocks"][0]["handles"], 1);
+    } else {
+      ++seen;
+      EXPECT_EQ(seg["is_expandable"], true);
+      EXPECT_EQ(seg["handles"], 2);  // 40 MiB mapped
+      EXPECT_EQ(seg["total_size"], 40 * kMiB);
+      for (const Json& block : seg["blocks"]) {
+        if (block["address"] == b) {
+          EXPECT_EQ(block["handles"], 2);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(seen, 2);
 }
 
 }  // namespace

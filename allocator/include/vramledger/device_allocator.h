@@ -92,6 +92,18 @@ class ContiguousSegmentsScope {
   ContiguousSegmentsScope& operator=(const ContiguousSegmentsScope&) = delete;
   /// True while the calling thread is inside a scope.
   static bool active();
+
+  // Depth API, for callers whose enter and leave are separate calls and cannot hold a C++ object
+  // across them (the C ABI behind Python's `with vramledger.contiguous_segments():`). It counts
+  // on the same per-thread depth as the constructor and destructor, so both forms nest together.
+
+  /// Opens one scope on the calling thread (what the constructor does).
+  static void Enter();
+  /// Closes the innermost scope opened on the calling thread. FailedPrecondition, with the depth
+  /// left at 0, when no scope is open on this thread (a leave without an enter).
+  static absl::Status Exit();
+  /// Number of scopes open on the calling thread (0 outside any).
+  static int depth();
 };
 
 class DeviceAllocatorImpl;
