@@ -4,8 +4,10 @@
 
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -103,6 +105,24 @@ const PythonApi& Api() {
   return api;
 }
 
+std::atomic<PythonGilPolicy> g_gil_policy{PythonGilPolicy::kAnyThreadWithState};
+
+// True when the calling thread holds the GIL (an attached thread state is the direct proof:
+// PyGILState_Check answers 1 when its check is disabled, as with sub-interpreters).
+bool HoldsGil(const PythonApi& api) {
+  return api.gil_check() == 1 &&
+         (api.thread_state_unchecked == nullptr || api.thread_state_unchecked() != nullptr);
+}
+
+// True when a thread that does not hold the GIL may take it for a walk of its own frames: it has
+// a Python thread state, the interpreter is not finalising, and the policy admits the thread.
+bool MayTakeGil(const PythonApi& api) {
+  if (api.this_thread_state() == nullptr) return false;  // the thread never ran Python
+  if (api.is_finalizing != nullptr && api.is_finalizing() != 0) return false;
+  return g_gil_policy.load(std::memory_order_relaxed) == PythonGilPolicy::kAnyThreadWithState ||
+         gettid() == getpid();
+}
+
 // The UTF-8 text of attribute `attr` of `object`, or "??"; never leaves an exception set.
 std::string StringAttribute(const PythonApi& api, void* object, const char* attr) {
   std::string out = "??";
@@ -144,6 +164,10 @@ int WalkFrames(const PythonApi& api, PythonFrameRef* out, int max_frames) {
 
 }  // namespace
 
+void SetPythonGilPolicy(PythonGilPolicy policy) {
+  g_gil_policy.store(policy, std::memory_order_relaxed);
+}
+
 bool PythonFramesAvailable() {
   const PythonApi& api = Api();
   return api.complete && api.is_initialized() == 1;
@@ -152,17 +176,13 @@ bool PythonFramesAvailable() {
 PythonStackCapture::PythonStackCapture(PythonFrameRef* out, int max_frames) {
   const PythonApi& api = Api();
   if (!api.complete || max_frames <= 0 || api.is_initialized() != 1) return;
-  // PyGILState_Check answers 1 when its check is disabled (sub-interpreters); an attached
-  // thread state is the direct proof that this thread runs Python.
-  const bool holds_gil = api.gil_check() == 1 && (api.thread_state_unchecked == nullptr ||
-                                                  api.thread_state_unchecked() != nullptr);
-  if (!holds_gil) {
+  if (!HoldsGil(api)) {
     // torch's operators release the GIL before they allocate, so the allocating thread usually
     // has a Python thread state but does not hold the GIL. Like torch's own recorder
     // (CapturedTraceback's Python gatherer), take it back for the walk. Threads that never ran
-    // Python have no thread state and are skipped; nothing is taken during finalisation.
-    if (api.this_thread_state() == nullptr) return;
-    if (api.is_finalizing != nullptr && api.is_finalizing() != 0) return;
+    // Python have no thread state and are skipped; nothing is taken during finalisation, nor on
+    // threads the policy (SetPythonGilPolicy) excludes.
+    if (!MayTakeGil(api)) return;
     gil_state_ = api.gil_ensure();
     acquired_ = true;
   }
@@ -214,8 +234,7 @@ std::vector<Frame> CaptureLivePythonFrames(int max_frames) {
   std::vector<Frame> frames;
   const PythonApi& api = Api();
   if (!api.complete || max_frames <= 0 || api.is_initialized() != 1) return frames;
-  if (api.this_thread_state() == nullptr) return frames;  // the thread never ran Python
-  if (api.is_finalizing != nullptr && api.is_finalizing() != 0) return frames;
+  if (!HoldsGil(api) && !MayTakeGil(api)) return frames;
   const int state = api.gil_ensure();  // re-entrant: fine if this thread holds the GIL
   void* type = nullptr;
   void* value = nullptr;

@@ -30,6 +30,21 @@ struct PythonFrameRef {
   int position = 0;
 };
 
+/// When a thread that does not hold the GIL may take it to read its own Python frames.
+enum class PythonGilPolicy {
+  /// Any thread with a Python thread state (the plugin's default, as torch's own recorder does:
+  /// torch's operators release the GIL before they allocate).
+  kAnyThreadWithState,
+  /// Only the process's main thread (the one that released the GIL for a torch operator);
+  /// other threads without the GIL, autograd's among them, give no Python frames and never wait
+  /// for the GIL. The LD_PRELOAD shim's choice (docs/design/preload-python-frames.md).
+  kMainThreadOnly,
+};
+
+/// Sets the policy for PythonStackCapture and CaptureLivePythonFrames (process-wide; a thread
+/// that holds the GIL always walks its frames). Thread-safe.
+void SetPythonGilPolicy(PythonGilPolicy policy);
+
 /// True when this process has a Python interpreter whose frame API was found with dlsym.
 /// Resolved once, on first call.
 bool PythonFramesAvailable();

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -10,14 +11,41 @@
 
 extern "C" void fake_cudart_counts(long* malloc_calls, long* free_calls, long* malloc_async_calls,
                                    long* free_async_calls);
+extern "C" void fake_cudart_use_outside(long bytes);
+
+// PRELOAD_DRIVER_BENCH=N: N rounds of 16 cudaMallocAsync then 16 cudaFreeAsync (sizes 512 B to
+// 2 MiB, as a training step's tensors), timed; prints ns per allocation+free pair.
+int Bench(long rounds) {
+  constexpr int kLive = 16;
+  void* p[kLive];
+  int failures = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (long r = 0; r < rounds; ++r) {
+    for (int i = 0; i < kLive; ++i) {
+      failures += cudaMallocAsync(&p[i], size_t{512} << (i % 13), nullptr) != cudaSuccess;
+    }
+    for (int i = kLive - 1; i >= 0; --i) failures += cudaFreeAsync(p[i], nullptr) != cudaSuccess;
+  }
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+  std::printf("{\"bench_ns_per_pair\": %.1f, \"pairs\": %ld, \"failures\": %d}\n",
+              ns / static_cast<double>(rounds * kLive), rounds * kLive, failures);
+  return failures == 0 ? 0 : 1;
+}
 
 int main() {
+  if (const char* bench = std::getenv("PRELOAD_DRIVER_BENCH")) return Bench(std::atol(bench));
   int failures = 0;
   std::vector<void*> blocks;
   for (int i = 0; i < 10; ++i) {
     void* p = nullptr;
     if (cudaMalloc(&p, 1000 + 100 * i) != cudaSuccess || p == nullptr) ++failures;
     blocks.push_back(p);
+  }
+  // PRELOAD_DRIVER_OUTSIDE_BYTES: device memory taken behind the runtime's back (as cuMemAlloc
+  // would), after the shim's first allocation, and kept until exit.
+  if (const char* outside = std::getenv("PRELOAD_DRIVER_OUTSIDE_BYTES")) {
+    fake_cudart_use_outside(std::atol(outside));
   }
   for (int i = 0; i < 5; ++i) {
     void* p = nullptr;

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -20,10 +22,10 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-// Runs the driver under the shim with `env` (NAME=value ... prefixed to the command).
-Result RunDriver(const std::string& env) {
-  const std::string command = env + " LD_PRELOAD=" + VRAMLEDGER_PRELOAD_LIB + " " +
-                              VRAMLEDGER_PRELOAD_DRIVER + " 2>&1";
+// Runs `program` under the shim with `env` (NAME=value ... prefixed to the command).
+Result RunUnderShim(const std::string& env, const std::string& program) {
+  const std::string command =
+      env + " LD_PRELOAD=" + VRAMLEDGER_PRELOAD_LIB + " " + program + " 2>&1";
   Result result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -33,6 +35,32 @@ Result RunDriver(const std::string& env) {
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// Runs the driver under the shim with `env`.
+Result RunDriver(const std::string& env) { return RunUnderShim(env, VRAMLEDGER_PRELOAD_DRIVER); }
+
+// The text of the only file in `dir` whose name contains `part` ("" when none or several).
+std::string ReadOnlyFile(const std::string& dir, const std::string& part) {
+  std::string found;
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().find(part) == std::string::npos) continue;
+    ++n;
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    found = text.str();
+  }
+  return n == 1 ? found : "";
+}
+
+// Writes a plan limiting the device to 64 MiB reserved and returns its path.
+std::string SmallPlan(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/plan.json";
+  std::ofstream(path) << "{\n  \"vramledger_plan\": 1,\n  \"limit\": \"64MiB\"\n}\n";
+  return path;
 }
 
 // The driver's JSON line (its last line starting with '{').
@@ -110,6 +138,103 @@ TEST(PreloadTest, MissingPlanExitsNamingPlan) {
   const Result r = RunDriver("VRAMLEDGER_CONF=plan:/nonexistent/plan.json");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("plan"));
+}
+
+// Memory taken behind the runtime's back (the driver API) is not served, and the exit summary
+// says how much: cudaMemGetInfo's growth since the allocator's creation less vramledger's
+// reserved bytes, exactly the fake's "outside" bytes.
+TEST(PreloadTest, ExitSummaryCountsBytesOutsideVramledger) {
+  const std::string dumps = TempDir("vl-preload-out");
+  const Result r =
+      RunDriver("PRELOAD_DRIVER_OUTSIDE_BYTES=50000000 VRAMLEDGER_CONF=dump_dir:" + dumps);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = DriverJson(r.output);
+  EXPECT_EQ(j["failures"], 0) << r.output;
+  EXPECT_EQ(j["shim"]["served_allocations"], 16);
+  const std::string summary = ReadOnlyFile(dumps, "-exit.txt");
+  EXPECT_THAT(summary, HasSubstr("device bytes used outside vramledger: 50000000 ("));
+  EXPECT_THAT(summary, HasSubstr("cudaMemGetInfo used delta "));
+  // The same figure in the exit snapshot.
+  const nlohmann::json snapshot = nlohmann::json::parse(ReadOnlyFile(dumps, "-exit.json"));
+  EXPECT_EQ(snapshot["vramledger"]["preload"]["device_bytes_outside_vramledger"]["0"]
+                    ["outside_bytes"],
+            50000000);
+  std::filesystem::remove_all(dumps);
+}
+
+TEST(PreloadTest, ExitSummaryWithNothingOutsideSaysZero) {
+  const std::string dumps = TempDir("vl-preload-zero");
+  const Result r = RunDriver("VRAMLEDGER_CONF=dump_dir:" + dumps);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(ReadOnlyFile(dumps, "-exit.txt"),
+              HasSubstr("device bytes used outside vramledger: 0 ("));
+  std::filesystem::remove_all(dumps);
+}
+
+// A guard refusal in a program without Python: no crash, the report (stderr and a file in the
+// dump directory) names the plan line and shows the native frames.
+TEST(PreloadTest, RefusalWithoutPythonShowsNativeFrames) {
+  const std::string dumps = TempDir("vl-preload-native");
+  const std::string plan = SmallPlan(dumps + "-plan");
+  const Result r = RunDriver("VRAMLEDGER_CONF=dump_dir:" + dumps + ",plan:" + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(DriverJson(r.output)["refused"], 1) << r.output;
+  const std::string report = ReadOnlyFile(dumps, "-refusal-1.txt");
+  EXPECT_THAT(report, HasSubstr("vramledger plan violation: " + plan + ":3: limit"));
+  EXPECT_THAT(report, HasSubstr("captured at the refusal"));
+  EXPECT_THAT(report, HasSubstr("[native] "));
+  EXPECT_THAT(report, HasSubstr("forensic snapshot: " + dumps + "/"));
+  EXPECT_THAT(report, ::testing::Not(HasSubstr(".py:")));
+  std::filesystem::remove_all(dumps);
+  std::filesystem::remove_all(dumps + "-plan");
+}
+
+// Runs tests/preload/python_frames.py in `mode` under the shim with the 64 MiB plan; returns
+// the refusal report written to the dump directory (and the output in *output).
+std::string PythonRefusalReport(const std::string& mode, std::string* output) {
+  const std::string dumps = TempDir(("vl-preload-py-" + mode).c_str());
+  const std::string plan = SmallPlan(dumps + "-plan");
+  const Result r = RunUnderShim(
+      "VRAMLEDGER_PRELOAD_QUIET=1 VRAMLEDGER_CONF=dump_dir:" + dumps + ",plan:" + plan,
+      std::string(VRAMLEDGER_PYTHON) + " " + VRAMLEDGER_SOURCE_DIR +
+          "/tests/preload/python_frames.py " + VRAMLEDGER_FAKE_CUDART + " " + mode);
+  *output = r.output;
+  std::string report;
+  if (r.exit_code == 0 && std::filesystem::exists(dumps)) {
+    report = ReadOnlyFile(dumps, "-refusal-1.txt");
+  }
+  std::filesystem::remove_all(dumps);
+  std::filesystem::remove_all(dumps + "-plan");
+  return report;
+}
+
+// The program holds the GIL when it asks (ctypes.PyDLL): the report names its Python frame.
+TEST(PreloadPythonTest, RefusalNamesThePythonFrameWhenTheGilIsHeld) {
+  std::string output;
+  const std::string report = PythonRefusalReport("gil", &output);
+  EXPECT_THAT(output, HasSubstr("RESULT mode=gil error=2"));
+  EXPECT_THAT(report, HasSubstr("python_frames.py:20 in ask_for_memory")) << output;
+  EXPECT_THAT(report, HasSubstr("in main")) << output;
+  EXPECT_THAT(report, HasSubstr("[native] ")) << output;
+}
+
+// The main thread released the GIL for the call (ctypes.CDLL, like torch's operators): the
+// shim takes it back on that thread for the walk, as torch's recorder does.
+TEST(PreloadPythonTest, RefusalNamesThePythonFrameOfTheMainThreadThatReleasedTheGil) {
+  std::string output;
+  const std::string report = PythonRefusalReport("released", &output);
+  EXPECT_THAT(output, HasSubstr("RESULT mode=released error=2"));
+  EXPECT_THAT(report, HasSubstr("python_frames.py:20 in ask_for_memory")) << output;
+}
+
+// Another thread without the GIL (as autograd's are): never waits for it; C++ frames only.
+TEST(PreloadPythonTest, RefusalOnAThreadWithoutTheGilShowsNativeFramesOnly) {
+  std::string output;
+  const std::string report = PythonRefusalReport("thread", &output);
+  EXPECT_THAT(output, HasSubstr("RESULT mode=thread error=2"));
+  EXPECT_THAT(report, HasSubstr("vramledger plan violation: ")) << output;
+  EXPECT_THAT(report, HasSubstr("[native] ")) << output;
+  EXPECT_THAT(report, ::testing::Not(HasSubstr("python_frames.py"))) << output;
 }
 
 }  // namespace

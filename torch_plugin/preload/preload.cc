@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "device/cuda_backend.h"
 #include "ledger/atomic_file.h"
+#include "ledger/stack_capture.h"
 #include "ledger/snapshot.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/guard_api.h"
@@ -131,7 +132,16 @@ struct Slot {
   std::unique_ptr<DeviceAllocator> allocator;
   std::atomic<DeviceAllocator*> ready{nullptr};
   std::atomic<std::int64_t> plan_limit{-2};  // -2: not resolved, -1: no limit
+  // Device bytes in use (cudaMemGetInfo's total - free) just before vramledger's allocator for
+  // this device was created; -1: unknown. The exit summary compares it with the bytes in use
+  // then, less what vramledger reserved, for the memory the shim never saw (cuMemAlloc, ...).
+  std::atomic<std::int64_t> baseline_used{-1};
 };
+
+// Registers the exit dump with atexit once more, from the first allocator's creation: the CUDA
+// runtime is initialised by then, so this handler runs before any the runtime registered
+// (atexit runs them in reverse) and cudaMemGetInfo still answers at exit.
+void RegisterExitDumpAfterRuntime();
 
 struct LiveBlock {
   int device = 0;
@@ -154,6 +164,12 @@ class Preload {
     Slot& slot = slots_[device];
     if (DeviceAllocator* a = slot.ready.load(std::memory_order_acquire)) return a;
     std::call_once(slot.once, [&] {
+      std::size_t free_bytes = 0, total_bytes = 0;
+      if (Runtime().mem_get_info != nullptr &&
+          Runtime().mem_get_info(&free_bytes, &total_bytes) == cudaSuccess) {
+        slot.baseline_used.store(static_cast<std::int64_t>(total_bytes - free_bytes));
+      }
+      RegisterExitDumpAfterRuntime();
       slot.backend = std::make_unique<CudaBackend>(device);
       slot.allocator = std::make_unique<DeviceAllocator>(options_, slot.backend.get());
       slot.status = AttachGuard(device, options_, slot.backend.get(), slot.allocator.get(),
@@ -169,6 +185,12 @@ class Preload {
   DeviceAllocator* Existing(int device) const {
     if (device < 0 || device >= kMaxDevices) return nullptr;
     return slots_[device].ready.load(std::memory_order_acquire);
+  }
+
+  /// Device bytes in use before vramledger's allocator of `device` existed; -1 when unknown.
+  std::int64_t BaselineUsed(int device) const {
+    if (device < 0 || device >= kMaxDevices) return -1;
+    return slots_[device].baseline_used.load();
   }
 
   // Every device's allocator up to the highest that exists (nullptr for the others).
@@ -239,6 +261,47 @@ struct sigaction g_previous_usr1;
 
 std::string FormatCount(std::int64_t n) { return absl::StrCat(n); }
 
+// What the shim did not see on one device: the growth of the device's used bytes since the
+// allocator was created (cudaMemGetInfo through the real runtime), less vramledger's reserved.
+struct OutsideBytes {
+  bool known = false;
+  std::int64_t outside = 0;     // used_delta - reserved (bytes; may be negative)
+  std::int64_t used_delta = 0;  // used now - used at the allocator's creation (bytes)
+  std::int64_t reserved = 0;    // vramledger's reserved bytes now
+  std::string why;              // when not known
+};
+
+// Pre: inside an InsideScope (cudaGetDevice/cudaSetDevice go to the runtime).
+OutsideBytes MeasureOutsideBytes(Preload& p, int device) {
+  OutsideBytes o;
+  const DeviceAllocator* a = p.Existing(device);
+  const std::int64_t baseline = p.BaselineUsed(device);
+  if (a == nullptr || baseline < 0 || Runtime().mem_get_info == nullptr) {
+    o.why = "no cudaMemGetInfo baseline";
+    return o;
+  }
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  if (previous != device && cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    o.why = "cudaSetDevice failed";
+    return o;
+  }
+  std::size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t err = Runtime().mem_get_info(&free_bytes, &total_bytes);
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    o.why = absl::StrCat("cudaMemGetInfo error ", static_cast<int>(err));
+    return o;
+  }
+  o.known = true;
+  o.used_delta = static_cast<std::int64_t>(total_bytes - free_bytes) - baseline;
+  o.reserved = a->GetStats().reserved_bytes[kAggregate].current;
+  o.outside = o.used_delta - o.reserved;
+  return o;
+}
+
 // The one-screen summary: calls seen, then peaks and utilization per device.
 std::string Summary(Preload& p, const char* reason) {
   const Counters& c = p.counters();
@@ -268,6 +331,14 @@ std::string Summary(Preload& p, const char* reason) {
         << FormatCount(s.allocation[kAggregate].freed) << ", segments "
         << FormatCount(s.segment[kAggregate].allocated) << ", cudaMalloc retries " << s.num_alloc_retries
         << ", OOMs " << s.num_ooms << "\n";
+    const OutsideBytes o = MeasureOutsideBytes(p, d);
+    if (o.known) {
+      out << "  device bytes used outside vramledger: " << o.outside << " ("
+          << FormatSize(o.outside) << "; cudaMemGetInfo used delta " << o.used_delta
+          << " - vramledger reserved " << o.reserved << ")\n";
+    } else {
+      out << "  device bytes used outside vramledger: unknown (" << o.why << ")\n";
+    }
   }
   return out.str();
 }
@@ -293,6 +364,17 @@ void WriteDump(Preload& p, const std::string& tag) {
         {"forwarded_frees", c.forwarded_frees.load()},
         {"refusals", c.refusals.load()},
     };
+    nlohmann::json outside = nlohmann::json::object();
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (p.Existing(d) == nullptr) continue;
+      const OutsideBytes o = MeasureOutsideBytes(p, d);
+      if (o.known) {
+        outside[absl::StrCat(d)] = {{"outside_bytes", o.outside},
+                                    {"used_delta_bytes", o.used_delta},
+                                    {"reserved_bytes", o.reserved}};
+      }
+    }
+    snapshot.extra["preload"]["device_bytes_outside_vramledger"] = outside;
     const absl::Status s =
         WriteSnapshotJsonFile(base + ".json", p.Allocators(), &PluginHistory(), snapshot);
     if (!s.ok()) {
@@ -316,6 +398,27 @@ void WriteDump(Preload& p, const std::string& tag) {
     std::fprintf(stderr, "vramledger: preload dump failed: %s\n", e.what());
   } catch (...) {
     std::fprintf(stderr, "vramledger: preload dump failed\n");
+  }
+}
+
+// Writes the refusal report to <dump_dir>/vramledger-preload-pid<P>-refusal-<n>.txt (the first
+// max_dumps of them; the guard's forensic snapshot is named in the text). Never throws.
+void WriteRefusalReport(Preload& p, std::int64_t n, absl::string_view report) {
+  if (n > std::max(p.options().max_dumps, 0)) return;
+  try {
+    ::mkdir(p.options().dump_dir.c_str(), 0755);
+    const std::string path = absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid",
+                                          getpid(), "-refusal-", n, ".txt");
+    const absl::Status s = WriteFileAtomically(path, [&](std::ostream& out) {
+      out << report << "\n";
+      return out.good() ? absl::OkStatus() : absl::DataLossError("report write failed");
+    });
+    if (!s.ok()) {
+      std::fprintf(stderr, "vramledger: refusal report not written: %s\n",
+                   std::string(s.message()).c_str());
+    }
+  } catch (...) {
+    std::fprintf(stderr, "vramledger: refusal report not written\n");
   }
 }
 
@@ -372,7 +475,8 @@ cudaError_t Allocate(Preload& p, void** out, size_t size, cudaStream_t stream) {
       // The guard's report (or torch's OOM message) with the forensic snapshot's path.
       const absl::Status report = GuardRefusalOrOomDump(device, ptr.status());
       std::fprintf(stderr, "%s\n", std::string(report.message()).c_str());
-      p.counters().refusals.fetch_add(1, std::memory_order_relaxed);
+      const std::int64_t n = p.counters().refusals.fetch_add(1, std::memory_order_relaxed) + 1;
+      WriteRefusalReport(p, n, report.message());
       return cudaErrorMemoryAllocation;
     }
     std::fprintf(stderr, "vramledger: allocation of %zu bytes on device %d failed: %s\n", size,
@@ -456,6 +560,9 @@ __attribute__((constructor)) void PreloadInit() {
     vramledger_string_free(json);
   }
   SelectTorchBackend();
+  // Never wait for the GIL on autograd's (or any non-main) thread: see
+  // docs/design/preload-python-frames.md.
+  SetPythonGilPolicy(PythonGilPolicy::kMainThreadOnly);
   g_preload.store(new Preload(*std::move(options)), std::memory_order_release);
   struct sigaction action;
   std::memset(&action, 0, sizeof(action));
@@ -464,6 +571,11 @@ __attribute__((constructor)) void PreloadInit() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGUSR1, &action, &g_previous_usr1);
   std::atexit(AtExit);
+}
+
+void RegisterExitDumpAfterRuntime() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(AtExit); });
 }
 
 __attribute__((destructor)) void PreloadFini() { AtExit(); }
