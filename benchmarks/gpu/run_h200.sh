@@ -42,11 +42,16 @@ prepare() {
   local build="$ROOT/.devbuild/build"
   cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
     -DVRAMLEDGER_BUILD_TESTS=OFF -DVRAMLEDGER_BUILD_BENCHMARKS=OFF -DVRAMLEDGER_BUILD_PYTHON=OFF
-  ninja -C "$build" vramledger_plugin
+  ninja -C "$build" vramledger_plugin vramledger_preload vramledger_driver_api_alloc
   rm -rf "$LIBDIR"
   mkdir -p "$LIBDIR"
   cp "$build/torch_plugin/lib/libvramledger_plugin.so" "$build"/torch_plugin/lib/libabsl_*.so.* \
      "$LIBDIR/"
+  # Issue 7: the LD_PRELOAD shim (its Abseil set is the plugin's) and the driver-API program
+  # that benchmarks/gpu/preload_check.sh runs under it.
+  cp "$build/torch_plugin/preload/lib/libvramledger_preload.so" \
+     "$build/torch_plugin/preload/lib/vramledger_driver_api_alloc" "$LIBDIR/"
+  cp -n "$build"/torch_plugin/preload/lib/libabsl_*.so.* "$LIBDIR/" 2>/dev/null || true
   echo "--- $PLUGIN"
   readelf -d "$PLUGIN" | grep -E 'NEEDED|RPATH|RUNPATH'
   # Every NEEDED library outside torch's and the system's must sit beside the plugin.
