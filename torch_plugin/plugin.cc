@@ -89,6 +89,8 @@ class PluginState {
   }
 
   int device_count() const { return device_count_; }
+  // True when the devices are simulated (testing); valid after EnsureDevices().
+  bool simulated() const { return sim_capacity_ > 0; }
 
   absl::Status CheckDevice(int device) {
     if (absl::Status s = EnsureDevices(); !s.ok()) return s;
@@ -259,6 +261,45 @@ int CatchAll(Fn fn) {
     LastError() = "vramledger: unknown C++ exception";
   }
   return VRAMLEDGER_FAILED;
+}
+
+// Copies `text` into a malloc'd string for the ctypes side (vramledger_string_free releases it).
+absl::Status ExportString(const std::string& text, char** out) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy == nullptr) return absl::ResourceExhaustedError("vramledger: out of host memory");
+  std::memcpy(copy, text.c_str(), text.size() + 1);
+  *out = copy;
+  return absl::OkStatus();
+}
+
+// vramledger_fragmentation_json's object (issue 3): every Fragmentation field, then the driver
+// calls per kind with their count and time (microseconds, measured or modelled).
+nlohmann::json FragmentationJson(const Fragmentation& f, const DriverCallLedger& calls,
+                                 bool modelled) {
+  nlohmann::json json = nlohmann::json::object();
+  json["utilization"] = f.utilization;
+  json["wasted_bytes"] = f.wasted_bytes;
+  json["wasted_bytes_at_peak"] = f.wasted_bytes_at_peak;
+  json["free_bytes"] = f.free_bytes;
+  json["largest_free_block"] = f.largest_free_block;
+  json["free_space_fragmentation"] = f.free_space_fragmentation;
+  json["holes"] = f.holes;
+  json["mapped_free_pages"] = f.mapped_free_pages;
+  json["other_stream_cached_bytes"] = f.other_stream_cached_bytes;
+  json["page_moves"] = f.page_moves;
+  nlohmann::json per_kind = nlohmann::json::object();
+  for (int i = 0; i < kNumDriverCalls; ++i) {
+    const auto call = static_cast<DriverCall>(i);
+    per_kind[std::string(DriverCallName(call))] = {{"count", calls.count(call)},
+                                                   {"time_us", calls.micros(call)}};
+  }
+  std::int64_t total = 0;
+  for (int i = 0; i < kNumDriverCalls; ++i) total += calls.count(static_cast<DriverCall>(i));
+  json["driver_calls"] = std::move(per_kind);
+  json["driver_calls_total"] = total;
+  json["driver_time_us_total"] = calls.total_micros();
+  json["driver_time"] = modelled ? "modelled" : "measured";
+  return json;
 }
 
 }  // namespace
@@ -442,6 +483,42 @@ int vramledger_memory_stats_json(int device, char** json_out) {
     *json_out = out;
     return absl::OkStatus();
   });
+}
+
+int vramledger_fragmentation_json(int device, cudaStream_t current_stream, char** json_out) {
+  if (json_out != nullptr) *json_out = nullptr;
+  return vramledger::CatchAll([&]() -> absl::Status {
+    if (json_out == nullptr) return absl::InvalidArgumentError("vramledger: json_out is null");
+    vramledger::PluginState& state = State();
+    if (absl::Status s = state.CheckDevice(device); !s.ok()) return s;
+    const auto stream = reinterpret_cast<StreamId>(current_stream);
+    vramledger::Fragmentation f;      // zeros until the device allocates
+    vramledger::DriverCallLedger none;  // no call made yet
+    DeviceAllocator* a = state.Existing(device);
+    if (a != nullptr) f = a->GetFragmentation(stream);
+    nlohmann::json json =
+        vramledger::FragmentationJson(f, a != nullptr ? a->backend()->calls() : none,
+                                      state.simulated());
+    json["device"] = device;
+    json["current_stream"] = stream;
+    return vramledger::ExportString(json.dump(), json_out);
+  });
+}
+
+int vramledger_contiguous_segments_enter(void) {
+  vramledger::ContiguousSegmentsScope::Enter();
+  return VRAMLEDGER_OK;
+}
+
+int vramledger_contiguous_segments_exit(void) {
+  return vramledger::CatchAll([] {
+    const absl::Status s = vramledger::ContiguousSegmentsScope::Exit();
+    return s.ok() ? s : absl::FailedPreconditionError(absl::StrCat("vramledger: ", s.message()));
+  });
+}
+
+int vramledger_contiguous_segments_depth(void) {
+  return vramledger::ContiguousSegmentsScope::depth();
 }
 
 void vramledger_string_free(char* s) { std::free(s); }

@@ -118,6 +118,35 @@ VRAMLEDGER_EXPORT int vramledger_device_count();
 /// VRAMLEDGER_FAILED when CUDA is unavailable.
 VRAMLEDGER_EXPORT int vramledger_memory_stats_json(int device, char** json_out);
 
+/// The fragmentation figures of `device` as a JSON object (issue 3): every field of
+/// vramledger::Fragmentation ("utilization" peak allocated / peak reserved, "wasted_bytes",
+/// "wasted_bytes_at_peak", "free_bytes", "largest_free_block", "free_space_fragmentation" in
+/// [0, 1], "holes", "mapped_free_pages", "other_stream_cached_bytes", "page_moves"; sizes in
+/// bytes), "current_stream" (the stream given, as an integer), and the driver calls made so far:
+/// "driver_calls" maps each call kind's CUDA name (e.g. "cuMemMap") to {"count", "time_us"},
+/// "driver_calls_total", "driver_time_us_total", and "driver_time" = "measured" (CUDA, wall
+/// time around each call) or "modelled" (SimBackend's cost model). `current_stream` decides which
+/// cached bytes count as another stream's. A device that has not allocated yet reports zeros.
+/// *json_out as for vramledger_memory_stats_json (release with vramledger_string_free).
+/// VRAMLEDGER_INVALID_ARGUMENT for a bad device index or null `json_out`, VRAMLEDGER_FAILED when
+/// CUDA is unavailable.
+VRAMLEDGER_EXPORT int vramledger_fragmentation_json(int device, cudaStream_t current_stream,
+                                                    char** json_out);
+
+/// Opens a contiguous-segments scope on the calling thread: until the matching exit, its
+/// allocations come from plain single-handle segments (cudaMalloc) even with expandable segments
+/// on, e.g. buffers registered for RDMA or shared with NCCL. Nests; per thread (an allocation
+/// made by another thread, such as torch's autograd workers, is not covered). Returns
+/// VRAMLEDGER_OK.
+VRAMLEDGER_EXPORT int vramledger_contiguous_segments_enter(void);
+
+/// Closes the innermost scope opened on the calling thread. VRAMLEDGER_FAILED, with a message,
+/// when no scope is open on this thread (exit without enter); nothing changes then.
+VRAMLEDGER_EXPORT int vramledger_contiguous_segments_exit(void);
+
+/// Number of contiguous-segments scopes open on the calling thread (0 outside any).
+VRAMLEDGER_EXPORT int vramledger_contiguous_segments_depth(void);
+
 /// Releases a string returned by vramledger_memory_stats_json. NULL is a no-op.
 VRAMLEDGER_EXPORT void vramledger_string_free(char* s);
 

@@ -24,6 +24,8 @@ from vramledger import _options, _plugin, _summary
 from vramledger._snapshot import dump_snapshot, record_memory_history, snapshot  # issue 5
 from vramledger._guard import phase, step, step_scope, tag  # issue 6: budget guard
 from vramledger import _guard  # issue 6
+from vramledger import _fragmentation  # issue 3
+from vramledger._fragmentation import contiguous_segments, fragmentation  # issue 3
 
 __version__ = "0.1.0"
 
@@ -48,6 +50,8 @@ __all__ = [
     "phase",
     "step",
     "step_scope",
+    "contiguous_segments",  # issue 3
+    "fragmentation",
 ]
 
 _ENV_CONF = "VRAMLEDGER_CONF"
@@ -191,6 +195,8 @@ def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     (bytes or counts, ints), plus "utilization" (float: peak allocated / peak reserved) and
     "largest_free_block_bytes"; sorted by key. Per-tag bytes (issue 6): "tags.<name>.current" and
     "tags.<name>.peak" (requested bytes), "guard.refusals", "guard.warnings", "guard.limit_bytes".
+    Fragmentation (issue 3): "fragmentation.<field>" for the scalar figures of fragmentation()
+    (holes, largest_free_block, free_space_fragmentation, wasted_bytes_at_peak, ...).
 
     Raises:
       RuntimeError: vramledger is not installed. ValueError: bad device.
@@ -199,6 +205,7 @@ def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     index = _device_index(device)
     stats = _plugin.memory_stats(index)
     stats.update(_guard.tag_stats(index))  # issue 6: "tags.<name>.current" / ".peak", "guard.*"
+    stats.update(_fragmentation.fragmentation_stats(index))  # issue 3: "fragmentation.*"
     return collections.OrderedDict(sorted(stats.items()))
 
 
