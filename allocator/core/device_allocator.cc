@@ -108,7 +108,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   }
   request.rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
   if (hooks != nullptr) {
-    if (absl::Status s = hooks->CheckAllocation(request, stats_); !s.ok()) {
+    if (absl::Status s = hooks->CheckAllocation(request, stats_.ToDeviceStats()); !s.ok()) {
       ++stats_.num_ooms;
       Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
       return s;
@@ -209,10 +209,10 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
                                                          const AllocationRequest& request,
                                                          std::size_t alloc_size) {
   const StreamId stream = request.stream;
-  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current);
+  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
   if (fraction_set_ && reserved + alloc_size > allowed_bytes_) return nullptr;
   if (AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed); hooks != nullptr) {
-    absl::Status verdict = hooks->CheckGrowth(request, reserved + alloc_size, stats_);
+    absl::Status verdict = hooks->CheckGrowth(request, reserved + alloc_size, stats_.ToDeviceStats());
     if (!verdict.ok()) {
       growth_refusal_ = std::move(verdict);
       return nullptr;
@@ -303,7 +303,7 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
   block->tag = request.tag;
   block->context = request.context;
   block->free_context = 0;
-  live_blocks_.emplace(block->ptr, block);
+  live_blocks_.Insert(block->ptr, block);
   const auto bytes = static_cast<std::int64_t>(block->size);
   UpdateStat(stats_.allocation, types, 1);
   UpdateStat(stats_.allocated_bytes, types, bytes);
@@ -321,13 +321,12 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   const std::uint64_t context =
       hooks != nullptr ? hooks->CaptureContext(TraceAction::kFreeRequested) : 0;
   absl::MutexLock lock(&mu_);
-  auto it = live_blocks_.find(ptr);
-  if (it == live_blocks_.end() || !it->second->allocated) {
+  Block* block = live_blocks_.Find(ptr);
+  if (block == nullptr || !block->allocated) {
     return absl::NotFoundError(absl::StrFormat(
         "free of address 0x%x, which vramledger did not allocate on device %d or already freed",
         ptr, backend_->device()));
   }
-  Block* block = it->second;
   block->allocated = false;
   block->free_context = context;
   Emit(TraceAction::kFreeRequested, block->ptr, block->requested_size, block->stream, context,
@@ -340,7 +339,7 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
     // Used on other streams: reusable only once their work up to now has completed.
     return InsertEvents(block);
   }
-  live_blocks_.erase(it);
+  live_blocks_.Erase(ptr);
   FreeBlock(block);
   return absl::OkStatus();
 }
@@ -436,12 +435,11 @@ std::size_t DeviceAllocatorImpl::TryMerge(Block* dst, Block* src) {
 
 absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
   absl::MutexLock lock(&mu_);
-  auto it = live_blocks_.find(ptr);
-  if (it == live_blocks_.end() || !it->second->allocated) {
+  Block* block = live_blocks_.Find(ptr);
+  if (block == nullptr || !block->allocated) {
     return absl::NotFoundError(
         absl::StrFormat("record_stream on address 0x%x, which is not a live vramledger block", ptr));
   }
-  Block* block = it->second;
   if (stream == block->stream) return absl::OkStatus();
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
       block->stream_uses.end()) {
@@ -496,7 +494,7 @@ absl::Status DeviceAllocatorImpl::ProcessEvents() {
       --pending_events_;
       spare_events_.push_back(event);
       if (--block->event_count == 0) {
-        live_blocks_.erase(block->ptr);
+        live_blocks_.Erase(block->ptr);
         FreeBlock(block);
       }
     }
@@ -514,7 +512,7 @@ absl::Status DeviceAllocatorImpl::SynchronizeAndFreeEvents() {
       --pending_events_;
       spare_events_.push_back(event);
       if (--block->event_count == 0) {
-        live_blocks_.erase(block->ptr);
+        live_blocks_.Erase(block->ptr);
         FreeBlock(block);
       }
     }

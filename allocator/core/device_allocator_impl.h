@@ -14,6 +14,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "core/block.h"
+#include "core/live_block_map.h"
+#include "core/pool_stats.h"
 #include "vramledger/hooks.h"
 #include "vramledger/device_allocator.h"
 
@@ -49,7 +51,7 @@ class DeviceAllocatorImpl {
   DeviceBackend* backend() const { return backend_; }
 
  private:
-  // The per-pool stat index of a pool: kSmallPool or kLargePool ("all" is always updated too).
+  // The per-pool stat index of a pool: kSmallPool or kLargePool ("all" is derived from both).
   static StatType StatTypesFor(const core::BlockPool* pool) {
     return pool->is_small ? kSmallPool : kLargePool;
   }
@@ -169,14 +171,8 @@ class DeviceAllocatorImpl {
   std::int64_t CountHoles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void UpdateStat(StatArray& array, StatType type, std::int64_t amount) {
-    if (amount >= 0) {
-      array[kAggregate].Increase(amount);
-      array[type].Increase(amount);
-    } else {
-      array[kAggregate].Decrease(-amount);
-      array[type].Decrease(-amount);
-    }
+  static void UpdateStat(core::PoolStat& stat, StatType type, std::int64_t amount) {
+    stat.Add(type, amount);
   }
 
   const Options options_;
@@ -194,14 +190,14 @@ class DeviceAllocatorImpl {
   // Plain (cudaMalloc'd) segments by address.
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.
-  absl::flat_hash_map<DevicePtr, core::Block*> live_blocks_ ABSL_GUARDED_BY(mu_);
+  core::LiveBlockMap live_blocks_ ABSL_GUARDED_BY(mu_);
   // record_stream events, one FIFO per stream so a slow stream never blocks another.
   absl::flat_hash_map<StreamId, std::deque<std::pair<EventId, core::Block*>>> events_
       ABSL_GUARDED_BY(mu_);
   std::int64_t pending_events_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<EventId> spare_events_ ABSL_GUARDED_BY(mu_);
   std::vector<core::Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
-  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+  core::CoreStats stats_ ABSL_GUARDED_BY(mu_);  // public form: ToDeviceStats()
   bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;  // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);

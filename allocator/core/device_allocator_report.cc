@@ -37,11 +37,11 @@ Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) con
   absl::MutexLock lock(&mu_);
   Fragmentation f;
   f.utilization = stats_.utilization();
-  const auto& reserved = stats_.reserved_bytes[kAggregate];
-  const auto& allocated = stats_.allocated_bytes[kAggregate];
-  f.wasted_bytes = reserved.current - allocated.current;
-  f.wasted_bytes_at_peak = reserved.peak - allocated.peak;
-  f.free_bytes = reserved.current - stats_.active_bytes[kAggregate].current;
+  const auto& reserved = stats_.reserved_bytes;
+  const auto& allocated = stats_.allocated_bytes;
+  f.wasted_bytes = reserved.current(kAggregate) - allocated.current(kAggregate);
+  f.wasted_bytes_at_peak = reserved.peak(kAggregate) - allocated.peak(kAggregate);
+  f.free_bytes = reserved.current(kAggregate) - stats_.active_bytes.current(kAggregate);
   f.largest_free_block = static_cast<std::int64_t>(LargestFreeBlock());
   f.free_space_fragmentation =
       f.free_bytes > 0 ? 1.0 - static_cast<double>(f.largest_free_block) / f.free_bytes : 0.0;
@@ -104,8 +104,8 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
   o.device_total = total_bytes;
   o.device_free = free_bytes;
   o.allowed = fraction_set_ ? allowed_bytes_ : 0;
-  o.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAggregate].current);
-  o.reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAggregate].current);
+  o.allocated = static_cast<std::size_t>(stats_.allocated_bytes.current(kAggregate));
+  o.reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
   o.largest_free_block = LargestFreeBlock();
   o.holes = CountHoles();
   // torch 2.11's text (PYTORCH-FACTS §2 "OOM"), with vramledger's own figures appended.
@@ -130,7 +130,7 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
 
 DeviceStats DeviceAllocatorImpl::GetStats() const {
   absl::MutexLock lock(&mu_);
-  DeviceStats copy = stats_;
+  DeviceStats copy = stats_.ToDeviceStats();
   copy.largest_free_block_bytes = static_cast<std::int64_t>(LargestFreeBlock());
   return copy;
 }
@@ -252,8 +252,7 @@ absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
     if (b->stream != seg.stream || b->pool != seg.pool) return fail(b, "wrong stream or pool");
     expect += b->size;
     const bool in_index = b->pool->blocks.contains(const_cast<Block*>(b));
-    auto live_it = live_blocks_.find(b->ptr);
-    const bool in_live = live_it != live_blocks_.end() && live_it->second == b;
+    const bool in_live = live_blocks_.Find(b->ptr) == b;
     if (b->is_free()) {
       if (!in_index || in_live) return fail(b, "free block not indexed as free");
       if (b->next != nullptr && b->next->is_free() && b->next->stream_uses.empty()) {
@@ -301,7 +300,7 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   }
   const auto [allocated, active, requested, n_alloc, n_active, n_split, split_bytes, n_free] =
       std::to_array(counts);
-  const auto& st = stats_;
+  const DeviceStats st = stats_.ToDeviceStats();
   std::int64_t indexed = 0;
   const core::BlockBestFitLess less;
   for (const BlockPool* pool : AllPools()) {
