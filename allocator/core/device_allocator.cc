@@ -114,9 +114,11 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
       return s;
     }
   }
+  // The thread-local scope only matters with expandable segments on: skip its read otherwise.
+  const bool contiguous = options_.expandable_segments && ContiguousSegmentsScope::active();
   BlockPool* pool = active_pools_.empty()  // CUDA graph private pools: graph_pools.cc
-                        ? PoolFor(request.rounded, ContiguousSegmentsScope::active())
-                        : RoutePool(request, ContiguousSegmentsScope::active());
+                        ? PoolFor(request.rounded, contiguous)
+                        : RoutePool(request, contiguous);
   if (pool->expandable) {
     growth_refusal_ = absl::OkStatus();
     return MallocExpandable(pool, request);

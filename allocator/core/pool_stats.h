@@ -20,10 +20,13 @@ class PoolStat {
  public:
   /// Adds `amount` (>= 0) to pool `pool` (kSmallPool or kLargePool).
   void Increase(StatType pool, std::int64_t amount) {
-    current_[pool] += amount;
+    // In registers: stores through Block fields (size_t) may alias these, so read each once.
+    const std::int64_t now = current_[pool] + amount;
+    current_[pool] = now;
     allocated_[pool] += amount;
-    peak_[pool] = std::max(peak_[pool], current_[pool]);
-    peak_[kAggregate] = std::max(peak_[kAggregate], current_[kSmallPool] + current_[kLargePool]);
+    if (now > peak_[pool]) peak_[pool] = now;
+    const std::int64_t all = now + current_[kSmallPool + kLargePool - pool];  // the other pool
+    if (all > peak_[kAggregate]) peak_[kAggregate] = all;
   }
   /// Removes `amount` (>= 0) from pool `pool`. The freed total follows from the others.
   void Decrease(StatType pool, std::int64_t amount) { current_[pool] -= amount; }
