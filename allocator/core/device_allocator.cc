@@ -108,7 +108,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   }
   request.rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
   if (hooks != nullptr) {
-    if (absl::Status s = hooks->CheckAllocation(request, stats_.ToDeviceStats()); !s.ok()) {
+    if (absl::Status s = hooks->CheckAllocation(request, HookView()); !s.ok()) {
       ++stats_.num_ooms;
       Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
       return s;
@@ -214,7 +214,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
   const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
   if (fraction_set_ && reserved + alloc_size > allowed_bytes_) return nullptr;
   if (AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed); hooks != nullptr) {
-    absl::Status verdict = hooks->CheckGrowth(request, reserved + alloc_size, stats_.ToDeviceStats());
+    absl::Status verdict = hooks->CheckGrowth(request, reserved + alloc_size, HookView());
     if (!verdict.ok()) {
       growth_refusal_ = std::move(verdict);
       return nullptr;

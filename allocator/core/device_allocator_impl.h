@@ -51,6 +51,11 @@ class DeviceAllocatorImpl {
   DeviceBackend* backend() const { return backend_; }
 
  private:
+  // The two figures hooks are shown (vramledger/hooks.h HookStats), without building DeviceStats.
+  HookStats HookView() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return {stats_.allocated_bytes.current(kAggregate), stats_.reserved_bytes.current(kAggregate)};
+  }
+
   // The per-pool stat index of a pool: kSmallPool or kLargePool ("all" is derived from both).
   static StatType StatTypesFor(const core::BlockPool* pool) {
     return pool->is_small ? kSmallPool : kLargePool;

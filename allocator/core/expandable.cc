@@ -251,7 +251,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     const std::size_t after = reserved + fresh * page;
     if (fraction_set_ && after > allowed_bytes_) return false;
     if (AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed); hooks != nullptr) {
-      absl::Status verdict = hooks->CheckGrowth(request, after, stats_.ToDeviceStats());
+      absl::Status verdict = hooks->CheckGrowth(request, after, HookView());
       if (!verdict.ok()) {
         growth_refusal_ = std::move(verdict);
         return false;

@@ -76,9 +76,9 @@ BudgetGuard::~BudgetGuard() {
 }
 
 absl::Status BudgetGuard::CheckAllocation(const AllocationRequest& request,
-                                          const DeviceStats& stats) {
-  const auto allocated = static_cast<std::uint64_t>(stats.allocated_bytes[kAggregate].current);
-  reserved_now_ = static_cast<std::uint64_t>(stats.reserved_bytes[kAggregate].current);
+                                          const HookStats& stats) {
+  const auto allocated = static_cast<std::uint64_t>(stats.allocated_bytes);
+  reserved_now_ = static_cast<std::uint64_t>(stats.reserved_bytes);
   pending_allocated_after_ = allocated + request.rounded;
   if (has_category_limits_ && request.tag < kMaxTags) {
     const std::uint64_t limit = tag_limit_[request.tag];
@@ -105,7 +105,7 @@ absl::Status BudgetGuard::CheckAllocation(const AllocationRequest& request,
 }
 
 absl::Status BudgetGuard::CheckGrowth(const AllocationRequest& request, std::size_t reserved_after,
-                                      const DeviceStats& stats) {
+                                      const HookStats& stats) {
   if (cap_ != 0 && reserved_after > cap_) {
     Refusal r = Base(request, stats);
     const DeviceBudget& b = *budget_;
@@ -126,7 +126,7 @@ absl::Status BudgetGuard::CheckGrowth(const AllocationRequest& request, std::siz
   if (t_last.guard == this) t_last.pending = false;  // an earlier refusal of this Malloc passed
   if (warn_bytes_ != 0 && reserved_after > warn_bytes_) {
     MaybeWarn(reserved_after,
-              static_cast<std::uint64_t>(stats.allocated_bytes[kAggregate].current));
+              static_cast<std::uint64_t>(stats.allocated_bytes));
   }
   return absl::OkStatus();
 }
@@ -174,7 +174,7 @@ void BudgetGuard::OnEvent(const TraceEntry& event) {
   }
 }
 
-Refusal BudgetGuard::Base(const AllocationRequest& request, const DeviceStats& stats) const {
+Refusal BudgetGuard::Base(const AllocationRequest& request, const HookStats& stats) const {
   Refusal r;
   r.plan_path = budget_->path;
   r.device = device_;
@@ -183,8 +183,8 @@ Refusal BudgetGuard::Base(const AllocationRequest& request, const DeviceStats& s
   r.stream = request.stream;
   r.tag = tags_->Name(request.tag);
   r.context = request.context;
-  r.allocated = static_cast<std::uint64_t>(stats.allocated_bytes[kAggregate].current);
-  r.reserved = static_cast<std::uint64_t>(stats.reserved_bytes[kAggregate].current);
+  r.allocated = static_cast<std::uint64_t>(stats.allocated_bytes);
+  r.reserved = static_cast<std::uint64_t>(stats.reserved_bytes);
   r.cap = cap_;
   r.categories = Categories();
   return r;

@@ -71,10 +71,10 @@ class BudgetGuard final : public AllocatorHooks {
   std::uint32_t CurrentTag() override { return EffectiveTag(*tags_); }
   /// Refuses (ResourceExhausted, "vramledger plan violation...") when the tag's live bytes plus
   /// the request would pass its category limit; logs a warn_at warning once per step.
-  absl::Status CheckAllocation(const AllocationRequest& request, const DeviceStats& stats) override;
+  absl::Status CheckAllocation(const AllocationRequest& request, const HookStats& stats) override;
   /// Refuses when reserved would pass limit - headroom.
   absl::Status CheckGrowth(const AllocationRequest& request, std::size_t reserved_after,
-                           const DeviceStats& stats) override;
+                           const HookStats& stats) override;
   void OnEvent(const TraceEntry& event) override;
 
   /// If `status` is this guard's refusal of the calling thread's last Malloc, returns it with
@@ -118,7 +118,7 @@ class BudgetGuard final : public AllocatorHooks {
   absl::Status Refuse(Refusal refusal);
   void MaybeWarn(std::uint64_t reserved, std::uint64_t allocated);
   std::vector<CategoryUsage> Categories() const;
-  Refusal Base(const AllocationRequest& request, const DeviceStats& stats) const;
+  Refusal Base(const AllocationRequest& request, const HookStats& stats) const;
 
   const int device_;
   TagRegistry* const tags_;

@@ -32,7 +32,7 @@ std::uint32_t HooksChain::CurrentTag() {
 }
 
 absl::Status HooksChain::CheckAllocation(const AllocationRequest& request,
-                                         const DeviceStats& stats) {
+                                         const HookStats& stats) {
   for (AllocatorHooks* h : hooks_) {
     if (absl::Status s = h->CheckAllocation(request, stats); !s.ok()) return s;
   }
@@ -40,7 +40,7 @@ absl::Status HooksChain::CheckAllocation(const AllocationRequest& request,
 }
 
 absl::Status HooksChain::CheckGrowth(const AllocationRequest& request, std::size_t reserved_after,
-                                     const DeviceStats& stats) {
+                                     const HookStats& stats) {
   for (AllocatorHooks* h : hooks_) {
     if (absl::Status s = h->CheckGrowth(request, reserved_after, stats); !s.ok()) return s;
   }

@@ -22,9 +22,9 @@ class HooksChain final : public AllocatorHooks {
 
   std::uint64_t CaptureContext(TraceAction action) override;
   std::uint32_t CurrentTag() override;
-  absl::Status CheckAllocation(const AllocationRequest& request, const DeviceStats& stats) override;
+  absl::Status CheckAllocation(const AllocationRequest& request, const HookStats& stats) override;
   absl::Status CheckGrowth(const AllocationRequest& request, std::size_t reserved_after,
-                           const DeviceStats& stats) override;
+                           const HookStats& stats) override;
   void OnEvent(const TraceEntry& event) override;
 
   const std::vector<AllocatorHooks*>& hooks() const { return hooks_; }

@@ -391,11 +391,11 @@ TEST(HooksChainTest, FirstNonZeroContextAndTagFirstRefusalAllEvents) {
     int events = 0;
     std::uint64_t CaptureContext(TraceAction) override { return context; }
     std::uint32_t CurrentTag() override { return tag; }
-    absl::Status CheckAllocation(const AllocationRequest&, const DeviceStats&) override {
+    absl::Status CheckAllocation(const AllocationRequest&, const HookStats&) override {
       ++checks;
       return verdict;
     }
-    absl::Status CheckGrowth(const AllocationRequest&, std::size_t, const DeviceStats&) override {
+    absl::Status CheckGrowth(const AllocationRequest&, std::size_t, const HookStats&) override {
       ++checks;
       return verdict;
     }

@@ -59,6 +59,18 @@ struct AllocationRequest {
   std::uint64_t context = 0;
 };
 
+/// The figures of a device's stats that hooks are shown, in bytes, over all pools ("all"),
+/// current. A hook check runs on every Malloc, so the allocator hands over these two numbers
+/// rather than building a whole DeviceStats (docs/design/locking.md, "Hot path").
+struct HookStats {
+  std::int64_t allocated_bytes = 0;  // allocated_bytes.all.current
+  std::int64_t reserved_bytes = 0;   // reserved_bytes.all.current
+
+  static HookStats From(const DeviceStats& stats) {
+    return {stats.allocated_bytes[kAggregate].current, stats.reserved_bytes[kAggregate].current};
+  }
+};
+
 /// Hooks into one or more device allocators. Default implementations do nothing and allow all.
 class AllocatorHooks {
  public:
@@ -75,7 +87,7 @@ class AllocatorHooks {
 
   /// Called with the device lock held before a block is handed out. A non-OK status (use
   /// ResourceExhausted) refuses the allocation with that status. `stats` are the current stats.
-  virtual absl::Status CheckAllocation(const AllocationRequest& request, const DeviceStats& stats) {
+  virtual absl::Status CheckAllocation(const AllocationRequest& request, const HookStats& stats) {
     (void)request;
     (void)stats;
     return absl::OkStatus();
@@ -84,7 +96,7 @@ class AllocatorHooks {
   /// A non-OK status refuses the growth: the allocator then releases its cache and asks again,
   /// and fails the allocation with this status if it is still refused.
   virtual absl::Status CheckGrowth(const AllocationRequest& request, std::size_t reserved_after,
-                                   const DeviceStats& stats) {
+                                   const HookStats& stats) {
     (void)request;
     (void)reserved_after;
     (void)stats;
