@@ -165,6 +165,33 @@ TEST_F(PluginAbiTest, EmptyCacheReturnsFreeSegments) {
   EXPECT_EQ(vramledger_empty_cache(-1), VRAMLEDGER_OK);
 }
 
+// Issue 8: two devices keep separate books. A block of device 1 is freed to device 1's allocator
+// whatever device is current, and empty_cache (torch's reset hook, every device) returns device 1's
+// free segment while device 0's live block and its segment stay.
+TEST_F(PluginAbiTest, TwoDevicesKeepSeparateBooksAndEmptyCacheReleasesEach) {
+  ASSERT_EQ(vramledger_empty_cache(-1), VRAMLEDGER_OK) << vramledger_last_error();
+  const std::int64_t alloc0 = Stat(0, "allocation.all.allocated");
+  void* on0 = vramledger_malloc(64 * kMiB, 0, Stream(0));
+  void* on1 = vramledger_malloc(1 * kGiB, 1, Stream(0));
+  ASSERT_NE(on0, nullptr);
+  ASSERT_NE(on1, nullptr);
+  EXPECT_EQ(Stat(0, "allocation.all.allocated"), alloc0 + 1);
+  EXPECT_EQ(Stat(1, "allocated_bytes.all.current"), static_cast<std::int64_t>(kGiB));
+  EXPECT_EQ(Stat(0, "allocated_bytes.all.current"), static_cast<std::int64_t>(64 * kMiB));
+  const std::int64_t reserved0 = Stat(0, "reserved_bytes.all.current");
+
+  vramledger_free(on1, kGiB, 1, Stream(0));
+  EXPECT_EQ(Stat(1, "allocated_bytes.all.current"), 0);
+  EXPECT_EQ(Stat(1, "reserved_bytes.all.current"), static_cast<std::int64_t>(kGiB));  // cached
+  vramledger_reset();
+  EXPECT_EQ(Stat(1, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(Stat(1, "num_device_free"), Stat(1, "num_device_alloc"));
+  EXPECT_EQ(Stat(0, "reserved_bytes.all.current"), reserved0);  // device 0's block is live
+  EXPECT_EQ(Stat(0, "allocated_bytes.all.current"), static_cast<std::int64_t>(64 * kMiB));
+  vramledger_free(on0, 64 * kMiB, 0, Stream(0));
+  EXPECT_EQ(vramledger_empty_cache(-1), VRAMLEDGER_OK);
+}
+
 TEST_F(PluginAbiTest, MemoryFractionCapsReserved) {
   vramledger_set_memory_fraction(0.5, 1);  // 2 GiB of device 1's 4 GiB
   void* a = vramledger_malloc(1536 * kMiB, 1, Stream(0));
