@@ -1,6 +1,10 @@
 # Copies every Abseil shared library LIBRARY needs (transitively) into DESTINATION, each as a plain
 # file named by its SONAME, so that LIBRARY (RPATH $ORIGIN) loads on machines without Abseil.
-# Usage: cmake -DLIBRARY=path/libvramledger_plugin.so -DDESTINATION=dir -P bundle_deps.cmake
+# Usage: cmake -DLIBRARY=path/libvramledger_plugin.so -DDESTINATION=dir [-DSEARCH_DIRS=dir;...]
+#              -P bundle_deps.cmake
+# SEARCH_DIRS: where to look for Abseil after the loader's own paths (ld.so.conf, default dirs),
+# e.g. the folder of an Abseil found through CMAKE_PREFIX_PATH (benchmarks/gpu/wheel_check.sh);
+# CMake does not read LD_LIBRARY_PATH here.
 cmake_minimum_required(VERSION 3.25)
 if(NOT LIBRARY OR NOT DESTINATION)
   message(FATAL_ERROR "bundle_deps.cmake: pass -DLIBRARY=... -DDESTINATION=...")
@@ -20,7 +24,8 @@ file(GET_RUNTIME_DEPENDENCIES
   UNRESOLVED_DEPENDENCIES_VAR unresolved
   # Only Abseil is bundled: libc10/libcudart come from torch, libstdc++/glibc from the system.
   PRE_INCLUDE_REGEXES "^libabsl_"
-  PRE_EXCLUDE_REGEXES ".*")
+  PRE_EXCLUDE_REGEXES ".*"
+  DIRECTORIES ${SEARCH_DIRS})
 file(REMOVE_RECURSE "${scratch}")
 if(unresolved)
   message(FATAL_ERROR "bundle_deps.cmake: cannot find ${unresolved} needed by ${LIBRARY}")

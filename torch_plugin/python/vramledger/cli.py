@@ -289,6 +289,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="vramledger", description=__doc__.splitlines()[0])
+    from vramledger import __version__  # the package is imported by now (cli is its submodule)
+    parser.add_argument("--version", action="version", version=f"vramledger {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND",
                                      parser_class=_ArgumentParser)
     commands.required = True
