@@ -208,8 +208,9 @@ PY
   local so nf absl_out
   for so in "$pkg"/_core.cpython-*.so "$pkg/libvramledger_plugin.so" "$pkg/libvramledger_preload.so"; do
     [ -e "$so" ] || continue
-    # libc10 / libcudart come from torch, which the process has loaded before the plugin.
-    out="$("${run[@]}" LD_LIBRARY_PATH="$TORCH_SITE/torch/lib" ldd "$so" 2>&1)"
+    # libc10 / libcudart come from torch (torch/lib, nvidia/cu13/lib), which the process has
+    # loaded before the plugin; ldd is shown those folders, as the process would have them.
+    out="$("${run[@]}" LD_LIBRARY_PATH="$TORCH_SITE/torch/lib:$TORCH_SITE/nvidia/cu13/lib:$TORCH_SITE/nvidia/cuda_runtime/lib" ldd "$so" 2>&1)"
     nf="$(grep 'not found' <<<"$out" | awk '{print $1}' | tr '\n' ' ')"
     absl_out="$(grep 'libabsl_' <<<"$out" | grep -vc "=> $pkg/")"
     echo "--- ldd $(basename "$so")"
