@@ -61,9 +61,10 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
     }
   }
   for (auto& [key, segment] : exp_segments_) {
-    for (std::size_t i = 0; i < segment->pages.size(); ++i) {
+    for (std::size_t i = 0, j = 1; i < segment->pages.size(); i = j++) {
       if (segment->pages[i] == 0) continue;
-      (void)backend_->Unmap(segment->PageAddress(i), segment->page_size);
+      while (j < segment->pages.size() && segment->pages[j] == segment->pages[i]) ++j;  // a handle
+      (void)backend_->Unmap(segment->PageAddress(i), (j - i) * segment->page_size);
       (void)backend_->ReleasePhysical(segment->pages[i]);
     }
     (void)backend_->ReleaseAddress(segment->ptr, segment->size);

@@ -137,6 +137,12 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     if (!v.ok()) return v.status();
     if (*v % (2 * kMiB) != 0) return Bad(key, value, "a multiple of 2 MiB");
     o->expandable_page_size = *v;
+  } else if (key == "expandable_handle_mb") {
+    std::uint64_t v = 0;
+    if (!absl::SimpleAtoi(value, &v) || v % 2 != 0 || v > (std::uint64_t{1} << 20)) {
+      return Bad(key, value, "0 or a multiple of 2 (MiB)");
+    }
+    o->expandable_handle_size = static_cast<std::size_t>(v) * kMiB;
   } else if (key == "plan") {
     o->plan = std::string(value);
   } else if (key == "dump_dir") {
@@ -198,7 +204,8 @@ const std::vector<OptionDoc>& OptionTable() {
       {"graph_capture_record_stream_reuse", "False", "validated and ignored"},
       {"page_recycling", "True", "vramledger: move free pages of expandable segments"},
       {"expandable_page_mb", "6", "vramledger: physical page size of expandable segments"},
-      {"recycle_slack", "0.004", "vramledger: growth allowed over peak allocated before recycling"},
+      {"recycle_slack", "0.008", "vramledger: growth allowed over peak allocated before recycling"},
+      {"expandable_handle_mb", "0", "vramledger: largest handle per run of new pages (0 = a page)"},
       {"plan", "", "vramledger: path of the memory plan file"},
       {"dump_dir", "./vramledger-dumps", "vramledger: directory for OOM forensics"},
       {"max_dumps", "8", "vramledger: forensic dumps kept"},
@@ -247,6 +254,7 @@ std::string OptionsToString(const Options& o) {
   parts.push_back(absl::StrCat("page_recycling:", o.page_recycling ? "True" : "False"));
   parts.push_back(absl::StrCat("expandable_page_mb:", o.expandable_page_size / kMiB));
   parts.push_back(absl::StrCat("recycle_slack:", o.recycle_slack));
+  parts.push_back(absl::StrCat("expandable_handle_mb:", o.expandable_handle_size / kMiB));
   if (!o.plan.empty()) parts.push_back(absl::StrCat("plan:", o.plan));
   parts.push_back(absl::StrCat("dump_dir:", o.dump_dir));
   parts.push_back(absl::StrCat("max_dumps:", o.max_dumps));

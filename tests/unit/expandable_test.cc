@@ -227,6 +227,75 @@ TEST_F(ExpandableTest, FragmentationFigures) {
   EXPECT_EQ(alloc_->GetFragmentation(0x77).other_stream_cached_bytes, static_cast<std::int64_t>(6 * kMiB));
 }
 
+std::int64_t TotalCalls(const DriverCallLedger& calls) {
+  std::int64_t n = 0;
+  for (int i = 0; i < kNumDriverCalls; ++i) n += calls.count(static_cast<DriverCall>(i));
+  return n;
+}
+
+// A training-like step whose shapes change every step (a sequence length from a fixed cycle):
+// after the steps of the cycle have been seen once, a step makes no driver call at all.
+TEST_F(ExpandableTest, RepeatedStepPatternMakesNoDriverCallAfterWarmup) {
+  Make("expandable_segments:True");  // default page size, recycling and slack
+  std::vector<DevicePtr> weights;
+  for (int i = 0; i < 24; ++i) weights.push_back(Alloc(48 * kMiB + 4 * kMiB * i));
+  const std::size_t seqs[] = {512, 1024, 256, 768, 384};
+  auto step = [&](std::size_t seq) {
+    std::vector<DevicePtr> acts;  // forward: activations kept for backward
+    for (int layer = 0; layer < 24; ++layer) {
+      acts.push_back(Alloc(seq * 24 * kKiB));
+      DevicePtr tmp = Alloc(seq * 40 * kKiB + 512);  // a temporary of another shape
+      acts.push_back(Alloc(seq * 8 * kKiB + 4096));
+      Free(tmp);
+    }
+    while (!acts.empty()) {  // backward: gradients appear while activations go
+      DevicePtr grad = Alloc(seq * 16 * kKiB);
+      Free(acts.back());
+      acts.pop_back();
+      Free(grad);
+    }
+  };
+  for (std::size_t seq : seqs) step(seq);  // warm-up: every shape once
+  const std::int64_t calls = TotalCalls(sim_->calls());
+  const std::int64_t reserved = Reserved();
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t seq : seqs) step(seq);
+  }
+  EXPECT_EQ(TotalCalls(sim_->calls()) - calls, 0);
+  EXPECT_EQ(Reserved(), reserved);
+  for (DevicePtr w : weights) Free(w);
+}
+
+// expandable_handle_mb: a run of new pages takes one handle per 64 MiB instead of one per page;
+// a freed run's handles lie wholly in the free block and move whole; destruction unmaps and
+// releases each handle once.
+TEST_F(ExpandableTest, VariableSizeHandlesCoverRunsAndMoveWhole) {
+  Make("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:64");
+  DevicePtr a = Alloc(100 * kMiB);  // 50 whole pages: a 64 MiB and a 36 MiB handle
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate), 2);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemMap), 2);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemSetAccess), 1);
+  ASSERT_EQ(alloc_->Snapshot().size(), 1u);
+  EXPECT_EQ(alloc_->Snapshot()[0].total_size, 100 * kMiB);
+  DevicePtr b = Alloc(10 * kMiB);  // the tail: one 10 MiB handle
+  EXPECT_EQ(b, a + 100 * kMiB);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate), 3);
+  Free(a);  // both handles of `a` lie wholly inside the free hole
+  const std::int64_t creates = sim_->calls().count(DriverCall::kMemCreate);
+  DevicePtr c = Alloc(120 * kMiB);  // does not fit the hole: 60 pages at the tail
+  EXPECT_EQ(c, b + 10 * kMiB);
+  EXPECT_EQ(alloc_->GetFragmentation().page_moves, 2);  // the two handles, whole
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemUnmap), 2);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate) - creates, 1);  // 20 MiB left to create
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(130 * kMiB));
+  Free(b);
+  Free(c);
+  alloc_.reset();  // unmaps and releases every handle once
+  EXPECT_EQ(sim_->mapped_bytes(), 0u);
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+  Make("expandable_segments:True,expandable_page_mb:2");  // for TearDown's check
+}
+
 TEST_F(ExpandableTest, RandomizedNoLiveBlockOnUnmappedPage) {
   Make("expandable_segments:True,expandable_page_mb:2,max_split_size_mb:64", 2 * kGiB);
   std::mt19937_64 rng(7);

@@ -46,7 +46,12 @@ struct Options {
   /// `recycle_slack` (vramledger): pages are recycled only when growing would take reserved past
   /// (1 + slack) x the peak of allocated bytes. Larger: fewer page moves per step, lower
   /// utilization (docs/design/expandable-segments.md, "Recycling slack").
-  double recycle_slack = 0.004;
+  double recycle_slack = 0.008;
+  /// `expandable_handle_mb` (vramledger): the largest physical handle created for one run of
+  /// missing pages of an expandable segment, in bytes (a multiple of 2 MiB; 0 = one handle per
+  /// page). A run of k new pages takes ceil(k x page / this) handles instead of k, which cuts
+  /// cuMemCreate and the per-handle cuMemSetAccess cost (docs/design/expandable-segments.md).
+  std::size_t expandable_handle_size = 0;
   /// `plan` (vramledger): path of the memory plan file; empty = no plan.
   std::string plan;
   /// `dump_dir` (vramledger): where OOM forensics go.

@@ -27,6 +27,7 @@ KNOWN_KEYS: tuple[str, ...] = (
     "page_recycling",
     "expandable_page_mb",
     "recycle_slack",
+    "expandable_handle_mb",
     "plan",
     "dump_dir",
     "max_dumps",
