@@ -7,62 +7,21 @@
 #include <cstdint>
 #include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "vramledger/types.h"
 
 namespace vramledger::core {
 
+struct Block;
 struct BlockPool;
 struct Segment;
-
-/// A contiguous piece of a segment: allocated, pending free (waiting on events) or free.
-/// Blocks of one segment form a doubly linked list in address order.
-struct Block {
-  DevicePtr ptr = 0;
-  std::size_t size = 0;            // bytes, a multiple of 512
-  std::size_t requested_size = 0;  // the caller's size while allocated or pending free
-  StreamId stream = 0;             // the allocation stream; the block is reused only by it
-  BlockPool* pool = nullptr;
-  Segment* segment = nullptr;
-  Block* prev = nullptr;
-  Block* next = nullptr;
-  bool allocated = false;
-  int event_count = 0;  // outstanding record_stream events
-  std::uint32_t tag = 0;             // AllocatorHooks::CurrentTag at allocation
-  std::uint64_t context = 0;         // AllocatorHooks::CaptureContext at allocation
-  std::uint64_t free_context = 0;    // ... at the free request
-  std::vector<StreamId> stream_uses;    // other streams that used it (record_stream)
-
-  bool is_split() const { return prev != nullptr || next != nullptr; }
-  bool is_free() const { return !allocated && event_count == 0; }
-};
-
-/// One cudaMalloc'd range, or one expandable segment (a reserved virtual range whose pages are
-/// mapped on demand; docs/design/expandable-segments.md). `head` is the block at its first byte.
-struct Segment {
-  DevicePtr ptr = 0;
-  std::size_t size = 0;  // bytes of the cudaMalloc, or of the virtual reservation
-  StreamId stream = 0;
-  BlockPool* pool = nullptr;
-  Block* head = nullptr;
-  // Expandable segments only: page size and the physical handle mapped at each page (0 = none).
-  bool expandable = false;
-  std::size_t page_size = 0;
-  std::vector<PhysicalHandle> pages;
-  std::size_t mapped_pages = 0;
-  std::size_t page_limit = 0;  // 1 + the highest page index ever mapped (bounds page walks)
-
-  std::size_t PageOf(DevicePtr p) const { return (p - ptr) / page_size; }
-  DevicePtr PageAddress(std::size_t i) const { return ptr + i * page_size; }
-};
 
 /// Best-fit order: (stream, size, address). lower_bound({stream, size, 0}) is the smallest
 /// free block of that stream that fits, the lowest address among equals.
 struct BlockBestFitLess {
-  bool operator()(const Block* a, const Block* b) const {
-    return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
-  }
+  bool operator()(const Block* a, const Block* b) const;
 };
 
 /// Free list of tree nodes shared by the copies of one NodeRecycler. Guarded by the owner's mutex.
@@ -102,11 +61,100 @@ struct NodeRecycler {
   NodeFreeList* list;
 };
 
+/// The set type under a pool's free index (FreeIndex below).
+using FreeIndexSet = std::set<Block*, BlockBestFitLess, NodeRecycler<Block*>>;
+
+/// A contiguous piece of a segment: allocated, pending free (waiting on events) or free.
+/// Blocks of one segment form a doubly linked list in address order.
+struct Block {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;            // bytes, a multiple of 512
+  std::size_t requested_size = 0;  // the caller's size while allocated or pending free
+  StreamId stream = 0;             // the allocation stream; the block is reused only by it
+  BlockPool* pool = nullptr;
+  Segment* segment = nullptr;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  bool allocated = false;
+  int event_count = 0;  // outstanding record_stream events
+  std::uint32_t tag = 0;             // AllocatorHooks::CurrentTag at allocation
+  std::uint64_t context = 0;         // AllocatorHooks::CaptureContext at allocation
+  std::uint64_t free_context = 0;    // ... at the free request
+  std::vector<StreamId> stream_uses;    // other streams that used it (record_stream)
+  // Its node in the pool's FreeIndex while it is indexed (set by FreeIndex::insert; stale
+  // otherwise): coalescing reaches a free neighbour's node without a search.
+  FreeIndexSet::iterator index_pos;
+
+  /// Back to a default-constructed block, keeping stream_uses' capacity (NewBlock's reuse).
+  void Reset() {
+    ptr = 0;
+    size = requested_size = 0;
+    stream = 0;
+    pool = nullptr;
+    segment = nullptr;
+    prev = next = nullptr;
+    allocated = false;
+    event_count = 0;
+    tag = 0;
+    context = free_context = 0;
+    stream_uses.clear();
+  }
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool is_free() const { return !allocated && event_count == 0; }
+};
+
+/// One cudaMalloc'd range, or one expandable segment (a reserved virtual range whose pages are
+/// mapped on demand; docs/design/expandable-segments.md). `head` is the block at its first byte.
+struct Segment {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;  // bytes of the cudaMalloc, or of the virtual reservation
+  StreamId stream = 0;
+  BlockPool* pool = nullptr;
+  Block* head = nullptr;
+  // Expandable segments only: page size and the physical handle mapped at each page (0 = none).
+  bool expandable = false;
+  std::size_t page_size = 0;
+  std::vector<PhysicalHandle> pages;
+  std::size_t mapped_pages = 0;
+  std::size_t page_limit = 0;  // 1 + the highest page index ever mapped (bounds page walks)
+
+  std::size_t PageOf(DevicePtr p) const { return (p - ptr) / page_size; }
+  DevicePtr PageAddress(std::size_t i) const { return ptr + i * page_size; }
+};
+
+inline bool BlockBestFitLess::operator()(const Block* a, const Block* b) const {
+  return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+}
+
+/// A pool's free blocks in best-fit order: a std::set whose insert also stores each block's node
+/// in Block::index_pos, so that coalescing (FreeBlock) and the in-place key updates reach a
+/// block's node without a search (docs/design/locking.md, "Hot path"). Only the inserts below
+/// exist, so no insert can leave index_pos stale; erase, lookups and iteration are std::set's.
+class FreeIndex : public FreeIndexSet {
+ public:
+  using FreeIndexSet::FreeIndexSet;
+  std::pair<iterator, bool> insert(Block* const& block) {
+    auto result = FreeIndexSet::insert(block);
+    block->index_pos = result.first;
+    return result;
+  }
+  /// Re-inserts an extracted node (Reposition); the block's index_pos follows.
+  iterator insert(node_type&& node) {
+    Block* block = node.value();
+    auto result = FreeIndexSet::insert(std::move(node));
+    block->index_pos = result.position;
+    return result.position;
+  }
+  /// The node of `block`, which must be in this index (O(1)).
+  static iterator Position(const Block* block) { return block->index_pos; }
+};
+
 /// The free blocks of one pool (small or large), indexed for best fit.
 struct BlockPool {
   explicit BlockPool(bool small, bool expandable_pool = false, std::size_t page = 0)
       : is_small(small), expandable(expandable_pool), page_size(page) {}
-  using Index = std::set<Block*, BlockBestFitLess, NodeRecycler<Block*>>;
+  using Index = FreeIndex;
   NodeFreeList free_nodes;  // declared first: destroyed after `blocks`
   Index blocks{BlockBestFitLess(), NodeRecycler<Block*>(&free_nodes)};
   const bool is_small;

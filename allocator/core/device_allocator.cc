@@ -26,7 +26,7 @@ std::string FormatSize(std::uint64_t bytes) {
 }
 
 DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* backend)
-    : options_(options), backend_(backend) {
+    : options_(options), backend_(backend), device_(backend->device()) {
   // Debian's Abseil runs Mutex deadlock detection on every Lock (a graph update, ~300 ns),
   // which would be most of the hot path. Our lock order is flat (one mutex per device, no
   // nesting; docs/design/locking.md), so the detector has nothing to find.
@@ -78,20 +78,10 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
   for (Block* b : spare_blocks_) delete b;
 }
 
-Block* DeviceAllocatorImpl::NewBlock() {
-  if (spare_blocks_.empty()) return new Block();
-  Block* b = spare_blocks_.back();
-  spare_blocks_.pop_back();
-  *b = Block();
-  return b;
-}
-
-void DeviceAllocatorImpl::DeleteBlock(Block* block) { spare_blocks_.push_back(block); }
-
 absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId stream) {
   if (size == 0) return DevicePtr{0};
   AllocationRequest request;
-  request.device = backend_->device();
+  request.device = device_;
   request.size = size;
   request.stream = stream;
   AllocatorHooks* hooks = hooks_.load(std::memory_order_acquire);
@@ -168,7 +158,7 @@ void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::s
   if (hooks == nullptr) return;
   TraceEntry e;
   e.action = action;
-  e.device = backend_->device();
+  e.device = device_;
   e.addr = addr;
   e.size = size;
   e.stream = stream;
@@ -202,10 +192,7 @@ void DeviceAllocatorImpl::Reposition(BlockPool* pool, BlockPool::Index::iterator
   const core::BlockBestFitLess less;
   const bool ordered = (it == index.begin() || less(*std::prev(it), *it)) &&
                        (std::next(it) == index.end() || less(*it, *std::next(it)));
-  if (!ordered) {
-    auto node = index.extract(it);
-    index.insert(std::move(node));
-  }
+  if (!ordered) Relink(pool, it);
 }
 
 absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
@@ -282,23 +269,23 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
     remaining->size -= rounded;
     if (block->prev == nullptr) block->segment->head = block;
     if (indexed != nullptr) {
-      Reposition(pool, *indexed);  // the remainder keeps the indexed node
+      RepositionShrunk(pool, *indexed);  // the remainder keeps the indexed node
     } else {
       pool->blocks.insert(remaining);
     }
     if (pool->expandable) {
       // torch does not count inactive splits of expandable segments (PYTORCH-FACTS §3).
     } else if (already_split) {
-      UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
+      stats_.inactive_split_bytes.Decrease(types, static_cast<std::int64_t>(block->size));
     } else {
-      UpdateStat(stats_.inactive_split_bytes, types, static_cast<std::int64_t>(remaining->size));
-      UpdateStat(stats_.inactive_split, types, 1);
+      stats_.inactive_split_bytes.Increase(types, static_cast<std::int64_t>(remaining->size));
+      stats_.inactive_split.Increase(types, 1);
     }
   } else {
     if (indexed != nullptr) pool->blocks.erase(*indexed);
     if (already_split && !pool->expandable) {
-      UpdateStat(stats_.inactive_split_bytes, types, -static_cast<std::int64_t>(block->size));
-      UpdateStat(stats_.inactive_split, types, -1);
+      stats_.inactive_split_bytes.Decrease(types, static_cast<std::int64_t>(block->size));
+      stats_.inactive_split.Decrease(types, 1);
     }
   }
   block->allocated = true;
@@ -308,11 +295,11 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
   block->free_context = 0;
   live_blocks_.Insert(block->ptr, block);
   const auto bytes = static_cast<std::int64_t>(block->size);
-  UpdateStat(stats_.allocation, types, 1);
-  UpdateStat(stats_.allocated_bytes, types, bytes);
-  UpdateStat(stats_.active, types, 1);
-  UpdateStat(stats_.active_bytes, types, bytes);
-  UpdateStat(stats_.requested_bytes, types, static_cast<std::int64_t>(requested));
+  stats_.allocation.Increase(types, 1);
+  stats_.allocated_bytes.Increase(types, bytes);
+  stats_.active.Increase(types, 1);
+  stats_.active_bytes.Increase(types, bytes);
+  stats_.requested_bytes.Increase(types, static_cast<std::int64_t>(requested));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Increase(1);
   Emit(TraceAction::kAlloc, block->ptr, requested, block->stream, request.context, request.tag);
   return block;
@@ -324,7 +311,8 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   const std::uint64_t context =
       hooks != nullptr ? hooks->CaptureContext(TraceAction::kFreeRequested) : 0;
   absl::MutexLock lock(&mu_);
-  Block* block = live_blocks_.Find(ptr);
+  std::size_t slot = 0;
+  Block* block = live_blocks_.Find(ptr, &slot);
   if (block == nullptr || !block->allocated) {
     return absl::NotFoundError(absl::StrFormat(
         "free of address 0x%x, which vramledger did not allocate on device %d or already freed",
@@ -335,14 +323,14 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   Emit(TraceAction::kFreeRequested, block->ptr, block->requested_size, block->stream, context,
        block->tag);
   const StatType types = StatTypesFor(block->pool);
-  UpdateStat(stats_.allocation, types, -1);
-  UpdateStat(stats_.allocated_bytes, types, -static_cast<std::int64_t>(block->size));
+  stats_.allocation.Decrease(types, 1);
+  stats_.allocated_bytes.Decrease(types, static_cast<std::int64_t>(block->size));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Decrease(1);
   if (!block->stream_uses.empty()) {
     // Used on other streams: reusable only once their work up to now has completed.
     return InsertEvents(block);
   }
-  live_blocks_.Erase(ptr);
+  live_blocks_.EraseAt(slot);
   FreeBlock(block);
   return absl::OkStatus();
 }
@@ -368,8 +356,8 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   } else {
     // Coalesce into a free neighbour that is already indexed, changing its key in place.
     Block* keep = prev != nullptr ? prev : next;
-    auto it = pool->blocks.find(keep);  // before any key changes
-    if (prev != nullptr && next != nullptr) pool->blocks.erase(next);
+    auto it = BlockPool::Index::Position(keep);  // its node: no search
+    if (prev != nullptr && next != nullptr) pool->blocks.erase(BlockPool::Index::Position(next));
     for (Block* gone : {prev, next}) {
       if (gone == nullptr) continue;
       split_blocks_change -= 1;
@@ -398,7 +386,7 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
       DeleteBlock(block);
     }
     result = keep;
-    Reposition(pool, it);
+    RepositionGrown(pool, it);
   }
   if (result->is_split()) {
     split_blocks_change += 1;
@@ -408,9 +396,9 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
     UpdateStat(stats_.inactive_split, types, split_blocks_change);
     UpdateStat(stats_.inactive_split_bytes, types, split_bytes_change);
   }
-  UpdateStat(stats_.active, types, -1);
-  UpdateStat(stats_.active_bytes, types, -original_size);
-  UpdateStat(stats_.requested_bytes, types, -requested);
+  stats_.active.Decrease(types, 1);
+  stats_.active_bytes.Decrease(types, original_size);
+  stats_.requested_bytes.Decrease(types, requested);
 }
 
 std::size_t DeviceAllocatorImpl::TryMerge(Block* dst, Block* src) {

@@ -138,6 +138,20 @@ class DeviceAllocatorImpl {
                                                  std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the free index's order after the key of the block at `it` changed in place.
   static void Reposition(core::BlockPool* pool, core::BlockPool::Index::iterator it);
+  // The same when the key is known to have only shrunk (a split's remainder: only its
+  // predecessor can be out of order) or only grown (a merge: only its successor can).
+  static void RepositionShrunk(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
+    if (it != pool->blocks.begin() && !core::BlockBestFitLess()(*std::prev(it), *it)) {
+      Relink(pool, it);
+    }
+  }
+  static void RepositionGrown(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
+    const auto after = std::next(it);
+    if (after != pool->blocks.end() && !core::BlockBestFitLess()(*it, *after)) Relink(pool, it);
+  }
+  static void Relink(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
+    pool->blocks.insert(pool->blocks.extract(it));  // the node is reused: no allocation
+  }
   // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
   // fraction cap); an error status for any other driver failure.
   absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
@@ -174,14 +188,23 @@ class DeviceAllocatorImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t LargestFreeBlock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::int64_t CountHoles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeleteBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (spare_blocks_.empty()) return new core::Block();
+    core::Block* b = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    b->Reset();
+    return b;
+  }
+  void DeleteBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    spare_blocks_.push_back(block);
+  }
   static void UpdateStat(core::PoolStat& stat, StatType type, std::int64_t amount) {
     stat.Add(type, amount);
   }
 
   const Options options_;
   DeviceBackend* const backend_;
+  const int device_;  // backend_->device(), read once (the hot path makes no virtual call for it)
   std::atomic<AllocatorHooks*> hooks_{nullptr};
   mutable absl::Mutex mu_;
   core::BlockPool small_pool_ ABSL_GUARDED_BY(mu_){true};

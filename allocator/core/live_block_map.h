@@ -50,14 +50,31 @@ class LiveBlockMap {
     }
   }
 
+  /// Find that also returns, in `*slot`, where the block is, for EraseAt (one probe for a
+  /// lookup followed by an erase, as Free does).
+  Block* Find(DevicePtr ptr, std::size_t* slot) const {
+    if (ptr == 0) return nullptr;
+    for (std::size_t i = Home(ptr);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.key == ptr) {
+        *slot = i;
+        return s.value;
+      }
+      if (s.key == 0) return nullptr;
+    }
+  }
+
   /// Removes `ptr`; false if it was not there.
   bool Erase(DevicePtr ptr) {
-    if (ptr == 0) return false;
-    std::size_t i = Home(ptr);
-    while (slots_[i].key != ptr) {
-      if (slots_[i].key == 0) return false;
-      i = (i + 1) & mask_;
-    }
+    std::size_t i = 0;
+    if (Find(ptr, &i) == nullptr) return false;
+    EraseAt(i);
+    return true;
+  }
+
+  /// Removes the entry at `slot`, as returned by Find(ptr, &slot) with no change in between.
+  void EraseAt(std::size_t slot) {
+    std::size_t i = slot;
     // Backward shift: pull later entries of the probe run into the hole, so no tombstone is left
     // and a probe still stops at the first empty slot.
     for (std::size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
@@ -72,7 +89,6 @@ class LiveBlockMap {
     }
     slots_[i] = Slot{};
     --size_;
-    return true;
   }
 
   /// Number of live blocks.

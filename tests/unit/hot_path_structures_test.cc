@@ -3,6 +3,7 @@
 // PoolStat against the straightforward per-row Stat updates it replaces.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <unordered_map>
@@ -71,6 +72,45 @@ void ExpectSame(const StatArray& want, const StatArray& got, int step) {
     ASSERT_EQ(got[t].allocated, want[t].allocated) << "row " << t << " step " << step;
     ASSERT_EQ(got[t].freed, want[t].freed) << "row " << t << " step " << step;
   }
+}
+
+TEST(LiveBlockMap, FindWithSlotThenEraseAtMatchesErase) {
+  LiveBlockMap map;
+  std::vector<Block> blocks(300);
+  for (std::size_t i = 0; i < blocks.size(); ++i) map.Insert((i + 1) * 512, &blocks[i]);
+  for (std::size_t i = 0; i < blocks.size(); i += 2) {  // every other one, via slot
+    std::size_t slot = 0;
+    ASSERT_EQ(map.Find((i + 1) * 512, &slot), &blocks[i]);
+    map.EraseAt(slot);
+  }
+  EXPECT_EQ(map.size(), 150u);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(map.Find((i + 1) * 512), i % 2 == 0 ? nullptr : &blocks[i]) << i;
+  }
+}
+
+TEST(FreeIndex, PositionFollowsEveryInsertAndRelink) {
+  BlockPool pool(true);
+  std::vector<Block> blocks(64);
+  std::mt19937_64 rng(7);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].ptr = (i + 1) * 4096;
+    blocks[i].size = 512 * (1 + rng() % 16);
+    blocks[i].stream = rng() % 3;
+    pool.blocks.insert(&blocks[i]);
+  }
+  for (int round = 0; round < 1000; ++round) {
+    Block* b = &blocks[rng() % blocks.size()];
+    auto it = FreeIndex::Position(b);
+    ASSERT_EQ(*it, b);
+    b->size = 512 * (1 + rng() % 16);  // an in-place key change, then the node is relinked
+    pool.blocks.insert(pool.blocks.extract(it));
+    for (Block& x : blocks) ASSERT_EQ(*FreeIndex::Position(&x), &x);
+    ASSERT_TRUE(std::is_sorted(pool.blocks.begin(), pool.blocks.end(), BlockBestFitLess()));
+  }
+  pool.blocks.erase(FreeIndex::Position(&blocks[5]));
+  EXPECT_EQ(pool.blocks.size(), blocks.size() - 1);
+  EXPECT_FALSE(pool.blocks.contains(&blocks[5]));
 }
 
 TEST(PoolStat, MatchesPerRowUpdatesThroughResets) {
