@@ -93,6 +93,16 @@ def _cycles_per_ms(torch) -> float:
     return cycles / max(start.elapsed_time(end), 1e-3)
 
 
+def _sleep_cycles(torch, cycles: int) -> None:
+    """torch.cuda._sleep in chunks of at most 1e9 cycles: a larger count returns at once on the
+    H200 with torch 2.11 (the count seems to pass through 32 bits; a 10 s sleep of 2e10 cycles
+    ended before a 0.5 s loop that followed it)."""
+    while cycles > 0:
+        chunk = min(cycles, 1_000_000_000)
+        torch.cuda._sleep(chunk)
+        cycles -= chunk
+
+
 def _first_line(e: BaseException) -> str:
     """`Type: first line` of an exception; when that line only says who raised (dynamo's
     "backend='inductor' raised:"), the next non-empty line is appended."""
@@ -206,7 +216,7 @@ def child_soak(allocator: str) -> dict:
     hold = torch.empty(numel, dtype=torch.float32, device="cuda")
     s3.wait_stream(main)
     with torch.cuda.stream(s3):
-        torch.cuda._sleep(int(10_000 * cpm))          # ~10 s kernel ...
+        _sleep_cycles(torch, int(10_000 * cpm))       # ~10 s of kernels ...
         hold.add_(1)                                  # ... and the block it holds
     hold.record_stream(s3)
     del hold
