@@ -215,6 +215,9 @@ class PeerAccessRegistry {
   void Remove(CudaBackend* backend) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     backends_.erase(std::remove(backends_.begin(), backends_.end(), backend), backends_.end());
+    if (driver_ == backend->driver_.get()) {  // borrow another live backend's entry points
+      driver_ = backends_.empty() ? nullptr : backends_.front()->driver_.get();
+    }
   }
 
   // Grants newly active peer-capable devices access to every backend's mapped handles; returns
