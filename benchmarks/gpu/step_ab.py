@@ -9,7 +9,8 @@ the first two (warm-up) steps; the verdict uses the median over rounds of the pe
 native, and prints the min-step ratio beside it.
 
 Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
-  python step_ab.py [--rounds 3] [--steps 10] [--modes native,plugin,shim] [--shim SO] [--json F]
+  python step_ab.py [--rounds 3] [--steps 10] [--modes native,plugin,shim,shim-noexp] [--shim SO]
+                    [--json F]
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ PREFIX = "RESULT_JSON "
 def run(mode: str, steps: int, shim: str) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     child = "vramledger" if mode == "plugin" else "native"
-    if mode == "shim":
+    if mode in ("shim", "shim-noexp"):  # the shim with / without expandable segments
         env["LD_PRELOAD"] = shim
-        env["VRAMLEDGER_CONF"] = "expandable_segments:True"
+        env["VRAMLEDGER_CONF"] = ("expandable_segments:True" if mode == "shim"
+                                  else "expandable_segments:False")
         env["VRAMLEDGER_PRELOAD_QUIET"] = "1"
     proc = subprocess.run([sys.executable, os.path.join(HERE, "train_compare.py"), "--child", child,
                            "--steps", str(steps)], env=env, capture_output=True, text=True,
