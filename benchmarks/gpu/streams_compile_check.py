@@ -94,11 +94,10 @@ def _cycles_per_ms(torch) -> float:
 
 
 def _sleep_cycles(torch, cycles: int) -> None:
-    """torch.cuda._sleep in chunks of at most 1e9 cycles: a larger count returns at once on the
-    H200 with torch 2.11 (the count seems to pass through 32 bits; a 10 s sleep of 2e10 cycles
-    ended before a 0.5 s loop that followed it)."""
+    """torch.cuda._sleep in chunks of at most 2e8 cycles (~100 ms on the H200): larger counts
+    returned at once there with torch 2.11 (2e10 and 1e9 cycles did; 5.9e8 slept its 300 ms)."""
     while cycles > 0:
-        chunk = min(cycles, 1_000_000_000)
+        chunk = min(cycles, 200_000_000)
         torch.cuda._sleep(chunk)
         cycles -= chunk
 
@@ -215,9 +214,13 @@ def child_soak(allocator: str) -> dict:
     stats()                                           # any first-call cost outside the loop
     hold = torch.empty(numel, dtype=torch.float32, device="cuda")
     s3.wait_stream(main)
+    long_start, long_end = (torch.cuda.Event(enable_timing=True),
+                            torch.cuda.Event(enable_timing=True))
     with torch.cuda.stream(s3):
+        long_start.record()
         _sleep_cycles(torch, int(10_000 * cpm))       # ~10 s of kernels ...
         hold.add_(1)                                  # ... and the block it holds
+        long_end.record()
     hold.record_stream(s3)
     del hold
     long_done = torch.cuda.Event()
@@ -247,6 +250,7 @@ def child_soak(allocator: str) -> dict:
         "max_pending": max(samples), "first_pending": samples[0], "loop_s": loop_s,
         "long_kernel_running_at_end": long_running_at_end, "distinct_blocks": len(ptrs),
         "samples_while_long_kernel_ran": sum(running),
+        "long_kernel_ms": long_start.elapsed_time(long_end),
         "pending_after_sync": s["active_bytes.all.current"] - s["allocated_bytes.all.current"],
         "total_wall_s": time.perf_counter() - t0,
     }
@@ -495,7 +499,8 @@ def judge(check: str, runs: dict) -> list[tuple[str, str, str, str]]:
         def c(r):
             return (f"max active-allocated {_mib(r['max_pending'])} over {r['samples']} samples, "
                     f"loop {r['loop_s']:.1f} s, {r['distinct_blocks']} blocks, long kernel running "
-                    f"in {r.get('samples_while_long_kernel_ran', '?')} samples, "
+                    f"in {r.get('samples_while_long_kernel_ran', '?')} samples "
+                    f"(it took {r.get('long_kernel_ms', 0) / 1e3:.1f} s), "
                     f"{'running' if r['long_kernel_running_at_end'] else 'DONE'} at end")
 
         if vr is None:
