@@ -213,12 +213,27 @@ def child_soak(allocator: str) -> dict:
     main, s2, s3 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
     stats()                                           # any first-call cost outside the loop
     hold = torch.empty(numel, dtype=torch.float32, device="cuda")
+    # ~10 s of work on stream 3: ~125 launches of a 32768^3 bf16 matmul (few enough not to fill the
+    # launch queue), then the block it holds. torch.cuda._sleep is not usable here: on the H200 the
+    # host waited for it, so the loop only started after the "long" kernel had finished.
+    a = torch.randn(32768, 32768, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    probe_start, probe_end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))
+    torch.mm(a, a, out=c)
+    probe_start.record()
+    for _ in range(3):
+        torch.mm(a, a, out=c)
+    probe_end.record()
+    probe_end.synchronize()
+    n_mm = int(10_000 / max(probe_start.elapsed_time(probe_end) / 3, 1e-3))
     s3.wait_stream(main)
     long_start, long_end = (torch.cuda.Event(enable_timing=True),
                             torch.cuda.Event(enable_timing=True))
     with torch.cuda.stream(s3):
         long_start.record()
-        _sleep_cycles(torch, int(10_000 * cpm))       # ~10 s of kernels ...
+        for _ in range(n_mm):
+            torch.mm(a, a, out=c)                     # ~10 s of kernels ...
         hold.add_(1)                                  # ... and the block it holds
         long_end.record()
     hold.record_stream(s3)
@@ -250,7 +265,7 @@ def child_soak(allocator: str) -> dict:
         "max_pending": max(samples), "first_pending": samples[0], "loop_s": loop_s,
         "long_kernel_running_at_end": long_running_at_end, "distinct_blocks": len(ptrs),
         "samples_while_long_kernel_ran": sum(running),
-        "long_kernel_ms": long_start.elapsed_time(long_end),
+        "long_kernel_ms": long_start.elapsed_time(long_end), "long_kernel_launches": n_mm,
         "pending_after_sync": s["active_bytes.all.current"] - s["allocated_bytes.all.current"],
         "total_wall_s": time.perf_counter() - t0,
     }
