@@ -35,7 +35,7 @@ DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* 
     return true;
   }();
   (void)kDetectionOff;
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   if (options_.per_process_memory_fraction > 0.0) {
     std::size_t free_bytes = 0;
     std::size_t total_bytes = 0;
@@ -50,7 +50,7 @@ DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* 
 }
 
 DeviceAllocatorImpl::~DeviceAllocatorImpl() {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   (void)SynchronizeAndFreeEvents();
   for (auto& [ptr, segment] : segments_) {
     (void)backend_->Free(ptr);
@@ -89,7 +89,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
     request.context = hooks->CaptureContext(TraceAction::kAlloc);
     request.tag = hooks->CurrentTag();
   }
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   if (size >= sp::kMaxRequest) {
     ++stats_.num_ooms;
     return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
@@ -310,7 +310,7 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   AllocatorHooks* hooks = hooks_.load(std::memory_order_acquire);
   const std::uint64_t context =
       hooks != nullptr ? hooks->CaptureContext(TraceAction::kFreeRequested) : 0;
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   std::size_t slot = 0;
   Block* block = live_blocks_.Find(ptr, &slot);
   if (block == nullptr || !block->allocated) {
@@ -425,7 +425,7 @@ std::size_t DeviceAllocatorImpl::TryMerge(Block* dst, Block* src) {
 }
 
 absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   Block* block = live_blocks_.Find(ptr);
   if (block == nullptr || !block->allocated) {
     return absl::NotFoundError(
@@ -572,7 +572,7 @@ absl::Status DeviceAllocatorImpl::ReleaseCachedBlocks() {
 }
 
 absl::Status DeviceAllocatorImpl::EmptyCache() {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   return ReleaseCachedBlocks();
 }
 
@@ -584,7 +584,7 @@ absl::Status DeviceAllocatorImpl::SetMemoryFraction(double fraction) {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   fraction_set_ = true;
   allowed_bytes_ = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
   return absl::OkStatus();

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "core/block.h"
+#include "core/device_mutex.h"
 #include "core/live_block_map.h"
 #include "core/pool_stats.h"
 #include "vramledger/hooks.h"
@@ -206,7 +207,7 @@ class DeviceAllocatorImpl {
   DeviceBackend* const backend_;
   const int device_;  // backend_->device(), read once (the hot path makes no virtual call for it)
   std::atomic<AllocatorHooks*> hooks_{nullptr};
-  mutable absl::Mutex mu_;
+  mutable core::DeviceMutex mu_;
   core::BlockPool small_pool_ ABSL_GUARDED_BY(mu_){true};
   core::BlockPool large_pool_ ABSL_GUARDED_BY(mu_){false};
   core::BlockPool exp_small_pool_ ABSL_GUARDED_BY(mu_){true, true, 2 * kMiB};

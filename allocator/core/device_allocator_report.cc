@@ -34,7 +34,7 @@ std::int64_t DeviceAllocatorImpl::CountHoles() const {
 }
 
 Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) const {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   Fragmentation f;
   f.utilization = stats_.utilization();
   const auto& reserved = stats_.reserved_bytes;
@@ -129,24 +129,24 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
 }
 
 DeviceStats DeviceAllocatorImpl::GetStats() const {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   DeviceStats copy = stats_.ToDeviceStats();
   copy.largest_free_block_bytes = static_cast<std::int64_t>(LargestFreeBlock());
   return copy;
 }
 
 void DeviceAllocatorImpl::ResetPeakStats() {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   stats_.ResetPeak();
 }
 
 void DeviceAllocatorImpl::ResetAccumulatedStats() {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   stats_.ResetAccumulated();
 }
 
 OutOfMemoryInfo DeviceAllocatorImpl::last_oom() const {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   return last_oom_;
 }
 
@@ -184,7 +184,7 @@ void AddBlock(SegmentInfo& info, const Block* b, const BlockInfo& bi) {
 }  // namespace
 
 std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   std::vector<SegmentInfo> out;
   out.reserve(segments_.size());
   for (const auto& [ptr, segment] : segments_) {
@@ -286,7 +286,7 @@ absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
 }
 
 absl::Status DeviceAllocatorImpl::CheckInvariants() const {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   std::int64_t counts[8] = {};
   std::int64_t reserved = 0;

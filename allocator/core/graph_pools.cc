@@ -21,7 +21,7 @@ std::string PoolName(MempoolId id) { return absl::StrFormat("(%d, %d)", id.first
 }  // namespace
 
 absl::Status DeviceAllocatorImpl::BeginAllocateToPool(MempoolId id, StreamFilter filter) {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   PruneFailedCaptures();
   for (const ActivePool& active : active_pools_) {
     if (active.id == id) {
@@ -45,7 +45,7 @@ absl::Status DeviceAllocatorImpl::BeginAllocateToPool(MempoolId id, StreamFilter
 }
 
 absl::Status DeviceAllocatorImpl::EndAllocateToPool(MempoolId id) {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   auto it = std::find_if(active_pools_.begin(), active_pools_.end(),
                          [&](const ActivePool& a) { return a.id == id; });
   if (it != active_pools_.end()) {
@@ -66,7 +66,7 @@ absl::Status DeviceAllocatorImpl::EndAllocateToPool(MempoolId id) {
 }
 
 absl::Status DeviceAllocatorImpl::ReleasePool(MempoolId id) {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second->use_count <= 0) {
     return absl::NotFoundError(absl::StrCat("vramledger: release of unknown private pool ",
@@ -78,7 +78,7 @@ absl::Status DeviceAllocatorImpl::ReleasePool(MempoolId id) {
 }
 
 int DeviceAllocatorImpl::PoolUseCount(MempoolId id) const {
-  absl::MutexLock lock(&mu_);
+  core::DeviceMutexLock lock(&mu_);
   auto it = private_pools_.find(id);
   return it == private_pools_.end() ? 0 : it->second->use_count;
 }
