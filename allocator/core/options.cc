@@ -33,7 +33,9 @@ absl::StatusOr<bool> ParseBool(string_view key, string_view value) {
 
 absl::StatusOr<double> ParseFraction(string_view key, string_view value, bool open) {
   double v = 0;
-  if (!absl::SimpleAtod(value, &v) || v < 0.0 || v > 1.0 || (open && (v <= 0.0 || v >= 1.0))) {
+  // Written as !(in range) so that "nan", which SimpleAtod accepts, is refused.
+  if (!absl::SimpleAtod(value, &v) || !(v >= 0.0 && v <= 1.0) ||
+      (open && (v <= 0.0 || v >= 1.0))) {
     return Bad(key, value, open ? "a number in (0, 1)" : "a number in [0, 1]");
   }
   return v;
@@ -154,7 +156,9 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     o->max_dumps = v;
   } else if (key == "recycle_slack") {
     double v = 0;
-    if (!absl::SimpleAtod(value, &v) || v < 0.0 || v > 1.0) return Bad(key, value, "a number in [0, 1]");
+    if (!absl::SimpleAtod(value, &v) || !(v >= 0.0 && v <= 1.0)) {  // refuses "nan" too
+      return Bad(key, value, "a number in [0, 1]");
+    }
     o->recycle_slack = v;
   } else if (key == "step_log") {  // issue 6: per-step peak logs
     o->step_log = std::string(value);
@@ -227,6 +231,16 @@ absl::StatusOr<Options> ParseOptions(std::string_view std_conf, const Options& b
     absl::Status s = ApplyOne(string_view(item).substr(0, colon),
                               string_view(item).substr(colon + 1), &out);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(s.message(), " (in '", conf, "')"));
+  }
+  // A handle holds whole pages (expandable.cc): refuse a size the page does not divide rather than
+  // round it down silently (expandable_handle_mb:8 with 6 MiB pages would act as one page).
+  if (out.expandable_handle_size != 0 &&
+      out.expandable_handle_size % out.expandable_page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expandable_handle_mb:", out.expandable_handle_size / kMiB,
+        " is not a multiple of expandable_page_mb:", out.expandable_page_size / kMiB,
+        " (a handle holds whole pages; e.g. expandable_handle_mb:",
+        2 * out.expandable_page_size / kMiB, ") (in '", conf, "')"));
   }
   if (!conf.empty()) {
     out.conf_string = base.conf_string.empty() ? std::string(conf)

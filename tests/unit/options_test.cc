@@ -58,12 +58,29 @@ TEST(Options, BadValuesNameKeyAndExpectation) {
                         Case{"roundup_power2_divisions:[300:2]", "power of two"},
                         Case{"backend:cudaMallocAsync", "native"},
                         Case{"max_dumps:-1", ">= 0"},
+                        Case{"recycle_slack:abc", "[0, 1]"},
+                        Case{"recycle_slack:nan", "[0, 1]"},  // SimpleAtod parses "nan"
+                        Case{"recycle_slack:-nan", "[0, 1]"},
+                        Case{"per_process_memory_fraction:nan", "[0, 1]"},
+                        Case{"garbage_collection_threshold:nan", "(0, 1)"},
+                        Case{"expandable_handle_mb:-3", "multiple of 2"},
+                        Case{"expandable_handle_mb:8", "not a multiple of expandable_page_mb:6"},
+                        Case{"expandable_page_mb:8,expandable_handle_mb:12", "expandable_page_mb:8"},
                         Case{"justakey", "expected key:value"}}) {
     auto o = ParseOptions(c.conf);
     ASSERT_FALSE(o.ok()) << c.conf;
     EXPECT_NE(o.status().message().find(c.needle), std::string::npos)
         << c.conf << " -> " << o.status().message();
   }
+}
+
+TEST(Options, HandleSizesThatHoldWholePagesAreAccepted) {
+  auto o = ParseOptions("expandable_handle_mb:12");  // two 6 MiB pages
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->expandable_handle_size, 12 * kMiB);
+  o = ParseOptions("expandable_page_mb:4,expandable_handle_mb:12");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->expandable_handle_size, 12 * kMiB);
 }
 
 TEST(Options, RoundTripsThroughToString) {

@@ -48,8 +48,9 @@ struct Options {
   /// utilization (docs/design/expandable-segments.md, "Recycling slack").
   double recycle_slack = 0.008;
   /// `expandable_handle_mb` (vramledger): the largest physical handle created for one run of
-  /// missing pages of an expandable segment, in bytes (a multiple of 2 MiB; 0 = one handle per
-  /// page). A run of k new pages takes ceil(k x page / this) handles instead of k, which cuts
+  /// missing pages of an expandable segment, in bytes (a multiple of the page size, checked when
+  /// the options are parsed; 0 = one handle per page). A run of k new pages takes
+  /// ceil(k x page / this) handles instead of k, which cuts
   /// cuMemCreate and the per-handle cuMemSetAccess cost (docs/design/expandable-segments.md).
   std::size_t expandable_handle_size = 0;
   /// `plan` (vramledger): path of the memory plan file; empty = no plan.
