@@ -63,6 +63,11 @@ def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         child(sys.argv[2])
         return 0
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    if probe.stdout.strip() != "True":
+        print("compile_graphs_probe: no CUDA device (torch.cuda.is_available() is not True)")
+        return 2
     results = {}
     for allocator in ("native", "vramledger"):
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", allocator],

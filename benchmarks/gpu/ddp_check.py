@@ -139,8 +139,16 @@ def compare(native_dir: str, vl_dir: str) -> int:
                 out[r["rank"]] = r
         return out
 
+    for d in (native_dir, vl_dir):
+        if not os.path.isdir(d):
+            print(f"FAIL ddp_check --compare: {d} is not a directory")
+            return 1
     nat, vl = load(native_dir), load(vl_dir)
-    ok = bool(nat) and sorted(nat) == sorted(vl)
+    if not nat or not vl or sorted(nat) != sorted(vl):
+        print(f"FAIL ddp_check --compare: rank results native {sorted(nat)}, vramledger "
+              f"{sorted(vl)} (rank<R>.json files; a run that failed writes none)")
+        return 1
+    ok = True
     lines = ["| rank | allocator | peak alloc GiB | peak reserved GiB | median step ms |",
              "|---|---|---|---|---|"]
     worst = 0.0
@@ -175,7 +183,7 @@ def compare(native_dir: str, vl_dir: str) -> int:
         print(f"{'PASS' if good else 'FAIL'} NCCL all_reduce on vramledger memory ({key}): {vals}")
     steps_dir = os.path.join(vl_dir, "steps")
     logs = sorted(os.listdir(steps_dir)) if os.path.isdir(steps_dir) else []
-    good = len(logs) == len(vl)
+    good = len(logs) == len(vl) > 0
     ok &= good
     print(f"{'PASS' if good else 'FAIL'} per-rank step logs: {logs}")
     return 0 if ok else 1

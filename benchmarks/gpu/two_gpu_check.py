@@ -66,7 +66,11 @@ def main() -> int:
     args = ap.parse_args()
 
     import vramledger
-    vramledger.install(expandable_segments=True)
+    try:
+        vramledger.install(expandable_segments=True)
+    except RuntimeError as e:  # no CUDA, no plugin: say so in one line
+        print(f"two_gpu_check: cannot install vramledger: {str(e).splitlines()[0]}")
+        return 2
     import torch
     if torch.cuda.device_count() < 2:
         print(f"two_gpu_check: needs two GPUs, found {torch.cuda.device_count()}")

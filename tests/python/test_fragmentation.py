@@ -164,6 +164,26 @@ def test_exit_without_enter_is_an_error_and_changes_nothing():
     assert out["depth"] == 0
 
 
+def test_leaving_the_scope_on_another_thread_is_a_clear_error():
+    (out,) = run("""
+        cm = vramledger.contiguous_segments()
+        cm.__enter__()
+        errors = []
+        def leave():
+            try:
+                cm.__exit__(None, None, None)
+            except RuntimeError as e:
+                errors.append(str(e))
+        t = threading.Thread(target=leave)
+        t.start()
+        t.join()
+        print(json.dumps({"errors": errors, "depth_here": _fragmentation.contiguous_depth()}))
+    """)
+    assert len(out["errors"]) == 1
+    assert "left on another thread" in out["errors"][0]
+    assert out["depth_here"] == 1  # the entering thread's scope stays open, as the error says
+
+
 def test_not_installed_raises_a_clear_error():
     (out,) = run("""
         import json, vramledger

@@ -74,19 +74,31 @@ def contiguous_segments() -> Iterator[None]:
     Scopes nest; each thread has its own (an allocation made on another thread, e.g. by
     torch's autograd workers during backward, is not covered). The scope is left on exit,
     exceptions included. Without expandable segments every segment is already contiguous, so
-    the scope changes nothing.
+    the scope changes nothing. The scope belongs to the thread that entered it: do not hold it
+    across a generator's `yield` or an `await` that may resume elsewhere (asyncio tasks sharing
+    a thread share its scope too).
 
     Raises:
-      RuntimeError: vramledger is not installed, or the plugin cannot be loaded.
+      RuntimeError: vramledger is not installed, or the plugin cannot be loaded; the scope is
+        left on another thread than the one that entered it (the entering thread's scope then
+        stays open until that thread leaves it).
     """
+    import threading
+
     _require_installed("contiguous_segments()")
     lib = _lib()
     from vramledger import _plugin
 
+    owner = threading.get_ident()
     _plugin._check(lib.vramledger_contiguous_segments_enter())
     try:
         yield
     finally:
+        if threading.get_ident() != owner:
+            raise RuntimeError(
+                "vramledger.contiguous_segments(): left on another thread than the one that entered "
+                f"it (entered on thread {owner}, left on {threading.get_ident()}); the entering "
+                "thread's scope stays open. Enter and leave the scope on the same thread.")
         _plugin._check(lib.vramledger_contiguous_segments_exit())
 
 
