@@ -93,15 +93,6 @@ def _cycles_per_ms(torch) -> float:
     return cycles / max(start.elapsed_time(end), 1e-3)
 
 
-def _sleep_cycles(torch, cycles: int) -> None:
-    """torch.cuda._sleep in chunks of at most 2e8 cycles (~100 ms on the H200): larger counts
-    returned at once there with torch 2.11 (2e10 and 1e9 cycles did; 5.9e8 slept its 300 ms)."""
-    while cycles > 0:
-        chunk = min(cycles, 200_000_000)
-        torch.cuda._sleep(chunk)
-        cycles -= chunk
-
-
 def _first_line(e: BaseException) -> str:
     """`Type: first line` of an exception; when that line only says who raised (dynamo's
     "backend='inductor' raised:"), the next non-empty line is appended."""

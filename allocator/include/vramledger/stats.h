@@ -64,27 +64,6 @@ struct DeviceStats {
     return r > 0 ? static_cast<double>(allocated_bytes[kAggregate].peak) / static_cast<double>(r)
                  : 0.0;
   }
-  /// reset_peak_memory_stats(): every peak becomes its current value.
-  void ResetPeak() {
-    for (StatArray* a : arrays()) for (Stat& s : *a) s.ResetPeak();
-    oversize_allocations.ResetPeak();
-    oversize_segments.ResetPeak();
-  }
-  /// reset_accumulated_memory_stats(): totals and event counters back to 0.
-  void ResetAccumulated() {
-    for (StatArray* a : arrays()) for (Stat& s : *a) s.ResetAccumulated();
-    oversize_allocations.ResetAccumulated();
-    oversize_segments.ResetAccumulated();
-    num_alloc_retries = num_ooms = num_sync_all_streams = 0;
-    num_device_alloc = num_device_free = 0;
-  }
-
- private:
-  std::array<StatArray*, 9> arrays() {
-    return {&allocation,      &segment,        &active,
-            &inactive_split,  &allocated_bytes, &reserved_bytes,
-            &active_bytes,    &inactive_split_bytes, &requested_bytes};
-  }
 };
 
 /// Flattens to torch's dotted keys ("allocated_bytes.all.current", "num_ooms", ...) plus
