@@ -160,6 +160,7 @@ def child_sync_retry(allocator: str) -> dict:
             except torch.OutOfMemoryError:
                 fill_ooms += 1
                 break
+    x.fill_(0)   # loads the fill kernel now: a first launch behind the sleep would hold the host
     torch.cuda.synchronize()
     free_filled = torch.cuda.mem_get_info()[0]
     before = stats()
@@ -203,10 +204,23 @@ def child_soak(allocator: str) -> dict:
     iters, numel = 10_000, 256 * KiB // 4
     main, s2, s3 = torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()
     stats()                                           # any first-call cost outside the loop
+    # Warm up every kernel the loop launches before the long work is queued. With CUDA's lazy
+    # module loading (the default) the first launch of a kernel loads its module, and loading
+    # waits for the work already running on the device: in three H200 runs the loop's first
+    # fill_ held the host until the 10 s of holding work had finished, under both allocators.
+    warm = torch.empty(numel, dtype=torch.float32, device="cuda")
+    s2.wait_stream(main)
+    with torch.cuda.stream(s2):
+        warm.fill_(0.0)
+    warm.record_stream(s2)
+    del warm
+    probe_done = torch.cuda.Event()
+    probe_done.record(s2)
+    probe_done.query()
+    torch.cuda.synchronize()
     hold = torch.empty(numel, dtype=torch.float32, device="cuda")
     # ~10 s of work on stream 3: ~125 launches of a 32768^3 bf16 matmul (few enough not to fill the
-    # launch queue), then the block it holds. torch.cuda._sleep is not usable here: on the H200 the
-    # host waited for it, so the loop only started after the "long" kernel had finished.
+    # launch queue), then the block it holds.
     a = torch.randn(32768, 32768, device="cuda", dtype=torch.bfloat16)
     c = torch.empty_like(a)
     probe_start, probe_end = (torch.cuda.Event(enable_timing=True),
