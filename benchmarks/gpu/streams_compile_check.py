@@ -207,11 +207,13 @@ def child_soak(allocator: str) -> dict:
     # Warm up every kernel the loop launches before the long work is queued. With CUDA's lazy
     # module loading (the default) the first launch of a kernel loads its module, and loading
     # waits for the work already running on the device: in three H200 runs the loop's first
-    # fill_ held the host until the 10 s of holding work had finished, under both allocators.
+    # fill_ held the host until the 10 s of holding work had finished, under both allocators, and
+    # with fill_ warmed up, the holding work's own add_ did the same (a fourth run).
     warm = torch.empty(numel, dtype=torch.float32, device="cuda")
     s2.wait_stream(main)
     with torch.cuda.stream(s2):
         warm.fill_(0.0)
+        warm.add_(1)                                  # the holding work's last kernel
     warm.record_stream(s2)
     del warm
     probe_done = torch.cuda.Event()
