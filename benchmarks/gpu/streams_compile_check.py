@@ -221,26 +221,18 @@ def child_soak(allocator: str) -> dict:
     probe_done.query()
     torch.cuda.synchronize()
     hold = torch.empty(numel, dtype=torch.float32, device="cuda")
-    # ~10 s of work on stream 3: ~125 launches of a 32768^3 bf16 matmul (few enough not to fill the
-    # launch queue), then the block it holds.
-    a = torch.randn(32768, 32768, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty_like(a)
-    probe_start, probe_end = (torch.cuda.Event(enable_timing=True),
-                              torch.cuda.Event(enable_timing=True))
-    torch.mm(a, a, out=c)
-    probe_start.record()
-    for _ in range(3):
-        torch.mm(a, a, out=c)
-    probe_end.record()
-    probe_end.synchronize()
-    n_mm = int(10_000 / max(probe_start.elapsed_time(probe_end) / 3, 1e-3))
+    # ~10 s of work on stream 3 (torch.cuda._sleep: one thread block spinning, so the rest of
+    # the GPU stays free for stream 2's short kernels), then the block it holds. A large matmul
+    # does not do here: it fills every SM, stream 2's kernels queue behind it and every one of
+    # the 10,000 blocks stays pending under either allocator (a fifth H200 run: 255.8 MiB).
     s3.wait_stream(main)
     long_start, long_end = (torch.cuda.Event(enable_timing=True),
                             torch.cuda.Event(enable_timing=True))
+    n_sleep = 10
     with torch.cuda.stream(s3):
         long_start.record()
-        for _ in range(n_mm):
-            torch.mm(a, a, out=c)                     # ~10 s of kernels ...
+        for _ in range(n_sleep):
+            torch.cuda._sleep(int(1000 * cpm))        # ~1 s each, ~10 s in all ...
         hold.add_(1)                                  # ... and the block it holds
         long_end.record()
     hold.record_stream(s3)
@@ -272,7 +264,7 @@ def child_soak(allocator: str) -> dict:
         "max_pending": max(samples), "first_pending": samples[0], "loop_s": loop_s,
         "long_kernel_running_at_end": long_running_at_end, "distinct_blocks": len(ptrs),
         "samples_while_long_kernel_ran": sum(running),
-        "long_kernel_ms": long_start.elapsed_time(long_end), "long_kernel_launches": n_mm,
+        "long_kernel_ms": long_start.elapsed_time(long_end), "long_kernel_launches": n_sleep,
         "pending_after_sync": s["active_bytes.all.current"] - s["allocated_bytes.all.current"],
         "total_wall_s": time.perf_counter() - t0,
     }
