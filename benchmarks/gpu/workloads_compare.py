@@ -11,7 +11,9 @@ Prints per run: peak allocated, peak reserved, reserved/allocated, median step t
 ratio to native), and the driver calls made in the last three steps (vramledger: map + unmap +
 cudaMalloc + cudaFree counted by its stats; torch: num_device_alloc + num_device_free).
 
-Usage: python workloads_compare.py [--out DIR] [--workloads gpt2m,llama1b,llama1b-ckpt]
+Usage: python workloads_compare.py [--out DIR] [--workloads gpt2m,llama1b,llama1b-ckpt] [--rounds N]
+Under vramledger it also prints the driver calls of the last three steps per kind with their
+measured time, and the measured driver time of every step.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def child(workload: str, allocator: str) -> None:
         mem = torch.cuda
     torch.cuda.synchronize()
     mem.reset_peak_memory_stats()
-    times, losses, calls = [], [], []
+    times, losses, calls, driver = [], [], [], []
     for _ in range(p["steps"]):
         seq = random.randint(p["lo"], p["hi"])
         x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
@@ -76,12 +78,23 @@ def child(workload: str, allocator: str) -> None:
         losses.append(float(loss))
         s = mem.memory_stats()
         calls.append(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
+        if allocator == "vramledger":  # every driver call, measured around the call
+            f = mem.fragmentation()
+            driver.append({k: (v["count"], round(v["time_us"])) for k, v in
+                           f["driver_calls"].items() if v["count"]})
     s = mem.memory_stats()
+    extra = {}
+    if driver:  # per kind: calls and microseconds in the last three steps
+        last3 = {k: [c - driver[-4].get(k, (0, 0))[0], t - driver[-4].get(k, (0, 0))[1]]
+                 for k, (c, t) in driver[-1].items()}
+        extra = dict(driver_last3={k: v for k, v in last3.items() if v[0]},
+                     driver_us_per_step=[sum(t for _, t in d.values()) for d in driver])
     print(RESULT + json.dumps(dict(
         workload=workload, allocator=allocator, losses=losses, step_s=times,
         median_step_s=statistics.median(times),
         peak_allocated=s["allocated_bytes.all.peak"], peak_reserved=s["reserved_bytes.all.peak"],
-        driver_calls_last3=calls[-1] - calls[-4], num_alloc_retries=s["num_alloc_retries"])),
+        driver_calls_last3=calls[-1] - calls[-4], num_alloc_retries=s["num_alloc_retries"],
+        **extra)),
         flush=True)
 
 
@@ -110,14 +123,29 @@ def main() -> int:
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--out")
     ap.add_argument("--workloads", default="gpt2m,llama1b,llama1b-ckpt")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="processes per allocator, interleaved; step time = median of rounds")
     a = ap.parse_args()
     if a.child:
         child(*a.child)
         return 0
     rows = []
     for w in a.workloads.split(","):
-        for alloc in ("native", "torch-expandable", "vramledger"):
-            rows.append(run(w, alloc))
+        runs = {}
+        for rnd in range(a.rounds):  # allocators interleaved, round by round
+            for alloc in ("native", "torch-expandable", "vramledger"):
+                runs.setdefault(alloc, []).append(run(w, alloc))
+        for alloc, rs in runs.items():
+            ok_runs = [r for r in rs if not r.get("failed")]
+            if len(ok_runs) < len(rs):
+                rows.append(dict(workload=w, allocator=alloc, failed=True))
+                continue
+            r = dict(ok_runs[0])
+            # The step time of one process moves by several % between processes: the median of
+            # the rounds' medians, each round's beside it.
+            r["round_median_step_s"] = [x["median_step_s"] for x in ok_runs]
+            r["median_step_s"] = statistics.median(r["round_median_step_s"])
+            rows.append(r)
     lines = ["| workload | allocator | peak alloc GiB | peak reserved GiB | reserved/alloc | "
              "median step s | step vs native | driver calls last 3 steps | losses match native |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -134,6 +162,12 @@ def main() -> int:
             f"{r['peak_reserved']/2**30:.2f} | {r['peak_reserved']/r['peak_allocated']:.4f} | "
             f"{r['median_step_s']:.4f} | {r['median_step_s']/nat['median_step_s']:.3f} | "
             f"{r['driver_calls_last3']} | {match} |")
+    for r in rows:
+        if r.get("driver_last3"):
+            lines.append(f"\n{r['workload']} vramledger, driver calls in the last 3 steps "
+                         f"[count, us]: {json.dumps(r['driver_last3'])}; driver us per step: "
+                         f"{r['driver_us_per_step']}; median step per round (s): "
+                         f"{[round(x, 4) for x in r['round_median_step_s']]}")
     table = "\n".join(lines)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
