@@ -13,7 +13,9 @@ cudaMalloc + cudaFree counted by its stats; torch: num_device_alloc + num_device
 
 Usage: python workloads_compare.py [--out DIR] [--workloads gpt2m,llama1b,llama1b-ckpt] [--rounds N]
 Under vramledger it also prints the driver calls of the last three steps per kind with their
-measured time, and the measured driver time of every step.
+measured time, and the measured driver time of every step (cumulative).
+  python workloads_compare.py --record llama1b-ckpt trace.csv.gz   records a workload's trace on
+  torch's native allocator (torch's memory history) in the bundled traces' CSV format.
 """
 
 from __future__ import annotations
@@ -39,6 +41,41 @@ def make(workload):
                       max_position_embeddings=4096)
     return LlamaForCausalLM(cfg), dict(batch=4, lo=256, hi=2048, vocab=32000,
                                        ckpt=workload.endswith("ckpt"), steps=10)
+
+
+def record_trace(workload: str, path: str) -> None:
+    """Runs `workload` on torch's native allocator with torch's memory history on and writes its
+    trace as the bundled traces' CSV (action,addr,size,stream,time_us), gzip-compressed."""
+    import gzip
+    import random
+
+    import torch
+    random.seed(0)
+    torch.manual_seed(0)
+    model, p = make(workload)
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+                                             max_entries=3_000_000)
+    model = model.cuda()
+    if p["ckpt"]:
+        model.gradient_checkpointing_enable()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(p["steps"]):
+        seq = random.randint(p["lo"], p["hi"])
+        x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with gzip.open(path, "wt") as f:
+        f.write("action,addr,size,stream,time_us\n")
+        for e in trace:
+            f.write(f"{e['action']},{e['addr']},{e['size']},{e['stream']},{e.get('time_us', 0)}\n")
+    print(f"{path}: {len(trace)} events")
 
 
 def child(workload: str, allocator: str) -> None:
@@ -125,7 +162,12 @@ def main() -> int:
     ap.add_argument("--workloads", default="gpt2m,llama1b,llama1b-ckpt")
     ap.add_argument("--rounds", type=int, default=1,
                     help="processes per allocator, interleaved; step time = median of rounds")
+    ap.add_argument("--record", nargs=2, metavar=("WORKLOAD", "OUT_CSV_GZ"),
+                    help="only record WORKLOAD's allocation trace on torch's native allocator")
     a = ap.parse_args()
+    if a.record:
+        record_trace(*a.record)
+        return 0
     if a.child:
         child(*a.child)
         return 0
