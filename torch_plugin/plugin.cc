@@ -287,6 +287,7 @@ nlohmann::json FragmentationJson(const Fragmentation& f, const DriverCallLedger&
   json["mapped_free_pages"] = f.mapped_free_pages;
   json["other_stream_cached_bytes"] = f.other_stream_cached_bytes;
   json["page_moves"] = f.page_moves;
+  json["retiring_bytes"] = f.retiring_bytes;
   nlohmann::json per_kind = nlohmann::json::object();
   for (int i = 0; i < kNumDriverCalls; ++i) {
     const auto call = static_cast<DriverCall>(i);

@@ -52,6 +52,10 @@ DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* 
 DeviceAllocatorImpl::~DeviceAllocatorImpl() {
   core::DeviceMutexLock lock(&mu_);
   (void)SynchronizeAndFreeEvents();
+  while (!retiring_.empty()) {  // old addresses of moved handles
+    (void)backend_->SynchronizeEvent(retiring_.front().fence);
+    if (!UnmapRetired(0).ok()) retiring_.erase(retiring_.begin());
+  }
   for (auto& [ptr, segment] : segments_) {
     (void)backend_->Free(ptr);
     for (Block* b = segment->head; b != nullptr;) {

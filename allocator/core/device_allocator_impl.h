@@ -125,6 +125,19 @@ class DeviceAllocatorImpl {
   absl::Status ReleaseExpandablePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapPage(core::Segment* segment, std::size_t page, bool release)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves without a stall (expandable-segments.md): a handle that moves within its stream is
+  // taken out of the page table at once (counts, trace) but stays mapped at its old address until
+  // `fence`, recorded on the stream at the move, has completed. RetireMapping starts that for the
+  // handle at `page`; RetireMappings unmaps those whose fence completed (all of them, after
+  // waiting, when `wait`); ClearRetiringIn unmaps any inside [first, first + pages) of `segment`
+  // (waiting for its fence if need be) before something is mapped there again; UnmapRetired
+  // unmaps entry `index` and returns its fence to the pool when no other entry shares it.
+  absl::Status RetireMapping(core::Segment* segment, std::size_t page, EventId fence)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UnmapRetired(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RetireMappings(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ClearRetiringIn(const core::Segment* segment, std::size_t first, std::size_t pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::size_t MissingPages(const core::Block* block, std::size_t size, std::size_t stop_at);
   // Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
   static std::size_t MappedRun(const core::Block* block);
@@ -216,6 +229,14 @@ class DeviceAllocatorImpl {
   absl::flat_hash_map<std::pair<StreamId, const core::BlockPool*>, std::unique_ptr<core::Segment>>
       exp_segments_ ABSL_GUARDED_BY(mu_);
   std::int64_t page_moves_ ABSL_GUARDED_BY(mu_) = 0;
+  // Handles moved within their stream, still mapped at the old address until `fence` completes.
+  struct RetiringMapping {
+    core::Segment* segment;
+    std::size_t first_page;
+    std::size_t pages;
+    EventId fence;
+  };
+  std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);
   // Plain (cudaMalloc'd) segments by address.
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.

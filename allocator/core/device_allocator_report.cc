@@ -51,6 +51,9 @@ Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) con
         static_cast<std::int64_t>(FreeMappedPages(pool->page_size, SIZE_MAX).size());
   }
   if (exp_small_pool_.page_size == exp_large_pool_.page_size) f.mapped_free_pages /= 2;
+  for (const RetiringMapping& r : retiring_) {
+    f.retiring_bytes += static_cast<std::int64_t>(r.pages * r.segment->page_size);
+  }
   for (const BlockPool* pool : AllPools()) {
     for (const Block* b : pool->blocks) {
       if (b->stream == current_stream) continue;

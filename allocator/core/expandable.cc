@@ -272,6 +272,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     ++missing;
   }
   if (missing == 0) return true;
+  if (absl::Status s = RetireMappings(/*wait=*/false); !s.ok()) return s;
   // Recycle only when new pages would take reserved past (1 + recycle_slack) x the peak of
   // allocated memory (the peak this allocation reaches included): below that, growing costs no
   // utilization at the peak, and moving pages back and forth between steps would cost driver
@@ -347,10 +348,16 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     }
   }
   RelaxedCaptureScope relaxed(backend_);
-  // Recycled pages: wait for their streams (a kernel may still read them) before unmapping.
+  // A handle moving within its stream keeps its old mapping until the work queued there before
+  // the move has finished (RetireMapping): the new block's work comes later on the same stream,
+  // so nothing waits. Handles from another stream, and released ones, wait for their stream (a
+  // kernel may still read them; cuMemUnmap does not wait). During a capture: the old way.
+  const bool retire = !CaptureUnderway();
+  auto stays_mapped = [&](const Segment* src) { return retire && src->stream == seg->stream; };
   std::vector<StreamId> synced;
   for (const auto* list : {&moved, &released}) {
     for (const auto& [src, i] : *list) {
+      if (list == &moved && stays_mapped(src)) continue;
       if (std::find(synced.begin(), synced.end(), src->stream) == synced.end()) {
         if (absl::Status s = backend_->SynchronizeStream(src->stream); !s.ok()) return s;
         synced.push_back(src->stream);
@@ -375,9 +382,21 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     }
     created.push_back(m.handle);
   }
+  // One fence for the handles that stay mapped where they were (all on this segment's stream).
+  EventId fence = 0;
+  if (std::any_of(moved.begin(), moved.end(), [&](const auto& m) { return stays_mapped(m.first); })) {
+    auto event = GetEvent();
+    if (!event.ok()) return event.status();
+    if (absl::Status s = backend_->RecordEvent(*event, seg->stream); !s.ok()) {
+      spare_events_.push_back(*event);
+      return s;
+    }
+    fence = *event;
+  }
   for (const auto& [src, i] : moved) {
     const std::size_t bytes = (HandleEnd(src, i) - i) * page;
-    if (absl::Status s = UnmapPage(src, i, /*release=*/false); !s.ok()) return s;
+    absl::Status s = stays_mapped(src) ? RetireMapping(src, i, fence) : UnmapPage(src, i, false);
+    if (!s.ok()) return s;
     ++page_moves_;
     if (src->pool->is_small != seg->pool->is_small) {  // the page changes pool: move its bytes
       stats_.reserved_bytes.Move(StatTypesFor(src->pool), StatTypesFor(seg->pool),
@@ -389,6 +408,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   // Map, then grant access once per run of missing pages (now all mapped).
   for (const Mapping& m : mappings) {
     const DevicePtr va = seg->PageAddress(m.dst);
+    if (absl::Status s = ClearRetiringIn(seg, m.dst, m.pages); !s.ok()) return s;
     if (absl::Status s = backend_->Map(va, m.pages * page, m.handle); !s.ok()) return s;
     std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(m.dst), m.pages, m.handle);
     seg->mapped_pages += m.pages;
@@ -402,6 +422,72 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     }
   }
   return true;
+}
+
+absl::Status DeviceAllocatorImpl::RetireMapping(Segment* seg, std::size_t page, EventId fence) {
+  const std::size_t k = HandleEnd(seg, page) - page;
+  std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(page), k, PhysicalHandle{0});
+  seg->mapped_pages -= k;
+  ++stats_.num_device_free;
+  Emit(TraceAction::kSegmentUnmap, seg->PageAddress(page), k * seg->page_size, seg->stream, 0, 0);
+  retiring_.push_back({seg, page, k, fence});
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
+  const RetiringMapping r = retiring_[index];
+  const std::size_t bytes = r.pages * r.segment->page_size;
+  if (absl::Status s = backend_->Unmap(r.segment->PageAddress(r.first_page), bytes); !s.ok()) {
+    return s;
+  }
+  retiring_.erase(retiring_.begin() + static_cast<std::ptrdiff_t>(index));
+  // The handles moved by one EnsureMapped share its fence: back to the pool with the last one.
+  if (std::none_of(retiring_.begin(), retiring_.end(),
+                   [&](const RetiringMapping& o) { return o.fence == r.fence; })) {
+    spare_events_.push_back(r.fence);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::RetireMappings(bool wait) {
+  if (retiring_.empty() || CaptureUnderway()) return absl::OkStatus();
+  EventId known_done = 0;  // entries are in fence order: one query or wait per fence
+  for (std::size_t i = 0; i < retiring_.size();) {
+    const EventId fence = retiring_[i].fence;
+    if (fence != known_done) {
+      if (wait) {
+        if (absl::Status s = backend_->SynchronizeEvent(fence); !s.ok()) return s;
+      } else {
+        absl::StatusOr<bool> done = backend_->QueryEvent(fence);
+        if (!done.ok()) return done.status();
+        if (!*done) {
+          ++i;
+          continue;
+        }
+      }
+      known_done = fence;
+    }
+    if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::ClearRetiringIn(const Segment* seg, std::size_t first,
+                                                  std::size_t pages) {
+  for (std::size_t i = 0; i < retiring_.size();) {
+    const RetiringMapping& r = retiring_[i];
+    if (r.segment != seg || r.first_page >= first + pages || first >= r.first_page + r.pages) {
+      ++i;
+      continue;
+    }
+    absl::StatusOr<bool> done = backend_->QueryEvent(r.fence);  // waits only when it must
+    if (!done.ok()) return done.status();
+    if (!*done) {
+      if (absl::Status s = backend_->SynchronizeEvent(r.fence); !s.ok()) return s;
+    }
+    if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
@@ -437,6 +523,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
 
 absl::Status DeviceAllocatorImpl::ReleaseExpandablePages() {
   // Unmap only after the owning stream finished with the pages (cuMemUnmap does not wait).
+  if (absl::Status s = RetireMappings(/*wait=*/true); !s.ok()) return s;
   std::vector<const Segment*> synced;
   for (BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
     for (const auto& [seg, i] : FreeMappedPages(pool->page_size, SIZE_MAX)) {

@@ -309,7 +309,7 @@ absl::Status SimBackend::Map(DevicePtr va, std::size_t size, PhysicalHandle hand
     }
   }
   mappings_.emplace(va, Mapping{size, handle, false});
-  ++h->second.map_count;
+  if (h->second.map_count++ > 0) aliased_ += size;
   mapped_ += size;
   return absl::OkStatus();
 }
@@ -323,7 +323,7 @@ absl::Status SimBackend::Unmap(DevicePtr va, std::size_t size) {
   if (!cover.status.ok()) return cover.status;
   auto it = mappings_.find(va);
   while (it != mappings_.end() && it->first < va + size) {
-    --handles_[it->second.handle].map_count;
+    if (--handles_[it->second.handle].map_count > 0) aliased_ -= it->second.size;
     mapped_ -= it->second.size;
     it = mappings_.erase(it);
   }
@@ -480,6 +480,11 @@ std::size_t SimBackend::used_bytes() const {
 std::size_t SimBackend::mapped_bytes() const {
   absl::MutexLock lock(&mu_);
   return mapped_;
+}
+
+std::size_t SimBackend::aliased_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return aliased_;
 }
 
 std::int64_t SimBackend::live_allocations() const {

@@ -96,8 +96,11 @@ class SimBackend final : public DeviceBackend {
   // ---- Observers ----
   /// Physical bytes in use: live Malloc allocations (rounded up to 512) plus physical handles.
   std::size_t used_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
-  /// Bytes currently mapped into reservations.
+  /// Bytes currently mapped into reservations (a handle mapped at two addresses counts twice).
   std::size_t mapped_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Bytes of second and later mappings of a handle (CUDA lets a handle be mapped at several
+  /// addresses at once): mapped_bytes() less this is what the mapped handles hold.
+  std::size_t aliased_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Live Malloc allocations plus live physical handles (what holds physical memory).
   std::int64_t live_allocations() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Live virtual address reservations.
@@ -155,6 +158,7 @@ class SimBackend final : public DeviceBackend {
   std::size_t capacity_ ABSL_GUARDED_BY(mu_);
   std::size_t used_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t mapped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t aliased_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Fake address space: ranges below top_ that are free, keyed by start, coalesced.
   std::map<DevicePtr, std::size_t> free_ranges_ ABSL_GUARDED_BY(mu_);

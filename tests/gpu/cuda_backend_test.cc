@@ -182,6 +182,45 @@ TEST_F(CudaBackendTest, MappedMemoryIsWritableAndPagesCanMove) {
   EXPECT_GT(calls.micros(DriverCall::kMemSetAccess), 0.0);
 }
 
+// A handle moving within its stream is mapped at its new address while still mapped at the old
+// one, and the old mapping goes only after a fence recorded at the move has completed
+// (expandable-segments.md, "Moves without a stall"): work queued on the old address and work
+// queued after it on the new one see the same memory, in stream order.
+TEST_F(CudaBackendTest, AHandleMapsAtTwoAddressesWhileOldWorkFinishes) {
+  const std::size_t g = granularity_;
+  cudaStream_t stream = NewStream();
+  const auto stream_id = reinterpret_cast<StreamId>(stream);
+  DevicePtr va = 0;
+  ASSERT_TRUE(backend_->ReserveAddress(4 * g, &va).ok());
+  PhysicalHandle h = 0;
+  ASSERT_TRUE(backend_->CreatePhysical(g, &h).ok());
+  ASSERT_TRUE(backend_->Map(va, g, h).ok());
+  ASSERT_TRUE(backend_->SetAccess(va, g).ok());
+  void* old_va = reinterpret_cast<void*>(va);
+  void* new_va = reinterpret_cast<void*>(va + 2 * g);
+  ASSERT_EQ(cudaMemsetAsync(old_va, 0x11, g, stream), cudaSuccess);  // queued on the old address
+  ASSERT_TRUE(backend_->Map(va + 2 * g, g, h).ok());                  // the move, no wait
+  ASSERT_TRUE(backend_->SetAccess(va + 2 * g, g).ok());
+  EventId fence = 0;
+  ASSERT_TRUE(backend_->CreateEvent(&fence).ok());
+  ASSERT_TRUE(backend_->RecordEvent(fence, stream_id).ok());
+  std::vector<unsigned char> host(g, 0);
+  ASSERT_EQ(cudaMemsetAsync(static_cast<char*>(new_va) + g / 2, 0x22, g / 2, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), new_va, g, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_TRUE(backend_->SynchronizeEvent(fence).ok());
+  ASSERT_TRUE(backend_->Unmap(va, g).ok());  // the old address, after its work
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(host.front(), 0x11);  // written through the old address, read through the new one
+  EXPECT_EQ(host[g / 2 - 1], 0x11);
+  EXPECT_EQ(host[g / 2], 0x22);
+  EXPECT_EQ(host.back(), 0x22);
+  ASSERT_TRUE(backend_->Unmap(va + 2 * g, g).ok());
+  ASSERT_TRUE(backend_->ReleasePhysical(h).ok());
+  ASSERT_TRUE(backend_->DestroyEvent(fence).ok());
+  ASSERT_TRUE(backend_->ReleaseAddress(va, 4 * g).ok());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST_F(CudaBackendTest, EventsCompleteWhenTheirStreamGetsThere) {
   cudaStream_t stream = NewStream();
   const auto stream_id = reinterpret_cast<StreamId>(stream);

@@ -79,6 +79,9 @@ struct Fragmentation {
   std::int64_t mapped_free_pages = 0;     // whole mapped pages inside free blocks (expandable)
   std::int64_t other_stream_cached_bytes = 0;  // free bytes cached for streams != `stream`
   std::int64_t page_moves = 0;            // pages recycled (unmapped here, mapped there)
+  // Bytes of moved handles still mapped at the address they left, until work queued there before
+  // the move has finished (expandable-segments.md, "Moves without a stall"); not reserved twice.
+  std::int64_t retiring_bytes = 0;
 };
 
 /// Allocations made on this thread while one of these is alive come from plain, single-handle

@@ -31,6 +31,7 @@ STATS_FIELDS = (
     "mapped_free_pages",
     "other_stream_cached_bytes",
     "page_moves",
+    "retiring_bytes",
     "driver_calls_total",
     "driver_time_us_total",
 )
