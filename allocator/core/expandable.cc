@@ -109,15 +109,19 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   key.size = size;
   auto it = pool->blocks.lower_bound(&key);
   if (it == pool->blocks.end() || (*it)->stream != stream) return nullptr;
-  // Best fit by size, but a block whose first `size` bytes are already mapped beats a smaller
-  // one that would need pages: look at a few candidates, and the stream's largest (the tail).
+  // Best fit by size, but a block with room for `size` bytes on mapped pages beats a smaller one
+  // that would need pages: look at a few candidates, and the stream's largest (the tail). Each
+  // is scored by its best page-aligned placement (BestPlacement, what PlaceOnMappedPages then
+  // uses), not by its first bytes: on the checkpointed Llama-1B trace that halves the page
+  // moves (2,600 -> 1,214) and the steady-state driver time (expandable-segments.md).
   constexpr int kCandidates = 8;
   auto best = pool->blocks.end();
   std::size_t best_missing = SIZE_MAX;
   int seen = 0;
+  std::size_t unused_start = 0;
   for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
        ++c, ++seen) {
-    const std::size_t missing = MissingPages(*c, size, best_missing);
+    const std::size_t missing = BestPlacement(*c, size, &unused_start);
     if (missing < best_missing) {
       best = c;
       best_missing = missing;
@@ -130,6 +134,8 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     key.size = SIZE_MAX;
     key.ptr = ~DevicePtr{0};
     auto last = std::prev(pool->blocks.upper_bound(&key));
+    // The tail by its first bytes only: scoring it by its best placement too was measured
+    // worse (checkpointed Llama-1B 0.9790, 2,734 moves).
     if ((*last)->stream == stream && (*last)->size >= size &&
         MissingPages(*last, size, best_missing) < best_missing) {
       best = last;
