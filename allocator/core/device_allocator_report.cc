@@ -155,6 +155,17 @@ OutOfMemoryInfo DeviceAllocatorImpl::last_oom() const {
 
 namespace {
 
+// Physical handles mapped over pages [first, end) of an expandable segment: one per run of
+// pages carrying the same handle (a handle of expandable_handle_mb spans several pages); the
+// unmapped pages under a free block count none.
+std::size_t HandlesIn(const core::Segment* seg, std::size_t first, std::size_t end) {
+  std::size_t n = 0;
+  for (std::size_t k = first; k < end && k < seg->page_limit; ++k) {
+    if (seg->pages[k] != 0 && (k == first || seg->pages[k] != seg->pages[k - 1])) ++n;
+  }
+  return n;
+}
+
 BlockInfo DescribeBlock(const Block* b, DevicePtr lo, DevicePtr hi) {
   BlockInfo bi;
   bi.address = lo;
@@ -171,7 +182,7 @@ BlockInfo DescribeBlock(const Block* b, DevicePtr lo, DevicePtr hi) {
   bi.tag = live ? b->tag : 0;
   bi.context = live ? b->context : 0;
   const core::Segment* seg = b->segment;
-  bi.handles = seg->expandable ? seg->PageOf(hi - 1) - seg->PageOf(lo) + 1 : 1;
+  bi.handles = seg->expandable ? HandlesIn(seg, seg->PageOf(lo), seg->PageOf(hi - 1) + 1) : 1;
   return bi;
 }
 
@@ -220,7 +231,7 @@ std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
       info.stream = seg->stream;
       info.is_small = seg->pool->is_small;
       info.is_expandable = true;
-      info.handles = j - i;
+      info.handles = HandlesIn(seg.get(), i, j);
       const DevicePtr lo = info.address;
       const DevicePtr hi = lo + info.total_size;
       while (b != nullptr && b->ptr + b->size <= lo) b = b->next;

@@ -46,6 +46,9 @@ class ExpandableTest : public ::testing::Test {
   std::int64_t Reserved() { return alloc_->GetStats().reserved_bytes[kAggregate].current; }
   std::int64_t Allocated() { return alloc_->GetStats().allocated_bytes[kAggregate].current; }
   std::int64_t Retiring() { return alloc_->GetFragmentation().retiring_bytes; }
+  // `ops` random mallocs (1 B - 32 MiB, two streams), frees (10% after a record_stream), event
+  // completions and empty_cache calls on a 2 GiB card, every invariant checked after each one.
+  void Randomized(const std::string& conf, int ops);
 
   std::unique_ptr<SimBackend> sim_;
   std::unique_ptr<DeviceAllocator> alloc_;
@@ -355,6 +358,9 @@ TEST_F(ExpandableTest, VariableSizeHandlesCoverRunsAndMoveWhole) {
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemSetAccess), 1);
   ASSERT_EQ(alloc_->Snapshot().size(), 1u);
   EXPECT_EQ(alloc_->Snapshot()[0].total_size, 100 * kMiB);
+  EXPECT_EQ(alloc_->Snapshot()[0].handles, 2u);  // handles, not its 50 pages
+  ASSERT_EQ(alloc_->Snapshot()[0].blocks.size(), 1u);
+  EXPECT_EQ(alloc_->Snapshot()[0].blocks[0].handles, 2u);
   DevicePtr b = Alloc(10 * kMiB);  // the tail: one 10 MiB handle
   EXPECT_EQ(b, a + 100 * kMiB);
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate), 3);
@@ -383,12 +389,22 @@ TEST_F(ExpandableTest, VariableSizeHandlesCoverRunsAndMoveWhole) {
 }
 
 TEST_F(ExpandableTest, RandomizedNoLiveBlockOnUnmappedPage) {
-  Make("expandable_segments:True,expandable_page_mb:2,max_split_size_mb:64", 2 * kGiB);
+  Randomized("expandable_segments:True,expandable_page_mb:2,max_split_size_mb:64", 100000);
+}
+
+// The same with handles of up to 8 MiB over 2 MiB pages (expandable_handle_mb): handles move
+// whole, and one that fits nowhere is released.
+TEST_F(ExpandableTest, RandomizedWithMultiPageHandles) {
+  Randomized("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", 30000);
+}
+
+void ExpandableTest::Randomized(const std::string& conf, int ops) {
+  Make(conf, 2 * kGiB);
   std::mt19937_64 rng(7);
   std::vector<std::pair<DevicePtr, StreamId>> live;
   const StreamId streams[] = {0, 0x33};
   int ooms = 0;
-  for (int op = 0; op < 100000; ++op) {
+  for (int op = 0; op < ops; ++op) {
     const int what = static_cast<int>(rng() % 100);
     if (what < 52 || live.empty()) {
       const std::size_t size = 1 + static_cast<std::size_t>(std::exp2((rng() % 2500) / 100.0));

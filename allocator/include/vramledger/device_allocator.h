@@ -47,7 +47,7 @@ struct BlockInfo {
   std::size_t requested_size = 0;  // 0 for inactive blocks
   /// "active_allocated", "active_pending_free" or "inactive" (torch's exact strings).
   const char* state = "inactive";
-  std::size_t handles = 1;    // physical handles (pages) under the block; 1 for plain segments
+  std::size_t handles = 1;    // physical handles mapped under the block; 1 for plain segments
   std::uint32_t tag = 0;      // AllocatorHooks::CurrentTag at allocation (0 for inactive)
   std::uint64_t context = 0;  // AllocatorHooks::CaptureContext at allocation (0 for inactive)
 };
@@ -63,7 +63,8 @@ struct SegmentInfo {
   StreamId stream = 0;
   bool is_small = false;  // segment_type "small" / "large"
   bool is_expandable = false;
-  std::size_t handles = 1;        // physical handles backing it (pages of an expandable segment)
+  std::size_t handles = 1;        // physical handles backing it (expandable: one per page, or
+                                  // per expandable_handle_mb of a run)
   std::vector<BlockInfo> blocks;  // in address order
 };
 
