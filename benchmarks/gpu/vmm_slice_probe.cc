@@ -1,10 +1,12 @@
 // Measures what a cuMemSetAccess costs when the pages it covers are slices of one physical
 // handle (cuMemMap with an offset) rather than one handle each, and whether a slice can be
-// unmapped and mapped elsewhere on its own (if the driver maps at an offset at all). Issue 3: the replay's driver time is ~70%
-// cuMemSetAccess, charged per mapping from h200-vmm-latency.txt, which measured separate handles
-// only. Prints one line per layout (medians of kReps) and exits 0; any driver error exits 1.
+// unmapped and mapped elsewhere on its own (if the driver maps at an offset at all). Issue 3:
+// the replay's driver time is ~70% cuMemSetAccess, charged per mapping from
+// h200-vmm-latency.txt, which measured separate handles only. On the H200 (CUDA 13 driver) an
+// offset mapping is CUDA_ERROR_NOT_SUPPORTED (docs/design/expandable-segments.md). Prints one line per layout (medians of kReps) and exits 0; any driver error exits 1.
 //
-//   build: g++ -O2 -std=c++17 -I$CUDA/include vmm_slice_probe.cc -L$CUDA/lib64/stubs -lcuda
+//   build: ninja vramledger_vmm_slice_probe (benchmarks/CMakeLists.txt), or
+//          g++ -O2 -std=c++17 -I$CUDA/include vmm_slice_probe.cc -L$CUDA/lib64/stubs -lcuda
 //   run:   vmm_slice_probe [page_mib=6] [pages=64]
 #include <cuda.h>
 
