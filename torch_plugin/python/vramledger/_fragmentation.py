@@ -133,7 +133,9 @@ def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str,
       free_bytes: reserved - active, the cache. largest_free_block: the largest request served
         without growing. free_space_fragmentation: 1 - largest_free_block / free_bytes.
       holes: free blocks between live ones. mapped_free_pages: whole mapped pages inside free
-        blocks (expandable segments). page_moves: pages recycled.
+        blocks (expandable segments). page_moves: pages recycled. retiring_bytes: recycled
+        pages still mapped at the address they left until the stream's earlier work there has
+        finished (counted once in reserved).
       other_stream_cached_bytes: free bytes cached for streams other than `stream`.
       driver_calls: {CUDA call name: {"count", "time_us"}} for every call kind, with
         driver_calls_total, driver_time_us_total and driver_time ("measured" on CUDA,
