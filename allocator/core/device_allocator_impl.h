@@ -138,6 +138,9 @@ class DeviceAllocatorImpl {
   absl::Status RetireMappings(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ClearRetiringIn(const core::Segment* segment, std::size_t first, std::size_t pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps the old addresses of `handle`, if it moved and they are still mapped (waiting for
+  // their fence if need be): before the handle is released.
+  absl::Status ClearRetiringOf(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::size_t MissingPages(const core::Block* block, std::size_t size, std::size_t stop_at);
   // Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
   static std::size_t MappedRun(const core::Block* block);
@@ -234,6 +237,7 @@ class DeviceAllocatorImpl {
     core::Segment* segment;
     std::size_t first_page;
     std::size_t pages;
+    PhysicalHandle handle;  // now mapped elsewhere too; released only after this entry is gone
     EventId fence;
   };
   std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);

@@ -255,6 +255,9 @@ absl::Status DeviceAllocatorImpl::UnmapPage(Segment* seg, std::size_t page, bool
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, va, bytes, seg->stream, 0, 0);
   if (release) {
+    // A handle that moved here may still be mapped where it was (RetireMapping): not released
+    // before that mapping is gone.
+    if (absl::Status s = ClearRetiringOf(handle); !s.ok()) return s;
     if (absl::Status s = backend_->ReleasePhysical(handle); !s.ok()) return s;
     UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool), -static_cast<std::int64_t>(bytes));
   }
@@ -432,11 +435,12 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
 
 absl::Status DeviceAllocatorImpl::RetireMapping(Segment* seg, std::size_t page, EventId fence) {
   const std::size_t k = HandleEnd(seg, page) - page;
+  const PhysicalHandle handle = seg->pages[page];
   std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(page), k, PhysicalHandle{0});
   seg->mapped_pages -= k;
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, seg->PageAddress(page), k * seg->page_size, seg->stream, 0, 0);
-  retiring_.push_back({seg, page, k, fence});
+  retiring_.push_back({seg, page, k, handle, fence});
   return absl::OkStatus();
 }
 
@@ -457,21 +461,42 @@ absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
 
 absl::Status DeviceAllocatorImpl::RetireMappings(bool wait) {
   if (retiring_.empty() || CaptureUnderway()) return absl::OkStatus();
-  EventId known_done = 0;  // entries are in fence order: one query or wait per fence
+  // Entries sharing a fence are adjacent (one EnsureMapped pushes them together): one query or
+  // wait per fence.
+  EventId known = 0;
+  bool known_done = false;
   for (std::size_t i = 0; i < retiring_.size();) {
     const EventId fence = retiring_[i].fence;
-    if (fence != known_done) {
+    if (fence != known) {
+      known = fence;
       if (wait) {
         if (absl::Status s = backend_->SynchronizeEvent(fence); !s.ok()) return s;
+        known_done = true;
       } else {
         absl::StatusOr<bool> done = backend_->QueryEvent(fence);
         if (!done.ok()) return done.status();
-        if (!*done) {
-          ++i;
-          continue;
-        }
+        known_done = *done;
       }
-      known_done = fence;
+    }
+    if (!known_done) {
+      ++i;
+      continue;
+    }
+    if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::ClearRetiringOf(PhysicalHandle handle) {
+  for (std::size_t i = 0; i < retiring_.size();) {
+    if (retiring_[i].handle != handle) {
+      ++i;
+      continue;
+    }
+    absl::StatusOr<bool> done = backend_->QueryEvent(retiring_[i].fence);
+    if (!done.ok()) return done.status();
+    if (!*done) {
+      if (absl::Status s = backend_->SynchronizeEvent(retiring_[i].fence); !s.ok()) return s;
     }
     if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
   }
@@ -508,10 +533,10 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
     if (block != nullptr) {
       block = PlaceOnMappedPages(block, size);
       auto mapped = EnsureMapped(block, size, request);
-      if (!mapped.ok()) return mapped.status();
-      if (*mapped) return UseBlock(block, request, nullptr)->ptr;
+      if (mapped.ok() && *mapped) return UseBlock(block, request, nullptr)->ptr;
       TryMerge(block, block->prev);  // undo PlaceOnMappedPages' split, if any
-      pool->blocks.insert(block);    // unchanged; back to the index
+      pool->blocks.insert(block);    // back to the index (unchanged unless a driver call failed)
+      if (!mapped.ok()) return mapped.status();
     }
     if (attempt == 0) {
       // Release every cached segment and free page, then try once more.
