@@ -212,7 +212,7 @@ TEST(ReplayReportTest, NumbersAndJsonKeys) {
   EXPECT_EQ(j["driver_calls"]["cudaMalloc"], 2);
   EXPECT_TRUE(j["utilization"].is_number_float());
   const std::string table = FormatReplayTable(r);
-  EXPECT_THAT(table, HasSubstr("peak requested   3,001,000 B (0.00 GiB)"));
+  EXPECT_THAT(table, HasSubstr("peak requested      3,001,000 B (0.00 GiB)"));
   EXPECT_THAT(table, HasSubstr("cudaMalloc"));
 }
 

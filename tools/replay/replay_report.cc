@@ -26,7 +26,7 @@ nlohmann::json ListLines(const std::vector<LineAddress>& items, std::size_t max_
 }
 
 std::string Row(absl::string_view label, absl::string_view replay, absl::string_view recorded) {
-  return absl::StrFormat("  %-16s %-36s %s\n", label, replay, recorded);
+  return absl::StrFormat("  %-19s %-36s %s\n", label, replay, recorded);
 }
 
 nlohmann::json SteadyStateToJson(const SteadyState& s) {
@@ -228,7 +228,8 @@ std::string FormatFragmentation(const ReplayResult& r) {
   auto number_row = [&out](absl::string_view label, const std::string& a, const std::string& b) {
     absl::StrAppend(&out, absl::StrFormat("  %-26s %-34s %s\n", label, a, b));
   };
-  number_row("utilization", absl::StrFormat("%.4f", p.utilization),
+  // Fragmentation::utilization is peak allocated / peak reserved at either point.
+  number_row("utilization (peak/peak)", absl::StrFormat("%.4f", p.utilization),
              absl::StrFormat("%.4f", e.utilization));
   bytes_row("wasted (reserved-alloc.)", p.wasted_bytes, e.wasted_bytes);
   bytes_row("wasted at peak", p.wasted_bytes_at_peak, e.wasted_bytes_at_peak);
@@ -274,7 +275,8 @@ std::string FormatReplayTable(const ReplayResult& result) {
                   "; conf: ", result.conf.empty() ? "(defaults)" : result.conf, "\n\n");
   absl::StrAppend(&out, Row("", "vramledger (replay)", "recorded (trace, torch)"));
   absl::StrAppend(
-      &out, Row("events", WithThousands(result.events), WithThousands(result.recorded_events)));
+      &out, Row("alloc + free events", WithThousands(result.events),
+                WithThousands(result.recorded_events)));
   absl::StrAppend(&out, Row("peak allocated", BytesAndGiB(result.peak_allocated_bytes),
                             "n/a (the trace has requested sizes only)"));
   absl::StrAppend(&out, Row("peak requested", BytesAndGiB(result.peak_requested_bytes),

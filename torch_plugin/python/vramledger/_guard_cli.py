@@ -20,6 +20,6 @@ def register(commands, cli_error: type[Exception]) -> None:
         "report", help="per-rank peaks of a job from its step logs",
         description="Reads the step logs of every rank (vramledger.step() with the step_log "
                     "option) and prints per-rank peak allocated and reserved bytes, their spread, "
-                    "and ranks more than 5%% above the median.")
+                    "and ranks more than 5% above the median.")
     _report.add_arguments(report)
     report.set_defaults(run=lambda args: _report.run(args, cli_error))
