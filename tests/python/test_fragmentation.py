@@ -201,6 +201,22 @@ def test_not_installed_raises_a_clear_error():
     assert "vramledger is not installed" in out["fragmentation"]
 
 
+def test_a_bad_stream_is_a_value_error_naming_it():
+    (out,) = run("""
+        import json, vramledger
+        result = {}
+        for bad in (-1, 2**64, 1.5, True, "s"):
+            try:
+                vramledger.fragmentation(stream=bad)
+                result[repr(bad)] = "no error"
+            except ValueError as e:
+                result[repr(bad)] = str(e)
+        print(json.dumps(result))
+    """, with_prelude=False)
+    for bad in ("-1", str(2**64), "1.5", "True", "'s'"):
+        assert "fragmentation(stream=...)" in out[bad] and bad in out[bad], out[bad]
+
+
 # A hand-computed layout on one expandable range with 2 MiB pages and no page recycling:
 #   a 4 MiB [0, 4)  b 6 MiB [4, 10)  c 4 MiB [10, 14); free b (a 6 MiB hole, pages 2-4);
 #   d 8 MiB does not fit the hole -> [14, 22) (4 new pages); free d (the free tail).

@@ -124,6 +124,17 @@ def _current_stream(index: int) -> int:
     return 0
 
 
+def _stream_handle(stream: Any) -> int:
+    """A stream argument as the integer handle the C ABI takes: a torch.cuda.Stream (its
+    cuda_stream) or an int in [0, 2**64). ValueError for anything else (bools, floats, negative
+    or too large ints), naming the value."""
+    handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(handle, bool) or not isinstance(handle, int) or not 0 <= handle < 2**64:
+        raise ValueError(f"fragmentation(stream=...): expected a torch.cuda.Stream or a stream "
+                         f"handle (an int in [0, 2**64)), got {stream!r}")
+    return handle
+
+
 def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str, Any]:
     """The fragmentation figures of `device` (None: the current device) as a dict.
 
@@ -149,16 +160,16 @@ def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str,
         (torch.cuda.Stream.cuda_stream) or a torch.cuda.Stream.
 
     Raises:
-      RuntimeError: vramledger is not installed, or the plugin fails. ValueError: bad device.
+      RuntimeError: vramledger is not installed, or the plugin fails. ValueError: bad device or
+        stream (checked first).
     """
     import vramledger
     from vramledger import _plugin
 
+    handle = None if stream is None else _stream_handle(stream)
     _require_installed("fragmentation()")
     index = vramledger._device_index(device)
-    if stream is None:
-        stream = _current_stream(index)
-    stream = int(getattr(stream, "cuda_stream", stream))
+    stream = _current_stream(index) if handle is None else handle
     lib = _lib()
     out = ctypes.c_void_p()
     _plugin._check(lib.vramledger_fragmentation_json(index, stream or None, ctypes.byref(out)))
