@@ -171,6 +171,14 @@ def test_a_pickle_that_is_not_a_snapshot_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "no device 3 in device_traces" in proc.stderr
 
+    proc = run_cli("replay", GPT2_SNAPSHOT, "--device", "-1")
+    assert proc.returncode == 2
+    assert "--device must be a device index (0 or more), got -1" in proc.stderr
+
+    proc = run_cli("replay", GPT2_TRACE, "--device", "1")  # a CSV has one device's events
+    assert proc.returncode == 2
+    assert "--device selects a device only in a torch snapshot pickle" in proc.stderr
+
 
 def test_main_returns_the_status_in_process(capsys, monkeypatch):
     monkeypatch.delenv("VRAMLEDGER_CONF", raising=False)

@@ -260,6 +260,11 @@ def _replay(args: argparse.Namespace) -> int:
                 "sample_every": args.sample_every or 0}
     path = args.trace
     is_snapshot = _is_pickle(path)
+    if args.device < 0:
+        raise CliError(f"--device must be a device index (0 or more), got {args.device}")
+    if args.device != 0 and not is_snapshot:
+        raise CliError(f"--device {args.device}: a trace CSV holds one device's events; --device "
+                       "selects a device only in a torch snapshot pickle")
     try:
         if is_snapshot:
             snapshot = _load_snapshot(path)
