@@ -43,24 +43,26 @@ def make(workload):
                                        ckpt=workload.endswith("ckpt"), steps=10)
 
 
-def record_trace(workload: str, path: str) -> None:
-    """Runs `workload` on torch's native allocator with torch's memory history on and writes its
-    trace as the bundled traces' CSV (action,addr,size,stream,time_us), gzip-compressed."""
-    import gzip
+def setup(workload: str, before_cuda=None):
+    """Seeds, the model on the GPU (checkpointing as the workload says), AdamW; `before_cuda()`
+    runs after the model is built and before it moves to the GPU. Returns (torch, model, opt, p,
+    step) where step() draws the next sequence length, runs one training step and returns the
+    loss tensor."""
     import random
 
     import torch
     random.seed(0)
     torch.manual_seed(0)
     model, p = make(workload)
-    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                             max_entries=3_000_000)
+    if before_cuda is not None:
+        before_cuda()
     model = model.cuda()
     if p["ckpt"]:
         model.gradient_checkpointing_enable()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for _ in range(p["steps"]):
+
+    def step():
         seq = random.randint(p["lo"], p["hi"])
         x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -68,6 +70,24 @@ def record_trace(workload: str, path: str) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    return torch, model, opt, p, step
+
+
+def record_trace(workload: str, path: str) -> None:
+    """Runs `workload` on torch's native allocator with torch's memory history on and writes its
+    trace as the bundled traces' CSV (action,addr,size,stream,time_us), gzip-compressed."""
+    import gzip
+
+    def record():
+        import torch
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+                                                 max_entries=3_000_000)
+
+    torch, _, _, p, step = setup(workload, before_cuda=record)
+    for _ in range(p["steps"]):
+        step()
     torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
@@ -82,17 +102,7 @@ def child(workload: str, allocator: str) -> None:
     if allocator == "vramledger":
         import vramledger
         vramledger.install()
-    import random
-
-    import torch
-    random.seed(0)
-    torch.manual_seed(0)
-    model, p = make(workload)
-    model = model.cuda()
-    if p["ckpt"]:
-        model.gradient_checkpointing_enable()
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    torch, _, _, p, step = setup(workload)
     if allocator == "vramledger":
         import vramledger as mem
     else:
@@ -101,15 +111,9 @@ def child(workload: str, allocator: str) -> None:
     mem.reset_peak_memory_stats()
     times, losses, calls, driver = [], [], [], []
     for _ in range(p["steps"]):
-        seq = random.randint(p["lo"], p["hi"])
-        x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))

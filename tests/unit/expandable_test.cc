@@ -6,52 +6,16 @@
 
 #include <gtest/gtest.h>
 
-#include "device/sim_backend.h"
-#include "vramledger/device_allocator.h"
+#include "sim_allocator_fixture.h"
 
 namespace vramledger {
 namespace {
 
-class ExpandableTest : public ::testing::Test {
+class ExpandableTest : public SimAllocatorTest {
  protected:
-  void Make(const std::string& conf, std::size_t capacity = 64 * kGiB) {
-    alloc_.reset();  // before its backend goes
-    SimBackend::Config config;
-    config.capacity = capacity;
-    sim_ = std::make_unique<SimBackend>(config);
-    auto o = ParseOptions(conf);
-    ASSERT_TRUE(o.ok()) << o.status();
-    alloc_ = std::make_unique<DeviceAllocator>(*o, sim_.get());
-  }
-  void SetUp() override { Make("expandable_segments:True,expandable_page_mb:2"); }
-  void TearDown() override { Check(); }
-  void Check() {
-    ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
-    // reserved is exactly the mapped bytes (plus plain segments, none here unless contiguous),
-    // less the old addresses of moved handles that are still mapped there (Retiring()).
-    std::size_t plain = 0;
-    for (const auto& seg : alloc_->Snapshot()) plain += seg.is_expandable ? 0 : seg.total_size;
-    ASSERT_EQ(static_cast<std::size_t>(Reserved() + Retiring()), sim_->mapped_bytes() + plain);
-  }
-  DevicePtr Alloc(std::size_t size) {
-    auto p = alloc_->Malloc(size, 0);
-    EXPECT_TRUE(p.ok()) << p.status();
-    Check();
-    return p.ok() ? *p : 0;
-  }
-  void Free(DevicePtr p) {
-    ASSERT_TRUE(alloc_->Free(p).ok());
-    Check();
-  }
-  std::int64_t Reserved() { return alloc_->GetStats().reserved_bytes[kAggregate].current; }
-  std::int64_t Allocated() { return alloc_->GetStats().allocated_bytes[kAggregate].current; }
-  std::int64_t Retiring() { return alloc_->GetFragmentation().retiring_bytes; }
   // `ops` random mallocs (1 B - 32 MiB, two streams), frees (10% after a record_stream), event
   // completions and empty_cache calls on a 2 GiB card, every invariant checked after each one.
   void Randomized(const std::string& conf, int ops);
-
-  std::unique_ptr<SimBackend> sim_;
-  std::unique_ptr<DeviceAllocator> alloc_;
 };
 
 TEST_F(ExpandableTest, MapsWholePagesAndFollowsTorchStats) {
