@@ -381,7 +381,9 @@ def plan_document(est: dict[str, Any], headroom: float, fragmentation: float, wa
     doc: dict[str, Any] = {
         "vramledger_plan": 1,
         "comment": f"written by `vramledger plan` from {source}; limit = planned peak x "
-                   f"{fragmentation:g} / (1 - {headroom:g}); see docs/design/plan-file.md",
+                   f"{fragmentation:g} / (1 - {headroom:g}), rounded up to a multiple of 256 MiB"
+                   f"{' and capped at the card' if limit == card else ''}; see "
+                   f"docs/design/plan-file.md",
         "limit": limit,
         "headroom": int(limit * headroom),
         "warn_at": warn_at,
