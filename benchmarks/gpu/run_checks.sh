@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # One device call for a chosen set of GPU checks, in this order, each bounded by what is left of
-# a 10-minute call: unit (the CudaBackend GPU tests), pytest (tests/gpu), multi (issue 8, two GPUs
-# only), streams (issue 4: record_stream canary, sync retry, soak), probe (compile/graphs),
-# wheel (issue 4 packaging), workloads (issue 3: workloads_compare.py, three allocators), ab
-# (issues 2 and 7: interleaved step-time A/B). Carry .devbuild/lib (and .devbuild/wheeldeps for
-# the wheel); prepare with run_h200.sh prepare && run_multi.sh prepare-tests.
-# Env: ONLY="unit pytest workloads ..." (a subset; default: all), BUDGET_S (570), AB_MODES
-# (native,plugin,shim,shim-noexp), AB_ROUNDS, WORKLOADS (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1).
-# Outputs under $OUT; the summary lines come last.
+# a 10-minute call:
+#   unit         the CudaBackend GPU tests (.devbuild/lib/cuda_backend_test)
+#   pytest       tests/gpu (the plugin on a real device)
+#   train        run_h200.sh gpu: GPT-2-medium native vs vramledger (issue 2)
+#   multi        issue 8 (run_multi.sh; two GPUs only)
+#   integration  issue 4: torch_integration_check.py
+#   streams      issue 4: record_stream canary, synchronized retry, soak
+#   probe        issue 4: compile / CUDA graphs probe
+#   wheel        issue 4: the wheel (needs .devbuild/wheeldeps)
+#   snapshot     issue 5: snapshot_check.py
+#   guard        issue 6: guard_check.py (GPT-2; GUARD_MODEL=llama1b for Llama-1B)
+#   preload      issue 7: preload_check.sh and preload_plan_check.sh
+#   workloads    issue 3: workloads_compare.py, three allocators
+#   ab           issues 2 and 7: interleaved step-time A/B (step_ab.py)
+# Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
+# run_h200.sh prepare && run_multi.sh prepare-tests.
+# Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
+# ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS, WORKLOADS
+# (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -16,7 +27,7 @@ PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=python3
 export PYTHONUNBUFFERED=1 VRAMLEDGER_PLUGIN="$ROOT/.devbuild/lib/libvramledger_plugin.so"
 export PYTHONPATH="$ROOT/torch_plugin/python"
 START=$(date +%s); BUDGET=${BUDGET_S:-570}
-ONLY=${ONLY:-unit pytest multi streams probe wheel workloads ab}
+ONLY=${ONLY:-unit pytest multi streams workloads ab}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 want() { [[ " $ONLY " == *" $1 "* ]] && [ "$(left)" -gt "${2:-30}" ]; }
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -33,6 +44,10 @@ fi
 if want pytest 90; then
   timeout $(( $(left) - 5 )) "$PY" -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/pytest.log" 2>&1
   echo "pytest exit $?"
+fi
+if want train 200; then
+  timeout $(( $(left) - 5 )) bash benchmarks/gpu/run_h200.sh gpu > "$OUT/train.log" 2>&1
+  echo "train exit $?"
 fi
 if want multi 200 && [ "$GPUS" -ge 2 ]; then
   STEPS=8 timeout $(( $(left) - 10 )) bash benchmarks/gpu/run_multi.sh > "$OUT/multi.log" 2>&1
@@ -51,6 +66,31 @@ if want wheel 150 && [ -d .devbuild/wheeldeps ]; then
   timeout $(( $(left) - 5 )) bash benchmarks/gpu/wheel_check.sh gpu > "$OUT/wheel.log" 2>&1
   echo "wheel exit $?"
 fi
+if want integration 120; then
+  timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/torch_integration_check.py \
+    > "$OUT/integration.log" 2>&1
+  echo "integration exit $?"
+fi
+if want snapshot 120; then
+  (cd "$OUT" && timeout $(( $(left) - 5 )) "$PY" "$ROOT/benchmarks/gpu/snapshot_check.py" \
+    --out "$OUT" --steps 6 > "$OUT/snapshot.log" 2>&1)
+  echo "snapshot exit $?"
+fi
+if want guard 150; then
+  (cd "$OUT" && timeout $(( $(left) - 5 )) "$PY" "$ROOT/benchmarks/gpu/guard_check.py" \
+    --model "${GUARD_MODEL:-gpt2}" --out "$OUT/guard" > "$OUT/guard.log" 2>&1)
+  echo "guard exit $?"
+fi
+if want preload 200; then
+  PYTHON="$PY" OUT="$OUT/preload" STEPS=6 timeout $(( $(left) - 5 )) bash \
+    benchmarks/gpu/preload_check.sh "$ROOT/.devbuild/lib/libvramledger_preload.so" \
+    > "$OUT/preload.log" 2>&1
+  echo "preload exit $?"
+  PYTHON="$PY" OUT="$OUT/preload_plan" timeout $(( $(left) - 5 )) bash \
+    benchmarks/gpu/preload_plan_check.sh "$ROOT/.devbuild/lib/libvramledger_preload.so" \
+    > "$OUT/preload_plan.log" 2>&1
+  echo "preload_plan exit $?"
+fi
 if want workloads 200; then
   timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/workloads_compare.py --out "$OUT/workloads" \
     --workloads "${WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" --rounds "${ROUNDS:-1}" \
@@ -68,6 +108,12 @@ fi
 echo "==== summary"
 [ -f "$OUT/unit.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] " "$OUT/unit.log"
 [ -f "$OUT/pytest.log" ] && tail -1 "$OUT/pytest.log"
+[ -f "$OUT/train.log" ] && tail -12 "$OUT/train.log"
+[ -f "$OUT/integration.log" ] && grep -E "^(PASS|FAIL)" "$OUT/integration.log"
+[ -f "$OUT/snapshot.log" ] && grep -E "^(PASS|FAIL)" "$OUT/snapshot.log"
+[ -f "$OUT/guard.log" ] && grep -E "^(PASS|FAIL)" "$OUT/guard.log"
+[ -f "$OUT/preload.log" ] && tail -12 "$OUT/preload.log"
+[ -f "$OUT/preload_plan.log" ] && tail -8 "$OUT/preload_plan.log"
 [ -f "$OUT/workloads.log" ] && cat "$OUT/workloads.log"
 [ -f "$OUT/multi.log" ] && sed -n '/==== issue 8 table/,$p' "$OUT/multi.log"
 [ -f "$OUT/streams.log" ] && grep -E "^(1a|1b|3) " "$OUT/streams.log"
