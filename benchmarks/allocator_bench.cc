@@ -43,12 +43,12 @@ void BM_CachedPair(benchmark::State& state) {
   }
   (void)shared->alloc.Free(*keep);
   state.SetItemsProcessed(state.iterations());
-  state.counters["ns_per_pair"] = benchmark::Counter(
-      static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_pair"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   if (state.thread_index() == 0) {
-    state.counters["segments"] = static_cast<double>(
-        shared->alloc.GetStats().segment[kAggregate].current);
+    state.counters["segments"] =
+        static_cast<double>(shared->alloc.GetStats().segment[kAggregate].current);
   }
 }
 BENCHMARK(BM_CachedPair)->Threads(1)->UseRealTime();

@@ -120,8 +120,8 @@ void BM_ReplayGpt2(benchmark::State& state, const char* conf) {
         benchmark::DoNotOptimize(s);
       }
     }
-    replay_ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
-                     .count();
+    replay_ns +=
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
     state.PauseTiming();
     modeled_driver_us = sim->calls().total_micros();
     utilization = allocator->GetStats().utilization();

@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"

@@ -70,7 +70,6 @@ VRAMLEDGER_EXPORT int vramledger_set_python_stack_fn(vramledger_python_stack_fn 
 
 // ---- Testing only (tests that reach the allocator from Python through ctypes) ----
 
-
 }  // extern "C"
 
 #ifdef __cplusplus

@@ -22,7 +22,7 @@
 #include "device/cuda_backend.h"
 #include "device/sim_backend.h"
 #include "nlohmann/json.hpp"
-#include "torch_plugin/guard_api.h"  // issue 6: budget guard
+#include "torch_plugin/guard_api.h"      // issue 6: budget guard
 #include "torch_plugin/oom_observers.h"  // issue 4
 #include "torch_plugin/plugin_history.h"
 #include "vramledger/device_allocator.h"
@@ -36,7 +36,7 @@ namespace {
 // must not create (stats, free) only load it.
 struct DeviceSlot {
   std::once_flag once;
-  absl::Status status;  // sticky creation failure, written inside `once`
+  absl::Status status;                     // sticky creation failure, written inside `once`
   std::unique_ptr<DeviceBackend> backend;  // CudaBackend, or SimBackend under testing
   std::unique_ptr<DeviceAllocator> allocator;
   std::atomic<DeviceAllocator*> ready{nullptr};
@@ -309,8 +309,8 @@ std::string& PluginLastError() { return LastError(); }  // for plugin_history.cc
 
 }  // namespace vramledger
 
-using vramledger::DevicePtr;
 using vramledger::DeviceAllocator;
+using vramledger::DevicePtr;
 using vramledger::State;
 using vramledger::StreamId;
 
@@ -402,10 +402,12 @@ void vramledger_begin_allocate_to_pool(int device, vramledger_mempool_id pool_id
                                        std::function<bool(cudaStream_t)> filter) {
   absl::StatusOr<DeviceAllocator*> allocator = State().GetOrCreate(device);
   if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s = (*allocator)->BeginAllocateToPool(
-      {pool_id.first, pool_id.second}, [filter = std::move(filter)](StreamId stream) {
-        return filter && filter(reinterpret_cast<cudaStream_t>(stream));
-      });
+  const absl::Status s =
+      (*allocator)
+          ->BeginAllocateToPool({pool_id.first, pool_id.second},
+                                [filter = std::move(filter)](StreamId stream) {
+                                  return filter && filter(reinterpret_cast<cudaStream_t>(stream));
+                                });
   if (!s.ok()) vramledger::Throw(s);
 }
 
@@ -493,13 +495,12 @@ int vramledger_fragmentation_json(int device, cudaStream_t current_stream, char*
     vramledger::PluginState& state = State();
     if (absl::Status s = state.CheckDevice(device); !s.ok()) return s;
     const auto stream = reinterpret_cast<StreamId>(current_stream);
-    vramledger::Fragmentation f;      // zeros until the device allocates
+    vramledger::Fragmentation f;        // zeros until the device allocates
     vramledger::DriverCallLedger none;  // no call made yet
     DeviceAllocator* a = state.Existing(device);
     if (a != nullptr) f = a->GetFragmentation(stream);
-    nlohmann::json json =
-        vramledger::FragmentationJson(f, a != nullptr ? a->backend()->calls() : none,
-                                      state.simulated());
+    nlohmann::json json = vramledger::FragmentationJson(
+        f, a != nullptr ? a->backend()->calls() : none, state.simulated());
     json["device"] = device;
     json["current_stream"] = stream;
     return vramledger::ExportString(json.dump(), json_out);

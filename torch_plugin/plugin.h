@@ -68,8 +68,8 @@ typedef std::pair<unsigned long long, unsigned long long> vramledger_mempool_id;
 /// `filter` is true go to private pool `pool_id` (shared if it exists) until the end hook.
 /// C++ parameters by value: built with torch's libstdc++ and C++11 ABI. Throws c10::ValueError
 /// if the pool is already being allocated to, c10::Error for a bad device.
-VRAMLEDGER_EXPORT void vramledger_begin_allocate_to_pool(
-    int device, vramledger_mempool_id pool_id, std::function<bool(cudaStream_t)> filter);
+VRAMLEDGER_EXPORT void vramledger_begin_allocate_to_pool(int device, vramledger_mempool_id pool_id,
+                                                         std::function<bool(cudaStream_t)> filter);
 
 /// set_end_allocate_to_pool_fn hook (`void(int, MempoolId_t)`, capture_end): stops routing to
 /// the pool; its memory stays reserved for the graph. Throws c10::Error for an inactive pool.

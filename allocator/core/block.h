@@ -57,7 +57,9 @@ struct NodeRecycler {
     }
   }
   template <typename U>
-  bool operator==(const NodeRecycler<U>& other) const { return list == other.list; }
+  bool operator==(const NodeRecycler<U>& other) const {
+    return list == other.list;
+  }
   NodeFreeList* list;
 };
 
@@ -76,11 +78,11 @@ struct Block {
   Block* prev = nullptr;
   Block* next = nullptr;
   bool allocated = false;
-  int event_count = 0;  // outstanding record_stream events
-  std::uint32_t tag = 0;             // AllocatorHooks::CurrentTag at allocation
-  std::uint64_t context = 0;         // AllocatorHooks::CaptureContext at allocation
-  std::uint64_t free_context = 0;    // ... at the free request
-  std::vector<StreamId> stream_uses;    // other streams that used it (record_stream)
+  int event_count = 0;                // outstanding record_stream events
+  std::uint32_t tag = 0;              // AllocatorHooks::CurrentTag at allocation
+  std::uint64_t context = 0;          // AllocatorHooks::CaptureContext at allocation
+  std::uint64_t free_context = 0;     // ... at the free request
+  std::vector<StreamId> stream_uses;  // other streams that used it (record_stream)
   // Its node in the pool's FreeIndex while it is indexed (set by FreeIndex::insert; stale
   // otherwise): coalescing reaches a free neighbour's node without a search.
   FreeIndexSet::iterator index_pos;
@@ -158,7 +160,7 @@ struct BlockPool {
   NodeFreeList free_nodes;  // declared first: destroyed after `blocks`
   Index blocks{BlockBestFitLess(), NodeRecycler<Block*>(&free_nodes)};
   const bool is_small;
-  const bool expandable;       // blocks live in expandable segments
+  const bool expandable;        // blocks live in expandable segments
   const std::size_t page_size;  // expandable only: bytes per physical page
 };
 

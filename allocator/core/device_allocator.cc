@@ -41,8 +41,8 @@ DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* 
     std::size_t total_bytes = 0;
     if (backend_->MemGetInfo(&free_bytes, &total_bytes).ok()) {
       fraction_set_ = true;
-      allowed_bytes_ =
-          static_cast<std::size_t>(options_.per_process_memory_fraction * static_cast<double>(total_bytes));
+      allowed_bytes_ = static_cast<std::size_t>(options_.per_process_memory_fraction *
+                                                static_cast<double>(total_bytes));
     }
   }
   stats_.max_split_size =
@@ -96,7 +96,8 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   core::DeviceMutexLock lock(&mu_);
   if (size >= sp::kMaxRequest) {
     ++stats_.num_ooms;
-    return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
+    return absl::ResourceExhaustedError(
+        "CUDA out of memory. Tried to allocate more than 1EB memory.");
   }
   if (pending_events_ > 0) {
     if (absl::Status s = ProcessEvents(); !s.ok()) return s;
@@ -172,7 +173,7 @@ void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::s
 }
 
 BlockPool::Index::iterator DeviceAllocatorImpl::FindFreeBlock(BlockPool* pool, StreamId stream,
-                                                             std::size_t size) {
+                                                              std::size_t size) {
   Block key;
   key.stream = stream;
   key.size = size;
@@ -432,8 +433,8 @@ absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
   core::DeviceMutexLock lock(&mu_);
   Block* block = live_blocks_.Find(ptr);
   if (block == nullptr || !block->allocated) {
-    return absl::NotFoundError(
-        absl::StrFormat("record_stream on address 0x%x, which is not a live vramledger block", ptr));
+    return absl::NotFoundError(absl::StrFormat(
+        "record_stream on address 0x%x, which is not a live vramledger block", ptr));
   }
   if (stream == block->stream) return absl::OkStatus();
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
@@ -532,7 +533,7 @@ absl::Status DeviceAllocatorImpl::ReleaseSegment(Block* block) {
 }
 
 absl::StatusOr<bool> DeviceAllocatorImpl::ReleaseAvailableCachedBlocks(StreamId stream,
-                                                                      std::size_t size) {
+                                                                       std::size_t size) {
   // torch's release_available_cached_blocks: oversize, unsplit cached blocks of this stream,
   // the smallest one that covers `size`, else the largest ones until `size` is covered.
   if (CaptureUnderway()) return false;  // no cudaFree during a capture
@@ -544,8 +545,8 @@ absl::StatusOr<bool> DeviceAllocatorImpl::ReleaseAvailableCachedBlocks(StreamId 
     }
   }
   if (candidates.empty()) return false;
-  auto fit = std::find_if(candidates.begin(), candidates.end(),
-                          [&](Block* b) { return b->size >= size; });
+  auto fit =
+      std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= size; });
   if (fit != candidates.end()) {
     if (absl::Status s = ReleaseSegment(*fit); !s.ok()) return s;
     return true;

@@ -17,8 +17,8 @@
 #include "core/device_mutex.h"
 #include "core/live_block_map.h"
 #include "core/pool_stats.h"
-#include "vramledger/hooks.h"
 #include "vramledger/device_allocator.h"
+#include "vramledger/hooks.h"
 
 namespace vramledger {
 
@@ -64,7 +64,8 @@ class DeviceAllocatorImpl {
 
   core::BlockPool* PoolFor(std::size_t rounded_size, bool contiguous) {
     const bool small = rounded_size <= 1 * kMiB;
-    if (options_.expandable_segments && !contiguous) return small ? &exp_small_pool_ : &exp_large_pool_;
+    if (options_.expandable_segments && !contiguous)
+      return small ? &exp_small_pool_ : &exp_large_pool_;
     return small ? &small_pool_ : &large_pool_;
   }
 
@@ -100,7 +101,8 @@ class DeviceAllocatorImpl {
   std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Expandable segments (expandable.cc; docs/design/expandable-segments.md) ----
-  absl::StatusOr<DevicePtr> MallocExpandable(core::BlockPool* pool, const AllocationRequest& request)
+  absl::StatusOr<DevicePtr> MallocExpandable(core::BlockPool* pool,
+                                             const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Best fit among the stream's free blocks, preferring one whose first `size` bytes are mapped.
   core::Block* TakeExpandableBlock(core::BlockPool* pool, StreamId stream, std::size_t size)
@@ -115,7 +117,8 @@ class DeviceAllocatorImpl {
   // Maps every unmapped page under [block->ptr, block->ptr + size): recycled pages first, then new
   // handles. false (OK) when out of memory or refused (growth_refusal_); nothing changed then.
   absl::StatusOr<bool> EnsureMapped(core::Block* block, std::size_t size,
-                                    const AllocationRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                    const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whole mapped pages strictly inside free blocks of pools with `page_size` (up to `limit`).
   // `also` (optional): a free block taken out of the index, whose pages from `also_from` on count.
   std::vector<std::pair<core::Segment*, std::size_t>> FreeMappedPages(
@@ -152,7 +155,8 @@ class DeviceAllocatorImpl {
   }
   // Best fit in `pool` for (stream, size) under torch's max_split_size rules; end() if none.
   core::BlockPool::Index::iterator FindFreeBlock(core::BlockPool* pool, StreamId stream,
-                                                 std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                                 std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the free index's order after the key of the block at `it` changed in place.
   static void Reposition(core::BlockPool* pool, core::BlockPool::Index::iterator it);
   // The same when the key is known to have only shrunk (a split's remainder: only its
@@ -172,7 +176,8 @@ class DeviceAllocatorImpl {
   // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
   // fraction cap); an error status for any other driver failure.
   absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
-                                            std::size_t alloc_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                            std::size_t alloc_size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One trace entry to the hooks, if any (the check is inline: the hot path pays one load).
   void Emit(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
             std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -251,8 +256,8 @@ class DeviceAllocatorImpl {
   std::int64_t pending_events_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<EventId> spare_events_ ABSL_GUARDED_BY(mu_);
   std::vector<core::Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
-  core::CoreStats stats_ ABSL_GUARDED_BY(mu_);  // public form: ToDeviceStats()
-  bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;  // set_per_process_memory_fraction called
+  core::CoreStats stats_ ABSL_GUARDED_BY(mu_);          // public form: ToDeviceStats()
+  bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;      // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
   // CUDA graph private pools by id, the active ones, ids pruned as failed captures, and blocks

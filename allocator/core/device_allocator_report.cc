@@ -120,8 +120,8 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
       FormatSize(o.reserved - o.allocated), " is reserved by vramledger but unallocated. ",
       "Largest free block ", FormatSize(o.largest_free_block), ", ", o.holes,
       " holes, free-space fragmentation ",
-      absl::StrFormat("%.1f%%", 100.0 * FreeSpaceFragmentation(o.reserved - o.allocated,
-                                                               o.largest_free_block)),
+      absl::StrFormat(
+          "%.1f%%", 100.0 * FreeSpaceFragmentation(o.reserved - o.allocated, o.largest_free_block)),
       " (request ", FormatSize(requested), " on stream ", stream, ").");
   if (!options_.expandable_segments && o.reserved - o.allocated > alloc_size) {
     absl::StrAppend(&o.message,
@@ -251,8 +251,8 @@ std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
 absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
                                                     std::int64_t* counts) const {
   auto fail = [&](const Block* b, auto&&... parts) {
-    return absl::InternalError(
-        absl::StrCat("block 0x", absl::Hex(b->ptr), " of segment 0x", absl::Hex(seg.ptr), ": ", parts...));
+    return absl::InternalError(absl::StrCat("block 0x", absl::Hex(b->ptr), " of segment 0x",
+                                            absl::Hex(seg.ptr), ": ", parts...));
   };
   if (seg.head == nullptr || seg.head->ptr != seg.ptr || seg.head->prev != nullptr) {
     return absl::InternalError(absl::StrCat("segment 0x", absl::Hex(seg.ptr), ": bad head block"));
@@ -294,7 +294,8 @@ absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
     }
   }
   if (expect != seg.ptr + seg.size) {
-    return absl::InternalError(absl::StrCat("segment 0x", absl::Hex(seg.ptr), ": blocks do not cover it"));
+    return absl::InternalError(
+        absl::StrCat("segment 0x", absl::Hex(seg.ptr), ": blocks do not cover it"));
   }
   return absl::OkStatus();
 }
@@ -320,28 +321,38 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   for (const BlockPool* pool : AllPools()) {
     indexed += static_cast<std::int64_t>(pool->blocks.size());
     // Keys change in place (Reposition): the index must still be strictly ordered.
-    for (auto it = pool->blocks.begin(); it != pool->blocks.end() && std::next(it) != pool->blocks.end();
-         ++it) {
-      if (!less(*it, *std::next(it))) return fail("free index out of order at 0x", absl::Hex((*it)->ptr));
+    for (auto it = pool->blocks.begin();
+         it != pool->blocks.end() && std::next(it) != pool->blocks.end(); ++it) {
+      if (!less(*it, *std::next(it)))
+        return fail("free index out of order at 0x", absl::Hex((*it)->ptr));
     }
   }
   indexed += PrivatePoolFreeBlocks();  // CUDA graph private pools (graph_pools.cc)
-  if (indexed != n_free) return fail("free index holds ", indexed, " blocks, segments hold ", n_free);
-  if (static_cast<std::int64_t>(live_blocks_.size()) != n_active) return fail("live map size mismatch");
-  struct Check { const char* name; std::int64_t stat; std::int64_t actual; };
-  for (const Check& c : {Check{"allocated_bytes", st.allocated_bytes[kAggregate].current, allocated},
-                         Check{"active_bytes", st.active_bytes[kAggregate].current, active},
-                         Check{"requested_bytes", st.requested_bytes[kAggregate].current, requested},
-                         Check{"reserved_bytes", st.reserved_bytes[kAggregate].current, reserved},
-                         Check{"allocation", st.allocation[kAggregate].current, n_alloc},
-                         Check{"active", st.active[kAggregate].current, n_active},
-                         Check{"inactive_split", st.inactive_split[kAggregate].current, n_split},
-                         Check{"inactive_split_bytes", st.inactive_split_bytes[kAggregate].current, split_bytes},
-                         Check{"segment", st.segment[kAggregate].current,
-                               static_cast<std::int64_t>(segments_.size())}}) {
-    if (c.stat != c.actual) return fail("stat ", c.name, " is ", c.stat, " but the blocks say ", c.actual);
+  if (indexed != n_free)
+    return fail("free index holds ", indexed, " blocks, segments hold ", n_free);
+  if (static_cast<std::int64_t>(live_blocks_.size()) != n_active)
+    return fail("live map size mismatch");
+  struct Check {
+    const char* name;
+    std::int64_t stat;
+    std::int64_t actual;
+  };
+  for (const Check& c :
+       {Check{"allocated_bytes", st.allocated_bytes[kAggregate].current, allocated},
+        Check{"active_bytes", st.active_bytes[kAggregate].current, active},
+        Check{"requested_bytes", st.requested_bytes[kAggregate].current, requested},
+        Check{"reserved_bytes", st.reserved_bytes[kAggregate].current, reserved},
+        Check{"allocation", st.allocation[kAggregate].current, n_alloc},
+        Check{"active", st.active[kAggregate].current, n_active},
+        Check{"inactive_split", st.inactive_split[kAggregate].current, n_split},
+        Check{"inactive_split_bytes", st.inactive_split_bytes[kAggregate].current, split_bytes},
+        Check{"segment", st.segment[kAggregate].current,
+              static_cast<std::int64_t>(segments_.size())}}) {
+    if (c.stat != c.actual)
+      return fail("stat ", c.name, " is ", c.stat, " but the blocks say ", c.actual);
   }
-  for (const StatArray* a : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.allocation}) {
+  for (const StatArray* a :
+       {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.allocation}) {
     if ((*a)[kAggregate].current != (*a)[kSmallPool].current + (*a)[kLargePool].current) {
       return fail("aggregate stat is not small + large");
     }
@@ -349,7 +360,8 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
       if (s.current > s.peak || s.current < 0) return fail("stat current outside [0, peak]");
     }
   }
-  if (!(allocated <= active && active <= reserved)) return fail("allocated <= active <= reserved broken");
+  if (!(allocated <= active && active <= reserved))
+    return fail("allocated <= active <= reserved broken");
   return absl::OkStatus();
 }
 

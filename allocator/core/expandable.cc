@@ -213,7 +213,7 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::FreeMappedPag
   auto collect = [&](const Block* b, DevicePtr lo, DevicePtr hi) {
     Segment* seg = b->segment;
     if (seg->mapped_pages == 0 || hi <= lo) return;
-    const std::size_t first = seg->PageOf(lo + page_size - 1);  // first whole page
+    const std::size_t first = seg->PageOf(lo + page_size - 1);           // first whole page
     const std::size_t end = std::min(seg->PageOf(hi), seg->page_limit);  // one past the last
     for (std::size_t i = first; i < end && pages < limit;) {
       if (seg->pages[i] == 0) {
@@ -289,8 +289,9 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   std::vector<std::pair<Segment*, std::size_t>> recycled;
   if (options_.page_recycling) {
     const auto& allocated = stats_.allocated_bytes;
-    const double peak_after = static_cast<double>(std::max<std::int64_t>(
-        allocated.peak(kAggregate), allocated.current(kAggregate) + static_cast<std::int64_t>(size)));
+    const double peak_after = static_cast<double>(
+        std::max<std::int64_t>(allocated.peak(kAggregate),
+                               allocated.current(kAggregate) + static_cast<std::int64_t>(size)));
     const double reserved_after = static_cast<double>(stats_.reserved_bytes.current(kAggregate)) +
                                   static_cast<double>(missing * page);
     if (reserved_after > (1.0 + options_.recycle_slack) * peak_after) {
@@ -393,7 +394,8 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   }
   // One fence for the handles that stay mapped where they were (all on this segment's stream).
   EventId fence = 0;
-  if (std::any_of(moved.begin(), moved.end(), [&](const auto& m) { return stays_mapped(m.first); })) {
+  if (std::any_of(moved.begin(), moved.end(),
+                  [&](const auto& m) { return stays_mapped(m.first); })) {
     auto event = GetEvent();
     if (!event.ok()) return event.status();
     if (absl::Status s = backend_->RecordEvent(*event, seg->stream); !s.ok()) {

@@ -25,8 +25,8 @@ absl::Status DeviceAllocatorImpl::BeginAllocateToPool(MempoolId id, StreamFilter
   PruneFailedCaptures();
   for (const ActivePool& active : active_pools_) {
     if (active.id == id) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "vramledger: private pool ", PoolName(id), " is already being allocated to"));
+      return absl::InvalidArgumentError(absl::StrCat("vramledger: private pool ", PoolName(id),
+                                                     " is already being allocated to"));
     }
   }
   pruned_pools_.erase(std::remove(pruned_pools_.begin(), pruned_pools_.end(), id),
@@ -69,8 +69,8 @@ absl::Status DeviceAllocatorImpl::ReleasePool(MempoolId id) {
   core::DeviceMutexLock lock(&mu_);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second->use_count <= 0) {
-    return absl::NotFoundError(absl::StrCat("vramledger: release of unknown private pool ",
-                                            PoolName(id)));
+    return absl::NotFoundError(
+        absl::StrCat("vramledger: release of unknown private pool ", PoolName(id)));
   }
   --it->second->use_count;
   if (it->second->use_count > 0 || CaptureUnderway()) return absl::OkStatus();

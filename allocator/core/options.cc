@@ -34,15 +34,13 @@ absl::StatusOr<bool> ParseBool(string_view key, string_view value) {
 absl::StatusOr<double> ParseFraction(string_view key, string_view value, bool open) {
   double v = 0;
   // Written as !(in range) so that "nan", which SimpleAtod accepts, is refused.
-  if (!absl::SimpleAtod(value, &v) || !(v >= 0.0 && v <= 1.0) ||
-      (open && (v <= 0.0 || v >= 1.0))) {
+  if (!absl::SimpleAtod(value, &v) || !(v >= 0.0 && v <= 1.0) || (open && (v <= 0.0 || v >= 1.0))) {
     return Bad(key, value, open ? "a number in (0, 1)" : "a number in [0, 1]");
   }
   return v;
 }
 
-absl::StatusOr<std::size_t> ParseMiB(string_view key, string_view value,
-                                     std::size_t min_mib) {
+absl::StatusOr<std::size_t> ParseMiB(string_view key, string_view value, std::size_t min_mib) {
   std::uint64_t v = 0;
   if (!absl::SimpleAtoi(value, &v) || v < min_mib || v > (SIZE_MAX >> 20)) {
     return Bad(key, value, absl::StrCat("an integer number of MiB, at least ", min_mib));
@@ -83,7 +81,8 @@ absl::Status ParseDivisions(string_view key, string_view value, Options* out) {
     }
     int index = 0;
     while ((std::uint64_t{1} << index) < mib) ++index;
-    if (index >= kRoundupPower2Intervals) return Bad(key, item, "an interval start up to 32768 MiB");
+    if (index >= kRoundupPower2Intervals)
+      return Bad(key, item, "an interval start up to 32768 MiB");
     out->roundup_power2_divisions[index] = d;
     last_index = index;
   }
@@ -165,8 +164,8 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
   } else {
     std::vector<std::string> names;
     for (const OptionDoc& d : OptionTable()) names.emplace_back(d.name);
-    return absl::InvalidArgumentError(absl::StrCat("unknown option '", key,
-                                                   "'; accepted keys: ", absl::StrJoin(names, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown option '", key, "'; accepted keys: ", absl::StrJoin(names, ", ")));
   }
   return absl::OkStatus();
 }
@@ -194,7 +193,8 @@ const std::vector<OptionDoc>& OptionTable() {
   static const auto* table = new std::vector<OptionDoc>{
       {"max_split_size_mb", "unlimited", "blocks this large (MiB) are never split (torch)"},
       {"max_non_split_rounding_mb", "20", "oversize request may take a block up to this larger"},
-      {"garbage_collection_threshold", "0", "free old cached blocks above this fraction of the cap"},
+      {"garbage_collection_threshold", "0",
+       "free old cached blocks above this fraction of the cap"},
       {"expandable_segments", "False", "grow segments by mapping pages (torch's key)"},
       {"large_segment_size_mb", "20", "segment size for 1-10 MiB requests"},
       {"roundup_power2_divisions", "0", "N or [MiB:N,...,>:N]: round requests to power-2 steps"},
@@ -228,30 +228,31 @@ absl::StatusOr<Options> ParseOptions(std::string_view std_conf, const Options& b
       return absl::InvalidArgumentError(
           absl::StrCat("malformed option '", item, "' in '", conf, "': expected key:value"));
     }
-    absl::Status s = ApplyOne(string_view(item).substr(0, colon),
-                              string_view(item).substr(colon + 1), &out);
+    absl::Status s =
+        ApplyOne(string_view(item).substr(0, colon), string_view(item).substr(colon + 1), &out);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(s.message(), " (in '", conf, "')"));
   }
   // A handle holds whole pages (expandable.cc): refuse a size the page does not divide rather than
   // round it down silently (expandable_handle_mb:8 with 6 MiB pages would act as one page).
   if (out.expandable_handle_size != 0 &&
       out.expandable_handle_size % out.expandable_page_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expandable_handle_mb:", out.expandable_handle_size / kMiB,
-        " is not a multiple of expandable_page_mb:", out.expandable_page_size / kMiB,
-        " (a handle holds whole pages; e.g. expandable_handle_mb:",
-        2 * out.expandable_page_size / kMiB, ") (in '", conf, "')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expandable_handle_mb:", out.expandable_handle_size / kMiB,
+                     " is not a multiple of expandable_page_mb:", out.expandable_page_size / kMiB,
+                     " (a handle holds whole pages; e.g. expandable_handle_mb:",
+                     2 * out.expandable_page_size / kMiB, ") (in '", conf, "')"));
   }
   if (!conf.empty()) {
-    out.conf_string = base.conf_string.empty() ? std::string(conf)
-                                               : absl::StrCat(base.conf_string, ",", conf);
+    out.conf_string =
+        base.conf_string.empty() ? std::string(conf) : absl::StrCat(base.conf_string, ",", conf);
   }
   return out;
 }
 
 std::string OptionsToString(const Options& o) {
   std::vector<std::string> parts;
-  if (o.max_split_size != SIZE_MAX) parts.push_back(absl::StrCat("max_split_size_mb:", o.max_split_size / kMiB));
+  if (o.max_split_size != SIZE_MAX)
+    parts.push_back(absl::StrCat("max_split_size_mb:", o.max_split_size / kMiB));
   parts.push_back(absl::StrCat("max_non_split_rounding_mb:", o.max_non_split_rounding / kMiB));
   if (o.garbage_collection_threshold > 0) {
     parts.push_back(absl::StrCat("garbage_collection_threshold:", o.garbage_collection_threshold));
@@ -263,7 +264,8 @@ std::string OptionsToString(const Options& o) {
     div.push_back(absl::StrCat(std::size_t{1} << i, ":", o.roundup_power2_divisions[i]));
   }
   parts.push_back(absl::StrCat("roundup_power2_divisions:[", absl::StrJoin(div, ","), "]"));
-  parts.push_back(absl::StrCat("release_lock_on_cudamalloc:", o.release_lock_on_cudamalloc ? "True" : "False"));
+  parts.push_back(
+      absl::StrCat("release_lock_on_cudamalloc:", o.release_lock_on_cudamalloc ? "True" : "False"));
   parts.push_back(absl::StrCat("per_process_memory_fraction:", o.per_process_memory_fraction));
   parts.push_back(absl::StrCat("page_recycling:", o.page_recycling ? "True" : "False"));
   parts.push_back(absl::StrCat("expandable_page_mb:", o.expandable_page_size / kMiB));
@@ -281,7 +283,8 @@ absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf) 
   if (const char* env = std::getenv("VRAMLEDGER_CONF"); env != nullptr && *env != '\0') {
     auto from_env = ParseOptions(env, base);
     if (!from_env.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("VRAMLEDGER_CONF: ", from_env.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("VRAMLEDGER_CONF: ", from_env.status().message()));
     }
     base = *std::move(from_env);
   }

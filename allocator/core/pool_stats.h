@@ -165,9 +165,9 @@ struct CoreStats {
 
  private:
   std::array<PoolStat*, 9> rows() {
-    return {&allocation,     &segment,         &active,
-            &inactive_split, &allocated_bytes, &reserved_bytes,
-            &active_bytes,   &inactive_split_bytes, &requested_bytes};
+    return {&allocation,      &segment,        &active,       &inactive_split,
+            &allocated_bytes, &reserved_bytes, &active_bytes, &inactive_split_bytes,
+            &requested_bytes};
   }
 };
 

@@ -12,16 +12,17 @@
 
 namespace vramledger::size_policy {
 
-inline constexpr std::size_t kMinBlockSize = 512;      // every size rounds up to a multiple
-inline constexpr std::size_t kSmallSize = 1 * kMiB;    // largest request of the small pool
-inline constexpr std::size_t kSmallBuffer = 2 * kMiB;  // small-pool segment size
+inline constexpr std::size_t kMinBlockSize = 512;         // every size rounds up to a multiple
+inline constexpr std::size_t kSmallSize = 1 * kMiB;       // largest request of the small pool
+inline constexpr std::size_t kSmallBuffer = 2 * kMiB;     // small-pool segment size
 inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;  // from here segments fit the request
 inline constexpr std::size_t kRoundLarge = 2 * kMiB;      // ... rounded up to this
 inline constexpr std::size_t kRoundUpPowerOfTwoStart = 1 * kMiB;
 /// Requests of this size or more fail at once (torch: "more than 1EB memory").
 inline constexpr std::size_t kMaxRequest = std::size_t{1} << 60;
 
-/// Index of the roundup_power2_divisions interval for `size`: [1 MiB, 2 MiB) -> 0, ... capped at 15.
+/// Index of the roundup_power2_divisions interval for `size`: [1 MiB, 2 MiB) -> 0, ... capped
+/// at 15.
 constexpr int PowerTwoInterval(std::size_t size) {
   const int log_size = 63 - std::countl_zero(static_cast<unsigned long long>(size | 1));
   const int start = 63 - std::countl_zero(static_cast<unsigned long long>(kRoundUpPowerOfTwoStart));
@@ -33,7 +34,8 @@ constexpr int PowerTwoInterval(std::size_t size) {
 constexpr std::size_t RoundUpPowerTwoDivision(std::size_t size, std::size_t divisions) {
   if (std::has_single_bit(size)) return size;
   const std::size_t floor = std::bit_floor(size);
-  const std::size_t step = floor >> (63 - std::countl_zero(static_cast<unsigned long long>(divisions)));
+  const std::size_t step =
+      floor >> (63 - std::countl_zero(static_cast<unsigned long long>(divisions)));
   if (step == 0) return floor << 1;
   const std::size_t rounded_floor = size & ~(step - 1);
   return rounded_floor == size ? size : rounded_floor + step;

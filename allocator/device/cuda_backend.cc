@@ -318,9 +318,9 @@ absl::Status CudaBackend::GrantMapped(std::uint64_t peers) {
       return driver_->mem_set_access(ToDevicePtr(va), size, descs.data(), descs.size());
     });
     if (err != CUDA_SUCCESS) {
-      return DriverStatus(err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes) for peers %#x", va,
-                                               size, peers),
-                          device_, *driver_);
+      return DriverStatus(
+          err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes) for peers %#x", va, size, peers),
+          device_, *driver_);
     }
   }
   return absl::OkStatus();
@@ -475,8 +475,8 @@ absl::Status CudaBackend::SetAccess(DevicePtr va, std::size_t size) {
   });
   if (err != CUDA_SUCCESS) {
     return DriverStatus(
-        err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes, peers %#x)", va, size, peers),
-        device_, *driver_);
+        err, absl::StrFormat("cuMemSetAccess(%#x, %d bytes, peers %#x)", va, size, peers), device_,
+        *driver_);
   }
   return refreshed;
 }

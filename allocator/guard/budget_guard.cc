@@ -125,8 +125,7 @@ absl::Status BudgetGuard::CheckGrowth(const AllocationRequest& request, std::siz
   }
   if (t_last.guard == this) t_last.pending = false;  // an earlier refusal of this Malloc passed
   if (warn_bytes_ != 0 && reserved_after > warn_bytes_) {
-    MaybeWarn(reserved_after,
-              static_cast<std::uint64_t>(stats.allocated_bytes));
+    MaybeWarn(reserved_after, static_cast<std::uint64_t>(stats.allocated_bytes));
   }
   return absl::OkStatus();
 }

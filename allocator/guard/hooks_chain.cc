@@ -31,8 +31,7 @@ std::uint32_t HooksChain::CurrentTag() {
   return 0;
 }
 
-absl::Status HooksChain::CheckAllocation(const AllocationRequest& request,
-                                         const HookStats& stats) {
+absl::Status HooksChain::CheckAllocation(const AllocationRequest& request, const HookStats& stats) {
   for (AllocatorHooks* h : hooks_) {
     if (absl::Status s = h->CheckAllocation(request, stats); !s.ok()) return s;
   }

@@ -14,7 +14,8 @@ void AddStat(std::map<std::string, std::int64_t>& out, const std::string& prefix
   out[prefix + ".freed"] = s.freed;
 }
 
-void AddArray(std::map<std::string, std::int64_t>& out, const std::string& name, const StatArray& a) {
+void AddArray(std::map<std::string, std::int64_t>& out, const std::string& name,
+              const StatArray& a) {
   static constexpr const char* kTypeNames[kNumStatTypes] = {"all", "small_pool", "large_pool"};
   for (int i = 0; i < kNumStatTypes; ++i) AddStat(out, name + "." + kTypeNames[i], a[i]);
 }

@@ -3,7 +3,8 @@
 // unmapped and mapped elsewhere on its own (if the driver maps at an offset at all). Issue 3:
 // the replay's driver time is ~70% cuMemSetAccess, charged per mapping from
 // h200-vmm-latency.txt, which measured separate handles only. On the H200 (CUDA 13 driver) an
-// offset mapping is CUDA_ERROR_NOT_SUPPORTED (docs/design/expandable-segments.md). Prints one line per layout (medians of kReps) and exits 0; any driver error exits 1.
+// offset mapping is CUDA_ERROR_NOT_SUPPORTED (docs/design/expandable-segments.md). Prints one line
+// per layout (medians of kReps) and exits 0; any driver error exits 1.
 //
 //   build: ninja vramledger_vmm_slice_probe (benchmarks/CMakeLists.txt), or
 //          g++ -O2 -std=c++17 -I$CUDA/include vmm_slice_probe.cc -L$CUDA/lib64/stubs -lcuda
@@ -105,30 +106,30 @@ int main(int argc, char** argv) {
       Check(cuMemUnmap(va + page, page), "unmap b probe");
     }
     if (offsets_supported) {
-    for (int i = 0; i < pages; ++i) {
-      Check(cuMemMap(va + i * page, page, i * page, big, 0), "map b (offset)");
-    }
-    t2 = std::chrono::steady_clock::now();
-    Check(cuMemSetAccess(va, span, &env.access, 1), "access b");
-    t3 = std::chrono::steady_clock::now();
-    create_one.push_back(Micros(t0, t1));
-    map_slices.push_back(Micros(t1, t2));
-    access_slices.push_back(Micros(t2, t3));
-    // A move: unmap one slice and map it in the second half of the range, with its access.
-    t0 = std::chrono::steady_clock::now();
-    Check(cuMemUnmap(va + 3 * page, page), "unmap one slice");
-    Check(cuMemMap(va + span + 3 * page, page, 3 * page, big, 0), "map slice elsewhere");
-    Check(cuMemSetAccess(va + span + 3 * page, page, &env.access, 1), "access moved slice");
-    t1 = std::chrono::steady_clock::now();
-    move_slice.push_back(Micros(t0, t1));
-    Check(cuMemUnmap(va + span + 3 * page, page), "unmap moved");
-    t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < pages; ++i) {
-      if (i != 3) Check(cuMemUnmap(va + i * page, page), "unmap b");
-    }
-    t1 = std::chrono::steady_clock::now();
-    unmap_slices.push_back(Micros(t0, t1));
-    Check(cuMemRelease(big), "release b");
+      for (int i = 0; i < pages; ++i) {
+        Check(cuMemMap(va + i * page, page, i * page, big, 0), "map b (offset)");
+      }
+      t2 = std::chrono::steady_clock::now();
+      Check(cuMemSetAccess(va, span, &env.access, 1), "access b");
+      t3 = std::chrono::steady_clock::now();
+      create_one.push_back(Micros(t0, t1));
+      map_slices.push_back(Micros(t1, t2));
+      access_slices.push_back(Micros(t2, t3));
+      // A move: unmap one slice and map it in the second half of the range, with its access.
+      t0 = std::chrono::steady_clock::now();
+      Check(cuMemUnmap(va + 3 * page, page), "unmap one slice");
+      Check(cuMemMap(va + span + 3 * page, page, 3 * page, big, 0), "map slice elsewhere");
+      Check(cuMemSetAccess(va + span + 3 * page, page, &env.access, 1), "access moved slice");
+      t1 = std::chrono::steady_clock::now();
+      move_slice.push_back(Micros(t0, t1));
+      Check(cuMemUnmap(va + span + 3 * page, page), "unmap moved");
+      t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < pages; ++i) {
+        if (i != 3) Check(cuMemUnmap(va + i * page, page), "unmap b");
+      }
+      t1 = std::chrono::steady_clock::now();
+      unmap_slices.push_back(Micros(t0, t1));
+      Check(cuMemRelease(big), "release b");
     }
 
     // (c) one handle, one mapping.
@@ -141,23 +142,26 @@ int main(int argc, char** argv) {
     Check(cuMemUnmap(va, span), "unmap c");
     Check(cuMemRelease(big), "release c");
   }
-  std::printf("vmm_slice_probe: %d pages of %zu MiB (%zu MiB), medians of %d\n", pages,
-              page >> 20, span >> 20, kReps);
-  std::printf("  (a) %d handles: cuMemCreate all %.0f us; cuMemSetAccess over %d mappings %.0f us"
-              " (%.1f us per mapping)\n",
-              pages, Median(create_each), pages, Median(access_handles),
-              Median(access_handles) / pages);
-  if (offsets_supported) std::printf("  (b) 1 handle, %d slice mappings: cuMemCreate %.0f us; cuMemMap all %.0f us; "
-              "cuMemSetAccess %.0f us (%.1f us per slice); unmap %d slices %.0f us; move one slice"
-              " (unmap + map + access) %.1f us\n",
-              pages, Median(create_one), Median(map_slices), Median(access_slices),
-              Median(access_slices) / pages, pages - 1, Median(unmap_slices), Median(move_slice));
+  std::printf("vmm_slice_probe: %d pages of %zu MiB (%zu MiB), medians of %d\n", pages, page >> 20,
+              span >> 20, kReps);
+  std::printf(
+      "  (a) %d handles: cuMemCreate all %.0f us; cuMemSetAccess over %d mappings %.0f us"
+      " (%.1f us per mapping)\n",
+      pages, Median(create_each), pages, Median(access_handles), Median(access_handles) / pages);
+  if (offsets_supported)
+    std::printf(
+        "  (b) 1 handle, %d slice mappings: cuMemCreate %.0f us; cuMemMap all %.0f us; "
+        "cuMemSetAccess %.0f us (%.1f us per slice); unmap %d slices %.0f us; move one slice"
+        " (unmap + map + access) %.1f us\n",
+        pages, Median(create_one), Median(map_slices), Median(access_slices),
+        Median(access_slices) / pages, pages - 1, Median(unmap_slices), Median(move_slice));
   std::printf("  (c) 1 handle, 1 mapping: cuMemSetAccess %.0f us\n", Median(access_one));
-  std::printf("RESULT offsets_supported=%d setaccess_per_handle_us=%.1f "
-              "setaccess_one_mapping_us=%.1f setaccess_per_slice_us=%.1f move_slice_us=%.1f\n",
-              offsets_supported ? 1 : 0, Median(access_handles) / pages, Median(access_one),
-              offsets_supported ? Median(access_slices) / pages : -1.0,
-              offsets_supported ? Median(move_slice) : -1.0);
+  std::printf(
+      "RESULT offsets_supported=%d setaccess_per_handle_us=%.1f "
+      "setaccess_one_mapping_us=%.1f setaccess_per_slice_us=%.1f move_slice_us=%.1f\n",
+      offsets_supported ? 1 : 0, Median(access_handles) / pages, Median(access_one),
+      offsets_supported ? Median(access_slices) / pages : -1.0,
+      offsets_supported ? Median(move_slice) : -1.0);
   Check(cuMemAddressFree(va, 2 * span), "cuMemAddressFree");
   return 0;
 }

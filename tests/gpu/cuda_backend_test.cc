@@ -199,7 +199,7 @@ TEST_F(CudaBackendTest, AHandleMapsAtTwoAddressesWhileOldWorkFinishes) {
   void* old_va = reinterpret_cast<void*>(va);
   void* new_va = reinterpret_cast<void*>(va + 2 * g);
   ASSERT_EQ(cudaMemsetAsync(old_va, 0x11, g, stream), cudaSuccess);  // queued on the old address
-  ASSERT_TRUE(backend_->Map(va + 2 * g, g, h).ok());                  // the move, no wait
+  ASSERT_TRUE(backend_->Map(va + 2 * g, g, h).ok());                 // the move, no wait
   ASSERT_TRUE(backend_->SetAccess(va + 2 * g, g).ok());
   EventId fence = 0;
   ASSERT_TRUE(backend_->CreateEvent(&fence).ok());

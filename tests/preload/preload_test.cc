@@ -156,9 +156,9 @@ TEST(PreloadTest, ExitSummaryCountsBytesOutsideVramledger) {
   EXPECT_THAT(summary, HasSubstr("cudaMemGetInfo used delta "));
   // The same figure in the exit snapshot.
   const nlohmann::json snapshot = nlohmann::json::parse(ReadOnlyFile(dumps, "-exit.json"));
-  EXPECT_EQ(snapshot["vramledger"]["preload"]["device_bytes_outside_vramledger"]["0"]
-                    ["outside_bytes"],
-            50000000);
+  EXPECT_EQ(
+      snapshot["vramledger"]["preload"]["device_bytes_outside_vramledger"]["0"]["outside_bytes"],
+      50000000);
   std::filesystem::remove_all(dumps);
 }
 
@@ -194,10 +194,10 @@ TEST(PreloadTest, RefusalWithoutPythonShowsNativeFrames) {
 std::string PythonRefusalReport(const std::string& mode, std::string* output) {
   const std::string dumps = TempDir(("vl-preload-py-" + mode).c_str());
   const std::string plan = SmallPlan(dumps + "-plan");
-  const Result r = RunUnderShim(
-      "VRAMLEDGER_PRELOAD_QUIET=1 VRAMLEDGER_CONF=dump_dir:" + dumps + ",plan:" + plan,
-      std::string(VRAMLEDGER_PYTHON) + " " + VRAMLEDGER_SOURCE_DIR +
-          "/tests/preload/python_frames.py " + VRAMLEDGER_FAKE_CUDART + " " + mode);
+  const Result r =
+      RunUnderShim("VRAMLEDGER_PRELOAD_QUIET=1 VRAMLEDGER_CONF=dump_dir:" + dumps + ",plan:" + plan,
+                   std::string(VRAMLEDGER_PYTHON) + " " + VRAMLEDGER_SOURCE_DIR +
+                       "/tests/preload/python_frames.py " + VRAMLEDGER_FAKE_CUDART + " " + mode);
   *output = r.output;
   std::string report;
   if (r.exit_code == 0 && std::filesystem::exists(dumps)) {

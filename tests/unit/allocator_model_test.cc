@@ -2,8 +2,8 @@
 // stats identities hold after every step; and 8 threads allocating and freeing concurrently.
 #include <cmath>
 #include <map>
-#include <string_view>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -74,7 +74,8 @@ TEST(AllocatorModel, RandomSequencesKeepStatsAndNoOverlap) {
       }
       ASSERT_NE(*p, 0u);
       ASSERT_EQ(live.count(*p), 0u) << "address handed out twice";
-      live[*p] = Live{size, size_policy::RoundSize(size, options->roundup_power2_divisions), stream};
+      live[*p] =
+          Live{size, size_policy::RoundSize(size, options->roundup_power2_divisions), stream};
       order.push_back(*p);
       ExpectNoOverlap(live, *p);
     } else if (what < 97) {

@@ -333,8 +333,9 @@ TEST_F(GuardTest, RecordedStackWithoutPythonFramesFallsBackToLiveFrames) {
   HooksChain chain({guard_.get(), &history});
   alloc_->SetHooks(&chain);
   guard_->SetSymbolizer(&history);
-  guard_->SetPythonStackProvider(
-      [] { return std::vector<StackFrame>{{"model.py", 12, "forward", true}}; });
+  guard_->SetPythonStackProvider([] {
+    return std::vector<StackFrame>{{"model.py", 12, "forward", true}};
+  });
   auto refused = alloc_->Malloc(80 * kMiB, kStream);
   ASSERT_FALSE(refused.ok());
   const std::string text(guard_->CompleteRefusal(refused.status(), *alloc_).message());

@@ -101,7 +101,7 @@ TEST(ContiguousScopeDepthTest, AllocationsInsideComeFromAPlainSingleHandleSegmen
   EXPECT_EQ(in->handles, 1u);
   EXPECT_EQ(in->total_size, 30 * kMiB);  // a large request gets a segment of its own size
   EXPECT_TRUE(out->is_expandable);
-  EXPECT_EQ(late, out);  // after the scope, growth continues the same expandable range
+  EXPECT_EQ(late, out);          // after the scope, growth continues the same expandable range
   EXPECT_EQ(out->handles, 18u);  // 30 + 6 MiB of 2 MiB pages
   EXPECT_EQ(sim.calls().count(DriverCall::kMalloc), 1);  // the one plain segment
   EXPECT_TRUE(alloc.CheckInvariants().ok()) << alloc.CheckInvariants();

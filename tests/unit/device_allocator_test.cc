@@ -68,7 +68,7 @@ TEST_F(AllocatorTest, SmallRequestsShareOneTwoMiBSegment) {
 }
 
 TEST_F(AllocatorTest, LargeRequestsFollowTorchSegmentSizes) {
-  DevicePtr a = Alloc(kMiB + 1);  // 20 MiB segment
+  DevicePtr a = Alloc(kMiB + 1);      // 20 MiB segment
   DevicePtr b = Alloc(3 * kMiB + 1);  // split from the same segment
   EXPECT_EQ(b, a + kMiB + 512);
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(20 * kMiB));
@@ -106,7 +106,7 @@ TEST_F(AllocatorTest, SplitThenCoalesceRestoresOneFreeBlock) {
   EXPECT_EQ(b, a + 2 * kMiB);
   EXPECT_EQ(c, b + 3 * kMiB);
   EXPECT_EQ(alloc_->GetStats().inactive_split[kAggregate].current, 1);  // the 11 MiB tail
-  Free(b);  // a hole between a and c
+  Free(b);                                                              // a hole between a and c
   EXPECT_EQ(alloc_->GetStats().inactive_split[kAggregate].current, 2);
   Free(a);  // merges with b's hole
   EXPECT_EQ(alloc_->GetStats().inactive_split[kAggregate].current, 2);
@@ -168,7 +168,8 @@ TEST_F(AllocatorTest, RecordStreamDefersReuseUntilEventCompletes) {
   sim_->CompleteStream(kSide);
   DevicePtr c = Alloc(8 * kMiB);  // events are processed at allocation time
   EXPECT_EQ(c, a);
-  EXPECT_EQ(alloc_->GetStats().active_bytes[kAggregate].current, static_cast<std::int64_t>(16 * kMiB));
+  EXPECT_EQ(alloc_->GetStats().active_bytes[kAggregate].current,
+            static_cast<std::int64_t>(16 * kMiB));
 }
 
 TEST_F(AllocatorTest, RecordStreamOnUnknownAddressIsNotFound) {
@@ -180,7 +181,7 @@ TEST_F(AllocatorTest, RecordStreamOnUnknownAddressIsNotFound) {
 }
 
 TEST_F(AllocatorTest, EmptyCacheReturnsExactlyTheFullyFreeSegments) {
-  DevicePtr keep_small = Alloc(4096);     // segment 1 (2 MiB), stays partly used
+  DevicePtr keep_small = Alloc(4096);         // segment 1 (2 MiB), stays partly used
   DevicePtr drop_small = Alloc(4096, kSide);  // segment 2 (2 MiB), fully free after free
   DevicePtr keep_large = Alloc(2 * kMiB);     // segment 3 (20 MiB), partly used
   DevicePtr drop_large = Alloc(50 * kMiB);    // segment 4, fully free after free
@@ -201,7 +202,7 @@ TEST_F(AllocatorTest, EmptyCacheReturnsExactlyTheFullyFreeSegments) {
 TEST_F(AllocatorTest, OomRetryReleasesCacheThenSucceeds) {
   Make("", 100 * kMiB);
   DevicePtr a = Alloc(60 * kMiB);
-  Free(a);  // 60 MiB cached
+  Free(a);                         // 60 MiB cached
   DevicePtr b = Alloc(70 * kMiB);  // needs the cached 60 MiB returned first
   EXPECT_NE(b, 0u);
   DeviceStats s = alloc_->GetStats();
@@ -226,11 +227,12 @@ TEST_F(AllocatorTest, OomFailsWithTorchsNumbers) {
   EXPECT_EQ(o.allocated, 30 * kMiB);
   EXPECT_EQ(o.reserved, 30 * kMiB);
   const std::string& m = o.message;
-  EXPECT_EQ(m.rfind("CUDA out of memory. Tried to allocate 80.00 MiB. GPU 0 has a total capacity of "
-                    "100.00 MiB of which 70.00 MiB is free. Of the allocated memory 30.00 MiB is "
-                    "allocated by vramledger, and 0 bytes is reserved by vramledger but unallocated.",
-                    0),
-            0u)
+  EXPECT_EQ(
+      m.rfind("CUDA out of memory. Tried to allocate 80.00 MiB. GPU 0 has a total capacity of "
+              "100.00 MiB of which 70.00 MiB is free. Of the allocated memory 30.00 MiB is "
+              "allocated by vramledger, and 0 bytes is reserved by vramledger but unallocated.",
+              0),
+      0u)
       << m;
   EXPECT_EQ(alloc_->GetStats().num_ooms, 1);
   EXPECT_EQ(alloc_->GetStats().num_alloc_retries, 1);

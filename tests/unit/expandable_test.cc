@@ -269,7 +269,8 @@ TEST_F(ExpandableTest, FragmentationFigures) {
   EXPECT_DOUBLE_EQ(f.free_space_fragmentation, 0.0);
   EXPECT_EQ(f.holes, 1);
   EXPECT_EQ(f.mapped_free_pages, 3);
-  EXPECT_EQ(alloc_->GetFragmentation(0x77).other_stream_cached_bytes, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(alloc_->GetFragmentation(0x77).other_stream_cached_bytes,
+            static_cast<std::int64_t>(6 * kMiB));
 }
 
 std::int64_t TotalCalls(const DriverCallLedger& calls) {

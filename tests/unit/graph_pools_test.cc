@@ -41,8 +41,7 @@ class GraphPoolsTest : public ::testing::Test {
   }
   // Starts a capture on kCapture into `pool`, as torch's capture_begin does.
   void BeginCapture(MempoolId pool) {
-    ASSERT_TRUE(
-        alloc_->BeginAllocateToPool(pool, [](StreamId s) { return s == kCapture; }).ok());
+    ASSERT_TRUE(alloc_->BeginAllocateToPool(pool, [](StreamId s) { return s == kCapture; }).ok());
     sim_->SetCapturing(kCapture, true);
   }
   // Ends it successfully (capture_end).

@@ -134,8 +134,9 @@ TEST(PoolStat, MatchesPerRowUpdatesThroughResets) {
       want[to].Increase(amount);
     } else {
       // Keep every row's current >= 0, as the allocator does.
-      const std::int64_t amount = static_cast<std::int64_t>(rng() % 1000) -
-                                  static_cast<std::int64_t>(std::min<std::int64_t>(want[pool].current, 900));
+      const std::int64_t amount =
+          static_cast<std::int64_t>(rng() % 1000) -
+          static_cast<std::int64_t>(std::min<std::int64_t>(want[pool].current, 900));
       stat.Add(pool, amount);
       Reference(want, pool, amount);
     }

@@ -25,10 +25,10 @@ TEST(Options, ParsesTorchKeysWithWhitespaceAndLists) {
   EXPECT_EQ(o->max_split_size, 200 * kMiB);
   EXPECT_TRUE(o->expandable_segments);
   EXPECT_DOUBLE_EQ(o->garbage_collection_threshold, 0.6);
-  EXPECT_EQ(o->roundup_power2_divisions[8], 1u);    // 256 MiB
-  EXPECT_EQ(o->roundup_power2_divisions[9], 2u);    // 512 MiB
-  EXPECT_EQ(o->roundup_power2_divisions[10], 4u);   // 1024 MiB
-  EXPECT_EQ(o->roundup_power2_divisions[11], 8u);   // '>' fills the rest
+  EXPECT_EQ(o->roundup_power2_divisions[8], 1u);   // 256 MiB
+  EXPECT_EQ(o->roundup_power2_divisions[9], 2u);   // 512 MiB
+  EXPECT_EQ(o->roundup_power2_divisions[10], 4u);  // 1024 MiB
+  EXPECT_EQ(o->roundup_power2_divisions[11], 8u);  // '>' fills the rest
   EXPECT_EQ(o->roundup_power2_divisions[15], 8u);
   EXPECT_EQ(o->roundup_power2_divisions[0], 0u);
 }
@@ -48,25 +48,27 @@ TEST(Options, UnknownKeyNamesTheKeyAndTheAcceptedOnes) {
 }
 
 TEST(Options, BadValuesNameKeyAndExpectation) {
-  struct Case { const char* conf; const char* needle; };
-  for (const Case& c : {Case{"expandable_segments:true", "True or False"},
-                        Case{"max_split_size_mb:10", "at least 20"},
-                        Case{"max_split_size_mb:abc", "'max_split_size_mb'"},
-                        Case{"garbage_collection_threshold:1.5", "(0, 1)"},
-                        Case{"per_process_memory_fraction:-0.1", "[0, 1]"},
-                        Case{"roundup_power2_divisions:3", "power of two"},
-                        Case{"roundup_power2_divisions:[300:2]", "power of two"},
-                        Case{"backend:cudaMallocAsync", "native"},
-                        Case{"max_dumps:-1", ">= 0"},
-                        Case{"recycle_slack:abc", "[0, 1]"},
-                        Case{"recycle_slack:nan", "[0, 1]"},  // SimpleAtod parses "nan"
-                        Case{"recycle_slack:-nan", "[0, 1]"},
-                        Case{"per_process_memory_fraction:nan", "[0, 1]"},
-                        Case{"garbage_collection_threshold:nan", "(0, 1)"},
-                        Case{"expandable_handle_mb:-3", "multiple of 2"},
-                        Case{"expandable_handle_mb:8", "not a multiple of expandable_page_mb:6"},
-                        Case{"expandable_page_mb:8,expandable_handle_mb:12", "expandable_page_mb:8"},
-                        Case{"justakey", "expected key:value"}}) {
+  struct Case {
+    const char* conf;
+    const char* needle;
+  };
+  for (const Case& c :
+       {Case{"expandable_segments:true", "True or False"},
+        Case{"max_split_size_mb:10", "at least 20"},
+        Case{"max_split_size_mb:abc", "'max_split_size_mb'"},
+        Case{"garbage_collection_threshold:1.5", "(0, 1)"},
+        Case{"per_process_memory_fraction:-0.1", "[0, 1]"},
+        Case{"roundup_power2_divisions:3", "power of two"},
+        Case{"roundup_power2_divisions:[300:2]", "power of two"},
+        Case{"backend:cudaMallocAsync", "native"}, Case{"max_dumps:-1", ">= 0"},
+        Case{"recycle_slack:abc", "[0, 1]"},
+        Case{"recycle_slack:nan", "[0, 1]"},  // SimpleAtod parses "nan"
+        Case{"recycle_slack:-nan", "[0, 1]"}, Case{"per_process_memory_fraction:nan", "[0, 1]"},
+        Case{"garbage_collection_threshold:nan", "(0, 1)"},
+        Case{"expandable_handle_mb:-3", "multiple of 2"},
+        Case{"expandable_handle_mb:8", "not a multiple of expandable_page_mb:6"},
+        Case{"expandable_page_mb:8,expandable_handle_mb:12", "expandable_page_mb:8"},
+        Case{"justakey", "expected key:value"}}) {
     auto o = ParseOptions(c.conf);
     ASSERT_FALSE(o.ok()) << c.conf;
     EXPECT_NE(o.status().message().find(c.needle), std::string::npos)
@@ -84,7 +86,8 @@ TEST(Options, HandleSizesThatHoldWholePagesAreAccepted) {
 }
 
 TEST(Options, RoundTripsThroughToString) {
-  auto o = ParseOptions("max_split_size_mb:256,expandable_segments:True,roundup_power2_divisions:2");
+  auto o =
+      ParseOptions("max_split_size_mb:256,expandable_segments:True,roundup_power2_divisions:2");
   ASSERT_TRUE(o.ok());
   auto again = ParseOptions(OptionsToString(*o));
   ASSERT_TRUE(again.ok()) << again.status();

@@ -81,9 +81,9 @@ TEST_F(PluginAbiTest, MallocFreeAndStatsFollowTorchSemantics) {
   EXPECT_EQ(live["max_split_size"].get<std::int64_t>(), 200 * static_cast<std::int64_t>(kMiB));
   EXPECT_TRUE(live["utilization"].is_number_float());
   EXPECT_TRUE(live.contains("largest_free_block_bytes"));
-  for (const char* family : {"allocation", "segment", "active", "inactive_split", "allocated_bytes",
-                             "reserved_bytes", "active_bytes", "inactive_split_bytes",
-                             "requested_bytes"}) {
+  for (const char* family :
+       {"allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+        "active_bytes", "inactive_split_bytes", "requested_bytes"}) {
     for (const char* pool : {"all", "small_pool", "large_pool"}) {
       for (const char* field : {"current", "peak", "allocated", "freed"}) {
         const std::string key = std::string(family) + "." + pool + "." + field;
@@ -119,8 +119,7 @@ TEST_F(PluginAbiTest, BadDeviceIsAValueError) {
   char* text = nullptr;
   EXPECT_EQ(vramledger_memory_stats_json(kDevices, &text), VRAMLEDGER_INVALID_ARGUMENT);
   EXPECT_EQ(text, nullptr);
-  EXPECT_NE(std::string(vramledger_last_error()).find("invalid device index 2"),
-            std::string::npos);
+  EXPECT_NE(std::string(vramledger_last_error()).find("invalid device index 2"), std::string::npos);
   EXPECT_EQ(vramledger_memory_stats_json(0, nullptr), VRAMLEDGER_INVALID_ARGUMENT);
   EXPECT_EQ(vramledger_empty_cache(7), VRAMLEDGER_INVALID_ARGUMENT);
 }

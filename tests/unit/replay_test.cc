@@ -419,16 +419,16 @@ TEST(ReplayFragmentationTest, PageMovesAndFiguresAtPeakAndEnd) {
   EXPECT_EQ(j["page_moves"], 8);
   EXPECT_EQ(j["fragmentation_at_peak"]["line"], 5);
   EXPECT_EQ(j["fragmentation_at_end"]["mapped_free_pages"], 16);
-  for (const char* key : {"utilization", "wasted_bytes", "wasted_bytes_at_peak",
-                          "largest_free_block", "free_space_fragmentation", "holes",
-                          "mapped_free_pages", "other_stream_cached_bytes"}) {
+  for (const char* key :
+       {"utilization", "wasted_bytes", "wasted_bytes_at_peak", "largest_free_block",
+        "free_space_fragmentation", "holes", "mapped_free_pages", "other_stream_cached_bytes"}) {
     EXPECT_TRUE(j["fragmentation_at_peak"].contains(key)) << key;
     EXPECT_TRUE(j["fragmentation_at_end"].contains(key)) << key;
   }
 
   // Without recycling the 16 pages are new: reserved 256 MiB, no moves.
-  const ReplayResult off =
-      MustReplay(trace, MustParse("expandable_segments:True,page_recycling:False,expandable_page_mb:8"));
+  const ReplayResult off = MustReplay(
+      trace, MustParse("expandable_segments:True,page_recycling:False,expandable_page_mb:8"));
   EXPECT_EQ(off.page_moves, 0);
   EXPECT_EQ(off.peak_reserved_bytes, 256 * kMiB);
 }

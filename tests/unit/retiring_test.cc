@@ -33,12 +33,11 @@ class RetiringTest : public SimAllocatorTest {
   // Random single-/two-stream churn; events never complete unless `complete`.
   void Churn(const std::string& conf, int ops, std::size_t capacity, bool two_streams,
              bool complete, std::vector<std::pair<DevicePtr, StreamId>>* live, int* ooms);
-
 };
 
-void RetiringTest::Churn(const std::string& conf, int ops, std::size_t capacity,
-                              bool two_streams, bool complete,
-                              std::vector<std::pair<DevicePtr, StreamId>>* live, int* ooms) {
+void RetiringTest::Churn(const std::string& conf, int ops, std::size_t capacity, bool two_streams,
+                         bool complete, std::vector<std::pair<DevicePtr, StreamId>>* live,
+                         int* ooms) {
   Make(conf, capacity);
   std::mt19937_64 rng(11);
   const StreamId streams[] = {0, kS1};

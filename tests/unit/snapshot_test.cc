@@ -95,11 +95,11 @@ TEST_F(SnapshotTest, TopLevelSegmentBlockAndEntryKeysAreTorchs) {
   EXPECT_EQ(Keys(doc), (std::vector<std::string>{"segments", "device_traces", "allocator_settings",
                                                  "external_annotations", "vramledger"}));
   ASSERT_EQ(doc["segments"].size(), 2u);
-  EXPECT_EQ(Keys(doc["segments"][0]),
-            (std::vector<std::string>{"device", "address", "total_size", "allocated_size",
-                                      "active_size", "requested_size", "stream", "segment_type",
-                                      "segment_pool_id", "is_expandable", "handles", "frames",
-                                      "blocks"}));
+  EXPECT_EQ(
+      Keys(doc["segments"][0]),
+      (std::vector<std::string>{"device", "address", "total_size", "allocated_size", "active_size",
+                                "requested_size", "stream", "segment_type", "segment_pool_id",
+                                "is_expandable", "handles", "frames", "blocks"}));
   EXPECT_EQ(Keys(doc["segments"][0]["blocks"][0]),
             (std::vector<std::string>{"address", "size", "requested_size", "state", "frames",
                                       "handles"}));

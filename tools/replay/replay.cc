@@ -284,15 +284,15 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
 
   std::optional<TimelineSampler> sampler;
   if (config.timeline) {
-    result.sample_every = config.sample_every > 0 ? config.sample_every
-                                                  : TimelineSampler::AutomaticInterval(total);
+    result.sample_every =
+        config.sample_every > 0 ? config.sample_every : TimelineSampler::AutomaticInterval(total);
     sampler.emplace(result.sample_every, total, &result.timeline);
   }
   // Per-step peaks need allocated bytes after every event; otherwise they are read only where a
   // timeline point needs them (GetStats() is costly, see ReservedTracker).
-  const bool marks_steps =
-      std::any_of(events.begin(), events.end(),
-                  [](const TraceEvent& e) { return e.action == TraceAction::kSnapshot; });
+  const bool marks_steps = std::any_of(events.begin(), events.end(), [](const TraceEvent& e) {
+    return e.action == TraceAction::kSnapshot;
+  });
   StepTracker steps(&result.steps);
   steps.Open(ReplayState(), LedgerTotals());
   Tally tally;
@@ -417,8 +417,8 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
   if (result.peak_reserved_event == total) {
     result.fragmentation_at_peak = result.fragmentation_at_end;
   } else if (result.peak_reserved_event > 0) {
-    absl::StatusOr<Fragmentation> at_peak = FragmentationAfter(
-        events, result.peak_reserved_event, result.main_stream, options, config);
+    absl::StatusOr<Fragmentation> at_peak =
+        FragmentationAfter(events, result.peak_reserved_event, result.main_stream, options, config);
     if (!at_peak.ok()) return at_peak.status();
     result.fragmentation_at_peak = *at_peak;
   }

@@ -77,9 +77,9 @@ struct StepFigures {
 
 /// Driver calls made after the first ReplayConfig::steady_state_after of the trace's events.
 struct SteadyState {
-  double after_fraction = 0.25;      // ReplayConfig::steady_state_after
-  std::int64_t start_event = 0;      // 1-based index of the first steady-state event (0: none)
-  int start_line = 0;                // its line
+  double after_fraction = 0.25;  // ReplayConfig::steady_state_after
+  std::int64_t start_event = 0;  // 1-based index of the first steady-state event (0: none)
+  int start_line = 0;            // its line
   /// time_us of the last event before the steady state (or of the first event) to the last.
   std::int64_t span_us = 0;
   std::map<std::string, std::int64_t> driver_calls;  // by CUDA API name, every kind

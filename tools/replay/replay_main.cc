@@ -80,8 +80,8 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
       absl::StatusOr<std::string> value = FlagValue("--sample-every", argc, argv, &i);
       if (!value.ok()) return value.status();
       if (!absl::SimpleAtoi(*value, &args.sample_every) || args.sample_every <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--sample-every must be a positive number of events, got '", *value, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--sample-every must be a positive number of events, got '", *value, "'"));
       }
     } else if (is_flag("--plot")) {
       return absl::InvalidArgumentError(

@@ -194,23 +194,21 @@ std::string FormatDriverTime(const ReplayResult& r) {
   const SteadyState& s = r.steady_state;
   std::string out = absl::StrFormat("\n  %-24s %s us (%s), first to last event\n", "trace span",
                                     WithThousands(r.trace_span_us), Seconds(r.trace_span_us));
-  absl::StrAppend(&out, absl::StrFormat("  %-24s %s us = %.3f%% of the span\n",
-                                        "driver time (modelled)",
-                                        MicrosWithThousands(r.modeled_driver_us),
-                                        r.driver_pct_of_span));
+  absl::StrAppend(&out,
+                  absl::StrFormat("  %-24s %s us = %.3f%% of the span\n", "driver time (modelled)",
+                                  MicrosWithThousands(r.modeled_driver_us), r.driver_pct_of_span));
   absl::StrAppend(&out, absl::StrFormat("  %-24s %s us = %.3f%% of the span (torch's segment "
                                         "events, same cost model)\n",
                                         "recorded (trace, torch)",
                                         MicrosWithThousands(r.recorded_modeled_driver_us),
                                         r.recorded_driver_pct_of_span));
-  absl::StrAppend(
-      &out, absl::StrFormat("  %-24s after %.0f%% of the events (from line %d; span %s): %s "
-                            "calls, %s us = %.3f%% of its span\n",
-                            "steady state", 100.0 * s.after_fraction, s.start_line,
-                            Seconds(s.span_us), WithThousands(TotalCalls(s.driver_calls)),
-                            MicrosWithThousands(s.modeled_driver_us), s.pct_of_span));
   absl::StrAppend(&out,
-                  absl::StrFormat("  %-24s %s\n", "page moves", WithThousands(r.page_moves)));
+                  absl::StrFormat("  %-24s after %.0f%% of the events (from line %d; span %s): %s "
+                                  "calls, %s us = %.3f%% of its span\n",
+                                  "steady state", 100.0 * s.after_fraction, s.start_line,
+                                  Seconds(s.span_us), WithThousands(TotalCalls(s.driver_calls)),
+                                  MicrosWithThousands(s.modeled_driver_us), s.pct_of_span));
+  absl::StrAppend(&out, absl::StrFormat("  %-24s %s\n", "page moves", WithThousands(r.page_moves)));
   return out;
 }
 
@@ -218,12 +216,12 @@ std::string FormatDriverTime(const ReplayResult& r) {
 std::string FormatFragmentation(const ReplayResult& r) {
   const Fragmentation& p = r.fragmentation_at_peak;
   const Fragmentation& e = r.fragmentation_at_end;
-  std::string out = absl::StrFormat(
-      "\n  %-26s %-34s %s\n", "fragmentation",
-      absl::StrCat("at peak reserved (line ", r.peak_reserved_line, ")"), "at end");
+  std::string out =
+      absl::StrFormat("\n  %-26s %-34s %s\n", "fragmentation",
+                      absl::StrCat("at peak reserved (line ", r.peak_reserved_line, ")"), "at end");
   auto bytes_row = [&out](absl::string_view label, std::int64_t a, std::int64_t b) {
-    absl::StrAppend(&out, absl::StrFormat("  %-26s %-34s %s\n", label, BytesAndGiB(a),
-                                          BytesAndGiB(b)));
+    absl::StrAppend(&out,
+                    absl::StrFormat("  %-26s %-34s %s\n", label, BytesAndGiB(a), BytesAndGiB(b)));
   };
   auto number_row = [&out](absl::string_view label, const std::string& a, const std::string& b) {
     absl::StrAppend(&out, absl::StrFormat("  %-26s %-34s %s\n", label, a, b));
@@ -246,19 +244,19 @@ std::string FormatFragmentation(const ReplayResult& r) {
 // One row per step; empty when the trace marks no steps.
 std::string FormatSteps(const ReplayResult& r) {
   if (r.steps.empty()) return "";
-  std::string out = absl::StrFormat("\n  %-6s %10s %9s %18s %18s %11s %8s %14s\n", "step",
-                                    "end line", "events", "peak allocated", "peak reserved",
-                                    "utilization", "calls", "driver (us)");
+  std::string out =
+      absl::StrFormat("\n  %-6s %10s %9s %18s %18s %11s %8s %14s\n", "step", "end line", "events",
+                      "peak allocated", "peak reserved", "utilization", "calls", "driver (us)");
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     const StepFigures& s = r.steps[i];
     absl::StrAppend(
-        &out, absl::StrFormat("  %-6s %10s %9s %18s %18s %11.4f %8s %14s\n",
-                              absl::StrCat(i + 1, s.complete ? "" : "*"),
-                              s.complete ? WithThousands(s.end_line) : "end",
-                              WithThousands(s.events), WithThousands(s.peak_allocated_bytes),
-                              WithThousands(s.peak_reserved_bytes), s.utilization,
-                              WithThousands(s.driver_calls),
-                              MicrosWithThousands(s.modeled_driver_us)));
+        &out,
+        absl::StrFormat("  %-6s %10s %9s %18s %18s %11.4f %8s %14s\n",
+                        absl::StrCat(i + 1, s.complete ? "" : "*"),
+                        s.complete ? WithThousands(s.end_line) : "end", WithThousands(s.events),
+                        WithThousands(s.peak_allocated_bytes), WithThousands(s.peak_reserved_bytes),
+                        s.utilization, WithThousands(s.driver_calls),
+                        MicrosWithThousands(s.modeled_driver_us)));
   }
   if (!r.steps.back().complete) {
     absl::StrAppend(&out, "  * events after the last step mark (an unfinished step)\n");
@@ -274,9 +272,8 @@ std::string FormatReplayTable(const ReplayResult& result) {
                   " trace events; simulated capacity ", BytesAndGiB(result.capacity_bytes),
                   "; conf: ", result.conf.empty() ? "(defaults)" : result.conf, "\n\n");
   absl::StrAppend(&out, Row("", "vramledger (replay)", "recorded (trace, torch)"));
-  absl::StrAppend(
-      &out, Row("alloc + free events", WithThousands(result.events),
-                WithThousands(result.recorded_events)));
+  absl::StrAppend(&out, Row("alloc + free events", WithThousands(result.events),
+                            WithThousands(result.recorded_events)));
   absl::StrAppend(&out, Row("peak allocated", BytesAndGiB(result.peak_allocated_bytes),
                             "n/a (the trace has requested sizes only)"));
   absl::StrAppend(&out, Row("peak requested", BytesAndGiB(result.peak_requested_bytes),
@@ -308,8 +305,7 @@ std::string FormatReplayTable(const ReplayResult& result) {
   }
   absl::StrAppend(&out, absl::StrFormat("  %-24s %12s %16s\n", "total", WithThousands(total_calls),
                                         MicrosWithThousands(result.modeled_driver_us)));
-  absl::StrAppend(&out, FormatDriverTime(result), FormatFragmentation(result),
-                  FormatSteps(result));
+  absl::StrAppend(&out, FormatDriverTime(result), FormatFragmentation(result), FormatSteps(result));
   absl::StrAppend(
       &out,
       absl::StrFormat("\n  live at end: %s blocks, %s; unknown frees: %d; "

@@ -21,10 +21,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <ostream>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,8 +37,8 @@
 #include "absl/synchronization/mutex.h"
 #include "device/cuda_backend.h"
 #include "ledger/atomic_file.h"
-#include "ledger/stack_capture.h"
 #include "ledger/snapshot.h"
+#include "ledger/stack_capture.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/guard_api.h"
 #include "torch_plugin/plugin_history.h"
@@ -172,8 +172,8 @@ class Preload {
       RegisterExitDumpAfterRuntime();
       slot.backend = std::make_unique<CudaBackend>(device);
       slot.allocator = std::make_unique<DeviceAllocator>(options_, slot.backend.get());
-      slot.status = AttachGuard(device, options_, slot.backend.get(), slot.allocator.get(),
-                                LedgerHooks());
+      slot.status =
+          AttachGuard(device, options_, slot.backend.get(), slot.allocator.get(), LedgerHooks());
       if (!slot.status.ok()) return;
       AttachLedger(device, slot.allocator.get());
       slot.ready.store(slot.allocator.get(), std::memory_order_release);
@@ -309,8 +309,8 @@ std::string Summary(Preload& p, const char* reason) {
   out << "vramledger preload summary (" << reason << ", pid " << getpid() << ")\n"
       << "options: " << OptionsToString(p.options()) << "\n"
       << "calls seen: cudaMalloc " << c.malloc_calls.load() << ", cudaMallocAsync "
-      << c.malloc_async_calls.load() << ", cudaFree " << c.free_calls.load()
-      << ", cudaFreeAsync " << c.free_async_calls.load() << "\n"
+      << c.malloc_async_calls.load() << ", cudaFree " << c.free_calls.load() << ", cudaFreeAsync "
+      << c.free_async_calls.load() << "\n"
       << "served: allocations " << c.served_allocs.load() << ", frees " << c.served_frees.load()
       << ", size-0 " << c.zero_size_allocs.load() << "; forwarded frees (not ours) "
       << c.forwarded_frees.load() << "; refusals " << c.refusals.load() << ", errors "
@@ -329,8 +329,8 @@ std::string Summary(Preload& p, const char* reason) {
         << FormatSize(f.largest_free_block) << ", holes " << f.holes << "\n"
         << "  allocations " << FormatCount(s.allocation[kAggregate].allocated) << ", frees "
         << FormatCount(s.allocation[kAggregate].freed) << ", segments "
-        << FormatCount(s.segment[kAggregate].allocated) << ", cudaMalloc retries " << s.num_alloc_retries
-        << ", OOMs " << s.num_ooms << "\n";
+        << FormatCount(s.segment[kAggregate].allocated) << ", cudaMalloc retries "
+        << s.num_alloc_retries << ", OOMs " << s.num_ooms << "\n";
     const OutsideBytes o = MeasureOutsideBytes(p, d);
     if (o.known) {
       out << "  device bytes used outside vramledger: " << o.outside << " ("
@@ -348,8 +348,8 @@ std::string Summary(Preload& p, const char* reason) {
 void WriteDump(Preload& p, const std::string& tag) {
   InsideScope inside;
   try {
-    const std::string base = absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid",
-                                          getpid(), "-", tag);
+    const std::string base =
+        absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid", getpid(), "-", tag);
     ::mkdir(p.options().dump_dir.c_str(), 0755);  // WriteSnapshotJsonFile needs it to exist
     SnapshotOptions snapshot = PluginSnapshotOptions();
     const Counters& c = p.counters();
@@ -407,8 +407,8 @@ void WriteRefusalReport(Preload& p, std::int64_t n, absl::string_view report) {
   if (n > std::max(p.options().max_dumps, 0)) return;
   try {
     ::mkdir(p.options().dump_dir.c_str(), 0755);
-    const std::string path = absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid",
-                                          getpid(), "-refusal-", n, ".txt");
+    const std::string path = absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid", getpid(),
+                                          "-refusal-", n, ".txt");
     const absl::Status s = WriteFileAtomically(path, [&](std::ostream& out) {
       out << report << "\n";
       return out.good() ? absl::OkStatus() : absl::DataLossError("report write failed");
@@ -544,8 +544,7 @@ __attribute__((constructor)) void PreloadInit() {
   if (std::getenv("VRAMLEDGER_PRELOAD_DISABLE") != nullptr) return;
   absl::StatusOr<Options> options = OptionsFromEnvAndString("");
   if (!options.ok()) {
-    std::fprintf(stderr, "vramledger: %s\n",
-                 std::string(options.status().message()).c_str());
+    std::fprintf(stderr, "vramledger: %s\n", std::string(options.status().message()).c_str());
     std::fflush(stderr);
     std::_Exit(2);
   }
@@ -657,7 +656,6 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t*
   *free_bytes = std::min(*free_bytes, plan_free);
   return err;
 }
-
 
 // guard_api.cc's ctypes functions use these two of plugin.cc's (not exported here either).
 int vramledger_device_count() {

@@ -27,15 +27,15 @@ namespace vramledger {
 struct OutOfMemoryInfo {
   int device = 0;
   StreamId stream = 0;
-  std::size_t requested = 0;     // what the caller asked for
-  std::size_t alloc_size = 0;    // the segment size that could not be obtained ("Tried to allocate")
+  std::size_t requested = 0;   // what the caller asked for
+  std::size_t alloc_size = 0;  // the segment size that could not be obtained ("Tried to allocate")
   std::size_t device_total = 0;  // cudaMemGetInfo total
   std::size_t device_free = 0;   // cudaMemGetInfo free
   std::size_t allowed = 0;       // memory-fraction cap on reserved (bytes); 0 when none is set
   std::size_t allocated = 0;     // allocated_bytes.all.current
   std::size_t reserved = 0;      // reserved_bytes.all.current
   std::size_t largest_free_block = 0;
-  std::int64_t holes = 0;        // free blocks inside segments
+  std::int64_t holes = 0;  // free blocks inside segments
   /// The full message, in torch's shape.
   std::string message;
 };
@@ -79,7 +79,7 @@ struct Fragmentation {
   std::int64_t holes = 0;                 // free blocks between live blocks
   std::int64_t mapped_free_pages = 0;     // whole mapped pages inside free blocks (expandable)
   std::int64_t other_stream_cached_bytes = 0;  // free bytes cached for streams != `stream`
-  std::int64_t page_moves = 0;            // pages recycled (unmapped here, mapped there)
+  std::int64_t page_moves = 0;                 // pages recycled (unmapped here, mapped there)
   // Bytes of moved handles still mapped at the address they left, until work queued there before
   // the move has finished (expandable-segments.md, "Moves without a stall"); not reserved twice.
   std::int64_t retiring_bytes = 0;
@@ -201,7 +201,8 @@ class DeviceAllocator {
   std::unique_ptr<DeviceAllocatorImpl> impl_;
 };
 
-/// Formats a byte count as torch's format_size does: "N bytes" below 1 KiB, else "x.xx KiB/MiB/GiB".
+/// Formats a byte count as torch's format_size does: "N bytes" below 1 KiB, else "x.xx
+/// KiB/MiB/GiB".
 std::string FormatSize(std::uint64_t bytes);
 
 }  // namespace vramledger

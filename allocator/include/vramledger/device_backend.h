@@ -1,6 +1,7 @@
 // The device contract: the dozen primitives through which every CUDA call of vramledger goes.
 // Implementations: CudaBackend (allocator/device/cuda_backend.h), SimBackend (sim_backend.h).
-// Thread-safety: every method may be called from any thread; implementations synchronise themselves.
+// Thread-safety: every method may be called from any thread; implementations synchronise
+// themselves.
 #ifndef VRAMLEDGER_DEVICE_BACKEND_H_
 #define VRAMLEDGER_DEVICE_BACKEND_H_
 
