@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "core/block.h"
 #include "core/device_mutex.h"
@@ -132,18 +133,17 @@ class DeviceAllocatorImpl {
   // taken out of the page table at once (counts, trace) but stays mapped at its old address until
   // `fence`, recorded on the stream at the move, has completed. RetireMapping starts that for the
   // handle at `page`; RetireMappings unmaps those whose fence completed (all of them, after
-  // waiting, when `wait`); ClearRetiringIn unmaps any inside [first, first + pages) of `segment`
-  // (waiting for its fence if need be) before something is mapped there again; UnmapRetired
-  // unmaps entry `index` and returns its fence to the pool when no other entry shares it.
+  // waiting, when `wait`); ClearRetiring unmaps the entries `which` selects, waiting for their
+  // fence if need be (before something is mapped over an old address, or before a handle is
+  // released); UnmapRetired unmaps entry `index` and returns its fence to the pool when no other
+  // entry shares it.
   absl::Status RetireMapping(core::Segment* segment, std::size_t page, EventId fence)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapRetired(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RetireMappings(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ClearRetiringIn(const core::Segment* segment, std::size_t first, std::size_t pages)
+  struct RetiringMapping;
+  absl::Status ClearRetiring(absl::FunctionRef<bool(const RetiringMapping&)> which)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unmaps the old addresses of `handle`, if it moved and they are still mapped (waiting for
-  // their fence if need be): before the handle is released.
-  absl::Status ClearRetiringOf(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::size_t MissingPages(const core::Block* block, std::size_t size, std::size_t stop_at);
   // Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
   static std::size_t MappedRun(const core::Block* block);

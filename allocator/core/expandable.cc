@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "core/device_allocator_impl.h"
 #include "core/size_policy.h"
@@ -257,7 +258,8 @@ absl::Status DeviceAllocatorImpl::UnmapPage(Segment* seg, std::size_t page, bool
   if (release) {
     // A handle that moved here may still be mapped where it was (RetireMapping): not released
     // before that mapping is gone.
-    if (absl::Status s = ClearRetiringOf(handle); !s.ok()) return s;
+    absl::Status s = ClearRetiring([&](const RetiringMapping& r) { return r.handle == handle; });
+    if (!s.ok()) return s;
     if (absl::Status s = backend_->ReleasePhysical(handle); !s.ok()) return s;
     UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool), -static_cast<std::int64_t>(bytes));
   }
@@ -419,7 +421,10 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   // Map, then grant access once per run of missing pages (now all mapped).
   for (const Mapping& m : mappings) {
     const DevicePtr va = seg->PageAddress(m.dst);
-    if (absl::Status s = ClearRetiringIn(seg, m.dst, m.pages); !s.ok()) return s;
+    absl::Status cleared = ClearRetiring([&](const RetiringMapping& r) {  // mapped over next
+      return r.segment == seg && r.first_page < m.dst + m.pages && m.dst < r.first_page + r.pages;
+    });
+    if (!cleared.ok()) return cleared;
     if (absl::Status s = backend_->Map(va, m.pages * page, m.handle); !s.ok()) return s;
     std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(m.dst), m.pages, m.handle);
     seg->mapped_pages += m.pages;
@@ -489,34 +494,17 @@ absl::Status DeviceAllocatorImpl::RetireMappings(bool wait) {
   return absl::OkStatus();
 }
 
-absl::Status DeviceAllocatorImpl::ClearRetiringOf(PhysicalHandle handle) {
+absl::Status DeviceAllocatorImpl::ClearRetiring(
+    absl::FunctionRef<bool(const RetiringMapping&)> which) {
   for (std::size_t i = 0; i < retiring_.size();) {
-    if (retiring_[i].handle != handle) {
+    if (!which(retiring_[i])) {
       ++i;
       continue;
     }
-    absl::StatusOr<bool> done = backend_->QueryEvent(retiring_[i].fence);
+    absl::StatusOr<bool> done = backend_->QueryEvent(retiring_[i].fence);  // waits only if it must
     if (!done.ok()) return done.status();
     if (!*done) {
       if (absl::Status s = backend_->SynchronizeEvent(retiring_[i].fence); !s.ok()) return s;
-    }
-    if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DeviceAllocatorImpl::ClearRetiringIn(const Segment* seg, std::size_t first,
-                                                  std::size_t pages) {
-  for (std::size_t i = 0; i < retiring_.size();) {
-    const RetiringMapping& r = retiring_[i];
-    if (r.segment != seg || r.first_page >= first + pages || first >= r.first_page + r.pages) {
-      ++i;
-      continue;
-    }
-    absl::StatusOr<bool> done = backend_->QueryEvent(r.fence);  // waits only when it must
-    if (!done.ok()) return done.status();
-    if (!*done) {
-      if (absl::Status s = backend_->SynchronizeEvent(r.fence); !s.ok()) return s;
     }
     if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
   }
