@@ -118,6 +118,9 @@ struct Segment {
   bool expandable = false;
   std::size_t page_size = 0;
   std::vector<PhysicalHandle> pages;
+  // Pages whose address still maps a handle that moved away until its fence completes
+  // (DeviceAllocatorImpl::RetireMapping); pages[i] is 0 there.
+  std::vector<bool> retiring;
   std::size_t mapped_pages = 0;
   std::size_t page_limit = 0;  // 1 + the highest page index ever mapped (bounds page walks)
 

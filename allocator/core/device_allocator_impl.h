@@ -144,7 +144,6 @@ class DeviceAllocatorImpl {
   struct RetiringMapping;
   absl::Status ClearRetiring(absl::FunctionRef<bool(const RetiringMapping&)> which)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static std::size_t MissingPages(const core::Block* block, std::size_t size, std::size_t stop_at);
   // Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
   static std::size_t MappedRun(const core::Block* block);
   std::array<core::BlockPool*, 4> AllPools() {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/algorithm/container.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "core/device_allocator_impl.h"
@@ -27,37 +29,58 @@ std::size_t HandleEnd(const Segment* seg, std::size_t i) {
   return j;
 }
 
-// The fewest unmapped pages under `size` bytes placed inside free `block`: at its start, or at a
-// page-aligned start further in (PlaceOnMappedPages). *start_page: that page, or SIZE_MAX for
-// the block's own start.
-std::size_t BestPlacement(const Block* block, std::size_t size, std::size_t* start_page) {
+// What mapping page i of `seg` costs a placement: 0 if mapped, 1 if not, and
+// kRetiringPageCost if its address still holds a handle that moved away and may still be in use
+// there (RetireMapping): mapping over it waits for that fence unless the fence has completed
+// (expandable-segments.md, "Retiring addresses out of placement"). The weight compares one
+// cudaEventSynchronize (H200, checkpointed Llama-1B: 11 waits, 52 ms) with one page (30-80 us).
+constexpr std::size_t kRetiringPageCost = 64;
+// *retiring is set when a retiring page was counted.
+std::size_t PageCost(const Segment* seg, std::size_t i, bool* retiring) {
+  if (seg->pages[i] != 0) return 0;
+  if (!seg->retiring[i]) return 1;
+  *retiring = true;
+  return kRetiringPageCost;
+}
+
+// PageCost summed over the pages under [lo, lo + size).
+std::size_t CostAt(const Segment* seg, DevicePtr lo, std::size_t size, bool* retiring) {
+  std::size_t cost = 0;
+  for (std::size_t i = seg->PageOf(lo); i <= seg->PageOf(lo + size - 1); ++i) {
+    cost += PageCost(seg, i, retiring);
+  }
+  return cost;
+}
+
+// The cheapest place (PageCost) for `size` bytes inside free `block`: its start, or a
+// page-aligned start further in (PlaceOnMappedPages). *start: that address (block->ptr for its
+// start); *retiring as for PageCost. Placing against the block's end instead was measured and
+// not kept (checkpointed Llama-1B 0.9853 -> 0.9820, expandable-segments.md).
+std::size_t BestPlacement(const Block* block, std::size_t size, DevicePtr* start, bool* retiring) {
   const Segment* seg = block->segment;
   const std::size_t page = seg->page_size;
   const DevicePtr end = block->ptr + block->size;
-  *start_page = SIZE_MAX;
-  std::size_t best = 0;
-  for (std::size_t i = seg->PageOf(block->ptr); i <= seg->PageOf(block->ptr + size - 1); ++i) {
-    best += seg->pages[i] == 0;
-  }
+  *start = block->ptr;
+  std::size_t best = CostAt(seg, block->ptr, size, retiring);
   if (best == 0) return 0;
   // Page-aligned starts a with a + size <= end; [a, a + size) covers n pages. Slide a window of n
-  // pages, counting the unmapped ones; nothing past page_limit was ever mapped.
+  // pages, summing their cost; nothing past page_limit was ever mapped.
   const DevicePtr first_start = seg->PageAddress(seg->PageOf(block->ptr + page - 1));
   if (first_start + size > end) return best;
   const std::size_t n = (size + page - 1) / page;
   const std::size_t j0 = seg->PageOf(first_start);
   const std::size_t j_last = std::min(seg->PageOf(end - size), seg->page_limit);
-  std::size_t missing = 0;
-  for (std::size_t i = j0; i < j0 + n; ++i) missing += seg->pages[i] == 0;
+  std::size_t cost = 0;
+  for (std::size_t i = j0; i < j0 + n; ++i) cost += PageCost(seg, i, retiring);
   for (std::size_t j = j0;; ++j) {
-    if (missing < best) {
-      best = missing;
-      *start_page = j;
-      if (missing == 0) break;
+    if (cost < best) {
+      best = cost;
+      *start = seg->PageAddress(j);
+      if (cost == 0) break;
     }
     if (j + 1 > j_last) break;
-    missing -= seg->pages[j] == 0;
-    missing += seg->pages[j + n] == 0;
+    cost -= PageCost(seg, j, retiring);
+    cost += PageCost(seg, j + n, retiring);
   }
   return best;
 }
@@ -76,16 +99,6 @@ absl::Status ContiguousSegmentsScope::Exit() {
   return absl::OkStatus();
 }
 int ContiguousSegmentsScope::depth() { return contiguous_depth; }
-
-std::size_t DeviceAllocatorImpl::MissingPages(const Block* block, std::size_t size,
-                                              std::size_t stop_at) {
-  const Segment* seg = block->segment;
-  const std::size_t first = seg->PageOf(block->ptr);
-  const std::size_t last = seg->PageOf(block->ptr + size - 1);
-  std::size_t missing = 0;
-  for (std::size_t i = first; i <= last && missing < stop_at; ++i) missing += seg->pages[i] == 0;
-  return missing;
-}
 
 std::size_t DeviceAllocatorImpl::MappedRun(const Block* block) {
   const Segment* seg = block->segment;
@@ -117,30 +130,41 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   // moves (2,600 -> 1,214) and the steady-state driver time (expandable-segments.md).
   constexpr int kCandidates = 8;
   auto best = pool->blocks.end();
-  std::size_t best_missing = SIZE_MAX;
-  int seen = 0;
-  std::size_t unused_start = 0;
-  for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
-       ++c, ++seen) {
-    const std::size_t missing = BestPlacement(*c, size, &unused_start);
-    if (missing < best_missing) {
-      best = c;
-      best_missing = missing;
-      if (missing == 0) break;
+  for (int round = 0; round < 2; ++round) {
+    std::size_t best_cost = SIZE_MAX;
+    bool saw_retiring = false;  // some cost counted a retiring page
+    int seen = 0;
+    DevicePtr unused_start = 0;
+    for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
+         ++c, ++seen) {
+      const std::size_t cost = BestPlacement(*c, size, &unused_start, &saw_retiring);
+      if (cost < best_cost) {
+        best = c;
+        best_cost = cost;
+        if (cost == 0) break;
+      }
     }
-  }
-  if (best_missing > 0) {
-    // A full scan of every fitting block (least missing pages after BestPlacement) was measured
-    // and not kept: GPT-2 0.9915 but Llama 0.9892 at 6 MiB pages (expandable-segments.md).
-    key.size = SIZE_MAX;
-    key.ptr = ~DevicePtr{0};
-    auto last = std::prev(pool->blocks.upper_bound(&key));
-    // The tail by its first bytes only: scoring it by its best placement too was measured
-    // worse (checkpointed Llama-1B 0.9790, 2,734 moves).
-    if ((*last)->stream == stream && (*last)->size >= size &&
-        MissingPages(*last, size, best_missing) < best_missing) {
-      best = last;
+    if (best_cost > 0) {
+      // A full scan of every fitting block (least missing pages after BestPlacement) was
+      // measured and not kept: GPT-2 0.9915 but Llama 0.9892 at 6 MiB pages
+      // (expandable-segments.md).
+      key.size = SIZE_MAX;
+      key.ptr = ~DevicePtr{0};
+      auto last = std::prev(pool->blocks.upper_bound(&key));
+      // The tail by its first bytes only: scoring it by its best placement too was measured
+      // worse (checkpointed Llama-1B 0.9790, 2,734 moves).
+      if ((*last)->stream == stream && (*last)->size >= size &&
+          CostAt((*last)->segment, (*last)->ptr, size, &saw_retiring) < best_cost) {
+        best = last;
+      }
     }
+    // A candidate was scored as mapping over a retiring address: drop the old mappings whose
+    // fences have completed (one query per fence, no wait) and score once more, so that only
+    // addresses still in use count as retiring. A query error is reported by the same call in
+    // EnsureMapped.
+    if (round == 1 || !saw_retiring || retiring_.empty()) break;
+    const std::size_t before = retiring_.size();
+    if (!RetireMappings(/*wait=*/false).ok() || retiring_.size() == before) break;
   }
   Block* block = *best;
   pool->blocks.erase(best);
@@ -149,11 +173,11 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
 
 Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size) {
   Segment* seg = block->segment;
-  std::size_t best_j = SIZE_MAX;
-  BestPlacement(block, size, &best_j);
-  if (best_j == SIZE_MAX) return block;
+  DevicePtr a = block->ptr;
+  bool unused_retiring = false;
+  BestPlacement(block, size, &a, &unused_retiring);  // the choice TakeExpandableBlock scored
+  if (a == block->ptr) return block;
   // Split off the front [block->ptr, a) as a free block of its own.
-  const DevicePtr a = seg->PageAddress(best_j);
   Block* front = NewBlock();
   front->ptr = block->ptr;
   front->size = a - block->ptr;
@@ -194,6 +218,7 @@ absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, Strea
   segment->expandable = true;
   segment->page_size = page;
   segment->pages.assign(pages, 0);
+  segment->retiring.assign(pages, false);
   Block* block = NewBlock();
   block->ptr = va;
   block->size = segment->size;
@@ -447,6 +472,7 @@ absl::Status DeviceAllocatorImpl::RetireMapping(Segment* seg, std::size_t page, 
   seg->mapped_pages -= k;
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, seg->PageAddress(page), k * seg->page_size, seg->stream, 0, 0);
+  std::fill_n(seg->retiring.begin() + static_cast<std::ptrdiff_t>(page), k, true);
   retiring_.push_back({seg, page, k, handle, fence});
   return absl::OkStatus();
 }
@@ -457,6 +483,8 @@ absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
   if (absl::Status s = backend_->Unmap(r.segment->PageAddress(r.first_page), bytes); !s.ok()) {
     return s;
   }
+  std::fill_n(r.segment->retiring.begin() + static_cast<std::ptrdiff_t>(r.first_page), r.pages,
+              false);
   retiring_.erase(retiring_.begin() + static_cast<std::ptrdiff_t>(index));
   // The handles moved by one EnsureMapped share its fence: back to the pool with the last one.
   if (std::none_of(retiring_.begin(), retiring_.end(),
@@ -469,20 +497,26 @@ absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
 absl::Status DeviceAllocatorImpl::RetireMappings(bool wait) {
   if (retiring_.empty() || CaptureUnderway()) return absl::OkStatus();
   // Entries sharing a fence are adjacent (one EnsureMapped pushes them together): one query or
-  // wait per fence.
+  // wait per fence. A stream's fences complete in the order they were recorded, which is the
+  // order of retiring_: after one is found pending, that stream's later ones are not queried.
   EventId known = 0;
   bool known_done = false;
+  absl::InlinedVector<StreamId, 4> pending_streams;
   for (std::size_t i = 0; i < retiring_.size();) {
     const EventId fence = retiring_[i].fence;
+    const StreamId stream = retiring_[i].segment->stream;  // the fence was recorded there
     if (fence != known) {
       known = fence;
-      if (wait) {
+      if (absl::c_linear_search(pending_streams, stream)) {
+        known_done = false;
+      } else if (wait) {
         if (absl::Status s = backend_->SynchronizeEvent(fence); !s.ok()) return s;
         known_done = true;
       } else {
         absl::StatusOr<bool> done = backend_->QueryEvent(fence);
         if (!done.ok()) return done.status();
         known_done = *done;
+        if (!known_done) pending_streams.push_back(stream);
       }
     }
     if (!known_done) {

@@ -29,6 +29,23 @@ class RetiringTest : public SimAllocatorTest {
     live->insert(live->end(), {a, b, big});
     return hole;
   }
+  // x | y | z with x = `x_bytes`, y = `y_bytes`: y freed, then an allocation at the tail takes
+  // y's handle (y's address retires, fence pending); then x is freed, so x and y form one free
+  // block whose pages are all mapped except y's retiring ones. Mapping over those is then the
+  // cheapest place for a request that covers them (placement counts a retiring page as 64, a
+  // missing one as 1: the tail costs x_bytes / 2 MiB + 1 pages). Returns x's address.
+  DevicePtr MakeRetiringInLargeHole(std::size_t x_bytes, std::size_t y_bytes,
+                                    std::vector<DevicePtr>* live) {
+    DevicePtr x = Alloc(x_bytes);
+    DevicePtr y = Alloc(y_bytes);
+    DevicePtr z = Alloc(8 * kMiB);
+    Free(y);
+    DevicePtr tail = Alloc(y_bytes + 2 * kMiB);
+    EXPECT_EQ(Retiring(), static_cast<std::int64_t>(y_bytes));
+    Free(x);
+    live->insert(live->end(), {z, tail});
+    return x;
+  }
   DevicePtr MakeReleasableAlias(std::vector<DevicePtr>* live);
   // Random single-/two-stream churn; events never complete unless `complete`.
   void Churn(const std::string& conf, int ops, std::size_t capacity, bool two_streams,
@@ -178,32 +195,63 @@ TEST_F(RetiringTest, RetiringAddressReusedAfterFenceCompletedDoesNotWait) {
   EXPECT_TRUE(sim_->IsAccessible(again, 8 * kMiB));
 }
 
-TEST_F(RetiringTest, RetiringAddressReusedWhilePendingWaitsOnce) {
+// While its fence is pending, a retiring address is taken only where every other place costs
+// more; then the allocation waits once, and only the overlapping entry is unmapped.
+TEST_F(RetiringTest, RetiringAddressAvoidedWhilePendingUnlessCheapest) {
   std::vector<DevicePtr> live;
-  DevicePtr hole = MakeRetiring(0, &live);
+  DevicePtr hole = MakeRetiring(0, &live);  // 4 retiring pages at `hole`
   const auto esync = Calls(DriverCall::kEventSynchronize);
-  DevicePtr part = Alloc(2 * kMiB);  // one page of the 4 retiring ones
-  EXPECT_EQ(part, hole);
-  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync + 1);
-  // Only the overlapping entry is unmapped; the other 3 share the (now completed) fence.
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(6 * kMiB));
-  DevicePtr rest = Alloc(6 * kMiB);
-  EXPECT_EQ(rest, hole + 2 * kMiB);
-  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync + 1);  // completed: no second wait
+  DevicePtr elsewhere = Alloc(2 * kMiB);  // one new page at the tail beats a retiring one
+  EXPECT_NE(elsewhere, hole);
+  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync);
+  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  Free(elsewhere);
+  for (DevicePtr p : live) Free(p);
+
+  Make("expandable_segments:True,expandable_page_mb:2");
+  live.clear();
+  // 160 MiB mapped + 8 MiB (4 pages) retiring, a request covering all of it: 4 x 64 = 256 >
+  // 84 new pages at the tail.
+  DevicePtr x = MakeRetiringInLargeHole(160 * kMiB, 8 * kMiB, &live);
+  DevicePtr p = Alloc(168 * kMiB);
+  EXPECT_NE(p, x);
+  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), 0);
+  Free(p);
+  for (DevicePtr q : live) Free(q);
+
+  Make("expandable_segments:True,expandable_page_mb:2");
+  live.clear();
+  // 200 MiB mapped + 4 MiB (2 pages) retiring: 2 x 64 = 128 > 101 new pages, but a request
+  // covering one of them costs 64 < 101: it waits once, and the other page stays retiring
+  // until the next slow path finds its (shared, now completed) fence.
+  x = MakeRetiringInLargeHole(200 * kMiB, 4 * kMiB, &live);
+  const auto esync2 = Calls(DriverCall::kEventSynchronize);
+  DevicePtr part = Alloc(202 * kMiB);
+  EXPECT_EQ(part, x);
+  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync2 + 1);
+  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(2 * kMiB));
+  DevicePtr rest = Alloc(2 * kMiB);
+  EXPECT_EQ(rest, x + 202 * kMiB);
+  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync2 + 1);  // completed: no second wait
   EXPECT_EQ(Retiring(), 0);
+  for (DevicePtr q : {part, rest}) Free(q);
+  for (DevicePtr q : live) Free(q);
 }
 
 // Multi-page handle: the destination overlaps one page of a 4-page retiring alias.
 TEST_F(RetiringTest, PartialOverlapOfMultiPageRetiringAlias) {
   Make("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8");
   std::vector<DevicePtr> live;
-  DevicePtr hole = MakeRetiring(0, &live);
+  // 600 MiB mapped + one 8 MiB handle retiring; 602 MiB covers one page of it: 64 < 302 pages.
+  DevicePtr x = MakeRetiringInLargeHole(600 * kMiB, 8 * kMiB, &live);
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
   const auto esync = Calls(DriverCall::kEventSynchronize);
-  DevicePtr p = Alloc(2 * kMiB);
-  EXPECT_EQ(p, hole);
+  DevicePtr p = Alloc(602 * kMiB);
+  EXPECT_EQ(p, x);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync + 1);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(Retiring(), 0);  // the whole handle's old mapping goes
+  Free(p);
+  for (DevicePtr q : live) Free(q);
 }
 
 // 4. Mixed streams: a page that moved within stream 0 (alias pending) and whose new block was
@@ -339,13 +387,13 @@ TEST_F(RetiringTest, MoveDuringCaptureRecordsNoFence) {
 // A retiring alias made before the capture, whose address is mapped over during the capture.
 TEST_F(RetiringTest, RetiringAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
   std::vector<DevicePtr> live;
-  DevicePtr hole = MakeRetiring(0, &live);
+  DevicePtr hole = MakeRetiringInLargeHole(200 * kMiB, 2 * kMiB, &live);
   ASSERT_GT(Retiring(), 0);
   ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId s) { return s == kCapture; }).ok());
   sim_->SetCapturing(kCapture, true);
   const auto queries = Calls(DriverCall::kEventQuery);
   const auto esync = Calls(DriverCall::kEventSynchronize);
-  DevicePtr again = Alloc(8 * kMiB);  // over the retiring address
+  DevicePtr again = Alloc(202 * kMiB);  // over the retiring address (64 < 101 new pages)
   EXPECT_EQ(again, hole);
   EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
   // The old mapping must go before a handle is mapped there, so the fence (recorded before the
@@ -412,6 +460,42 @@ TEST_F(RetiringTest, EventsBoundedWhenFencesNeverComplete) {
   Free(a);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(sim_->aliased_bytes(), 0u);
+}
+
+// Training steps of changing shapes on a GPU that lags one step behind the host: the fences of
+// one step's page moves complete only midway through the next step. A retiring address is then
+// mapped over only where nothing else is as cheap, so no step waits for a fence.
+TEST_F(RetiringTest, LaggingStepsDoNotWaitForFences) {
+  Make("expandable_segments:True");  // default 6 MiB pages, recycling and slack
+  std::vector<DevicePtr> weights;
+  for (int i = 0; i < 24; ++i) weights.push_back(Alloc(48 * kMiB + 4 * kMiB * i));
+  std::mt19937_64 rng(5);
+  auto step = [&](std::size_t seq) {
+    std::vector<DevicePtr> acts;  // forward: activations kept for backward
+    for (int layer = 0; layer < 24; ++layer) {
+      acts.push_back(Alloc(seq * 24 * kKiB));
+      DevicePtr tmp = Alloc(seq * 40 * kKiB + 512);
+      acts.push_back(Alloc(seq * 8 * kKiB + 4096));
+      Free(tmp);
+      if (layer == 12) sim_->CompleteAllEvents();  // the previous step's work finishes now
+    }
+    while (!acts.empty()) {  // backward: gradients appear while activations go
+      DevicePtr grad = Alloc(seq * 16 * kKiB);
+      Free(acts.back());
+      acts.pop_back();
+      Free(grad);
+    }
+  };
+  for (int i = 0; i < 40; ++i) step(256 + 64 * (rng() % 13));
+  const std::int64_t moves = alloc_->GetFragmentation().page_moves;
+  std::printf("page moves %lld, event waits %lld, stream waits %lld\n",
+              static_cast<long long>(moves),
+              static_cast<long long>(Calls(DriverCall::kEventSynchronize)),
+              static_cast<long long>(Calls(DriverCall::kStreamSynchronize)));
+  EXPECT_GT(moves, 0);
+  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), 0);
+  EXPECT_EQ(Calls(DriverCall::kStreamSynchronize), 0);
+  for (DevicePtr w : weights) Free(w);
 }
 
 }  // namespace
