@@ -178,8 +178,9 @@ def main() -> int:
     rows = []
     for w in a.workloads.split(","):
         runs = {}
-        for rnd in range(a.rounds):  # allocators interleaved, round by round
-            for alloc in ("native", "torch-expandable", "vramledger"):
+        allocs = ("native", "torch-expandable", "vramledger")
+        for rnd in range(a.rounds):  # allocators interleaved, the order reversed every other round
+            for alloc in (allocs if rnd % 2 == 0 else allocs[::-1]):
                 runs.setdefault(alloc, []).append(run(w, alloc))
         for alloc, rs in runs.items():
             ok_runs = [r for r in rs if not r.get("failed")]
