@@ -8,7 +8,9 @@ new random sequence length every step, seeds random.seed(0), torch.manual_seed(0
 Allocators, each in its own process: torch native; torch expandable_segments:True; vramledger
 (expandable segments + page recycling, VRAMLEDGER_CONF overrides).
 Prints per run: peak allocated, peak reserved, reserved/allocated, median step time (and its
-ratio to native), and the driver calls made in the last three steps (vramledger: map + unmap +
+ratio to native; and the paired step ratio: the median over rounds and steps of each step's time
+over native's same step, the same sequence length), and the driver calls made in the last three
+steps (vramledger: map + unmap +
 cudaMalloc + cudaFree counted by its stats; torch: num_device_alloc + num_device_free).
 
 Usage: python workloads_compare.py [--out DIR] [--workloads gpt2m,llama1b,llama1b-ckpt] [--rounds N]
@@ -159,6 +161,19 @@ def run(workload: str, allocator: str) -> dict:
     return r
 
 
+def paired_step_ratio(runs: list, native_runs: list) -> float:
+    """Median, over every round and every step after the first, of this allocator's step time
+    divided by native's same step in the same round. Both saw the same sequence lengths (same
+    seeds), so a step's length cancels out, which a ratio of medians over steps of random length
+    does not do. `runs` / `native_runs`: one child result per round, each with "step_s" (seconds).
+    Raises ValueError when no step pairs up."""
+    ratios = [a / b for r, n in zip(runs, native_runs)
+              for a, b in zip(r["step_s"][1:], n["step_s"][1:]) if b > 0]
+    if not ratios:
+        raise ValueError("no steps to pair (each run needs at least two steps)")
+    return statistics.median(ratios)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -181,7 +196,20 @@ def main() -> int:
         allocs = ("native", "torch-expandable", "vramledger")
         for rnd in range(a.rounds):  # allocators interleaved, the order reversed every other round
             for alloc in (allocs if rnd % 2 == 0 else allocs[::-1]):
-                runs.setdefault(alloc, []).append(run(w, alloc))
+                r = run(w, alloc)
+                runs.setdefault(alloc, []).append(r)
+                # Each run as it ends, so a call cut short by its time limit still reports.
+                if r.get("failed"):
+                    print(f"run {w} {alloc} round {rnd + 1}: FAILED", flush=True)
+                else:
+                    print(f"run {w} {alloc} round {rnd + 1}: median step "
+                          f"{r['median_step_s']:.4f} s, reserved/alloc "
+                          f"{r['peak_reserved'] / r['peak_allocated']:.4f}, steps "
+                          f"{[round(x, 4) for x in r['step_s']]}", flush=True)
+                if a.out:
+                    os.makedirs(a.out, exist_ok=True)
+                    with open(os.path.join(a.out, "workloads_runs.jsonl"), "a") as f:
+                        f.write(json.dumps(dict(r, round=rnd + 1)) + "\n")
         for alloc, rs in runs.items():
             ok_runs = [r for r in rs if not r.get("failed")]
             if len(ok_runs) < len(rs):
@@ -192,22 +220,30 @@ def main() -> int:
             # the rounds' medians, each round's beside it.
             r["round_median_step_s"] = [x["median_step_s"] for x in ok_runs]
             r["median_step_s"] = statistics.median(r["round_median_step_s"])
+            r["round_step_s"] = [x["step_s"] for x in ok_runs]
+            nat_runs = runs.get("native", [])
+            if all(not x.get("failed") for x in nat_runs):
+                r["paired_step_ratio"] = paired_step_ratio(ok_runs, nat_runs)
             rows.append(r)
     lines = ["| workload | allocator | peak alloc GiB | peak reserved GiB | reserved/alloc | "
-             "median step s | step vs native | driver calls last 3 steps | losses match native |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "median step s | step vs native | paired step ratio | driver calls last 3 steps | "
+             "losses match native |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     ok = True
     for r in rows:
         if r.get("failed"):
-            lines.append(f"| {r['workload']} | {r['allocator']} | FAILED | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['allocator']} | FAILED | | | | | | | |")
             ok = False
             continue
         nat = next(x for x in rows if x["workload"] == r["workload"] and x["allocator"] == "native")
-        match = all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(r["losses"], nat.get("losses", [])))
+        if nat.get("failed"):  # nothing to compare with
+            nat = dict(losses=[], median_step_s=float("nan"))
+        match = all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(r["losses"], nat["losses"]))
         lines.append(
             f"| {r['workload']} | {r['allocator']} | {r['peak_allocated']/2**30:.2f} | "
             f"{r['peak_reserved']/2**30:.2f} | {r['peak_reserved']/r['peak_allocated']:.4f} | "
             f"{r['median_step_s']:.4f} | {r['median_step_s']/nat['median_step_s']:.3f} | "
+            f"{r.get('paired_step_ratio', float('nan')):.3f} | "
             f"{r['driver_calls_last3']} | {match} |")
     for r in rows:
         if r.get("driver_last3"):
