@@ -56,6 +56,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
     (void)backend_->SynchronizeEvent(retiring_.front().fence);
     if (!UnmapRetired(0).ok()) retiring_.erase(retiring_.begin());
   }
+  for (PhysicalHandle h : unreleased_handles_) (void)backend_->ReleasePhysical(h);
   for (auto& [ptr, segment] : segments_) {
     (void)backend_->Free(ptr);
     for (Block* b = segment->head; b != nullptr;) {
@@ -456,18 +457,28 @@ absl::StatusOr<EventId> DeviceAllocatorImpl::GetEvent() {
 }
 
 absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
-  if (CaptureUnderway()) {  // no event record during a capture: FlushDeferredFrees does it later
+  // Deferred: pending (not free, not mergeable) until FlushDeferredFrees records its events.
+  auto defer = [&] {
     deferred_frees_.push_back(block);
-    block->event_count = 1;  // pending (not free, not mergeable) until FlushDeferredFrees
+    ++block->event_count;
     ++pending_events_;
+  };
+  if (CaptureUnderway()) {  // no event record during a capture: FlushDeferredFrees does it later
+    defer();
     return absl::OkStatus();
   }
-  auto uses = std::move(block->stream_uses);
-  block->stream_uses.clear();
-  for (StreamId s : uses) {
+  while (!block->stream_uses.empty()) {
+    const StreamId s = block->stream_uses.back();
     auto event = GetEvent();
-    if (!event.ok()) return event.status();
-    if (absl::Status st = backend_->RecordEvent(*event, s); !st.ok()) return st;
+    absl::Status st = event.ok() ? backend_->RecordEvent(*event, s) : event.status();
+    if (!st.ok()) {
+      // A driver error: the uses not yet covered by an event are kept and tried again by the
+      // next slow path (ProcessEvents -> FlushDeferredFrees); the block stays pending meanwhile.
+      if (event.ok()) spare_events_.push_back(*event);
+      defer();
+      return st;
+    }
+    block->stream_uses.pop_back();
     ++block->event_count;
     ++pending_events_;
     events_[s].emplace_back(*event, block);

@@ -137,6 +137,9 @@ class DeviceAllocatorImpl {
   // fence if need be (before something is mapped over an old address, or before a handle is
   // released); UnmapRetired unmaps entry `index` and returns its fence to the pool when no other
   // entry shares it.
+  // Releases `handle` once no old mapping of it remains; one the driver refuses is kept in
+  // unreleased_handles_ and tried again by ReleaseExpandablePages and the destructor.
+  absl::Status ReleaseHandle(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RetireMapping(core::Segment* segment, std::size_t page, EventId fence)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapRetired(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -245,6 +248,8 @@ class DeviceAllocatorImpl {
     EventId fence;
   };
   std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);
+  // Unmapped handles a driver error left unreleased (ReleaseHandle).
+  std::vector<PhysicalHandle> unreleased_handles_ ABSL_GUARDED_BY(mu_);
   // Plain (cudaMalloc'd) segments by address.
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.

@@ -281,14 +281,21 @@ absl::Status DeviceAllocatorImpl::UnmapPage(Segment* seg, std::size_t page, bool
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, va, bytes, seg->stream, 0, 0);
   if (release) {
-    // A handle that moved here may still be mapped where it was (RetireMapping): not released
-    // before that mapping is gone.
-    absl::Status s = ClearRetiring([&](const RetiringMapping& r) { return r.handle == handle; });
-    if (!s.ok()) return s;
-    if (absl::Status s = backend_->ReleasePhysical(handle); !s.ok()) return s;
+    // Reserved bytes are mapped bytes: the handle's go now, whatever happens to the handle.
     UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool), -static_cast<std::int64_t>(bytes));
+    return ReleaseHandle(handle);
   }
   return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::ReleaseHandle(PhysicalHandle handle) {
+  // A handle that moved may still be mapped where it was (RetireMapping): not released before
+  // that mapping is gone. A handle the driver would not release is kept and released again by
+  // the next empty_cache (ReleaseExpandablePages) or the destructor, so it is never lost.
+  absl::Status s = ClearRetiring([&](const RetiringMapping& r) { return r.handle == handle; });
+  if (s.ok()) s = backend_->ReleasePhysical(handle);
+  if (!s.ok()) unreleased_handles_.push_back(handle);
+  return s;
 }
 
 absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t size,
@@ -333,6 +340,9 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     std::size_t dst;  // first page
     std::size_t pages;
     PhysicalHandle handle;  // 0 until created
+    bool fresh = false;     // created by this call (counted in reserved once mapped)
+    bool detached = false;  // a recycled handle taken from its old place (counted in reserved)
+    bool mapped = false;    // mapped at dst
   };
   std::vector<Mapping> mappings;
   std::vector<std::pair<Segment*, std::size_t>> moved;
@@ -348,7 +358,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
       continue;
     }
     mappings.push_back({fit->first, k, src->pages[i]});
-    moved.emplace_back(src, i);
+    moved.emplace_back(src, i);  // moved[j] is mappings[j]
     fit->first += k;
     fit->second -= k;
   }
@@ -366,7 +376,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     while (p < end) {
       std::size_t k = 1;
       if (p >= first_whole && p < end_whole) k = std::min({max_pages, end - p, end_whole - p});
-      mappings.push_back({p, k, 0});
+      mappings.push_back({p, k, 0, /*fresh=*/true});
       fresh += k;
       p += k;
     }
@@ -408,33 +418,54 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     if (absl::Status s = UnmapPage(src, i, /*release=*/true); !s.ok()) return s;
     ++page_moves_;
   }
-  std::vector<PhysicalHandle> created;
+  // From here on a failed driver call leaves the books exact and leaks nothing (`abandon`):
+  // every handle this call holds that is not mapped and accessible where planned is released.
+  EventId fence = 0;
+  auto abandon = [&](absl::Status error) -> absl::Status {
+    const StatType types = StatTypesFor(seg->pool);
+    for (const Mapping& m : mappings) {
+      if (m.mapped) {
+        (void)UnmapPage(seg, m.dst, /*release=*/true);  // counted in reserved: UnmapPage takes it
+      } else if (m.fresh && m.handle != 0) {
+        (void)ReleaseHandle(m.handle);  // not counted yet
+      } else if (m.detached) {          // mapped nowhere now, or only at its retiring old address
+        UpdateStat(stats_.reserved_bytes, types, -static_cast<std::int64_t>(m.pages * page));
+        (void)ReleaseHandle(m.handle);
+      }
+    }
+    if (fence != 0 && std::none_of(retiring_.begin(), retiring_.end(),
+                                   [&](const RetiringMapping& r) { return r.fence == fence; })) {
+      spare_events_.push_back(fence);
+    }
+    return error;
+  };
   for (Mapping& m : mappings) {
-    if (m.handle != 0) continue;
+    if (!m.fresh) continue;
     absl::Status s = backend_->CreatePhysical(m.pages * page, &m.handle);
     if (!s.ok()) {
-      for (PhysicalHandle h : created) (void)backend_->ReleasePhysical(h);
+      m.handle = 0;
+      (void)abandon(absl::OkStatus());
       if (absl::IsResourceExhausted(s)) return false;
       return s;
     }
-    created.push_back(m.handle);
   }
   // One fence for the handles that stay mapped where they were (all on this segment's stream).
-  EventId fence = 0;
   if (std::any_of(moved.begin(), moved.end(),
                   [&](const auto& m) { return stays_mapped(m.first); })) {
     auto event = GetEvent();
-    if (!event.ok()) return event.status();
+    if (!event.ok()) return abandon(event.status());
     if (absl::Status s = backend_->RecordEvent(*event, seg->stream); !s.ok()) {
       spare_events_.push_back(*event);
-      return s;
+      return abandon(s);
     }
     fence = *event;
   }
-  for (const auto& [src, i] : moved) {
+  for (std::size_t j = 0; j < moved.size(); ++j) {
+    const auto& [src, i] = moved[j];
     const std::size_t bytes = (HandleEnd(src, i) - i) * page;
     absl::Status s = stays_mapped(src) ? RetireMapping(src, i, fence) : UnmapPage(src, i, false);
-    if (!s.ok()) return s;
+    if (!s.ok()) return abandon(s);
+    mappings[j].detached = true;
     ++page_moves_;
     if (src->pool->is_small != seg->pool->is_small) {  // the page changes pool: move its bytes
       stats_.reserved_bytes.Move(StatTypesFor(src->pool), StatTypesFor(seg->pool),
@@ -442,24 +473,27 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     }
   }
   const StatType types = StatTypesFor(seg->pool);
-  UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(fresh * page));
   // Map, then grant access once per run of missing pages (now all mapped).
-  for (const Mapping& m : mappings) {
+  for (Mapping& m : mappings) {
     const DevicePtr va = seg->PageAddress(m.dst);
     absl::Status cleared = ClearRetiring([&](const RetiringMapping& r) {  // mapped over next
       return r.segment == seg && r.first_page < m.dst + m.pages && m.dst < r.first_page + r.pages;
     });
-    if (!cleared.ok()) return cleared;
-    if (absl::Status s = backend_->Map(va, m.pages * page, m.handle); !s.ok()) return s;
+    if (!cleared.ok()) return abandon(cleared);
+    if (absl::Status s = backend_->Map(va, m.pages * page, m.handle); !s.ok()) return abandon(s);
     std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(m.dst), m.pages, m.handle);
     seg->mapped_pages += m.pages;
     seg->page_limit = std::max(seg->page_limit, m.dst + m.pages);
+    m.mapped = true;
+    m.detached = false;
+    if (m.fresh)
+      UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(m.pages * page));
     ++stats_.num_device_alloc;
     Emit(TraceAction::kSegmentMap, va, m.pages * page, seg->stream, request.context, request.tag);
   }
   for (const auto& [first, count] : runs) {
     if (absl::Status s = backend_->SetAccess(seg->PageAddress(first), count * page); !s.ok()) {
-      return s;
+      return abandon(s);  // a page without access must never hold a block
     }
   }
   return true;
@@ -579,6 +613,11 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
 absl::Status DeviceAllocatorImpl::ReleaseExpandablePages() {
   // Unmap only after the owning stream finished with the pages (cuMemUnmap does not wait).
   if (absl::Status s = RetireMappings(/*wait=*/true); !s.ok()) return s;
+  // Handles a failed driver call left unreleased (ReleaseHandle): once more.
+  for (std::vector<PhysicalHandle> again = std::exchange(unreleased_handles_, {});
+       PhysicalHandle h : again) {
+    if (absl::Status s = ReleaseHandle(h); !s.ok()) return s;
+  }
   std::vector<const Segment*> synced;
   for (BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
     for (const auto& [seg, i] : FreeMappedPages(pool->page_size, SIZE_MAX)) {

@@ -130,11 +130,18 @@ absl::Status DeviceAllocatorImpl::FlushDeferredFrees() {
   std::vector<Block*> blocks = std::move(deferred_frees_);
   deferred_frees_.clear();
   pending_events_ -= static_cast<std::int64_t>(blocks.size());
+  absl::Status first_error;
   for (Block* block : blocks) {
-    block->event_count = 0;  // InsertEvents adds one per stream that used it
-    if (absl::Status s = InsertEvents(block); !s.ok()) return s;
+    --block->event_count;  // the deferral's; InsertEvents adds one per stream that used it
+    // After a driver error InsertEvents defers the block again; the others still go on.
+    if (absl::Status s = InsertEvents(block); !s.ok()) {
+      first_error.Update(s);
+    } else if (block->event_count == 0) {  // nothing left to wait for
+      live_blocks_.Erase(block->ptr);
+      FreeBlock(block);
+    }
   }
-  return absl::OkStatus();
+  return first_error;
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools() {

@@ -67,6 +67,26 @@ void SimBackend::RecordCallLocked(DriverCall call, std::size_t bytes) {
   RecordCallLocked(call, ModelledCallMicros(call, bytes));
 }
 
+absl::Status SimBackend::InjectedLocked(DriverCall call) {
+  auto it = injected_.find(call);
+  if (it == injected_.end()) return absl::OkStatus();
+  if (it->second.skip-- > 0) return absl::OkStatus();
+  absl::Status status = std::move(it->second.status);
+  injected_.erase(it);
+  ++injected_failures_;
+  return status;
+}
+
+void SimBackend::FailCall(DriverCall call, int skip, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  injected_[call] = Injected{skip, std::move(status)};
+}
+
+std::int64_t SimBackend::injected_failures() const {
+  absl::MutexLock lock(&mu_);
+  return injected_failures_;
+}
+
 DevicePtr SimBackend::TakeAddressLocked(std::size_t size, std::size_t alignment) {
   // Lowest free range that fits, as the driver tends to reuse low addresses first.
   for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
@@ -165,6 +185,7 @@ std::size_t SimBackend::FreeBytesLocked() const {
 absl::Status SimBackend::Malloc(std::size_t size, DevicePtr* out) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kMalloc, size);
+  if (absl::Status s = InjectedLocked(DriverCall::kMalloc); !s.ok()) return s;
   if (out == nullptr || size == 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("cudaMalloc: size %d must be positive and out non-null", size));
@@ -195,6 +216,7 @@ absl::Status SimBackend::Free(DevicePtr ptr) {
   }
   const std::size_t charged = it->second;
   RecordCallLocked(DriverCall::kFree, charged);
+  if (absl::Status s = InjectedLocked(DriverCall::kFree); !s.ok()) return s;
   mallocs_.erase(it);
   used_ -= charged;
   GiveBackAddressLocked(ptr, charged);
@@ -245,6 +267,7 @@ absl::Status SimBackend::ReleaseAddress(DevicePtr ptr, std::size_t size) {
 absl::Status SimBackend::CreatePhysical(std::size_t size, PhysicalHandle* out) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kMemCreate, size);
+  if (absl::Status s = InjectedLocked(DriverCall::kMemCreate); !s.ok()) return s;
   if (out == nullptr) return absl::InvalidArgumentError("cuMemCreate: out is null");
   if (absl::Status s = CheckGranular(DriverCall::kMemCreate, "size", size); !s.ok()) return s;
   if (size > FreeBytesLocked()) {
@@ -263,6 +286,7 @@ absl::Status SimBackend::ReleasePhysical(PhysicalHandle handle) {
   absl::MutexLock lock(&mu_);
   auto it = handles_.find(handle);
   RecordCallLocked(DriverCall::kMemRelease, it == handles_.end() ? 0 : it->second.size);
+  if (absl::Status s = InjectedLocked(DriverCall::kMemRelease); !s.ok()) return s;
   if (it == handles_.end()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("cuMemRelease: %#x is not a live physical handle", handle));
@@ -279,6 +303,7 @@ absl::Status SimBackend::ReleasePhysical(PhysicalHandle handle) {
 absl::Status SimBackend::Map(DevicePtr va, std::size_t size, PhysicalHandle handle) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kMemMap, size);
+  if (absl::Status s = InjectedLocked(DriverCall::kMemMap); !s.ok()) return s;
   if (absl::Status s = CheckGranular(DriverCall::kMemMap, "address", va); !s.ok()) return s;
   if (absl::Status s = CheckGranular(DriverCall::kMemMap, "size", size); !s.ok()) return s;
   auto h = handles_.find(handle);
@@ -320,6 +345,7 @@ absl::Status SimBackend::Unmap(DevicePtr va, std::size_t size) {
   RecordCallLocked(DriverCall::kMemUnmap, cover.status.ok()
                                               ? cover.micros
                                               : ModelledCallMicros(DriverCall::kMemUnmap, size));
+  if (absl::Status s = InjectedLocked(DriverCall::kMemUnmap); !s.ok()) return s;
   if (!cover.status.ok()) return cover.status;
   auto it = mappings_.find(va);
   while (it != mappings_.end() && it->first < va + size) {
@@ -336,6 +362,7 @@ absl::Status SimBackend::SetAccess(DevicePtr va, std::size_t size) {
   RecordCallLocked(
       DriverCall::kMemSetAccess,
       cover.status.ok() ? cover.micros : ModelledCallMicros(DriverCall::kMemSetAccess, size));
+  if (absl::Status s = InjectedLocked(DriverCall::kMemSetAccess); !s.ok()) return s;
   if (!cover.status.ok()) return cover.status;
   for (auto it = mappings_.find(va); it != mappings_.end() && it->first < va + size; ++it) {
     it->second.accessible = true;
@@ -348,6 +375,7 @@ absl::Status SimBackend::SetAccess(DevicePtr va, std::size_t size) {
 absl::Status SimBackend::CreateEvent(EventId* out) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kEventCreate, std::size_t{0});
+  if (absl::Status s = InjectedLocked(DriverCall::kEventCreate); !s.ok()) return s;
   if (out == nullptr) return absl::InvalidArgumentError("cudaEventCreateWithFlags: out is null");
   const EventId id = next_event_++;
   events_.emplace(id, Event{});
@@ -358,6 +386,7 @@ absl::Status SimBackend::CreateEvent(EventId* out) {
 absl::Status SimBackend::RecordEvent(EventId event, StreamId stream) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kEventRecord, std::size_t{0});
+  if (absl::Status s = InjectedLocked(DriverCall::kEventRecord); !s.ok()) return s;
   auto it = events_.find(event);
   if (it == events_.end()) {
     return absl::InvalidArgumentError(
@@ -372,6 +401,7 @@ absl::Status SimBackend::RecordEvent(EventId event, StreamId stream) {
 absl::StatusOr<bool> SimBackend::QueryEvent(EventId event) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kEventQuery, std::size_t{0});
+  if (absl::Status s = InjectedLocked(DriverCall::kEventQuery); !s.ok()) return s;
   auto it = events_.find(event);
   if (it == events_.end()) {
     return absl::InvalidArgumentError(
@@ -383,6 +413,7 @@ absl::StatusOr<bool> SimBackend::QueryEvent(EventId event) {
 absl::Status SimBackend::SynchronizeEvent(EventId event) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kEventSynchronize, std::size_t{0});
+  if (absl::Status s = InjectedLocked(DriverCall::kEventSynchronize); !s.ok()) return s;
   auto it = events_.find(event);
   if (it == events_.end()) {
     return absl::InvalidArgumentError(
@@ -405,6 +436,7 @@ absl::Status SimBackend::DestroyEvent(EventId event) {
 absl::Status SimBackend::SynchronizeStream(StreamId stream) {
   absl::MutexLock lock(&mu_);
   RecordCallLocked(DriverCall::kStreamSynchronize, std::size_t{0});
+  if (absl::Status s = InjectedLocked(DriverCall::kStreamSynchronize); !s.ok()) return s;
   completed_through_[stream] = next_seq_ - 1;
   return absl::OkStatus();
 }

@@ -92,6 +92,14 @@ class SimBackend final : public DeviceBackend {
   /// Sets the physical capacity in bytes. Lowering it below used_bytes() frees nothing; later
   /// allocations fail until usage drops, and MemGetInfo reports 0 free.
   void SetCapacity(std::size_t capacity) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Fault injection: the call of kind `call` made after `skip` more such calls fails once with
+  /// `status` (recorded, no effect), as a driver error would. One pending failure per kind; a
+  /// new one replaces it. Kinds covered: every call that changes device state or waits
+  /// (Malloc, Free, CreatePhysical, ReleasePhysical, Map, Unmap, SetAccess, CreateEvent,
+  /// RecordEvent, QueryEvent, SynchronizeEvent, SynchronizeStream).
+  void FailCall(DriverCall call, int skip, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Failures injected by FailCall that have happened.
+  std::int64_t injected_failures() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Observers ----
   /// Physical bytes in use: live Malloc allocations (rounded up to 512) plus physical handles.
@@ -135,6 +143,8 @@ class SimBackend final : public DeviceBackend {
     double micros = 0;  // Modelled cost of the call over the covered mappings.
   };
 
+  // The injected failure for `call`, if it is due now (FailCall); OK otherwise.
+  absl::Status InjectedLocked(DriverCall call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records one driver call with its modelled cost, and counts it if a capture is under way.
   void RecordCallLocked(DriverCall call, double micros) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordCallLocked(DriverCall call, std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -159,6 +169,12 @@ class SimBackend final : public DeviceBackend {
   std::size_t used_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t mapped_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t aliased_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Injected {
+    int skip = 0;
+    absl::Status status;
+  };
+  absl::flat_hash_map<DriverCall, Injected> injected_ ABSL_GUARDED_BY(mu_);
+  std::int64_t injected_failures_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Fake address space: ranges below top_ that are free, keyed by start, coalesced.
   std::map<DevicePtr, std::size_t> free_ranges_ ABSL_GUARDED_BY(mu_);
