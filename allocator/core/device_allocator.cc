@@ -473,7 +473,8 @@ absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
     absl::Status st = event.ok() ? backend_->RecordEvent(*event, s) : event.status();
     if (!st.ok()) {
       // A driver error: the uses not yet covered by an event are kept and tried again by the
-      // next slow path (ProcessEvents -> FlushDeferredFrees); the block stays pending meanwhile.
+      // next slow path (ProcessEvents -> FlushDeferredFrees); the block stays pending meanwhile
+      // (driver-errors.md).
       if (event.ok()) spare_events_.push_back(*event);
       defer();
       return st;

@@ -418,8 +418,9 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     if (absl::Status s = UnmapPage(src, i, /*release=*/true); !s.ok()) return s;
     ++page_moves_;
   }
-  // From here on a failed driver call leaves the books exact and leaks nothing (`abandon`):
-  // every handle this call holds that is not mapped and accessible where planned is released.
+  // From here on a failed driver call leaves the books exact and leaks nothing (`abandon`;
+  // driver-errors.md): every handle this call holds that is not mapped and accessible where
+  // planned is released.
   EventId fence = 0;
   auto abandon = [&](absl::Status error) -> absl::Status {
     const StatType types = StatTypesFor(seg->pool);
