@@ -65,10 +65,14 @@ class DeviceAllocatorImpl {
 
   core::BlockPool* PoolFor(std::size_t rounded_size, bool contiguous) {
     const bool small = rounded_size <= 1 * kMiB;
+    // Expandable: only requests up to 512 KiB take the small pool's 2 MiB pages; the rest (torch's
+    // 1 MiB blocks among them) share the large pool's pages, whose partly used edges they fill
+    // (expandable-segments.md, "Pinned pages").
     if (options_.expandable_segments && !contiguous)
-      return small ? &exp_small_pool_ : &exp_large_pool_;
+      return rounded_size <= kExpandableSmallMax ? &exp_small_pool_ : &exp_large_pool_;
     return small ? &small_pool_ : &large_pool_;
   }
+  static constexpr std::size_t kExpandableSmallMax = 512 * 1024;
 
   // ---- CUDA graph private pools (graph_pools.cc; PYTORCH-FACTS §6) ----
   // One private pool: plain (never expandable) small and large pools of its own.

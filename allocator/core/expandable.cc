@@ -52,31 +52,56 @@ std::size_t CostAt(const Segment* seg, DevicePtr lo, std::size_t size, bool* ret
   return cost;
 }
 
+// Pages under [a, a + size) (inside free `block`) that no other block touches: the pages this
+// placement pins. The first page is shared when it begins before the block (the previous block
+// holds its head), the last when it ends past the block's end (the next block holds its tail).
+std::size_t Pinned(const Block* block, DevicePtr a, std::size_t size) {
+  const Segment* seg = block->segment;
+  const std::size_t first = seg->PageOf(a);
+  const std::size_t last = seg->PageOf(a + size - 1);
+  std::size_t n = last - first + 1;
+  const bool shares_first = seg->PageAddress(first) < block->ptr;
+  const bool shares_last = seg->PageAddress(last) + seg->page_size > block->ptr + block->size &&
+                           block->ptr + block->size < seg->ptr + seg->size;
+  if (shares_first) --n;
+  if (shares_last && (last != first || !shares_first)) --n;
+  return n;
+}
+
 // The cheapest place (PageCost) for `size` bytes inside free `block`: its start, or a
-// page-aligned start further in (PlaceOnMappedPages). *start: that address (block->ptr for its
-// start); *retiring as for PageCost. Placing against the block's end instead was measured and
-// not kept (checkpointed Llama-1B 0.9853 -> 0.9820, expandable-segments.md).
-std::size_t BestPlacement(const Block* block, std::size_t size, DevicePtr* start, bool* retiring) {
+// page-aligned start further in (PlaceOnMappedPages); among places of equal cost, the one that
+// pins the fewest pages (Pinned: a partly used page is what the peak loses). *start: that
+// address (block->ptr for its start); *retiring as for PageCost; *pinned: its pinned pages.
+// Placing against the block's end instead was measured and not kept (checkpointed Llama-1B
+// 0.9853 -> 0.9820, expandable-segments.md).
+std::size_t BestPlacement(const Block* block, std::size_t size, DevicePtr* start, bool* retiring,
+                          std::size_t* pinned) {
   const Segment* seg = block->segment;
   const std::size_t page = seg->page_size;
   const DevicePtr end = block->ptr + block->size;
+  const std::size_t n = (size + page - 1) / page;
   *start = block->ptr;
   std::size_t best = CostAt(seg, block->ptr, size, retiring);
-  if (best == 0) return 0;
+  *pinned = Pinned(block, block->ptr, size);
+  // Good enough: on mapped pages, sharing a page with a neighbour.
+  auto done = [&] { return best == 0 && *pinned < n; };
   // Page-aligned starts a with a + size <= end; [a, a + size) covers n pages. Slide a window of n
   // pages, summing their cost; nothing past page_limit was ever mapped.
   const DevicePtr first_start = seg->PageAddress(seg->PageOf(block->ptr + page - 1));
-  if (first_start + size > end) return best;
-  const std::size_t n = (size + page - 1) / page;
+  if (done() || first_start + size > end) return best;
   const std::size_t j0 = seg->PageOf(first_start);
   const std::size_t j_last = std::min(seg->PageOf(end - size), seg->page_limit);
   std::size_t cost = 0;
   for (std::size_t i = j0; i < j0 + n; ++i) cost += PageCost(seg, i, retiring);
   for (std::size_t j = j0;; ++j) {
-    if (cost < best) {
-      best = cost;
-      *start = seg->PageAddress(j);
-      if (cost == 0) break;
+    if (cost <= best) {
+      const std::size_t pin = Pinned(block, seg->PageAddress(j), size);
+      if (cost < best || pin < *pinned) {
+        best = cost;
+        *pinned = pin;
+        *start = seg->PageAddress(j);
+        if (done()) break;
+      }
     }
     if (j + 1 > j_last) break;
     cost -= PageCost(seg, j, retiring);
@@ -132,16 +157,20 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   auto best = pool->blocks.end();
   for (int round = 0; round < 2; ++round) {
     std::size_t best_cost = SIZE_MAX;
+    std::size_t best_pinned = SIZE_MAX;
     bool saw_retiring = false;  // some cost counted a retiring page
     int seen = 0;
     DevicePtr unused_start = 0;
+    // Every candidate is scored (no stop at the first on mapped pages): among equal costs, the
+    // one that pins the fewest pages wins.
     for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
          ++c, ++seen) {
-      const std::size_t cost = BestPlacement(*c, size, &unused_start, &saw_retiring);
-      if (cost < best_cost) {
+      std::size_t pinned = 0;
+      const std::size_t cost = BestPlacement(*c, size, &unused_start, &saw_retiring, &pinned);
+      if (cost < best_cost || (cost == best_cost && pinned < best_pinned)) {
         best = c;
         best_cost = cost;
-        if (cost == 0) break;
+        best_pinned = pinned;
       }
     }
     if (best_cost > 0) {
@@ -175,7 +204,8 @@ Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size) {
   Segment* seg = block->segment;
   DevicePtr a = block->ptr;
   bool unused_retiring = false;
-  BestPlacement(block, size, &a, &unused_retiring);  // the choice TakeExpandableBlock scored
+  std::size_t unused_pinned = 0;
+  BestPlacement(block, size, &a, &unused_retiring, &unused_pinned);  // as TakeExpandableBlock
   if (a == block->ptr) return block;
   // Split off the front [block->ptr, a) as a free block of its own.
   Block* front = NewBlock();
