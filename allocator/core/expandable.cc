@@ -84,28 +84,42 @@ std::size_t BestPlacement(const Block* block, std::size_t size, DevicePtr* start
   std::size_t best = CostAt(seg, block->ptr, size, retiring);
   *pinned = Pinned(block, block->ptr, size);
   // Good enough: on mapped pages, sharing a page with a neighbour.
-  auto done = [&] { return best == 0 && *pinned < n; };
+  if (best == 0 && *pinned < n) return 0;
   // Page-aligned starts a with a + size <= end; [a, a + size) covers n pages. Slide a window of n
-  // pages, summing their cost; nothing past page_limit was ever mapped.
+  // pages, summing their cost; nothing past page_limit was ever mapped. An aligned window shares
+  // no first page, so it pins n pages unless it is the last one, whose last page may be the next
+  // block's: the slide looks for the cheapest, then the last window is weighed for the tie.
   const DevicePtr first_start = seg->PageAddress(seg->PageOf(block->ptr + page - 1));
-  if (done() || first_start + size > end) return best;
+  if (first_start + size > end) return best;
   const std::size_t j0 = seg->PageOf(first_start);
-  const std::size_t j_last = std::min(seg->PageOf(end - size), seg->page_limit);
-  std::size_t cost = 0;
-  for (std::size_t i = j0; i < j0 + n; ++i) cost += PageCost(seg, i, retiring);
-  for (std::size_t j = j0;; ++j) {
-    if (cost <= best) {
-      const std::size_t pin = Pinned(block, seg->PageAddress(j), size);
-      if (cost < best || pin < *pinned) {
+  const std::size_t j_end = seg->PageOf(end - size);  // the last aligned start that fits
+  const std::size_t j_last = std::min(j_end, seg->page_limit);
+  if (best > 0) {
+    std::size_t cost = 0;
+    for (std::size_t i = j0; i < j0 + n; ++i) cost += PageCost(seg, i, retiring);
+    for (std::size_t j = j0;; ++j) {
+      if (cost < best) {
         best = cost;
-        *pinned = pin;
         *start = seg->PageAddress(j);
-        if (done()) break;
+        *pinned = Pinned(block, *start, size);
+        if (cost == 0) break;
+      }
+      if (j + 1 > j_last) break;
+      cost -= PageCost(seg, j, retiring);
+      cost += PageCost(seg, j + n, retiring);
+    }
+  }
+  if (j_end <= j_last) {
+    const DevicePtr a = seg->PageAddress(j_end);
+    const std::size_t pin = Pinned(block, a, size);
+    if (pin < *pinned && a != *start) {
+      const std::size_t end_cost = CostAt(seg, a, size, retiring);
+      if (end_cost <= best) {
+        best = end_cost;
+        *pinned = pin;
+        *start = a;
       }
     }
-    if (j + 1 > j_last) break;
-    cost -= PageCost(seg, j, retiring);
-    cost += PageCost(seg, j + n, retiring);
   }
   return best;
 }
@@ -154,6 +168,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   // uses), not by its first bytes: on the checkpointed Llama-1B trace that halves the page
   // moves (2,600 -> 1,214) and the steady-state driver time (expandable-segments.md).
   constexpr int kCandidates = 8;
+  const std::size_t pages = (size + pool->page_size - 1) / pool->page_size;
   auto best = pool->blocks.end();
   for (int round = 0; round < 2; ++round) {
     std::size_t best_cost = SIZE_MAX;
@@ -161,8 +176,8 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     bool saw_retiring = false;  // some cost counted a retiring page
     int seen = 0;
     DevicePtr unused_start = 0;
-    // Every candidate is scored (no stop at the first on mapped pages): among equal costs, the
-    // one that pins the fewest pages wins.
+    // Among equal costs the candidate that pins the fewest pages wins; the search stops at one
+    // on mapped pages that shares a page with a neighbour (BestPlacement's "good enough").
     for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
          ++c, ++seen) {
       std::size_t pinned = 0;
@@ -171,6 +186,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
         best = c;
         best_cost = cost;
         best_pinned = pinned;
+        if (cost == 0 && pinned < pages) break;  // on mapped pages, sharing one: good enough
       }
     }
     if (best_cost > 0) {
