@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "core/block.h"
@@ -147,7 +148,9 @@ class DeviceAllocatorImpl {
   absl::Status RetireMapping(core::Segment* segment, std::size_t page, EventId fence)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapRetired(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RetireMappings(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `only`: that segment's entries alone (nullptr: all).
+  absl::Status RetireMappings(bool wait, const core::Segment* only = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct RetiringMapping;
   absl::Status ClearRetiring(absl::FunctionRef<bool(const RetiringMapping&)> which)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -252,6 +255,8 @@ class DeviceAllocatorImpl {
     EventId fence;
   };
   std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);
+  // Streams whose oldest retiring fence this allocation found pending (RetireMappings).
+  absl::InlinedVector<StreamId, 4> pending_streams_ ABSL_GUARDED_BY(mu_);
   // Unmapped handles a driver error left unreleased (ReleaseHandle).
   std::vector<PhysicalHandle> unreleased_handles_ ABSL_GUARDED_BY(mu_);
   // Plain (cudaMalloc'd) segments by address.

@@ -207,9 +207,16 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     // fences have completed (one query per fence, no wait) and score once more, so that only
     // addresses still in use count as retiring. A query error is reported by the same call in
     // EnsureMapped.
-    if (round == 1 || !saw_retiring || retiring_.empty()) break;
+    // Only this stream's segment of this pool can change the choice, and nothing to gain when a
+    // candidate already needs no page.
+    if (round == 1 || best_cost == 0 || !saw_retiring || retiring_.empty()) break;
     const std::size_t before = retiring_.size();
-    if (!RetireMappings(/*wait=*/false).ok() || retiring_.size() == before) break;
+    const auto seg =
+        exp_segments_.find(std::make_pair(stream, static_cast<const BlockPool*>(pool)));
+    if (seg == exp_segments_.end()) break;
+    if (!RetireMappings(/*wait=*/false, seg->second.get()).ok() || retiring_.size() == before) {
+      break;
+    }
   }
   Block* block = *best;
   pool->blocks.erase(best);
@@ -575,17 +582,23 @@ absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
   return absl::OkStatus();
 }
 
-absl::Status DeviceAllocatorImpl::RetireMappings(bool wait) {
+absl::Status DeviceAllocatorImpl::RetireMappings(bool wait, const Segment* only) {
   if (retiring_.empty() || CaptureUnderway()) return absl::OkStatus();
   // Entries sharing a fence are adjacent (one EnsureMapped pushes them together): one query or
   // wait per fence. A stream's fences complete in the order they were recorded, which is the
-  // order of retiring_: after one is found pending, that stream's later ones are not queried.
+  // order of retiring_: after one is found pending, that stream's later ones are not queried,
+  // for the rest of this allocation (pending_streams_, cleared by MallocExpandable).
   EventId known = 0;
   bool known_done = false;
-  absl::InlinedVector<StreamId, 4> pending_streams;
+  absl::InlinedVector<StreamId, 4>& pending_streams = pending_streams_;
+  if (wait) pending_streams.clear();
   for (std::size_t i = 0; i < retiring_.size();) {
     const EventId fence = retiring_[i].fence;
     const StreamId stream = retiring_[i].segment->stream;  // the fence was recorded there
+    if (only != nullptr && retiring_[i].segment != only) {
+      ++i;
+      continue;
+    }
     if (fence != known) {
       known = fence;
       if (absl::c_linear_search(pending_streams, stream)) {
@@ -630,6 +643,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
                                                                 const AllocationRequest& request) {
   const std::size_t size = request.rounded;
   for (int attempt = 0; attempt < 2; ++attempt) {
+    pending_streams_.clear();  // fences found pending earlier may have completed since
     Block* block = TakeExpandableBlock(pool, request.stream, size);
     if (block == nullptr && !exp_segments_.contains(std::make_pair(request.stream, pool))) {
       if (absl::Status s = CreateExpandableSegment(pool, request.stream); !s.ok()) return s;
