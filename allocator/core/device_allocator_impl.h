@@ -134,6 +134,9 @@ class DeviceAllocatorImpl {
   absl::Status ReleaseExpandablePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapPage(core::Segment* segment, std::size_t page, bool release)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases `handle` once no old mapping of it remains; one the driver refuses is kept in
+  // unreleased_handles_ and tried again by ReleaseExpandablePages and the destructor.
+  absl::Status ReleaseHandle(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves without a stall (expandable-segments.md): a handle that moves within its stream is
   // taken out of the page table at once (counts, trace) but stays mapped at its old address until
   // `fence`, recorded on the stream at the move, has completed. RetireMapping starts that for the
@@ -142,9 +145,6 @@ class DeviceAllocatorImpl {
   // fence if need be (before something is mapped over an old address, or before a handle is
   // released); UnmapRetired unmaps entry `index` and returns its fence to the pool when no other
   // entry shares it.
-  // Releases `handle` once no old mapping of it remains; one the driver refuses is kept in
-  // unreleased_handles_ and tried again by ReleaseExpandablePages and the destructor.
-  absl::Status ReleaseHandle(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RetireMapping(core::Segment* segment, std::size_t page, EventId fence)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapRetired(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -203,12 +203,11 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
         best = last;
       }
     }
-    // A candidate was scored as mapping over a retiring address: drop the old mappings whose
-    // fences have completed (one query per fence, no wait) and score once more, so that only
-    // addresses still in use count as retiring. A query error is reported by the same call in
-    // EnsureMapped.
-    // Only this stream's segment of this pool can change the choice, and nothing to gain when a
-    // candidate already needs no page.
+    // A candidate was scored as mapping over a retiring address and none needs no page: drop
+    // the old mappings of this stream's segment of the pool (the only ones that can change the
+    // choice) whose fences have completed (one query per stream, no wait) and score once more,
+    // so that only addresses still in use count as retiring. A query error is reported by the
+    // same call in EnsureMapped.
     if (round == 1 || best_cost == 0 || !saw_retiring || retiring_.empty()) break;
     const std::size_t before = retiring_.size();
     const auto seg =
@@ -540,8 +539,9 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     seg->page_limit = std::max(seg->page_limit, m.dst + m.pages);
     m.mapped = true;
     m.detached = false;
-    if (m.fresh)
+    if (m.fresh) {
       UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(m.pages * page));
+    }
     ++stats_.num_device_alloc;
     Emit(TraceAction::kSegmentMap, va, m.pages * page, seg->stream, request.context, request.tag);
   }
