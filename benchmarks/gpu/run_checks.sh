@@ -12,7 +12,8 @@
 #   snapshot     issue 5: snapshot_check.py
 #   guard        issue 6: guard_check.py (GPT-2; GUARD_MODEL=llama1b for Llama-1B)
 #   preload      issue 7: preload_check.sh and preload_plan_check.sh
-#   workloads    issue 3: workloads_compare.py, three allocators
+#   workloads    issue 3: workloads_compare.py, three allocators (~200-500 s per round of the
+#                three workloads on an H200: ROUNDS=2 of all three does not fit one call)
 #   ab           issues 2 and 7: interleaved step-time A/B (step_ab.py)
 # Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
 # run_h200.sh prepare && run_multi.sh prepare-tests.
