@@ -234,6 +234,19 @@ struct ChurnResult {
 
 class RetiringPlacementStressTest : public SimAllocatorTest {
  protected:
+  struct Retired {
+    DevicePtr a, hole, b, big;
+  };
+  // a | hole | b (8 MiB each), the hole freed, then 10 MiB at the tail: the hole's 4 pages move
+  // within stream 0 and its 8 MiB retire (fence pending).
+  Retired MakeRetiring() {
+    DevicePtr a = Alloc(8 * kMiB);
+    DevicePtr hole = Alloc(8 * kMiB);
+    DevicePtr b = Alloc(8 * kMiB);
+    Free(hole);
+    DevicePtr big = Alloc(10 * kMiB);
+    return {a, hole, b, big};
+  }
   void MakeModel(const std::string& conf, std::size_t capacity) {
     alloc_.reset();
     gpu_.reset();
@@ -393,11 +406,7 @@ ChurnResult RetiringPlacementStressTest::Churn(const ChurnConfig& c,
 // it had never retired (the flags were cleared with the entries), and no fence is looked at.
 TEST_F(RetiringPlacementStressTest, EmptyCacheClearsRetiringFlags) {
   std::vector<DevicePtr> live;
-  DevicePtr a = Alloc(8 * kMiB);
-  DevicePtr hole = Alloc(8 * kMiB);
-  DevicePtr b = Alloc(8 * kMiB);
-  Free(hole);
-  DevicePtr big = Alloc(10 * kMiB);
+  const auto [a, hole, b, big] = MakeRetiring();
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Retiring(), 0);
@@ -415,11 +424,7 @@ TEST_F(RetiringPlacementStressTest, EmptyCacheClearsRetiringFlags) {
 // old address without a query or a wait.
 TEST_F(RetiringPlacementStressTest, OomRetryClearsRetiringFlags) {
   Make("expandable_segments:True,expandable_page_mb:2", 40 * kMiB);
-  DevicePtr a = Alloc(8 * kMiB);
-  DevicePtr hole = Alloc(8 * kMiB);
-  DevicePtr b = Alloc(8 * kMiB);
-  Free(hole);
-  DevicePtr big = Alloc(10 * kMiB);  // 26 MiB used, 8 MiB retiring at `hole`
+  const auto [a, hole, b, big] = MakeRetiring();  // 26 MiB used, 8 MiB retiring at `hole`
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
   const auto w = Calls(DriverCall::kEventSynchronize);
   auto p = alloc_->Malloc(16 * kMiB, 0);  // 26 + 16 > 40: the retry releases and waits, then OOM
@@ -441,11 +446,7 @@ TEST_F(RetiringPlacementStressTest, OomRetryClearsRetiringFlags) {
 // address is then plain unmapped, taken without a query or a second wait.
 TEST_F(RetiringPlacementStressTest, EmptyCacheAfterMovedHandlesFreedClearsFlags) {
   Make("expandable_segments:True,expandable_page_mb:2", 40 * kMiB);
-  DevicePtr a = Alloc(8 * kMiB);
-  DevicePtr hole = Alloc(8 * kMiB);
-  DevicePtr b = Alloc(8 * kMiB);
-  Free(hole);
-  DevicePtr big = Alloc(10 * kMiB);
+  const auto [a, hole, b, big] = MakeRetiring();
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
   Free(big);
   ASSERT_TRUE(alloc_->EmptyCache().ok());  // releases big's handles: their aliases go first
@@ -517,11 +518,7 @@ TEST_F(RetiringPlacementStressTest, InOrderShortcutDropsExactlyTheCompletedPrefi
   std::vector<DevicePtr> live;
   EventId marker = 0;
   for (int i = 0; i < 10; ++i) {
-    DevicePtr a = Alloc(8 * kMiB);
-    DevicePtr hole = Alloc(8 * kMiB);
-    DevicePtr b = Alloc(8 * kMiB);
-    Free(hole);
-    DevicePtr big = Alloc(10 * kMiB);
+    const auto [a, hole, b, big] = MakeRetiring();
     live.insert(live.end(), {a, b, big});
     if (i == 4) {  // a kernel queued after the fifth move's fence
       ASSERT_TRUE(sim_->CreateEvent(&marker).ok());
@@ -624,11 +621,7 @@ TEST_F(RetiringPlacementStressTest, OtherStreamsFencesAreNotQueriedForThisStream
 // candidate lay over its address: TakeExpandableBlock and then EnsureMapped each query it.
 TEST_F(RetiringPlacementStressTest, PendingFenceQueriedOncePerSlowPathWithRetiringCandidate) {
   std::vector<DevicePtr> live;
-  DevicePtr a = Alloc(8 * kMiB);
-  DevicePtr hole = Alloc(8 * kMiB);
-  DevicePtr b = Alloc(8 * kMiB);
-  Free(hole);
-  DevicePtr big = Alloc(10 * kMiB);
+  const auto [a, hole, b, big] = MakeRetiring();
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
   const auto q = Calls(DriverCall::kEventQuery);
   DevicePtr p = Alloc(6 * kMiB);  // the hole is a candidate (3 x 64); the tail wins (3 new)
@@ -751,6 +744,15 @@ TEST_F(RetiringPlacementStressTest, MappingOverPendingAliasWaitsBeforeUnmap) {
 
 // ---- Query cost per Malloc on a lagging GPU (plain SimBackend: only the allocator's calls) ----
 
+void PrintQueries(const char* label, const ChurnResult& r) {
+  std::printf(
+      "%s: mallocs %d, queries %lld (max %lld in one), mallocs mapping nothing %lld "
+      "making %lld queries, event waits %lld, max retiring %lld MiB\n",
+      label, r.mallocs, static_cast<long long>(r.queries), static_cast<long long>(r.max_queries),
+      static_cast<long long>(r.fast_mallocs), static_cast<long long>(r.fast_queries),
+      static_cast<long long>(r.event_waits), static_cast<long long>(r.max_retiring / kMiB));
+}
+
 TEST_F(RetiringPlacementStressTest, QueriesPerMallocStayBoundedOnLaggingGpu) {
   ChurnConfig c;
   c.model_gpu = false;
@@ -759,12 +761,7 @@ TEST_F(RetiringPlacementStressTest, QueriesPerMallocStayBoundedOnLaggingGpu) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   ChurnResult r = Churn(c, &live);
   ASSERT_FALSE(HasFailure());
-  std::printf(
-      "1 stream: mallocs %d, queries %lld (max %lld in one), mallocs mapping nothing %lld "
-      "making %lld queries, event waits %lld, max retiring %lld MiB\n",
-      r.mallocs, static_cast<long long>(r.queries), static_cast<long long>(r.max_queries),
-      static_cast<long long>(r.fast_mallocs), static_cast<long long>(r.fast_queries),
-      static_cast<long long>(r.event_waits), static_cast<long long>(r.max_retiring / kMiB));
+  PrintQueries("1 stream", r);
   EXPECT_LE(r.max_queries, 8);
   // An allocation that maps nothing almost never queries a fence: 537 queries in 47,395 such
   // allocations before placement skipped the refresh when a candidate needs no page, 11 after.
@@ -783,12 +780,7 @@ TEST_F(RetiringPlacementStressTest, QueriesPerMallocWithManyLaggingStreams) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   ChurnResult r = Churn(c, &live);
   ASSERT_FALSE(HasFailure());
-  std::printf(
-      "16 streams: mallocs %d, queries %lld (max %lld in one), mallocs mapping nothing %lld "
-      "making %lld queries, event waits %lld, max retiring %lld MiB\n",
-      r.mallocs, static_cast<long long>(r.queries), static_cast<long long>(r.max_queries),
-      static_cast<long long>(r.fast_mallocs), static_cast<long long>(r.fast_queries),
-      static_cast<long long>(r.event_waits), static_cast<long long>(r.max_retiring / kMiB));
+  PrintQueries("16 streams", r);
   EXPECT_EQ(r.fast_queries, 0);
   for (auto [p, s] : live) Free(p);
 }
