@@ -110,11 +110,15 @@ class DeviceAllocatorImpl {
   absl::StatusOr<DevicePtr> MallocExpandable(core::BlockPool* pool,
                                              const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Best fit among the stream's free blocks, preferring one whose first `size` bytes are mapped.
-  core::Block* TakeExpandableBlock(core::BlockPool* pool, StreamId stream, std::size_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the start of free `block` to the page-aligned place inside it whose `size` bytes miss
-  // the fewest pages; the bytes before it stay free as their own block. Returns the block.
+  // Streams whose oldest retiring fence one allocation found pending (RetireMappings): their
+  // later fences are not queried again during that allocation.
+  using PendingStreams = absl::InlinedVector<StreamId, 4>;
+  // Best fit among the stream's free blocks, scored by their cheapest place (missing pages,
+  // retiring ones weighing more, then the fewest pinned pages); `pending` as for RetireMappings.
+  core::Block* TakeExpandableBlock(core::BlockPool* pool, StreamId stream, std::size_t size,
+                                   PendingStreams* pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the start of free `block` to its cheapest place (as TakeExpandableBlock scored it); the
+  // bytes before it stay free as their own block. Returns the block.
   core::Block* PlaceOnMappedPages(core::Block* block, std::size_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves the virtual range of the (stream, pool) segment; its one free block joins the pool.
@@ -123,7 +127,7 @@ class DeviceAllocatorImpl {
   // Maps every unmapped page under [block->ptr, block->ptr + size): recycled pages first, then new
   // handles. false (OK) when out of memory or refused (growth_refusal_); nothing changed then.
   absl::StatusOr<bool> EnsureMapped(core::Block* block, std::size_t size,
-                                    const AllocationRequest& request)
+                                    const AllocationRequest& request, PendingStreams* pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whole mapped pages strictly inside free blocks of pools with `page_size` (up to `limit`).
   // `also` (optional): a free block taken out of the index, whose pages from `also_from` on count.
@@ -148,9 +152,10 @@ class DeviceAllocatorImpl {
   absl::Status RetireMapping(core::Segment* segment, std::size_t page, EventId fence)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapRetired(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `only`: that segment's entries alone (nullptr: all).
-  absl::Status RetireMappings(bool wait, const core::Segment* only = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `only`: that segment's entries alone (nullptr: all). `pending` (optional, not waiting): streams
+  // already found pending, extended by this call.
+  absl::Status RetireMappings(bool wait, const core::Segment* only = nullptr,
+                              PendingStreams* pending = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct RetiringMapping;
   absl::Status ClearRetiring(absl::FunctionRef<bool(const RetiringMapping&)> which)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -255,8 +260,6 @@ class DeviceAllocatorImpl {
     EventId fence;
   };
   std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);
-  // Streams whose oldest retiring fence this allocation found pending (RetireMappings).
-  absl::InlinedVector<StreamId, 4> pending_streams_ ABSL_GUARDED_BY(mu_);
   // Unmapped handles a driver error left unreleased (ReleaseHandle).
   std::vector<PhysicalHandle> unreleased_handles_ ABSL_GUARDED_BY(mu_);
   // Plain (cudaMalloc'd) segments by address.

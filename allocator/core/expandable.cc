@@ -155,8 +155,8 @@ std::size_t DeviceAllocatorImpl::MappedRun(const Block* block) {
   return best;
 }
 
-Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream,
-                                                std::size_t size) {
+Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream, std::size_t size,
+                                                PendingStreams* pending) {
   Block key;
   key.stream = stream;
   key.size = size;
@@ -213,7 +213,8 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     const auto seg =
         exp_segments_.find(std::make_pair(stream, static_cast<const BlockPool*>(pool)));
     if (seg == exp_segments_.end()) break;
-    if (!RetireMappings(/*wait=*/false, seg->second.get()).ok() || retiring_.size() == before) {
+    if (!RetireMappings(/*wait=*/false, seg->second.get(), pending).ok() ||
+        retiring_.size() == before) {
       break;
     }
   }
@@ -351,7 +352,8 @@ absl::Status DeviceAllocatorImpl::ReleaseHandle(PhysicalHandle handle) {
 }
 
 absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t size,
-                                                       const AllocationRequest& request) {
+                                                       const AllocationRequest& request,
+                                                       PendingStreams* pending) {
   Segment* seg = block->segment;
   const std::size_t page = seg->page_size;
   // Runs of missing pages under the request: {first page, pages}.
@@ -367,7 +369,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     ++missing;
   }
   if (missing == 0) return true;
-  if (absl::Status s = RetireMappings(/*wait=*/false); !s.ok()) return s;
+  if (absl::Status s = RetireMappings(/*wait=*/false, nullptr, pending); !s.ok()) return s;
   // Recycle only when new pages would take reserved past (1 + recycle_slack) x the peak of
   // allocated memory (the peak this allocation reaches included): below that, growing costs no
   // utilization at the peak, and moving pages back and forth between steps would cost driver
@@ -582,16 +584,17 @@ absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
   return absl::OkStatus();
 }
 
-absl::Status DeviceAllocatorImpl::RetireMappings(bool wait, const Segment* only) {
+absl::Status DeviceAllocatorImpl::RetireMappings(bool wait, const Segment* only,
+                                                 PendingStreams* pending) {
   if (retiring_.empty() || CaptureUnderway()) return absl::OkStatus();
   // Entries sharing a fence are adjacent (one EnsureMapped pushes them together): one query or
   // wait per fence. A stream's fences complete in the order they were recorded, which is the
   // order of retiring_: after one is found pending, that stream's later ones are not queried,
-  // for the rest of this allocation (pending_streams_, cleared by MallocExpandable).
+  // nor, through `pending`, by the rest of the allocation.
   EventId known = 0;
   bool known_done = false;
-  absl::InlinedVector<StreamId, 4>& pending_streams = pending_streams_;
-  if (wait) pending_streams.clear();
+  PendingStreams local;
+  PendingStreams& pending_streams = pending != nullptr && !wait ? *pending : local;
   for (std::size_t i = 0; i < retiring_.size();) {
     const EventId fence = retiring_[i].fence;
     const StreamId stream = retiring_[i].segment->stream;  // the fence was recorded there
@@ -643,15 +646,15 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
                                                                 const AllocationRequest& request) {
   const std::size_t size = request.rounded;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    pending_streams_.clear();  // fences found pending earlier may have completed since
-    Block* block = TakeExpandableBlock(pool, request.stream, size);
+    PendingStreams pending;  // per attempt: fences found pending before may have completed since
+    Block* block = TakeExpandableBlock(pool, request.stream, size, &pending);
     if (block == nullptr && !exp_segments_.contains(std::make_pair(request.stream, pool))) {
       if (absl::Status s = CreateExpandableSegment(pool, request.stream); !s.ok()) return s;
-      block = TakeExpandableBlock(pool, request.stream, size);
+      block = TakeExpandableBlock(pool, request.stream, size, &pending);
     }
     if (block != nullptr) {
       block = PlaceOnMappedPages(block, size);
-      auto mapped = EnsureMapped(block, size, request);
+      auto mapped = EnsureMapped(block, size, request, &pending);
       if (mapped.ok() && *mapped) return UseBlock(block, request, nullptr)->ptr;
       TryMerge(block, block->prev);  // undo PlaceOnMappedPages' split, if any
       pool->blocks.insert(block);    // back to the index (unchanged unless a driver call failed)
