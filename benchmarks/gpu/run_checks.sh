@@ -14,11 +14,14 @@
 #   preload      issue 7: preload_check.sh and preload_plan_check.sh
 #   workloads    issue 3: workloads_compare.py, three allocators (~200-500 s per round of the
 #                three workloads on an H200: ROUNDS=2 of all three does not fit one call)
+#   kernels      issue 3: kernel time on expandable-segment vs cudaMalloc memory, one process
+#                (vmm_kernel_probe.py)
 #   ab           issues 2 and 7: interleaved step-time A/B (step_ab.py)
 # Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
 # run_h200.sh prepare && run_multi.sh prepare-tests.
 # Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
-# ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS, WORKLOADS
+# ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,
+# native-again), AB_ROUNDS, AB_STEPS (10), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -98,9 +101,15 @@ if want workloads 200; then
     > "$OUT/workloads.log" 2>&1
   echo "workloads exit $?"
 fi
+if want kernels 90; then
+  timeout 150 "$PY" benchmarks/gpu/vmm_kernel_probe.py --json "$OUT/kernels.json" \
+    > "$OUT/kernels.log" 2>&1
+  echo "kernels exit $?"
+fi
 if want ab 120; then
   rounds=${AB_ROUNDS:-$(( $(left) > 330 ? 3 : 2 ))}
-  timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/step_ab.py --rounds "$rounds" --steps 10 \
+  timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/step_ab.py --rounds "$rounds" \
+    --steps "${AB_STEPS:-10}" \
     --modes "${AB_MODES:-native,plugin,shim,shim-noexp}" \
     --json "$OUT/step_ab.json" > "$OUT/step_ab.log" 2>&1
   echo "step_ab exit $?"
@@ -120,5 +129,6 @@ echo "==== summary"
 [ -f "$OUT/streams.log" ] && grep -E "^(1a|1b|3) " "$OUT/streams.log"
 [ -f "$OUT/probe.log" ] && tail -3 "$OUT/probe.log"
 [ -f "$OUT/wheel.log" ] && grep -E "PASS|FAIL|SKIP|wheel" "$OUT/wheel.log" | tail -15
+[ -f "$OUT/kernels.log" ] && tail -4 "$OUT/kernels.log"
 [ -f "$OUT/step_ab.log" ] && tail -6 "$OUT/step_ab.log"
 echo "used $(( $(date +%s) - START )) s"

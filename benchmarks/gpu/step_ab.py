@@ -8,10 +8,11 @@ Each round runs every mode once, in a rotating order; the figure per run is the 
 the first two (warm-up) steps; the verdict uses the median over rounds of the per-round ratio to
 native, and prints the min-step ratio and the paired step ratio (each warm step over native's
 same step in the same round, the same sequence length; median over rounds and steps) beside it.
+Mode native-again runs native a second time in each round: its ratios are the noise floor.
 
 Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
-  python step_ab.py [--rounds 3] [--steps 10] [--modes native,plugin,shim,shim-noexp] [--shim SO]
-                    [--json F]
+  python step_ab.py [--rounds 3] [--steps 10] [--shim SO] [--json F]
+                    [--modes native,plugin,shim,shim-noexp,torch-exp,native-again]
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ PREFIX = "RESULT_JSON "
 
 def run(mode: str, steps: int, shim: str) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # native-again: torch's native allocator in a second process per round, the A/A control
+    # that shows how far two runs of the same thing drift apart on this machine.
     child = "vramledger" if mode == "plugin" else "native"
     if mode in ("shim", "shim-noexp"):  # the shim with / without expandable segments
         env["LD_PRELOAD"] = shim
         env["VRAMLEDGER_CONF"] = ("expandable_segments:True" if mode == "shim"
                                   else "expandable_segments:False")
         env["VRAMLEDGER_PRELOAD_QUIET"] = "1"
+    if mode == "torch-exp":  # torch's own expandable segments: a control for mapped memory
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     proc = subprocess.run([sys.executable, os.path.join(HERE, "train_compare.py"), "--child", child,
                            "--steps", str(steps)], env=env, capture_output=True, text=True,
                           timeout=300)
