@@ -20,7 +20,7 @@
 # Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
 # run_h200.sh prepare && run_multi.sh prepare-tests.
 # Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
-# ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,
+# ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,torch-async,
 # native-again), AB_ROUNDS, AB_STEPS (10), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
 set -uo pipefail

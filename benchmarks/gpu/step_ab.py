@@ -7,12 +7,15 @@ Step time varies between processes of the same script far more than the allocato
 Each round runs every mode once, in a rotating order; the figure per run is the median step after
 the first two (warm-up) steps; the verdict uses the median over rounds of the per-round ratio to
 native, and prints the min-step ratio and the paired step ratio (each warm step over native's
-same step in the same round, the same sequence length; median over rounds and steps) beside it.
-Mode native-again runs native a second time in each round: its ratios are the noise floor.
+same step in the same round, the same sequence length; median over rounds and steps) beside it,
+with a bootstrap 90% interval of the median of rounds and a verdict on --target (shown: the
+interval lies at or under it; refuted: above it; neither). Mode native-again runs native a
+second time in each round: its ratios are the noise floor. --pool pools earlier --json outputs.
 
 Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
-  python step_ab.py [--rounds 3] [--steps 10] [--shim SO] [--json F]
-                    [--modes native,plugin,shim,shim-noexp,torch-exp,native-again]
+  python step_ab.py [--rounds 3] [--steps 10] [--shim SO] [--json F] [--target 1.03]
+                    [--modes native,plugin,shim,shim-noexp,torch-exp,torch-async,native-again]
+  python step_ab.py --pool A.json B.json ... [--target 1.03]   (no GPU: the table over all rounds)
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def run(mode: str, steps: int, shim: str) -> dict:
         env["VRAMLEDGER_PRELOAD_QUIET"] = "1"
     if mode == "torch-exp":  # torch's own expandable segments: a control for mapped memory
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if mode == "torch-async":  # torch's own cudaMallocAsync backend, which the shim goes through
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     proc = subprocess.run([sys.executable, os.path.join(HERE, "train_compare.py"), "--child", child,
                            "--steps", str(steps)], env=env, capture_output=True, text=True,
                           timeout=300)
@@ -53,6 +58,65 @@ def run(mode: str, steps: int, shim: str) -> dict:
             "peak_reserved": r["peak_reserved"], "peak_allocated": r["peak_allocated"]}
 
 
+def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
+              resamples: int = 5000, seed: int = 0) -> dict:
+    """Figures of one mode against native over rounds (each round: mode -> run dict).
+
+    Returns per-round ratios of median steps (mode / native of the same round), their median and
+    geometric mean, a bootstrap 90% interval of the median (`resamples` resamplings of the rounds,
+    seeded), the min-step ratio, the paired step ratio (each warm step over native's same step in
+    the same round, median), the worst relative loss difference, and a verdict on `target` (a
+    ratio, e.g. 1.03): "shown" when the interval lies at or under it, "refuted" when it lies
+    above, otherwise "neither".
+
+    Raises:
+      ValueError: no round has both `mode` and native.
+    """
+    import random
+
+    both = [r for r in rounds if mode in r and "native" in r]
+    if not both:
+        raise ValueError(f"no round has both {mode!r} and native")
+    ratios = [r[mode]["median_ms"] / r["native"]["median_ms"] for r in both]
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                  for _ in range(resamples))
+    low, high = boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]
+    verdict = "shown" if high <= target else "refuted" if low > target else "neither"
+    return {
+        "rounds": len(both),
+        "ratios": ratios,
+        "ratio": statistics.median(ratios),
+        "geomean": statistics.geometric_mean(ratios),
+        "interval90": [low, high],
+        "ratio_min": statistics.median(r[mode]["min_ms"] / r["native"]["min_ms"] for r in both),
+        "paired_step_ratio": statistics.median(
+            a / b for r in both for a, b in zip(r[mode]["step_ms"], r["native"]["step_ms"])),
+        "worst_loss_rel": max(abs(a - b) / max(abs(a), 1e-12) for r in both
+                              for a, b in zip(r["native"]["losses"], r[mode]["losses"])),
+        "target": target,
+        "verdict": verdict,
+    }
+
+
+def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) -> dict:
+    """Prints the markdown table of every mode against native; returns the verdicts by mode."""
+    print(f"\n| mode | rounds | median step ms per round | ratio to native (median of rounds) "
+          f"| 90% interval | geomean | min-step ratio | paired step ratio "
+          f"| within {target:.2f}? | losses vs native (worst rel) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    verdicts = {}
+    for mode in modes:
+        v = summarize(rounds, mode, target)
+        verdicts[mode] = v
+        med = [r[mode]["median_ms"] for r in rounds if mode in r]
+        print(f"| {mode} | {v['rounds']} | {', '.join(f'{m:.1f}' for m in med)} | {v['ratio']:.3f} "
+              f"| {v['interval90'][0]:.3f}-{v['interval90'][1]:.3f} | {v['geomean']:.3f} "
+              f"| {v['ratio_min']:.3f} | {v['paired_step_ratio']:.3f} | {v['verdict']} "
+              f"| {v['worst_loss_rel']:.1e} |")
+    return verdicts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -60,8 +124,26 @@ def main() -> int:
     ap.add_argument("--modes", default="native,plugin,shim")
     ap.add_argument("--shim", default=os.path.join(HERE, "..", "..", ".devbuild", "lib",
                                                    "libvramledger_preload.so"))
+    ap.add_argument("--target", type=float, default=1.03,
+                    help="ratio to native the verdict is about (issue 7: 1.03, issue 3: 1.02)")
+    ap.add_argument("--pool", nargs="+", metavar="JSON",
+                    help="no GPU run: pool the rounds of earlier --json outputs and print the "
+                         "table over all of them")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.pool:
+        rounds = []
+        for path in args.pool:
+            with open(path) as f:
+                rounds += json.load(f)["rounds"]
+        modes = list(dict.fromkeys(m for r in rounds for m in r))
+        if "native" not in modes:
+            ap.error("the pooled rounds have no native runs")
+        verdicts = print_table(rounds, modes, args.target)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rounds": rounds, "verdicts": verdicts}, f, indent=1)
+        return 0
     modes = args.modes.split(",")
     if "native" not in modes:
         ap.error("--modes must include native (the reference)")
@@ -74,23 +156,7 @@ def main() -> int:
             print(f"round {k + 1} {mode:>6}: median {this[mode]['median_ms']:.1f} ms, "
                   f"min {this[mode]['min_ms']:.1f} ms", flush=True)
         rounds.append(this)
-    print(f"\n| mode | median step ms per round | ratio to native (median of rounds) "
-          f"| min-step ratio | paired step ratio | losses vs native (worst rel) |")
-    print("|---|---|---|---|---|---|")
-    verdicts = {}
-    for mode in modes:
-        med = [r[mode]["median_ms"] for r in rounds]
-        ratio = statistics.median(r[mode]["median_ms"] / r["native"]["median_ms"] for r in rounds)
-        ratio_min = statistics.median(r[mode]["min_ms"] / r["native"]["min_ms"] for r in rounds)
-        worst = max(abs(a - b) / max(abs(a), 1e-12) for r in rounds
-                    for a, b in zip(r["native"]["losses"], r[mode]["losses"]))
-        # Each warm step over native's same step of the same round (same sequence length).
-        paired = statistics.median(a / b for r in rounds
-                                   for a, b in zip(r[mode]["step_ms"], r["native"]["step_ms"]))
-        verdicts[mode] = {"ratio": ratio, "ratio_min": ratio_min, "paired_step_ratio": paired,
-                          "worst_loss_rel": worst}
-        print(f"| {mode} | {', '.join(f'{m:.1f}' for m in med)} | {ratio:.3f} | {ratio_min:.3f} "
-              f"| {paired:.3f} | {worst:.1e} |")
+    verdicts = print_table(rounds, modes, args.target)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": rounds, "verdicts": verdicts}, f, indent=1)

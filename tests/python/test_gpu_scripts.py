@@ -1,11 +1,15 @@
 """The GPU proof scripts (benchmarks/gpu/) run only on the GPU machine, where a syntax error costs
 a device call: here every Python script must compile, every shell script must parse (bash -n),
-and the argparse-based ones must print their usage without a GPU."""
+and the argparse-based ones must print their usage without a GPU; the figures the scripts
+compute from runs (paired step ratio, step_ab's verdict and pooling) are checked on made-up
+runs."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import py_compile
+import statistics
 import subprocess
 import sys
 
@@ -13,7 +17,8 @@ import pytest
 
 GPU = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
 WITH_HELP = ("ddp_check", "guard_check", "snapshot_check", "step_ab", "streams_compile_check",
-             "torch_integration_check", "train_compare", "two_gpu_check", "workloads_compare")
+             "torch_integration_check", "train_compare", "two_gpu_check", "vmm_kernel_probe",
+             "workloads_compare")
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in GPU.glob("*.py")))
@@ -60,3 +65,66 @@ def test_paired_step_ratio_needs_two_steps():
     wc = _workloads_compare()
     with pytest.raises(ValueError, match="no steps to pair"):
         wc.paired_step_ratio([{"step_s": [1.0]}], [{"step_s": [1.0]}])
+
+
+def _step_ab():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("step_ab", GPU / "step_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports only the standard library at the top
+    return module
+
+
+def _rounds(ratios, native_ms=200.0):
+    """Rounds whose `shim` run is `ratio` times native's, step for step."""
+    out = []
+    for k, ratio in enumerate(ratios):
+        steps = [native_ms + 10 * k, native_ms - 5 * k, native_ms]
+        out.append({
+            "native": {"median_ms": statistics.median(steps), "min_ms": min(steps),
+                       "step_ms": steps, "losses": [1.0, 2.0]},
+            "shim": {"median_ms": statistics.median(steps) * ratio,
+                     "min_ms": min(steps) * ratio, "step_ms": [x * ratio for x in steps],
+                     "losses": [1.0, 2.0 * (1 + 1e-6)]},
+        })
+    return out
+
+
+def test_step_ab_verdict_shown_refuted_neither():
+    ab = _step_ab()
+    shown = ab.summarize(_rounds([1.00, 1.01, 0.99, 1.02, 1.00, 1.01]), "shim", 1.03)
+    assert shown["verdict"] == "shown"
+    assert shown["rounds"] == 6
+    assert shown["ratio"] == pytest.approx(1.005)
+    assert shown["paired_step_ratio"] == pytest.approx(1.005)
+    assert shown["interval90"][1] <= 1.03
+    assert shown["worst_loss_rel"] == pytest.approx(1e-6, rel=1e-3)
+    refuted = ab.summarize(_rounds([1.08, 1.10, 1.09, 1.12, 1.07]), "shim", 1.03)
+    assert refuted["verdict"] == "refuted"
+    assert refuted["interval90"][0] > 1.03
+    # Rounds on both sides of the target: the interval straddles it.
+    neither = ab.summarize(_rounds([0.95, 1.10, 0.97, 1.12, 1.01, 1.06]), "shim", 1.03)
+    assert neither["verdict"] == "neither"
+    assert neither["interval90"][0] <= 1.03 < neither["interval90"][1]
+    assert neither["geomean"] == pytest.approx(statistics.geometric_mean(
+        [0.95, 1.10, 0.97, 1.12, 1.01, 1.06]))
+
+
+def test_step_ab_summary_needs_rounds_with_both_modes():
+    ab = _step_ab()
+    with pytest.raises(ValueError, match="no round has both 'plugin' and native"):
+        ab.summarize(_rounds([1.0]), "plugin", 1.03)
+
+
+def test_step_ab_pools_earlier_outputs(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"rounds": _rounds([1.00, 1.01])}))
+    b.write_text(json.dumps({"rounds": _rounds([1.02, 0.99, 1.00])}))
+    out = tmp_path / "pooled.json"
+    proc = subprocess.run([sys.executable, str(GPU / "step_ab.py"), "--pool", str(a), str(b),
+                           "--json", str(out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "| shim | 5 |" in proc.stdout
+    pooled = json.loads(out.read_text())
+    assert len(pooled["rounds"]) == 5
+    assert pooled["verdicts"]["shim"]["ratio"] == pytest.approx(1.00)
