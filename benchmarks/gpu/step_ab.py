@@ -13,7 +13,7 @@ interval lies at or under it; refuted: above it; neither). Mode native-again run
 second time in each round: its ratios are the noise floor. --pool pools earlier --json outputs.
 
 Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
-  python step_ab.py [--rounds 3] [--steps 10] [--shim SO] [--json F] [--target 1.03]
+  python step_ab.py [--rounds 3] [--steps 10] [--shim SO] [--json F] [--target 1.03] [--cpus 8]
                     [--modes native,plugin,shim,shim-noexp,torch-exp,torch-async,native-again]
   python step_ab.py --pool A.json B.json ... [--target 1.03]   (no GPU: the table over all rounds)
 """
@@ -31,8 +31,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PREFIX = "RESULT_JSON "
 
 
-def run(mode: str, steps: int, shim: str) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict:
+    """One training process of `mode`; returns its warm steps' figures (ms).
+
+    Every mode's process gets the same PYTHONHASHSEED and, when `cpus` is given, the same CPU
+    affinity, so two processes differ by as little as the machine allows.
+
+    Raises:
+      RuntimeError: the process failed or printed no result.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     # native-again: torch's native allocator in a second process per round, the A/A control
     # that shows how far two runs of the same thing drift apart on this machine.
     child = "vramledger" if mode == "plugin" else "native"
@@ -47,7 +55,8 @@ def run(mode: str, steps: int, shim: str) -> dict:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     proc = subprocess.run([sys.executable, os.path.join(HERE, "train_compare.py"), "--child", child,
                            "--steps", str(steps)], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PREFIX)]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{mode} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
@@ -129,8 +138,12 @@ def main() -> int:
     ap.add_argument("--pool", nargs="+", metavar="JSON",
                     help="no GPU run: pool the rounds of earlier --json outputs and print the "
                          "table over all of them")
+    ap.add_argument("--cpus", type=int, default=8,
+                    help="pin every process to the same first N CPUs this one may use "
+                         "(0: no pinning)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))[:args.cpus] if args.cpus > 0 else None
     if args.pool:
         rounds = []
         for path in args.pool:
@@ -152,7 +165,7 @@ def main() -> int:
         order = modes[k % len(modes):] + modes[:k % len(modes)]
         this = {}
         for mode in order:
-            this[mode] = run(mode, args.steps, os.path.abspath(args.shim))
+            this[mode] = run(mode, args.steps, os.path.abspath(args.shim), cpus)
             print(f"round {k + 1} {mode:>6}: median {this[mode]['median_ms']:.1f} ms, "
                   f"min {this[mode]['min_ms']:.1f} ms", flush=True)
         rounds.append(this)
