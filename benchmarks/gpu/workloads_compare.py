@@ -142,7 +142,10 @@ def child(workload: str, allocator: str) -> None:
 
 
 def run(workload: str, allocator: str) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The same hash seed and the same 8 CPUs for every process (as step_ab.py --cpus 8), so two
+    # processes differ by as little as the machine allows.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    cpus = sorted(os.sched_getaffinity(0))[:8]
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if allocator == "torch-expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -150,7 +153,8 @@ def run(workload: str, allocator: str) -> dict:
         env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True")
     kind = "vramledger" if allocator == "vramledger" else "torch"
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload, kind],
-                          env=env, capture_output=True, text=True)
+                          env=env, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(f"--- {workload}/{allocator} failed ({proc.returncode})\n"
