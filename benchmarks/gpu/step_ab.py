@@ -147,8 +147,11 @@ def main() -> int:
     if args.pool:
         rounds = []
         for path in args.pool:
-            with open(path) as f:
-                rounds += json.load(f)["rounds"]
+            try:
+                with open(path) as f:
+                    rounds += json.load(f)["rounds"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                ap.error(f"--pool {path}: not a step_ab --json output ({type(e).__name__}: {e})")
         modes = list(dict.fromkeys(m for r in rounds for m in r))
         if "native" not in modes:
             ap.error("the pooled rounds have no native runs")

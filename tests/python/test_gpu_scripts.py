@@ -128,3 +128,12 @@ def test_step_ab_pools_earlier_outputs(tmp_path):
     pooled = json.loads(out.read_text())
     assert len(pooled["rounds"]) == 5
     assert pooled["verdicts"]["shim"]["ratio"] == pytest.approx(1.00)
+
+
+def test_step_ab_pool_names_a_bad_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"verdicts": {}}))
+    proc = subprocess.run([sys.executable, str(GPU / "step_ab.py"), "--pool", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"--pool {bad}: not a step_ab --json output (KeyError" in proc.stderr
