@@ -212,13 +212,16 @@ std::string FormatDriverTime(const ReplayResult& r) {
   return out;
 }
 
-// Fragmentation at the moment of peak reserved and at the end, side by side.
+// Fragmentation at the moment reserved first reached its peak and at the end, side by side. The
+// first row of bytes is reserved - allocated at that moment; the second, peak reserved - peak
+// allocated (the same in both columns). They differ: reserved can reach its peak late, when a
+// page is created within recycle_slack of the peak while little is allocated.
 std::string FormatFragmentation(const ReplayResult& r) {
   const Fragmentation& p = r.fragmentation_at_peak;
   const Fragmentation& e = r.fragmentation_at_end;
   std::string out =
       absl::StrFormat("\n  %-26s %-34s %s\n", "fragmentation",
-                      absl::StrCat("at peak reserved (line ", r.peak_reserved_line, ")"), "at end");
+                      absl::StrCat("reserved's peak (line ", r.peak_reserved_line, ")"), "at end");
   auto bytes_row = [&out](absl::string_view label, std::int64_t a, std::int64_t b) {
     absl::StrAppend(&out,
                     absl::StrFormat("  %-26s %-34s %s\n", label, BytesAndGiB(a), BytesAndGiB(b)));
@@ -229,8 +232,8 @@ std::string FormatFragmentation(const ReplayResult& r) {
   // Fragmentation::utilization is peak allocated / peak reserved at either point.
   number_row("utilization (peak/peak)", absl::StrFormat("%.4f", p.utilization),
              absl::StrFormat("%.4f", e.utilization));
-  bytes_row("wasted (reserved-alloc.)", p.wasted_bytes, e.wasted_bytes);
-  bytes_row("wasted at peak", p.wasted_bytes_at_peak, e.wasted_bytes_at_peak);
+  bytes_row("wasted then (res.-alloc.)", p.wasted_bytes, e.wasted_bytes);
+  bytes_row("peak res. - peak alloc.", p.wasted_bytes_at_peak, e.wasted_bytes_at_peak);
   bytes_row("largest free block", p.largest_free_block, e.largest_free_block);
   number_row("free-space fragmentation", absl::StrFormat("%.4f", p.free_space_fragmentation),
              absl::StrFormat("%.4f", e.free_space_fragmentation));
