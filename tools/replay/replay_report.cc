@@ -290,9 +290,11 @@ std::string FormatReplayTable(const ReplayResult& result) {
                 result.recorded_peak_reserved_bytes > 0
                     ? absl::StrFormat("%.4f (requested / reserved)", result.recorded_utilization)
                     : std::string("n/a")));
-  absl::StrAppend(&out, Row("segment allocs", WithThousands(result.device_allocs),
+  // torch's stat names: cudaMalloc / cudaFree calls, or with expandable segments map / unmap
+  // calls (PYTORCH-FACTS §3); the trace's segment events count the same for torch.
+  absl::StrAppend(&out, Row("num_device_alloc", WithThousands(result.device_allocs),
                             WithThousands(result.recorded_segment_allocs)));
-  absl::StrAppend(&out, Row("segment frees", WithThousands(result.device_frees),
+  absl::StrAppend(&out, Row("num_device_free", WithThousands(result.device_frees),
                             WithThousands(result.recorded_segment_frees)));
 
   absl::StrAppend(&out, absl::StrFormat("\n  %-24s %12s %16s\n", "driver calls (modelled)", "count",
