@@ -29,6 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PREFIX = "RESULT_JSON "
+MODES = ("native", "plugin", "shim", "shim-noexp", "torch-exp", "torch-async", "native-again")
 
 
 def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict:
@@ -127,12 +128,19 @@ def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--modes", default="native,plugin,shim")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds; each runs every mode once")
+    ap.add_argument("--steps", type=int, default=10,
+                    help="training steps per process; the first two are warm-up, not counted")
+    ap.add_argument("--modes", default="native,plugin,shim",
+                    help="comma-separated, must include native: native, plugin (install()), "
+                         "shim (LD_PRELOAD, expandable segments), shim-noexp, torch-exp "
+                         "(torch's expandable segments), torch-async (torch's cudaMallocAsync "
+                         "backend), native-again (the A/A control)")
     ap.add_argument("--shim", default=os.path.join(HERE, "..", "..", ".devbuild", "lib",
-                                                   "libvramledger_preload.so"))
+                                                   "libvramledger_preload.so"),
+                    help="the preload library for the shim modes")
     ap.add_argument("--target", type=float, default=1.03,
                     help="ratio to native the verdict is about (issue 7: 1.03, issue 3: 1.02)")
     ap.add_argument("--pool", nargs="+", metavar="JSON",
@@ -141,7 +149,7 @@ def main() -> int:
     ap.add_argument("--cpus", type=int, default=8,
                     help="pin every process to the same first N CPUs this one may use "
                          "(0: no pinning)")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="write every round and the verdicts here")
     args = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))[:args.cpus] if args.cpus > 0 else None
     if args.pool:
@@ -161,6 +169,9 @@ def main() -> int:
                 json.dump({"rounds": rounds, "verdicts": verdicts}, f, indent=1)
         return 0
     modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"--modes: unknown mode(s) {', '.join(unknown)} (known: {', '.join(MODES)})")
     if "native" not in modes:
         ap.error("--modes must include native (the reference)")
     rounds: list[dict[str, dict]] = []

@@ -10,7 +10,8 @@ once after a churn that leaves holes, so their pages are recycled (moved) ones.
 Kernels: a 2 GiB copy (bandwidth), a 4096^3 fp16 matmul (compute), and a random-row gather from
 an 8 GiB table (one 4 KiB row per index: TLB-bound if the page tables differ).
 
-Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
+Needs a CUDA GPU (about 40 GiB free) and the plugin. Usage (GPU machine; VRAMLEDGER_PLUGIN and
+PYTHONPATH as in run_h200.sh, or run_checks.sh ONLY=kernels):
   python vmm_kernel_probe.py [--reps 20] [--rounds 5] [--json F]
 Prints one line per kernel: median ms on each memory and the ratio vl / cm.
 """
@@ -66,10 +67,12 @@ def _time_ms(fn, reps: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=20, help="launches per timing (CUDA events)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="timings per kernel and memory, the memories' order reversed each round")
+    ap.add_argument("--json", help="write the medians and every round's timing here")
     args = ap.parse_args()
     import vramledger
 

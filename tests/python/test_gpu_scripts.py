@@ -137,3 +137,10 @@ def test_step_ab_pool_names_a_bad_file(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert f"--pool {bad}: not a step_ab --json output (KeyError" in proc.stderr
+
+
+def test_step_ab_refuses_an_unknown_mode():
+    proc = subprocess.run([sys.executable, str(GPU / "step_ab.py"), "--modes", "native,shmi"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--modes: unknown mode(s) shmi (known: native, plugin, shim," in proc.stderr
