@@ -11,6 +11,8 @@ same step in the same round, the same sequence length; median over rounds and st
 with a bootstrap 90% interval of the median of rounds and a verdict on --target (shown: the
 interval lies at or under it; refuted: above it; neither). Mode native-again runs native a
 second time in each round: its ratios are the noise floor. --pool pools earlier --json outputs.
+The calibrated ratios divide each run's median step by its own process's speed on fixed work
+(train_compare.calibrate: a matmul, and kernel launches) before the ratio; n/a for runs without.
 
 Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
   python step_ab.py [--rounds 3] [--steps 10] [--shim SO] [--json F] [--target 1.03] [--cpus 8]
@@ -65,7 +67,8 @@ def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict
     warm = r["step_s"][2:] or r["step_s"]
     return {"mode": mode, "median_ms": statistics.median(warm) * 1e3,
             "min_ms": min(warm) * 1e3, "step_ms": [x * 1e3 for x in warm], "losses": r["losses"],
-            "peak_reserved": r["peak_reserved"], "peak_allocated": r["peak_allocated"]}
+            "peak_reserved": r["peak_reserved"], "peak_allocated": r["peak_allocated"],
+            "calibration": r.get("calibration")}
 
 
 def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
@@ -93,6 +96,17 @@ def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
                   for _ in range(resamples))
     low, high = boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]
     verdict = "shown" if high <= target else "refuted" if low > target else "neither"
+
+    def calibrated(key: str) -> float | None:
+        # Each run's median step over its own calibration figure (train_compare.calibrate), so
+        # a process that runs everything 10% slower is not counted against its allocator.
+        runs = [r[m] for r in both for m in (mode, "native")]
+        if not all((run.get("calibration") or {}).get(key) for run in runs):
+            return None
+        return statistics.median(
+            (r[mode]["median_ms"] / r[mode]["calibration"][key]) /
+            (r["native"]["median_ms"] / r["native"]["calibration"][key]) for r in both)
+
     return {
         "rounds": len(both),
         "ratios": ratios,
@@ -104,6 +118,8 @@ def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
             a / b for r in both for a, b in zip(r[mode]["step_ms"], r["native"]["step_ms"])),
         "worst_loss_rel": max(abs(a - b) / max(abs(a), 1e-12) for r in both
                               for a, b in zip(r["native"]["losses"], r[mode]["losses"])),
+        "gpu_calibrated_ratio": calibrated("gpu_ms"),
+        "launch_calibrated_ratio": calibrated("launch_us"),
         "target": target,
         "verdict": verdict,
     }
@@ -111,10 +127,15 @@ def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
 
 def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) -> dict:
     """Prints the markdown table of every mode against native; returns the verdicts by mode."""
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
     print(f"\n| mode | rounds | median step ms per round | ratio to native (median of rounds) "
           f"| 90% interval | geomean | min-step ratio | paired step ratio "
-          f"| within {target:.2f}? | losses vs native (worst rel) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"| within {target:.2f}? | gpu-calibrated ratio | launch-calibrated ratio "
+          f"| losses vs native (worst rel) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts = {}
     for mode in modes:
         v = summarize(rounds, mode, target)
@@ -123,6 +144,7 @@ def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) 
         print(f"| {mode} | {v['rounds']} | {', '.join(f'{m:.1f}' for m in med)} | {v['ratio']:.3f} "
               f"| {v['interval90'][0]:.3f}-{v['interval90'][1]:.3f} | {v['geomean']:.3f} "
               f"| {v['ratio_min']:.3f} | {v['paired_step_ratio']:.3f} | {v['verdict']} "
+              f"| {fmt(v['gpu_calibrated_ratio'])} | {fmt(v['launch_calibrated_ratio'])} "
               f"| {v['worst_loss_rel']:.1e} |")
     return verdicts
 

@@ -82,8 +82,42 @@ def child(allocator: str, steps: int) -> None:
         "num_alloc_retries": s["num_alloc_retries"],
         "num_ooms": s["num_ooms"],
         "num_device_alloc": s.get("num_device_alloc"),
+        # After the figures above, so its buffers change none of them.
+        "calibration": calibrate(torch),
     }
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def calibrate(torch) -> dict:
+    """How fast this process runs fixed work that allocates nothing while timed.
+
+    Step time moves by up to 15% between processes of the same script on the H200, every step
+    alike (step_ab.py's A/A control); these two figures let step_ab.py divide a process's own
+    speed out of its step time: gpu_ms, one bf16 2048^3 matmul into a preallocated output (CUDA
+    events, mean of 100); launch_us, host time per launch of a one-element add_ (2,000 launches,
+    then one synchronize), the launch-bound part of a step.
+    """
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    tiny = torch.zeros(1, device="cuda")
+    for _ in range(10):
+        torch.mm(a, b, out=c)
+        tiny.add_(1)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(100):
+        torch.mm(a, b, out=c)
+    end.record()
+    end.synchronize()
+    gpu_ms = start.elapsed_time(end) / 100
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        tiny.add_(1)
+    torch.cuda.synchronize()
+    launch_us = (time.perf_counter() - t0) / 2000 * 1e6
+    return {"gpu_ms": gpu_ms, "launch_us": launch_us}
 
 
 def run_child(allocator: str, steps: int, vramledger_conf: str | None) -> dict:

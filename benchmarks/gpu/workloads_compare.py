@@ -8,10 +8,12 @@ new random sequence length every step, seeds random.seed(0), torch.manual_seed(0
 Allocators, each in its own process: torch native; torch expandable_segments:True; vramledger
 (expandable segments + page recycling, VRAMLEDGER_CONF overrides).
 Prints per run: peak allocated, peak reserved, reserved/allocated, median step time (and its
-ratio to native; and the paired step ratio: the median over rounds and steps of each step's time
-over native's same step, the same sequence length), and the driver calls made in the last three
-steps (vramledger: map + unmap +
-cudaMalloc + cudaFree counted by its stats; torch: num_device_alloc + num_device_free).
+ratio to native; the paired step ratio: the median over rounds and steps of each step's time
+over native's same step, the same sequence length; and the gpu-calibrated step ratio: each run's
+median step over its own process's matmul time, train_compare.calibrate, over the same for
+native: whole processes run up to 15% faster or slower), and the driver calls made in the last
+three steps (vramledger: map + unmap + cudaMalloc + cudaFree counted by its stats; torch:
+num_device_alloc + num_device_free).
 
 Usage: python workloads_compare.py [--out DIR] [--workloads gpt2m,llama1b,llama1b-ckpt] [--rounds N]
 Under vramledger it also prints the driver calls of the last three steps per kind with their
@@ -127,6 +129,9 @@ def child(workload: str, allocator: str) -> None:
                            f["driver_calls"].items() if v["count"]})
     s = mem.memory_stats()
     extra = {}
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_compare import calibrate  # after the figures, so its buffers change none of them
+    extra["calibration"] = calibrate(torch)
     if driver:  # per kind: calls and microseconds in the last three steps
         last3 = {k: [c - driver[-4].get(k, (0, 0))[0], t - driver[-4].get(k, (0, 0))[1]]
                  for k, (c, t) in driver[-1].items()}
@@ -163,6 +168,18 @@ def run(workload: str, allocator: str) -> dict:
     r = json.loads(lines[-1][len(RESULT):])
     r["allocator"] = allocator
     return r
+
+
+def calibrated_step_ratio(runs: list, native_runs: list, key: str = "gpu_ms") -> float | None:
+    """Median over rounds of (this run's median step / its process's calibration[key]) over the
+    same for native's run of the round (train_compare.calibrate: gpu_ms or launch_us), so a
+    process that runs everything slower is not counted against its allocator. None when a run
+    has no calibration."""
+    pairs = list(zip(runs, native_runs))
+    if not pairs or not all((x.get("calibration") or {}).get(key) for p in pairs for x in p):
+        return None
+    return statistics.median((r["median_step_s"] / r["calibration"][key]) /
+                             (n["median_step_s"] / n["calibration"][key]) for r, n in pairs)
 
 
 def paired_step_ratio(runs: list, native_runs: list) -> float:
@@ -228,26 +245,30 @@ def main() -> int:
             nat_runs = runs.get("native", [])
             if all(not x.get("failed") for x in nat_runs):
                 r["paired_step_ratio"] = paired_step_ratio(ok_runs, nat_runs)
+                r["gpu_calibrated_step_ratio"] = calibrated_step_ratio(ok_runs, nat_runs)
             rows.append(r)
     lines = ["| workload | allocator | peak alloc GiB | peak reserved GiB | reserved/alloc | "
-             "median step s | step vs native | paired step ratio | driver calls last 3 steps | "
-             "losses match native |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "median step s | step vs native | paired step ratio | gpu-calibrated step ratio | "
+             "driver calls last 3 steps | losses match native |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     ok = True
     for r in rows:
         if r.get("failed"):
-            lines.append(f"| {r['workload']} | {r['allocator']} | FAILED | | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['allocator']} | FAILED | | | | | | | | |")
             ok = False
             continue
         nat = next(x for x in rows if x["workload"] == r["workload"] and x["allocator"] == "native")
         if nat.get("failed"):  # nothing to compare with
             nat = dict(losses=[], median_step_s=float("nan"))
         match = all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(r["losses"], nat["losses"]))
+        cal = r.get("gpu_calibrated_step_ratio")
+        cal = "n/a" if cal is None else f"{cal:.3f}"
         lines.append(
             f"| {r['workload']} | {r['allocator']} | {r['peak_allocated']/2**30:.2f} | "
             f"{r['peak_reserved']/2**30:.2f} | {r['peak_reserved']/r['peak_allocated']:.4f} | "
             f"{r['median_step_s']:.4f} | {r['median_step_s']/nat['median_step_s']:.3f} | "
             f"{r.get('paired_step_ratio', float('nan')):.3f} | "
+            f"{cal} | "
             f"{r['driver_calls_last3']} | {match} |")
     for r in rows:
         if r.get("driver_last3"):

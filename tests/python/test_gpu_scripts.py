@@ -144,3 +144,31 @@ def test_step_ab_refuses_an_unknown_mode():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--modes: unknown mode(s) shmi (known: native, plugin, shim," in proc.stderr
+
+
+def test_step_ab_calibrated_ratio_divides_out_a_slow_process():
+    ab = _step_ab()
+    # The shim's process runs everything 10% slower (its matmul and its launches alike), and its
+    # steps with it: the raw ratio says 1.10, the calibrated ratios 1.00.
+    rounds = _rounds([1.10, 1.10, 1.10])
+    for r in rounds:
+        r["native"]["calibration"] = {"gpu_ms": 0.5, "launch_us": 4.0}
+        r["shim"]["calibration"] = {"gpu_ms": 0.55, "launch_us": 4.4}
+    v = ab.summarize(rounds, "shim", 1.03)
+    assert v["ratio"] == pytest.approx(1.10)
+    assert v["gpu_calibrated_ratio"] == pytest.approx(1.00)
+    assert v["launch_calibrated_ratio"] == pytest.approx(1.00)
+    # A run without calibration (an older output pooled in): no calibrated figure.
+    del rounds[0]["shim"]["calibration"]
+    assert ab.summarize(rounds, "shim", 1.03)["gpu_calibrated_ratio"] is None
+
+
+def test_workloads_calibrated_step_ratio():
+    wc = _workloads_compare()
+    native = [{"median_step_s": 0.2, "calibration": {"gpu_ms": 0.5}},
+              {"median_step_s": 0.3, "calibration": {"gpu_ms": 0.6}}]
+    # Round 1: a process 10% slower at everything; round 2: 2% slower steps, the same speed.
+    runs = [{"median_step_s": 0.22, "calibration": {"gpu_ms": 0.55}},
+            {"median_step_s": 0.306, "calibration": {"gpu_ms": 0.6}}]
+    assert wc.calibrated_step_ratio(runs, native) == pytest.approx(1.01)
+    assert wc.calibrated_step_ratio([{"median_step_s": 0.2}], native[:1]) is None
