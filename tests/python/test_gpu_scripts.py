@@ -172,3 +172,41 @@ def test_workloads_calibrated_step_ratio():
             {"median_step_s": 0.306, "calibration": {"gpu_ms": 0.6}}]
     assert wc.calibrated_step_ratio(runs, native) == pytest.approx(1.01)
     assert wc.calibrated_step_ratio([{"median_step_s": 0.2}], native[:1]) is None
+
+
+def test_calibrate_runs_on_a_stand_in_for_cuda():
+    """train_compare.calibrate() with torch's CPU tensors behind a stand-in for the "cuda" device
+    and CUDA events: the code path the H200 runs, checked here so a slip costs no device call."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+    import time as time_module
+    import types
+
+    spec = importlib.util.spec_from_file_location("train_compare", GPU / "train_compare.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = time_module.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    def on_cpu(fn):
+        return lambda *a, device=None, **k: fn(*a, **k)
+
+    fake = types.SimpleNamespace(
+        randn=on_cpu(torch.randn), zeros=on_cpu(torch.zeros), empty_like=torch.empty_like,
+        mm=torch.mm, bfloat16=torch.bfloat16,
+        cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
+    cal = tc.calibrate(fake)
+    assert set(cal) == {"gpu_ms", "launch_us"}
+    assert cal["gpu_ms"] > 0 and cal["launch_us"] > 0
