@@ -71,6 +71,7 @@ def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict
             "calibration": r.get("calibration")}
 
 
+# docs/design/step-time-measurement.md: why rounds, an A/A control, an interval and calibration.
 def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
               resamples: int = 5000, seed: int = 0) -> dict:
     """Figures of one mode against native over rounds (each round: mode -> run dict).

@@ -88,6 +88,7 @@ def child(allocator: str, steps: int) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
+# docs/design/step-time-measurement.md, "Divide out the process's own speed".
 def calibrate(torch) -> dict:
     """How fast this process runs fixed work that allocates nothing while timed.
 

@@ -170,6 +170,7 @@ def run(workload: str, allocator: str) -> dict:
     return r
 
 
+# docs/design/step-time-measurement.md, "Divide out the process's own speed".
 def calibrated_step_ratio(runs: list, native_runs: list, key: str = "gpu_ms") -> float | None:
     """Median over rounds of (this run's median step / its process's calibration[key]) over the
     same for native's run of the round (train_compare.calibrate: gpu_ms or launch_us), so a
