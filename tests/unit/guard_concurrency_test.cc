@@ -105,7 +105,10 @@ TEST(GuardConcurrencyTest, TagsHeldWhileAllocatingMatchTheRequestedBytes) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      ScopedThreadTag scope(*tags.Intern("t" + std::to_string(t)));
+      // "t" + std::to_string(t) trips GCC 12's -Wrestrict false positive at -O3.
+      std::string name = "t";
+      name += std::to_string(t);
+      ScopedThreadTag scope(*tags.Intern(name));
       for (int i = 0; i < 100; ++i) kept[t].push_back(*alloc.Malloc(512 * (t + 1), 0));
     });
   }
