@@ -174,29 +174,38 @@ def main() -> int:
                          "(0: no pinning)")
     ap.add_argument("--json", help="write every round and the verdicts here")
     args = ap.parse_args()
-    cpus = sorted(os.sched_getaffinity(0))[:args.cpus] if args.cpus > 0 else None
-    if args.pool:
-        rounds = []
-        for path in args.pool:
-            try:
-                with open(path) as f:
-                    rounds += json.load(f)["rounds"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                ap.error(f"--pool {path}: not a step_ab --json output ({type(e).__name__}: {e})")
-        modes = list(dict.fromkeys(m for r in rounds for m in r))
-        if "native" not in modes:
-            ap.error("the pooled rounds have no native runs")
-        verdicts = print_table(rounds, modes, args.target)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"rounds": rounds, "verdicts": verdicts}, f, indent=1)
-        return 0
+    rounds, modes = pooled(ap, args.pool) if args.pool else measured(ap, args)
+    verdicts = print_table(rounds, modes, args.target)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": rounds, "verdicts": verdicts}, f, indent=1)
+    return 0
+
+
+def pooled(ap: argparse.ArgumentParser, paths: list[str]) -> tuple[list[dict], list[str]]:
+    """The rounds of earlier --json outputs and the modes they hold (exits on a bad file)."""
+    rounds = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                rounds += json.load(f)["rounds"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--pool {path}: not a step_ab --json output ({type(e).__name__}: {e})")
+    modes = list(dict.fromkeys(m for r in rounds for m in r))
+    if "native" not in modes:
+        ap.error("the pooled rounds have no native runs")
+    return rounds, modes
+
+
+def measured(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
+    """Runs args.rounds rounds of every mode (GPU); exits on a bad --modes."""
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"--modes: unknown mode(s) {', '.join(unknown)} (known: {', '.join(MODES)})")
     if "native" not in modes:
         ap.error("--modes must include native (the reference)")
+    cpus = sorted(os.sched_getaffinity(0))[:args.cpus] if args.cpus > 0 else None
     rounds: list[dict[str, dict]] = []
     for k in range(args.rounds):
         order = modes[k % len(modes):] + modes[:k % len(modes)]
@@ -206,11 +215,7 @@ def main() -> int:
             print(f"round {k + 1} {mode:>6}: median {this[mode]['median_ms']:.1f} ms, "
                   f"min {this[mode]['min_ms']:.1f} ms", flush=True)
         rounds.append(this)
-    verdicts = print_table(rounds, modes, args.target)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rounds": rounds, "verdicts": verdicts}, f, indent=1)
-    return 0
+    return rounds, modes
 
 
 if __name__ == "__main__":

@@ -630,8 +630,6 @@ TEST_F(RetiringPlacementStressTest, PendingFenceQueriedOncePerSlowPathWithRetiri
   for (DevicePtr x : {a, b, big, p}) Free(x);
 }
 
-// ---- Placement quality (bug: the tail judged by its first bytes only) ----
-
 // ---- Randomized churn against the GPU model ----
 
 TEST_F(RetiringPlacementStressTest, LaggingGpuOneStreamNoRace) {
