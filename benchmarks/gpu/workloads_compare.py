@@ -135,7 +135,7 @@ def child(workload: str, allocator: str) -> None:
     if driver:  # per kind: calls and microseconds in the last three steps
         last3 = {k: [c - driver[-4].get(k, (0, 0))[0], t - driver[-4].get(k, (0, 0))[1]]
                  for k, (c, t) in driver[-1].items()}
-        extra = dict(driver_last3={k: v for k, v in last3.items() if v[0]},
+        extra.update(driver_last3={k: v for k, v in last3.items() if v[0]},
                      driver_us_per_step=[sum(t for _, t in d.values()) for d in driver])
     print(RESULT + json.dumps(dict(
         workload=workload, allocator=allocator, losses=losses, step_s=times,
