@@ -1,6 +1,8 @@
 // The read side of one device's allocator: stats copies, snapshots, the out-of-memory report
 // and invariant checks, plus the public DeviceAllocator facade. Locking: docs/design/locking.md.
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -367,13 +369,39 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
 
 // ---- Public facade ----
 
+namespace {
+std::int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
+}
+}  // namespace
+
 DeviceAllocator::DeviceAllocator(const Options& options, DeviceBackend* backend)
     : impl_(std::make_unique<DeviceAllocatorImpl>(options, backend)) {}
 DeviceAllocator::~DeviceAllocator() = default;
 absl::StatusOr<DevicePtr> DeviceAllocator::Malloc(std::size_t size, StreamId stream) {
-  return impl_->Malloc(size, stream);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<DevicePtr> ptr = impl_->Malloc(size, stream);
+  malloc_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
+  malloc_calls_.fetch_add(1, std::memory_order_relaxed);
+  return ptr;
 }
-absl::Status DeviceAllocator::Free(DevicePtr ptr) { return impl_->Free(ptr); }
+absl::Status DeviceAllocator::Free(DevicePtr ptr) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = impl_->Free(ptr);
+  free_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
+  free_calls_.fetch_add(1, std::memory_order_relaxed);
+  return status;
+}
+HostTime DeviceAllocator::host_time() const {
+  HostTime t;
+  t.malloc_calls = malloc_calls_.load(std::memory_order_relaxed);
+  t.malloc_ns = malloc_ns_.load(std::memory_order_relaxed);
+  t.free_calls = free_calls_.load(std::memory_order_relaxed);
+  t.free_ns = free_ns_.load(std::memory_order_relaxed);
+  return t;
+}
 absl::Status DeviceAllocator::RecordStream(DevicePtr ptr, StreamId stream) {
   return impl_->RecordStream(ptr, stream);
 }

@@ -68,7 +68,8 @@ def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict
     return {"mode": mode, "median_ms": statistics.median(warm) * 1e3,
             "min_ms": min(warm) * 1e3, "step_ms": [x * 1e3 for x in warm], "losses": r["losses"],
             "peak_reserved": r["peak_reserved"], "peak_allocated": r["peak_allocated"],
-            "calibration": r.get("calibration")}
+            "calibration": r.get("calibration"),
+            "host_ms": (r.get("allocator_host_ms") or [])[2:] or None}
 
 
 # docs/design/step-time-measurement.md: why rounds, an A/A control, an interval and calibration.
@@ -119,11 +120,27 @@ def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
             a / b for r in both for a, b in zip(r[mode]["step_ms"], r["native"]["step_ms"])),
         "worst_loss_rel": max(abs(a - b) / max(abs(a), 1e-12) for r in both
                               for a, b in zip(r["native"]["losses"], r[mode]["losses"])),
+        "allocator_host_share": host_share_of(r[mode] for r in both),
         "gpu_calibrated_ratio": calibrated("gpu_ms"),
         "launch_calibrated_ratio": calibrated("launch_us"),
         "target": target,
         "verdict": verdict,
     }
+
+
+def host_share_of(runs) -> dict | None:
+    """vramledger's host time in its allocation calls as a share of the step (train_compare's
+    host_share) over rounds: the median of the rounds' median shares and the largest step's.
+    None when a run has no host time (native, torch's own modes)."""
+    sys.path.insert(0, HERE)
+    from train_compare import host_share
+
+    shares = [host_share([t / 1e3 for t in run["step_ms"]], run.get("host_ms"), skip=0)
+              for run in runs]
+    if not shares or any(x is None for x in shares):
+        return None
+    return {"median": statistics.median(x["median"] for x in shares),
+            "max": max(x["max"] for x in shares)}
 
 
 def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) -> dict:
@@ -132,11 +149,14 @@ def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) 
     def fmt(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
+    def share(x: dict | None) -> str:
+        return "n/a" if x is None else f"{100 * x['median']:.2f}%, {100 * x['max']:.2f}%"
+
     print(f"\n| mode | rounds | median step ms per round | ratio to native (median of rounds) "
           f"| 90% interval | geomean | min-step ratio | paired step ratio "
           f"| within {target:.2f}? | gpu-calibrated ratio | launch-calibrated ratio "
-          f"| losses vs native (worst rel) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"| allocator host % of step (median, max) | losses vs native (worst rel) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts = {}
     for mode in modes:
         v = summarize(rounds, mode, target)
@@ -146,7 +166,7 @@ def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) 
               f"| {v['interval90'][0]:.3f}-{v['interval90'][1]:.3f} | {v['geomean']:.3f} "
               f"| {v['ratio_min']:.3f} | {v['paired_step_ratio']:.3f} | {v['verdict']} "
               f"| {fmt(v['gpu_calibrated_ratio'])} | {fmt(v['launch_calibrated_ratio'])} "
-              f"| {v['worst_loss_rel']:.1e} |")
+              f"| {share(v['allocator_host_share'])} | {v['worst_loss_rel']:.1e} |")
     return verdicts
 
 

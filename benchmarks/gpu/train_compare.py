@@ -50,7 +50,8 @@ def child(allocator: str, steps: int) -> None:
         reset_peak, stats = torch.cuda.reset_peak_memory_stats, torch.cuda.memory_stats
     torch.cuda.synchronize()
     reset_peak()
-    losses, times, seqs = [], [], []
+    losses, times, seqs, host_ms = [], [], [], []
+    host_before = allocator_host_us(allocator)
     for _ in range(steps):
         seq = random.randint(128, 1024)
         x = torch.randint(0, cfg.vocab_size, (8, seq), device="cuda")
@@ -65,6 +66,10 @@ def child(allocator: str, steps: int) -> None:
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
         seqs.append(seq)
+        host_after = allocator_host_us(allocator)
+        if host_after is not None:
+            host_ms.append((host_after - host_before) / 1e3)
+            host_before = host_after
     s = stats()
     result = {
         "allocator": allocator,
@@ -82,10 +87,52 @@ def child(allocator: str, steps: int) -> None:
         "num_alloc_retries": s["num_alloc_retries"],
         "num_ooms": s["num_ooms"],
         "num_device_alloc": s.get("num_device_alloc"),
+        # vramledger's host time per step inside its allocation calls (None under native).
+        "allocator_host_ms": host_ms or None,
         # After the figures above, so its buffers change none of them.
         "calibration": calibrate(torch),
     }
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# docs/design/step-time-measurement.md, "Time inside the allocator".
+def allocator_host_us(allocator: str) -> float | None:
+    """Host microseconds this process has spent in vramledger's allocation calls so far.
+
+    Under the plugin (allocator "vramledger"): Malloc and Free of every device's allocator
+    (fragmentation()["host_time"]). Under the LD_PRELOAD shim: the interposed cudaMalloc* and
+    cudaFree* calls from entry to return (vramledger_preload_stats_json). None otherwise.
+    """
+    if allocator == "vramledger":
+        import vramledger
+        host = vramledger.fragmentation()["host_time"]
+        return host["malloc"]["time_us"] + host["free"]["time_us"]
+    import ctypes
+    process = ctypes.CDLL(None)
+    stats = getattr(process, "vramledger_preload_stats_json", None)
+    if stats is None:
+        return None
+    stats.restype = ctypes.c_void_p
+    raw = stats()
+    if not raw:
+        return None
+    try:
+        return json.loads(ctypes.string_at(raw).decode())["host_time_us"]["interposed_calls"]
+    finally:
+        process.free(ctypes.c_void_p(raw))
+
+
+def host_share(step_s: list[float], host_ms: list[float] | None, skip: int = 1) -> dict | None:
+    """vramledger's host time as a share of each step, over the steps after the first `skip`.
+
+    step_s: step times (s); host_ms: host time inside vramledger's allocation calls in the same
+    steps (ms), or None. Returns {"median": ..., "max": ...} (fractions of the step), or None
+    when there is no host time or no step after `skip`.
+    """
+    if not host_ms:
+        return None
+    shares = [h / (t * 1e3) for t, h in list(zip(step_s, host_ms))[skip:] if t > 0]
+    return {"median": statistics.median(shares), "max": max(shares)} if shares else None
 
 
 # docs/design/step-time-measurement.md, "Divide out the process's own speed".

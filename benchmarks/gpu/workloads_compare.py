@@ -32,6 +32,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_compare import allocator_host_us, calibrate, host_share  # noqa: E402
+
 RESULT = "RESULT_JSON "
 
 
@@ -113,7 +116,8 @@ def child(workload: str, allocator: str) -> None:
         mem = torch.cuda
     torch.cuda.synchronize()
     mem.reset_peak_memory_stats()
-    times, losses, calls, driver = [], [], [], []
+    times, losses, calls, driver, host_ms = [], [], [], [], []
+    host_before = allocator_host_us(allocator)
     for _ in range(p["steps"]):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -121,6 +125,10 @@ def child(workload: str, allocator: str) -> None:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
+        host_after = allocator_host_us(allocator)
+        if host_after is not None:  # vramledger's host time inside Malloc and Free, this step
+            host_ms.append((host_after - host_before) / 1e3)
+            host_before = host_after
         s = mem.memory_stats()
         calls.append(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
         if allocator == "vramledger":  # every driver call, measured around the call
@@ -128,10 +136,8 @@ def child(workload: str, allocator: str) -> None:
             driver.append({k: (v["count"], round(v["time_us"])) for k, v in
                            f["driver_calls"].items() if v["count"]})
     s = mem.memory_stats()
-    extra = {}
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_compare import calibrate  # after the figures, so its buffers change none of them
-    extra["calibration"] = calibrate(torch)
+    extra = {"allocator_host_ms": host_ms or None}
+    extra["calibration"] = calibrate(torch)  # after the figures: its buffers change none of them
     if driver:  # per kind: calls and microseconds in the last three steps
         last3 = {k: [c - driver[-4].get(k, (0, 0))[0], t - driver[-4].get(k, (0, 0))[1]]
                  for k, (c, t) in driver[-1].items()}
@@ -243,6 +249,7 @@ def main() -> int:
             r["round_median_step_s"] = [x["median_step_s"] for x in ok_runs]
             r["median_step_s"] = statistics.median(r["round_median_step_s"])
             r["round_step_s"] = [x["step_s"] for x in ok_runs]
+            r["round_host_ms"] = [x.get("allocator_host_ms") for x in ok_runs]
             nat_runs = runs.get("native", [])
             if all(not x.get("failed") for x in nat_runs):
                 r["paired_step_ratio"] = paired_step_ratio(ok_runs, nat_runs)
@@ -250,12 +257,13 @@ def main() -> int:
             rows.append(r)
     lines = ["| workload | allocator | peak alloc GiB | peak reserved GiB | reserved/alloc | "
              "median step s | step vs native | paired step ratio | gpu-calibrated step ratio | "
-             "driver calls last 3 steps | losses match native |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "allocator host % of step (median, max) | driver calls last 3 steps | "
+             "losses match native |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ok = True
     for r in rows:
         if r.get("failed"):
-            lines.append(f"| {r['workload']} | {r['allocator']} | FAILED | | | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['allocator']} | FAILED | | | | | | | | | |")
             ok = False
             continue
         nat = next(x for x in rows if x["workload"] == r["workload"] and x["allocator"] == "native")
@@ -264,12 +272,18 @@ def main() -> int:
         match = all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(r["losses"], nat["losses"]))
         cal = r.get("gpu_calibrated_step_ratio")
         cal = "n/a" if cal is None else f"{cal:.3f}"
+        # docs/design/step-time-measurement.md, "Time inside the allocator": every round's steps
+        shares = [host_share(x, h) for x, h in zip(r.get("round_step_s", [r["step_s"]]),
+                                                   r.get("round_host_ms", [None]))]
+        host = "n/a" if not shares or None in shares else (
+            f"{100 * statistics.median(x['median'] for x in shares):.2f}%, "
+            f"{100 * max(x['max'] for x in shares):.2f}%")
         lines.append(
             f"| {r['workload']} | {r['allocator']} | {r['peak_allocated']/2**30:.2f} | "
             f"{r['peak_reserved']/2**30:.2f} | {r['peak_reserved']/r['peak_allocated']:.4f} | "
             f"{r['median_step_s']:.4f} | {r['median_step_s']/nat['median_step_s']:.3f} | "
             f"{r.get('paired_step_ratio', float('nan')):.3f} | "
-            f"{cal} | "
+            f"{cal} | {host} | "
             f"{r['driver_calls_last3']} | {match} |")
     for r in rows:
         if r.get("driver_last3"):

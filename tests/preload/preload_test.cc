@@ -95,6 +95,13 @@ TEST(PreloadTest, ServesCountsAndForwardsForeignFrees) {
   EXPECT_EQ(shim["cudaFreeAsync_calls"], 6);
   EXPECT_EQ(shim["served_allocations"], 16);
   EXPECT_EQ(shim["served_frees"], 16);
+  // Host time: the served calls as a whole take at least what the allocator took inside them.
+  const nlohmann::json& host = shim["host_time_us"];
+  EXPECT_GT(host["allocator_malloc"].get<double>(), 0) << r.output;
+  EXPECT_GT(host["allocator_free"].get<double>(), 0) << r.output;
+  EXPECT_GE(host["interposed_calls"].get<double>(),
+            host["allocator_malloc"].get<double>() + host["allocator_free"].get<double>())
+      << r.output;
   EXPECT_EQ(shim["forwarded_frees"], 1);
   EXPECT_EQ(shim["refusals"], 1);
   // The real runtime saw no cudaMallocAsync/cudaFreeAsync (all served from segments), and

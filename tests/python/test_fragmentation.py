@@ -258,6 +258,10 @@ def test_fragmentation_figures_of_a_hand_computed_layout():
     assert calls["cuMemMap"]["time_us"] > 0
     assert main["driver_calls_total"] == sum(c["count"] for c in calls.values())
     assert main["driver_time_us_total"] == pytest.approx(sum(c["time_us"] for c in calls.values()))
+    # Host time inside Malloc and Free: a, b, c, d allocated; b and d freed.
+    assert main["host_time"]["malloc"]["count"] == 4
+    assert main["host_time"]["free"]["count"] == 2
+    assert main["host_time"]["malloc"]["time_us"] > 0 and main["host_time"]["free"]["time_us"] > 0
     # memory_stats carries the same figures under "fragmentation." and keeps torch's keys.
     assert stats["fragmentation.holes"] == 1
     assert stats["fragmentation.largest_free_block"] == 8 * MiB
@@ -280,4 +284,24 @@ def test_fragmentation_of_a_device_that_has_not_allocated_is_zeros():
         print(json.dumps(vramledger.fragmentation(0)))
     """)
     assert out["holes"] == 0 and out["wasted_bytes"] == 0 and out["driver_calls_total"] == 0
+    assert out["host_time"] == {"malloc": {"count": 0, "time_us": 0},
+                                "free": {"count": 0, "time_us": 0}}
     assert set(out["driver_calls"]) >= {"cudaMalloc", "cuMemMap", "cuMemCreate", "cuMemUnmap"}
+
+
+@needs_plugin
+def test_benchmarks_read_the_host_time_the_plugin_reports():
+    """benchmarks/gpu/train_compare.allocator_host_us, which the step-time scripts difference per
+    step, reads fragmentation()["host_time"]: here against the simulated device."""
+    gpu_scripts = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu")
+    (before, after, host) = run(f"""
+        sys.path.insert(0, {os.path.abspath(gpu_scripts)!r})
+        from train_compare import allocator_host_us
+        print(json.dumps(allocator_host_us("vramledger")))
+        free(alloc(4 * MiB), 4 * MiB)
+        print(json.dumps(allocator_host_us("vramledger")))
+        print(json.dumps(vramledger.fragmentation(0)["host_time"]))
+    """)
+    assert before == 0
+    assert after == pytest.approx(host["malloc"]["time_us"] + host["free"]["time_us"])
+    assert after > 0 and host["malloc"]["count"] == 1 and host["free"]["count"] == 1

@@ -174,6 +174,41 @@ def test_workloads_calibrated_step_ratio():
     assert wc.calibrated_step_ratio([{"median_step_s": 0.2}], native[:1]) is None
 
 
+def _train_compare():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_compare", GPU / "train_compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports only the standard library at the top
+    return module
+
+
+def test_host_share_per_step_after_the_first():
+    tc = _train_compare()
+    # Steps of 0.2, 0.1, 0.4 s after a 2 s first step; 1, 2, 2 ms inside the allocator.
+    share = tc.host_share([2.0, 0.2, 0.1, 0.4], [50.0, 1.0, 2.0, 2.0])
+    assert share["median"] == pytest.approx(0.005)  # 1/200, 2/100, 2/400 -> 0.005, 0.02, 0.005
+    assert share["max"] == pytest.approx(0.02)
+    assert tc.host_share([0.2, 0.3], None) is None  # native: no host time
+    assert tc.host_share([0.2], [1.0]) is None       # nothing after the first step
+
+
+def test_allocator_host_us_is_none_without_vramledger():
+    # This process has neither the plugin installed as allocator "vramledger" nor the shim.
+    assert _train_compare().allocator_host_us("native") is None
+
+
+def test_step_ab_reports_the_allocator_host_share():
+    ab = _step_ab()
+    rounds = _rounds([1.01, 1.00])
+    for r in rounds:  # 1% of every step, 3% of the first
+        r["shim"]["host_ms"] = [x * 0.01 for x in r["shim"]["step_ms"]]
+        r["shim"]["host_ms"][0] *= 3
+    v = ab.summarize(rounds, "shim", 1.03)
+    assert v["allocator_host_share"]["median"] == pytest.approx(0.01)
+    assert v["allocator_host_share"]["max"] == pytest.approx(0.03)
+    assert ab.summarize(_rounds([1.0]), "shim", 1.03)["allocator_host_share"] is None
+
+
 def test_calibrate_runs_on_a_stand_in_for_cuda():
     """train_compare.calibrate() with torch's CPU tensors behind a stand-in for the "cuda" device
     and CUDA events: the code path the H200 runs, checked here so a slip costs no device call."""

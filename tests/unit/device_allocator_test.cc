@@ -53,6 +53,24 @@ TEST_F(AllocatorTest, SizeZeroIsNullAndFreeOfNullIsNoOp) {
   EXPECT_EQ(sim_->calls().count(DriverCall::kMalloc), 0);
 }
 
+TEST_F(AllocatorTest, HostTimeCountsEveryMallocAndFreeCall) {
+  EXPECT_EQ(alloc_->host_time().malloc_calls, 0);
+  const DevicePtr a = Alloc(kMiB);
+  const DevicePtr b = Alloc(3 * kMiB);
+  ASSERT_TRUE(alloc_->Malloc(0, kStream).ok());  // size 0 is a call too
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  EXPECT_FALSE(alloc_->Free(a).ok());  // a failing call is timed as well
+  const HostTime t = alloc_->host_time();
+  EXPECT_EQ(t.malloc_calls, 3);
+  EXPECT_EQ(t.free_calls, 2);
+  EXPECT_GT(t.malloc_ns, 0);  // two of them mapped a segment
+  EXPECT_GE(t.free_ns, 0);
+  alloc_->ResetAccumulatedStats();  // cumulative, like the driver-call ledger
+  EXPECT_EQ(alloc_->host_time().malloc_calls, 3);
+  ASSERT_TRUE(alloc_->Free(b).ok());
+  EXPECT_EQ(alloc_->host_time().free_calls, 3);
+}
+
 TEST_F(AllocatorTest, SmallRequestsShareOneTwoMiBSegment) {
   DevicePtr a = Alloc(400);
   DevicePtr b = Alloc(kMiB);

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -121,6 +122,29 @@ struct Counters {
   std::atomic<std::int64_t> errors{0};              // other failures returned
   std::atomic<std::int64_t> inner_calls{0};         // vramledger's own calls sent to the runtime
   std::atomic<std::int64_t> memgetinfo_calls{0};
+  // Host time of the program's cudaMalloc/cudaMallocAsync/cudaFree/cudaFreeAsync calls while the
+  // shim is active, entry to return (ns; frees forwarded to the runtime included): the shim's
+  // whole cost on the host (step-time-measurement.md, "Time inside the allocator").
+  std::atomic<std::int64_t> interposed_ns{0};
+};
+
+// Adds the time from construction to destruction to `sink` (ns).
+class CallTimer {
+ public:
+  explicit CallTimer(std::atomic<std::int64_t>& sink)
+      : sink_(sink), start_(std::chrono::steady_clock::now()) {}
+  ~CallTimer() {
+    sink_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - start_)
+                        .count(),
+                    std::memory_order_relaxed);
+  }
+  CallTimer(const CallTimer&) = delete;
+  CallTimer& operator=(const CallTimer&) = delete;
+
+ private:
+  std::atomic<std::int64_t>& sink_;
+  const std::chrono::steady_clock::time_point start_;
 };
 
 // ---- Process state ----
@@ -314,7 +338,8 @@ std::string Summary(Preload& p, const char* reason) {
       << "served: allocations " << c.served_allocs.load() << ", frees " << c.served_frees.load()
       << ", size-0 " << c.zero_size_allocs.load() << "; forwarded frees (not ours) "
       << c.forwarded_frees.load() << "; refusals " << c.refusals.load() << ", errors "
-      << c.errors.load() << "\n";
+      << c.errors.load() << "\n"
+      << "host time in those calls: " << c.interposed_ns.load() / 1000 << " us\n";
   for (int d = 0; d < kMaxDevices; ++d) {
     const DeviceAllocator* a = p.Existing(d);
     if (a == nullptr) continue;
@@ -331,6 +356,10 @@ std::string Summary(Preload& p, const char* reason) {
         << FormatCount(s.allocation[kAggregate].freed) << ", segments "
         << FormatCount(s.segment[kAggregate].allocated) << ", cudaMalloc retries "
         << s.num_alloc_retries << ", OOMs " << s.num_ooms << "\n";
+    const HostTime t = a->host_time();
+    out << "  host time inside the allocator: malloc " << t.malloc_ns / 1000 << " us over "
+        << FormatCount(t.malloc_calls) << " calls, free " << t.free_ns / 1000 << " us over "
+        << FormatCount(t.free_calls) << " calls\n";
     const OutsideBytes o = MeasureOutsideBytes(p, d);
     if (o.known) {
       out << "  device bytes used outside vramledger: " << o.outside << " ("
@@ -596,6 +625,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
     }
     return Runtime().malloc(ptr, size);
   }
+  const vramledger::CallTimer timer(p->counters().interposed_ns);
   p->counters().malloc_calls.fetch_add(1, std::memory_order_relaxed);
   return vramledger::Allocate(*p, ptr, size, nullptr);
 }
@@ -604,6 +634,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size,
                                                       cudaStream_t stream) {
   Preload* p = Active();
   if (p == nullptr) return Runtime().malloc_async(ptr, size, stream);
+  const vramledger::CallTimer timer(p->counters().interposed_ns);
   p->counters().malloc_async_calls.fetch_add(1, std::memory_order_relaxed);
   return vramledger::Allocate(*p, ptr, size, stream);
 }
@@ -616,6 +647,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
     }
     return Runtime().free(ptr);
   }
+  const vramledger::CallTimer timer(p->counters().interposed_ns);
   p->counters().free_calls.fetch_add(1, std::memory_order_relaxed);
   cudaError_t result = cudaSuccess;
   if (vramledger::Release(*p, ptr, nullptr, /*async=*/false, &result)) return result;
@@ -626,6 +658,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   Preload* p = Active();
   if (p == nullptr) return Runtime().free_async(ptr, stream);
+  const vramledger::CallTimer timer(p->counters().interposed_ns);
   p->counters().free_async_calls.fetch_add(1, std::memory_order_relaxed);
   cudaError_t result = cudaSuccess;
   if (vramledger::Release(*p, ptr, stream, /*async=*/true, &result)) return result;
@@ -673,7 +706,7 @@ VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
   Preload* p = vramledger::g_preload.load(std::memory_order_acquire);
   if (p == nullptr) return nullptr;
   const vramledger::Counters& c = p->counters();
-  const nlohmann::json j = {
+  nlohmann::json j = {
       {"cudaMalloc_calls", c.malloc_calls.load()},
       {"cudaMallocAsync_calls", c.malloc_async_calls.load()},
       {"cudaFree_calls", c.free_calls.load()},
@@ -686,6 +719,18 @@ VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
       {"errors", c.errors.load()},
       {"inner_runtime_calls", c.inner_calls.load()},
   };
+  // Host time of the served calls, whole and inside the allocators' Malloc and Free, all
+  // devices (step-time-measurement.md, "Time inside the allocator").
+  double malloc_us = 0, free_us = 0;
+  for (int d = 0; d < vramledger::kMaxDevices; ++d) {
+    if (const vramledger::DeviceAllocator* a = p->Existing(d)) {
+      malloc_us += a->host_time().malloc_ns / 1e3;
+      free_us += a->host_time().free_ns / 1e3;
+    }
+  }
+  j["host_time_us"] = {{"interposed_calls", c.interposed_ns.load() / 1e3},
+                       {"allocator_malloc", malloc_us},
+                       {"allocator_free", free_us}};
   const std::string text = j.dump();
   char* out = static_cast<char*>(std::malloc(text.size() + 1));
   if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);

@@ -4,6 +4,7 @@
 #ifndef VRAMLEDGER_DEVICE_ALLOCATOR_H_
 #define VRAMLEDGER_DEVICE_ALLOCATOR_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -110,6 +111,17 @@ class ContiguousSegmentsScope {
   static int depth();
 };
 
+/// Host time spent inside Malloc and Free since construction, measured around each call with
+/// std::chrono::steady_clock (lock wait, bookkeeping and any driver call made inside included):
+/// the most a step can lose to this allocator on the host, beside which torch's own allocator
+/// time is not subtracted (docs/design/step-time-measurement.md, "Time inside the allocator").
+struct HostTime {
+  std::int64_t malloc_calls = 0;
+  std::int64_t malloc_ns = 0;  // nanoseconds
+  std::int64_t free_calls = 0;
+  std::int64_t free_ns = 0;  // nanoseconds
+};
+
 class DeviceAllocatorImpl;
 
 /// A CUDA graph private pool's id: torch's MempoolId_t (`std::pair<CaptureId_t, CaptureId_t>`).
@@ -167,6 +179,10 @@ class DeviceAllocator {
   /// The numbers of the most recent out-of-memory failure.
   OutOfMemoryInfo last_oom() const;
 
+  /// Calls to Malloc and Free and the host time spent in them (cumulative; not reset by
+  /// ResetAccumulatedStats, like the driver-call ledger).
+  HostTime host_time() const;
+
   /// Checks every internal invariant (block chains, free index, stats identities).
   /// Internal error naming the first broken invariant. O(blocks); for tests and fuzzers.
   absl::Status CheckInvariants() const;
@@ -199,6 +215,11 @@ class DeviceAllocator {
 
  private:
   std::unique_ptr<DeviceAllocatorImpl> impl_;
+  // HostTime's figures; relaxed atomics, so reading them takes no lock.
+  std::atomic<std::int64_t> malloc_calls_{0};
+  std::atomic<std::int64_t> malloc_ns_{0};
+  std::atomic<std::int64_t> free_calls_{0};
+  std::atomic<std::int64_t> free_ns_{0};
 };
 
 /// Formats a byte count as torch's format_size does: "N bytes" below 1 KiB, else "x.xx
