@@ -9,31 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "benchmarks/trace_ops.h"
 #include "device/sim_backend.h"
 #include "replay/replay.h"
-#include "replay/trace_reader.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 
 namespace vramledger {
 namespace {
-
-// One allocator call of the trace: Malloc(size, stream) into `slot`, or Free of `slot`.
-struct Op {
-  bool alloc = false;
-  std::uint32_t slot = 0;
-  std::size_t size = 0;
-  StreamId stream = 0;
-};
-
-// The trace as allocator calls (free_completed of unknown addresses dropped; an alloc of a live
-// address frees the earlier block first, as Replay() does). Slots are reused once freed.
-struct Workload {
-  std::vector<Op> ops;
-  std::uint32_t slots = 0;
-  std::string error;  // non-empty when the trace could not be read
-};
 
 // VRAMLEDGER_REPLAY_TRACE, or the bundled GPT-2-medium trace.
 std::string TracePath() {
@@ -43,40 +26,8 @@ std::string TracePath() {
   return std::string(VRAMLEDGER_SOURCE_DIR) + "/traces/trace-gpt2m-native.csv.gz";
 }
 
-const Workload& LoadWorkload() {
-  static const Workload* const workload = [] {
-    auto* w = new Workload();
-    const std::string path = TracePath();
-    absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(path);
-    if (!events.ok()) {
-      w->error = std::string(events.status().message());
-      return w;
-    }
-    absl::flat_hash_map<DevicePtr, std::uint32_t> live;  // trace address -> slot
-    std::vector<std::uint32_t> free_slots;
-    for (const TraceEvent& e : *events) {
-      if (e.action != TraceAction::kAlloc && e.action != TraceAction::kFreeCompleted) continue;
-      if (auto it = live.find(e.addr); it != live.end()) {
-        w->ops.push_back({false, it->second, 0, 0});
-        free_slots.push_back(it->second);
-        live.erase(it);
-      } else if (e.action == TraceAction::kFreeCompleted) {
-        continue;  // unknown free
-      }
-      if (e.action == TraceAction::kAlloc) {
-        std::uint32_t slot = w->slots;
-        if (free_slots.empty()) {
-          ++w->slots;
-        } else {
-          slot = free_slots.back();
-          free_slots.pop_back();
-        }
-        live.emplace(e.addr, slot);
-        w->ops.push_back({true, slot, e.size, e.stream});
-      }
-    }
-    return w;
-  }();
+const TraceOps& LoadWorkload() {
+  static const TraceOps* const workload = new TraceOps(LoadTraceOps(TracePath()));
   return *workload;
 }
 
@@ -84,7 +35,7 @@ const Workload& LoadWorkload() {
 // destruction of the allocator are not timed). The time includes SimBackend's own bookkeeping
 // of each driver call; the modelled driver time is reported apart, never slept.
 void BM_ReplayGpt2(benchmark::State& state, const char* conf) {
-  const Workload& w = LoadWorkload();
+  const TraceOps& w = LoadWorkload();
   if (!w.error.empty()) {
     state.SkipWithError(w.error.c_str());
     return;
@@ -107,7 +58,7 @@ void BM_ReplayGpt2(benchmark::State& state, const char* conf) {
     auto allocator = std::make_unique<DeviceAllocator>(*options, sim.get());
     state.ResumeTiming();
     const auto start = std::chrono::steady_clock::now();
-    for (const Op& op : w.ops) {
+    for (const TraceOp& op : w.ops) {
       if (op.alloc) {
         absl::StatusOr<DevicePtr> p = allocator->Malloc(op.size, op.stream);
         if (!p.ok()) {

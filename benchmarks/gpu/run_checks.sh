@@ -17,6 +17,8 @@
 #   kernels      issue 3: kernel time on expandable-segment vs cudaMalloc memory, one process
 #                (vmm_kernel_probe.py)
 #   ab           issues 2 and 7: interleaved step-time A/B (step_ab.py)
+#   hostcost     issues 3 and 7: host ns per allocation, torch native vs vramledger in one
+#                process, over the three bundled training traces (host_cost_bench)
 # Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
 # run_h200.sh prepare && run_multi.sh prepare-tests.
 # Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
@@ -37,10 +39,10 @@ want() { [[ " $ONLY " == *" $1 "* ]] && [ "$(left)" -gt "${2:-30}" ]; }
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 echo "GPUs: $GPUS"
 
-if want unit 30; then
-  TORCH_LIB="$("$PY" -c "import os, torch
+TORCH_LIB="$("$PY" -c "import os, torch
 r = os.path.dirname(torch.__file__)
 print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 'cu13', 'lib'))")"
+if want unit 30; then
   LD_LIBRARY_PATH="$ROOT/.devbuild/lib:$TORCH_LIB" timeout 120 .devbuild/lib/cuda_backend_test \
     > "$OUT/unit.log" 2>&1
   echo "unit exit $?"
@@ -115,6 +117,16 @@ if want ab 120; then
   echo "step_ab exit $?"
 fi
 
+if want hostcost 60; then
+  : > "$OUT/hostcost.log"
+  for t in gpt2m llama1b llama1b-ckpt; do
+    LD_LIBRARY_PATH="$ROOT/.devbuild/lib:$TORCH_LIB" timeout 120 \
+      .devbuild/lib/vramledger_host_cost_bench "traces/trace-$t-native.csv.gz" --passes 7 \
+      >> "$OUT/hostcost.log" 2>&1
+    echo "hostcost $t exit $?"
+  done
+fi
+
 echo "==== summary"
 [ -f "$OUT/unit.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] " "$OUT/unit.log"
 [ -f "$OUT/pytest.log" ] && tail -1 "$OUT/pytest.log"
@@ -131,4 +143,5 @@ echo "==== summary"
 [ -f "$OUT/wheel.log" ] && grep -E "PASS|FAIL|SKIP|wheel" "$OUT/wheel.log" | tail -15
 [ -f "$OUT/kernels.log" ] && tail -4 "$OUT/kernels.log"
 [ -f "$OUT/step_ab.log" ] && tail -6 "$OUT/step_ab.log"
+[ -f "$OUT/hostcost.log" ] && grep -E "^(trace|\| |vramledger)" "$OUT/hostcost.log"
 echo "used $(( $(date +%s) - START )) s"

@@ -1,0 +1,197 @@
+// Host cost per allocation on a real device, torch's native allocator and vramledger side by side
+// in one process (docs/design/step-time-measurement.md, "Time inside the allocator").
+//
+// Replays a recorded trace's alloc / free calls (benchmarks/trace_ops.h) through
+//   native      torch's CUDACachingAllocator (raw_alloc_with_stream / raw_delete), as torch
+//               itself calls it for every tensor;
+//   vramledger  a DeviceAllocator on CudaBackend with --conf (default expandable_segments:True);
+//   harness     the same loop with no allocator (the loop's own cost, subtracted from both),
+// in interleaved passes whose order rotates, on the legacy default stream. Each pass replays the
+// whole trace; blocks still live at its end are freed untimed, so every pass starts from the
+// allocator's cached state. Pass 1 of each fills the caches (cudaMalloc / page maps) and is
+// reported apart; the verdict is on the median of the later passes. Two processes of the same
+// script differ by up to 15% on this machine (step_ab's A/A control); one process does not.
+//
+// Usage: vramledger_host_cost_bench TRACE.csv[.gz] [--passes N (7)] [--conf CONF]
+// Prints one line per pass, then a table: ns per call (gross, net of the harness), the ratio
+// vramledger / native, vramledger's own HostTime per call and its driver calls after pass 1.
+// Exit status: 0 on success, 2 on bad arguments or an unreadable trace, 1 on a failed call.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "benchmarks/trace_ops.h"
+#include "device/cuda_backend.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/options.h"
+
+namespace vramledger {
+namespace {
+
+enum Which { kNative = 0, kVramledger = 1, kHarness = 2, kNumWhich = 3 };
+constexpr std::array<const char*, kNumWhich> kNames = {"native", "vramledger", "harness"};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+}
+
+std::int64_t TotalCalls(const DriverCallLedger& calls) {
+  std::int64_t total = 0;
+  for (int i = 0; i < kNumDriverCalls; ++i) total += calls.count(static_cast<DriverCall>(i));
+  return total;
+}
+
+// One timed pass of `ops` through alloc / free; returns nanoseconds of the op loop. Frees the
+// blocks left live at the end, untimed. Returns -1 (after printing why) if a call failed.
+double Pass(const TraceOps& w, std::vector<void*>& slots,
+            const std::function<void*(std::size_t)>& alloc,
+            const std::function<void(void*)>& free) {
+  std::vector<bool> live(w.slots, false);
+  const auto start = std::chrono::steady_clock::now();
+  for (const TraceOp& op : w.ops) {
+    if (op.alloc) {
+      void* p = alloc(op.size);
+      if (p == nullptr) return -1;
+      slots[op.slot] = p;
+      live[op.slot] = true;
+    } else {
+      free(slots[op.slot]);
+      live[op.slot] = false;
+    }
+  }
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+  for (std::uint32_t s = 0; s < w.slots; ++s) {
+    if (live[s]) free(slots[s]);
+  }
+  return ns;
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') {
+    std::fprintf(stderr, "usage: %s TRACE.csv[.gz] [--passes N] [--conf CONF]\n", argv[0]);
+    return 2;
+  }
+  const std::string trace = argv[1];
+  int passes = 7;
+  std::string conf = "expandable_segments:True";
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--passes" && i + 1 < argc) {
+      passes = std::atoi(argv[++i]);
+    } else if (arg == "--conf" && i + 1 < argc) {
+      conf = argv[++i];
+    } else {
+      std::fprintf(stderr, "host_cost_bench: unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  if (passes < 2) {
+    std::fprintf(stderr, "host_cost_bench: --passes must be at least 2 (pass 1 is warm-up)\n");
+    return 2;
+  }
+  const TraceOps w = LoadTraceOps(trace);
+  if (!w.error.empty()) {
+    std::fprintf(stderr, "host_cost_bench: %s\n", w.error.c_str());
+    return 2;
+  }
+  absl::StatusOr<Options> options = ParseOptions(conf);
+  if (!options.ok()) {
+    std::fprintf(stderr, "host_cost_bench: --conf: %s\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
+    std::fprintf(stderr, "host_cost_bench: no CUDA device\n");
+    return 2;
+  }
+  namespace torch_alloc = c10::cuda::CUDACachingAllocator;
+  torch_alloc::init(c10::cuda::device_count());
+  CudaBackend backend(0);
+  DeviceAllocator vl(*options, &backend);
+
+  const std::array<std::function<void*(std::size_t)>, kNumWhich> allocs = {
+      [](std::size_t n) { return torch_alloc::raw_alloc_with_stream(n, nullptr); },
+      [&vl](std::size_t n) -> void* {
+        absl::StatusOr<DevicePtr> p = vl.Malloc(n, 0);
+        if (!p.ok()) std::fprintf(stderr, "vramledger: %s\n", p.status().ToString().c_str());
+        return p.ok() ? reinterpret_cast<void*>(*p) : nullptr;
+      },
+      [](std::size_t n) { return reinterpret_cast<void*>(n | 1); }};
+  const std::array<std::function<void(void*)>, kNumWhich> frees = {
+      [](void* p) { torch_alloc::raw_delete(p); },
+      [&vl](void* p) { (void)vl.Free(reinterpret_cast<DevicePtr>(p)); }, [](void* p) { (void)p; }};
+
+  std::printf("trace %s: %zu calls; torch allocator backend: %s; vramledger conf: %s\n",
+              trace.c_str(), w.ops.size(), torch_alloc::name().c_str(), conf.c_str());
+  std::array<std::vector<double>, kNumWhich> warm;  // ns per call, passes after the first
+  std::array<double, kNumWhich> first{};
+  std::vector<void*> slots(w.slots, nullptr);
+  HostTime host_after_first;
+  std::int64_t driver_after_first = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int k = 0; k < kNumWhich; ++k) {
+      const int which = (pass + k) % kNumWhich;  // rotate the order every pass
+      const double ns = Pass(w, slots, allocs[which], frees[which]);
+      if (ns < 0) {
+        std::fprintf(stderr, "host_cost_bench: %s failed in pass %d\n", kNames[which], pass + 1);
+        return 1;
+      }
+      const double per_call = ns / static_cast<double>(w.ops.size());
+      if (pass == 0) {
+        first[which] = per_call;
+      } else {
+        warm[which].push_back(per_call);
+      }
+      std::printf("pass %d %-10s %8.1f ns per call\n", pass + 1, kNames[which], per_call);
+    }
+    cudaDeviceSynchronize();
+    if (pass == 0) {
+      host_after_first = vl.host_time();
+      driver_after_first = TotalCalls(backend.calls());
+    }
+  }
+  const HostTime host = vl.host_time();
+  const double vl_calls = static_cast<double>((host.malloc_calls - host_after_first.malloc_calls) +
+                                              (host.free_calls - host_after_first.free_calls));
+  const double vl_inside = static_cast<double>((host.malloc_ns - host_after_first.malloc_ns) +
+                                               (host.free_ns - host_after_first.free_ns)) /
+                           vl_calls;
+  const double harness = Median(warm[kHarness]);
+  const double native = Median(warm[kNative]);
+  const double ours = Median(warm[kVramledger]);
+  std::printf("\n| allocator | pass 1 ns/call | median ns/call, passes 2-%d | net of harness |\n",
+              passes);
+  std::printf("|---|---|---|---|\n");
+  for (int which = 0; which < kNumWhich; ++which) {
+    const double m = Median(warm[which]);
+    std::printf("| %s | %.1f | %.1f | %.1f |\n", kNames[which], first[which], m,
+                which == kHarness ? 0.0 : m - harness);
+  }
+  std::printf("\nvramledger / native, ns per call: gross %.3f, net of harness %.3f\n",
+              ours / native, (ours - harness) / (native - harness));
+  std::printf(
+      "vramledger HostTime inside Malloc/Free, passes 2-%d: %.1f ns per call; driver "
+      "calls after pass 1: %lld\n",
+      passes, vl_inside, static_cast<long long>(TotalCalls(backend.calls()) - driver_after_first));
+  (void)vl.EmptyCache();
+  torch_alloc::emptyCache();
+  return 0;
+}
+
+}  // namespace
+}  // namespace vramledger
+
+int main(int argc, char** argv) { return vramledger::Main(argc, argv); }
