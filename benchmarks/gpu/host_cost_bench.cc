@@ -3,14 +3,18 @@
 //
 // Replays a recorded trace's alloc / free calls (benchmarks/trace_ops.h) through
 //   native      torch's CUDACachingAllocator (raw_alloc_with_stream / raw_delete), as torch
-//               itself calls it for every tensor;
+//               itself calls it for every tensor: its native backend, or whichever backend
+//               PYTORCH_CUDA_ALLOC_CONF selects (the LD_PRELOAD shim selects cudaMallocAsync,
+//               whose calls it then serves: run under the shim, this row is the shim's path);
 //   vramledger  a DeviceAllocator on CudaBackend with --conf (default expandable_segments:True);
 //   harness     the same loop with no allocator (the loop's own cost, subtracted from both),
 // in interleaved passes whose order rotates, on the legacy default stream. Each pass replays the
 // whole trace; blocks still live at its end are freed untimed, so every pass starts from the
 // allocator's cached state. Pass 1 of each fills the caches (cudaMalloc / page maps) and is
 // reported apart; the verdict is on the median of the later passes. Two processes of the same
-// script differ by up to 15% on this machine (step_ab's A/A control); one process does not.
+// script differ by up to 15% on this machine (step_ab's A/A control); one process does not, and
+// the vramledger row, the same code in every process, lets two processes' torch rows be compared
+// (torch / vramledger in each, then their ratio).
 //
 // Usage: vramledger_host_cost_bench TRACE.csv[.gz] [--passes N (7)] [--conf CONF]
 // Prints one line per pass, then a table: ns per call (gross, net of the harness), the ratio
@@ -180,8 +184,8 @@ int Main(int argc, char** argv) {
     std::printf("| %s | %.1f | %.1f | %.1f |\n", kNames[which], first[which], m,
                 which == kHarness ? 0.0 : m - harness);
   }
-  std::printf("\nvramledger / native, ns per call: gross %.3f, net of harness %.3f\n",
-              ours / native, (ours - harness) / (native - harness));
+  std::printf("\nvramledger / torch (%s), ns per call: gross %.3f, net of harness %.3f\n",
+              torch_alloc::name().c_str(), ours / native, (ours - harness) / (native - harness));
   std::printf(
       "vramledger HostTime inside Malloc/Free, passes 2-%d: %.1f ns per call; driver "
       "calls after pass 1: %lld\n",
