@@ -18,11 +18,13 @@
 //
 // Usage: vramledger_host_cost_bench TRACE.csv[.gz] [--passes N (7)] [--conf CONF]
 // Prints one line per pass, then a table: ns per call (gross, net of the harness), the ratio
-// vramledger / native, vramledger's own HostTime per call and its driver calls after pass 1.
+// vramledger / native, vramledger's own HostTime per call with its driver calls after pass 1,
+// and, under the LD_PRELOAD shim, the shim's own time per call of torch's row.
 // Exit status: 0 on success, 2 on bad arguments or an unreadable trace, 1 on a failed call.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <array>
@@ -36,6 +38,7 @@
 
 #include "benchmarks/trace_ops.h"
 #include "device/cuda_backend.h"
+#include "nlohmann/json.hpp"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 
@@ -55,6 +58,18 @@ std::int64_t TotalCalls(const DriverCallLedger& calls) {
   std::int64_t total = 0;
   for (int i = 0; i < kNumDriverCalls; ++i) total += calls.count(static_cast<DriverCall>(i));
   return total;
+}
+
+// The LD_PRELOAD shim's host time in interposed calls so far (us), or -1 without the shim.
+double ShimInterposedMicros() {
+  using StatsFn = char* (*)();
+  auto stats = reinterpret_cast<StatsFn>(dlsym(RTLD_DEFAULT, "vramledger_preload_stats_json"));
+  char* json = stats != nullptr ? stats() : nullptr;
+  if (json == nullptr) return -1;
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  std::free(json);
+  if (!j.is_object() || !j.contains("host_time_us")) return -1;
+  return j["host_time_us"].value("interposed_calls", -1.0);
 }
 
 // One timed pass of `ops` through alloc / free; returns nanoseconds of the op loop. Frees the
@@ -145,6 +160,8 @@ int Main(int argc, char** argv) {
   std::vector<void*> slots(w.slots, nullptr);
   HostTime host_after_first;
   std::int64_t driver_after_first = 0;
+  double driver_us_after_first = 0;
+  double shim_us_after_first = ShimInterposedMicros();
   for (int pass = 0; pass < passes; ++pass) {
     for (int k = 0; k < kNumWhich; ++k) {
       const int which = (pass + k) % kNumWhich;  // rotate the order every pass
@@ -165,6 +182,8 @@ int Main(int argc, char** argv) {
     if (pass == 0) {
       host_after_first = vl.host_time();
       driver_after_first = TotalCalls(backend.calls());
+      driver_us_after_first = backend.calls().total_micros();
+      shim_us_after_first = ShimInterposedMicros();
     }
   }
   const HostTime host = vl.host_time();
@@ -186,10 +205,18 @@ int Main(int argc, char** argv) {
   }
   std::printf("\nvramledger / torch (%s), ns per call: gross %.3f, net of harness %.3f\n",
               torch_alloc::name().c_str(), ours / native, (ours - harness) / (native - harness));
+  const std::int64_t driver_calls = TotalCalls(backend.calls()) - driver_after_first;
   std::printf(
-      "vramledger HostTime inside Malloc/Free, passes 2-%d: %.1f ns per call; driver "
-      "calls after pass 1: %lld\n",
-      passes, vl_inside, static_cast<long long>(TotalCalls(backend.calls()) - driver_after_first));
+      "vramledger HostTime inside Malloc/Free, passes 2-%d: %.1f ns per call, of which driver "
+      "calls %.1f ns (%lld calls)\n",
+      passes, vl_inside, (backend.calls().total_micros() - driver_us_after_first) * 1e3 / vl_calls,
+      static_cast<long long>(driver_calls));
+  // Under the LD_PRELOAD shim: its own time in the calls torch's row made (passes 2-N), per call.
+  if (const double shim_us = ShimInterposedMicros(); shim_us >= 0) {
+    const double torch_calls = static_cast<double>(w.ops.size()) * (passes - 1);
+    std::printf("LD_PRELOAD shim: %.1f ns per call of torch's row inside the interposed calls\n",
+                (shim_us - shim_us_after_first) * 1e3 / torch_calls);
+  }
   (void)vl.EmptyCache();
   torch_alloc::emptyCache();
   return 0;
