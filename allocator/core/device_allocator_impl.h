@@ -130,8 +130,9 @@ class DeviceAllocatorImpl {
                                     const AllocationRequest& request, PendingStreams* pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whole mapped pages strictly inside free blocks of pools with `page_size` (up to `limit`), in
-  // the order they are taken: `also`'s, then each segment's free tail (highest first), then the
-  // holes, smallest first (expandable-segments.md, "Steady-state churn").
+  // the order they are taken: `also`'s, then the free blocks smallest first; with
+  // recycle_tails_first, each segment's free tail (highest first) before the holes
+  // (expandable-segments.md, "Steady-state churn").
   // `also` (optional): a free block taken out of the index, whose pages from `also_from` on count.
   std::vector<std::pair<core::Segment*, std::size_t>> FreeMappedPages(
       std::size_t page_size, std::size_t limit, const core::Block* also = nullptr,

@@ -331,14 +331,18 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::FreeMappedPag
   if (also != nullptr && also->segment->page_size == page_size) {
     collect(also, also_from, also->ptr + also->size);
   }
-  // Then each segment's free tail (the block that runs to the range's end), its highest pages
-  // first, and only then the holes, smallest first. Taking the holes' pages first left small
-  // holes without their pages, so the next step's requests of those sizes found the best-fit
-  // candidates short of a page and took one from another small hole: on the checkpointed
-  // Llama-1B trace the moves of steps 2-10 came from holes of 1-3 pages, with 2-21 fitting
-  // holes fully mapped (expandable-segments.md, "Steady-state churn").
+  // Then the free blocks in pool order (smallest first). With recycle_tails_first, each
+  // segment's free tail (the block that runs to the range's end) comes first, its highest pages
+  // first, then the holes: taking the holes' pages first leaves small holes without their pages,
+  // so the next step's requests of those sizes find the best-fit candidates short of a page and
+  // take one from another small hole (on the checkpointed Llama-1B trace the moves of steps 2-10
+  // came from holes of 1-3 pages, with 2-21 fitting holes fully mapped). Not the default: on the
+  // H200 it cut the checkpointed workload's moves by a quarter but raised Llama-1B's by a quarter
+  // and its peak reserved / allocated from 1.0086 to 1.0094-1.0105, past the 1.01 target once
+  // (expandable-segments.md, "Steady-state churn").
+  const bool tails_first = options_.recycle_tails_first;
   for (const BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
-    if (pool->page_size != page_size) continue;
+    if (!tails_first || pool->page_size != page_size) continue;
     for (const Block* b : pool->blocks) {
       if (pages >= limit) return out;
       if (b->next == nullptr) collect_last_first(b);
@@ -348,7 +352,7 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::FreeMappedPag
     if (pool->page_size != page_size) continue;
     for (const Block* b : pool->blocks) {
       if (pages >= limit) return out;
-      if (b->next != nullptr) collect(b, b->ptr, b->ptr + b->size);
+      if (!tails_first || b->next != nullptr) collect(b, b->ptr, b->ptr + b->size);
     }
   }
   return out;

@@ -79,6 +79,54 @@ TEST_F(ExpandableTest, RecyclesFreePagesBeforeCreatingNewOnes) {
   EXPECT_EQ(Allocated(), static_cast<std::int64_t>(26 * kMiB));
 }
 
+// Which free pages recycling takes (expandable-segments.md, "Steady-state churn"). Stream 0, in
+// MiB from a, 2 MiB pages: a [0, 8) h1 [8, 12) b [12, 20) h2 [20, 22) c [22, 30); h1 is freed
+// and its pages returned (empty_cache), then h2 is freed (a 1-page hole); stream 1 has a free
+// tail of 4 mapped pages [u, u + 8). A 4 MiB request fills h1 and needs 2 pages. By default the
+// holes go first, then the tail from its lowest page: h2's page and u's first. With
+// recycle_tails_first the tail goes first from its highest page: u's last two, and h2 keeps its
+// page. The mapped ranges (one snapshot segment each) show which.
+TEST_F(ExpandableTest, RecyclingTakesHolesFirstOrTailsFirst) {
+  for (const bool tails_first : {false, true}) {
+    SCOPED_TRACE(tails_first ? "recycle_tails_first" : "default");
+    Make(std::string("expandable_segments:True,expandable_page_mb:2,recycle_tails_first:") +
+         (tails_first ? "True" : "False"));
+    const DevicePtr a = Alloc(8 * kMiB);
+    const DevicePtr h1 = Alloc(4 * kMiB);
+    const DevicePtr b = Alloc(8 * kMiB);
+    const DevicePtr h2 = Alloc(2 * kMiB);
+    const DevicePtr c = Alloc(8 * kMiB);
+    Free(h1);
+    ASSERT_TRUE(alloc_->EmptyCache().ok());  // h1's 2 pages unmapped
+    const DevicePtr u = Alloc(8 * kMiB, /*stream=*/1);
+    Free(u);
+    Free(h2);
+    sim_->CompleteAllEvents();
+    alloc_->ResetPeakStats();  // peak allocated 24 MiB: growth past the slack recycles
+    const std::int64_t creates = Calls(DriverCall::kMemCreate);
+    const DevicePtr x = Alloc(4 * kMiB);
+    EXPECT_EQ(x, h1);
+    EXPECT_EQ(Calls(DriverCall::kMemCreate) - creates, 0);
+    EXPECT_EQ(alloc_->GetFragmentation().page_moves, 2);
+    using Ranges = std::vector<std::pair<std::int64_t, std::size_t>>;  // MiB: start, size
+    Ranges stream0, stream1;
+    for (const SegmentInfo& seg : alloc_->Snapshot()) {
+      const DevicePtr base = seg.stream == 0 ? a : u;
+      (seg.stream == 0 ? stream0 : stream1)
+          .emplace_back(static_cast<std::int64_t>(seg.address - base) / std::int64_t{kMiB},
+                        seg.total_size / kMiB);
+    }
+    if (tails_first) {
+      EXPECT_EQ(stream0, (Ranges{{0, 30}}));  // h2 kept its page
+      EXPECT_EQ(stream1, (Ranges{{0, 4}}));   // the tail gave its highest two
+    } else {
+      EXPECT_EQ(stream0, (Ranges{{0, 20}, {22, 8}}));  // h2 gave its page
+      EXPECT_EQ(stream1, (Ranges{{2, 6}}));            // and the tail its lowest
+    }
+    for (DevicePtr p : {a, b, c, x}) Free(p);
+  }
+}
+
 // Moves without a stall (expandable-segments.md): a page that moves within its stream is not
 // waited for; its old address stays mapped until a fence recorded on the stream at the move has
 // completed, and is unmapped by a later slow path (or waited for before anything is mapped over
@@ -292,40 +340,45 @@ std::int64_t TotalCalls(const DriverCallLedger& calls) {
 // after the steps of the cycle have been seen twice (the first pass leaves partly used pages
 // that the second pass settles), a step makes no driver call at all.
 TEST_F(ExpandableTest, RepeatedStepPatternMakesNoDriverCallAfterWarmup) {
-  Make("expandable_segments:True");  // default page size, recycling and slack
-  std::vector<DevicePtr> weights;
-  for (int i = 0; i < 24; ++i) weights.push_back(Alloc(48 * kMiB + 4 * kMiB * i));
-  const std::size_t seqs[] = {512, 1024, 256, 768, 384};
-  auto step = [&](std::size_t seq) {
-    std::vector<DevicePtr> acts;  // forward: activations kept for backward
-    for (int layer = 0; layer < 24; ++layer) {
-      acts.push_back(Alloc(seq * 24 * kKiB));
-      DevicePtr tmp = Alloc(seq * 40 * kKiB + 512);  // a temporary of another shape
-      acts.push_back(Alloc(seq * 8 * kKiB + 4096));
-      Free(tmp);
+  // Warm-up passes over every shape until the layout settles: two by default; three when free
+  // tails are recycled before holes (expandable-segments.md, "Steady-state churn"), whose second
+  // pass still moves 5 pages.
+  for (const auto& [conf, warmups] :
+       {std::pair<const char*, int>{"expandable_segments:True", 2},
+        std::pair<const char*, int>{"expandable_segments:True,recycle_tails_first:True", 3}}) {
+    SCOPED_TRACE(conf);
+    Make(conf);  // default page size, recycling and slack
+    std::vector<DevicePtr> weights;
+    for (int i = 0; i < 24; ++i) weights.push_back(Alloc(48 * kMiB + 4 * kMiB * i));
+    const std::size_t seqs[] = {512, 1024, 256, 768, 384};
+    auto step = [&](std::size_t seq) {
+      std::vector<DevicePtr> acts;  // forward: activations kept for backward
+      for (int layer = 0; layer < 24; ++layer) {
+        acts.push_back(Alloc(seq * 24 * kKiB));
+        DevicePtr tmp = Alloc(seq * 40 * kKiB + 512);  // a temporary of another shape
+        acts.push_back(Alloc(seq * 8 * kKiB + 4096));
+        Free(tmp);
+      }
+      while (!acts.empty()) {  // backward: gradients appear while activations go
+        DevicePtr grad = Alloc(seq * 16 * kKiB);
+        Free(acts.back());
+        acts.pop_back();
+        Free(grad);
+      }
+      sim_->CompleteAllEvents();  // the step's work finishes (a loss.item() waits for it)
+    };
+    for (int warm = 0; warm < warmups; ++warm) {
+      for (std::size_t seq : seqs) step(seq);
     }
-    while (!acts.empty()) {  // backward: gradients appear while activations go
-      DevicePtr grad = Alloc(seq * 16 * kKiB);
-      Free(acts.back());
-      acts.pop_back();
-      Free(grad);
+    const std::int64_t calls = TotalCalls(sim_->calls());
+    const std::int64_t reserved = Reserved();
+    for (int round = 0; round < 3; ++round) {
+      for (std::size_t seq : seqs) step(seq);
     }
-    sim_->CompleteAllEvents();  // the step's work finishes (a loss.item() waits for it)
-  };
-  // Warm-up: every shape three times (the layout settles). Two passes were enough until the
-  // recycler took free tails' pages before holes' (expandable-segments.md, "Steady-state
-  // churn"): with it the second pass still moves 5 pages, the third none.
-  for (int warm = 0; warm < 3; ++warm) {
-    for (std::size_t seq : seqs) step(seq);
+    EXPECT_EQ(TotalCalls(sim_->calls()) - calls, 0);
+    EXPECT_EQ(Reserved(), reserved);
+    for (DevicePtr w : weights) Free(w);
   }
-  const std::int64_t calls = TotalCalls(sim_->calls());
-  const std::int64_t reserved = Reserved();
-  for (int round = 0; round < 3; ++round) {
-    for (std::size_t seq : seqs) step(seq);
-  }
-  EXPECT_EQ(TotalCalls(sim_->calls()) - calls, 0);
-  EXPECT_EQ(Reserved(), reserved);
-  for (DevicePtr w : weights) Free(w);
 }
 
 // expandable_handle_mb: a run of new pages takes one handle per 64 MiB instead of one per page;
@@ -371,6 +424,11 @@ TEST_F(ExpandableTest, VariableSizeHandlesCoverRunsAndMoveWhole) {
 
 TEST_F(ExpandableTest, RandomizedNoLiveBlockOnUnmappedPage) {
   Randomized("expandable_segments:True,expandable_page_mb:2,max_split_size_mb:64", 100000);
+}
+
+// The same with free tails' pages recycled before holes' (recycle_tails_first).
+TEST_F(ExpandableTest, RandomizedWithTailsFirst) {
+  Randomized("expandable_segments:True,expandable_page_mb:2,recycle_tails_first:True", 30000);
 }
 
 // The same with handles of up to 8 MiB over 2 MiB pages (expandable_handle_mb): handles move

@@ -15,6 +15,20 @@ TEST(Options, DefaultsMatchTorch) {
   EXPECT_EQ(o.large_segment_size, 20 * kMiB);
   EXPECT_FALSE(o.expandable_segments);
   EXPECT_TRUE(o.page_recycling);
+  EXPECT_FALSE(o.recycle_tails_first);
+}
+
+TEST(Options, RecycleTailsFirstParsesAndRoundTrips) {
+  auto o = ParseOptions("expandable_segments:True,recycle_tails_first:True");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->recycle_tails_first);
+  EXPECT_NE(OptionsToString(*o).find("recycle_tails_first:True"), std::string::npos);
+  auto again = ParseOptions(OptionsToString(*o));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->recycle_tails_first);
+  auto bad = ParseOptions("recycle_tails_first:maybe");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("recycle_tails_first"), std::string::npos) << bad.status();
 }
 
 TEST(Options, ParsesTorchKeysWithWhitespaceAndLists) {

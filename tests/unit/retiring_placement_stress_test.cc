@@ -698,30 +698,36 @@ TEST_F(RetiringPlacementStressTest, SmallCardThreeStreamsEmptyCacheNoRace) {
 
 // Requests of up to 256 MiB (128 pages): mapping over a retiring page (64) is then at times the
 // cheapest place, so the wait path (ClearRetiring with a pending fence) runs; every such wait
-// must come before the unmap (the model sees no unmap under a pending kernel). Which churns reach
-// the wait path depends on the placement and recycling policy (seed 8 did before free tails were
-// recycled first, seeds 4 and 5 after): seeds are tried in turn until one does, each checked for
-// races.
+// must come before the unmap (the model sees no unmap under a pending kernel). Both recycling
+// orders (recycle_tails_first off, the default, and on). Which churns reach the wait path
+// depends on the placement and recycling policy (seed 8 with holes first; seeds 4 and 5 with
+// tails first): seeds are tried in turn until one does, each checked for races.
 TEST_F(RetiringPlacementStressTest, LargeRequestsTakeTheWaitPathNoRace) {
-  std::int64_t waits = 0;
-  for (std::uint32_t seed = 1; seed <= 16 && waits == 0; ++seed) {
-    ChurnConfig c;  // Churn() makes a fresh allocator and GPU model for each seed
-    c.ops = 30000;
-    c.lag = 16;
-    c.max_log2_size_x100 = 2800;
-    c.seed = seed;
-    std::vector<std::pair<DevicePtr, StreamId>> live;
-    ChurnResult r = Churn(c, &live);
-    ASSERT_FALSE(HasFailure()) << "seed " << seed;
-    std::printf("seed %u: mallocs %d, event waits %lld, page moves %lld\n", seed, r.mallocs,
-                static_cast<long long>(r.event_waits),
-                static_cast<long long>(alloc_->GetFragmentation().page_moves));
-    EXPECT_TRUE(gpu_->violations().empty()) << "seed " << seed << ": " << gpu_->violations()[0];
-    for (auto [p, s] : live) Free(p);
-    sim_->CompleteAllEvents();  // before the next seed's allocator replaces this one
-    waits = r.event_waits;
+  for (const char* conf : {"expandable_segments:True,expandable_page_mb:2",
+                           "expandable_segments:True,expandable_page_mb:2,"
+                           "recycle_tails_first:True"}) {
+    SCOPED_TRACE(conf);
+    std::int64_t waits = 0;
+    for (std::uint32_t seed = 1; seed <= 16 && waits == 0; ++seed) {
+      ChurnConfig c;  // Churn() makes a fresh allocator and GPU model for each seed
+      c.conf = conf;
+      c.ops = 30000;
+      c.lag = 16;
+      c.max_log2_size_x100 = 2800;
+      c.seed = seed;
+      std::vector<std::pair<DevicePtr, StreamId>> live;
+      ChurnResult r = Churn(c, &live);
+      ASSERT_FALSE(HasFailure()) << "seed " << seed;
+      std::printf("%s, seed %u: mallocs %d, event waits %lld, page moves %lld\n", conf, seed,
+                  r.mallocs, static_cast<long long>(r.event_waits),
+                  static_cast<long long>(alloc_->GetFragmentation().page_moves));
+      EXPECT_TRUE(gpu_->violations().empty()) << "seed " << seed << ": " << gpu_->violations()[0];
+      for (auto [p, s] : live) Free(p);
+      sim_->CompleteAllEvents();  // before the next seed's allocator replaces this one
+      waits = r.event_waits;
+    }
+    EXPECT_GT(waits, 0) << "no churn of seeds 1-16 reached the wait path";
   }
-  EXPECT_GT(waits, 0) << "no churn of seeds 1-16 reached the wait path";
 }
 
 // The wait path on its own, with kernels: 200 MiB block whose last kernel is pending, 2 pages

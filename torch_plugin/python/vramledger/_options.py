@@ -28,6 +28,7 @@ KNOWN_KEYS: tuple[str, ...] = (
     "expandable_page_mb",
     "recycle_slack",
     "expandable_handle_mb",
+    "recycle_tails_first",
     "plan",
     "dump_dir",
     "max_dumps",
