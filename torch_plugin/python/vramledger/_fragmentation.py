@@ -151,6 +151,9 @@ def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str,
       driver_calls: {CUDA call name: {"count", "time_us"}} for every call kind, with
         driver_calls_total, driver_time_us_total and driver_time ("measured" on CUDA,
         "modelled" on the simulator).
+      host_time: {"malloc": {"count", "time_us"}, "free": {"count", "time_us"}}: calls to the
+        allocator and the host time spent in them (lock wait and driver calls included),
+        cumulative; what vramledger can add to a host-bound step.
       device, current_stream.
 
     Args:
