@@ -501,7 +501,8 @@ int vramledger_fragmentation_json(int device, cudaStream_t current_stream, char*
     if (a != nullptr) f = a->GetFragmentation(stream);
     nlohmann::json json = vramledger::FragmentationJson(
         f, a != nullptr ? a->backend()->calls() : none, state.simulated());
-    // Host time inside the allocator's Malloc and Free (step-time-measurement.md).
+    // Host time inside the allocator's Malloc and Free, zeros unless host_timing is on
+    // (step-time-measurement.md).
     const vramledger::HostTime t = a != nullptr ? a->host_time() : vramledger::HostTime{};
     json["host_time"] = {{"malloc", {{"count", t.malloc_calls}, {"time_us", t.malloc_ns / 1e3}}},
                          {"free", {{"count", t.free_calls}, {"time_us", t.free_ns / 1e3}}}};

@@ -378,9 +378,11 @@ std::int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 DeviceAllocator::DeviceAllocator(const Options& options, DeviceBackend* backend)
-    : impl_(std::make_unique<DeviceAllocatorImpl>(options, backend)) {}
+    : impl_(std::make_unique<DeviceAllocatorImpl>(options, backend)),
+      host_timing_(options.host_timing) {}
 DeviceAllocator::~DeviceAllocator() = default;
 absl::StatusOr<DevicePtr> DeviceAllocator::Malloc(std::size_t size, StreamId stream) {
+  if (!host_timing_) return impl_->Malloc(size, stream);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<DevicePtr> ptr = impl_->Malloc(size, stream);
   malloc_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
@@ -388,6 +390,7 @@ absl::StatusOr<DevicePtr> DeviceAllocator::Malloc(std::size_t size, StreamId str
   return ptr;
 }
 absl::Status DeviceAllocator::Free(DevicePtr ptr) {
+  if (!host_timing_) return impl_->Free(ptr);
   const auto start = std::chrono::steady_clock::now();
   absl::Status status = impl_->Free(ptr);
   free_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);

@@ -159,6 +159,10 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
       return Bad(key, value, "a number in [0, 1]");
     }
     o->recycle_slack = v;
+  } else if (key == "host_timing") {
+    auto v = ParseBool(key, value);
+    if (!v.ok()) return v.status();
+    o->host_timing = *v;
   } else if (key == "recycle_tails_first") {
     auto v = ParseBool(key, value);
     if (!v.ok()) return v.status();
@@ -215,6 +219,7 @@ const std::vector<OptionDoc>& OptionTable() {
       {"recycle_slack", "0.008", "vramledger: growth allowed over peak allocated before recycling"},
       {"expandable_handle_mb", "0", "vramledger: largest handle per run of new pages (0 = a page)"},
       {"recycle_tails_first", "False", "vramledger: recycle free tails' pages before holes'"},
+      {"host_timing", "False", "vramledger: time each allocation and free on the host"},
       {"plan", "", "vramledger: path of the memory plan file"},
       {"dump_dir", "./vramledger-dumps", "vramledger: directory for OOM forensics"},
       {"max_dumps", "8", "vramledger: forensic dumps kept"},
@@ -277,6 +282,7 @@ std::string OptionsToString(const Options& o) {
   parts.push_back(absl::StrCat("recycle_slack:", o.recycle_slack));
   parts.push_back(absl::StrCat("expandable_handle_mb:", o.expandable_handle_size / kMiB));
   parts.push_back(absl::StrCat("recycle_tails_first:", o.recycle_tails_first ? "True" : "False"));
+  parts.push_back(absl::StrCat("host_timing:", o.host_timing ? "True" : "False"));
   if (!o.plan.empty()) parts.push_back(absl::StrCat("plan:", o.plan));
   parts.push_back(absl::StrCat("dump_dir:", o.dump_dir));
   parts.push_back(absl::StrCat("max_dumps:", o.max_dumps));

@@ -16,7 +16,8 @@
 // the vramledger row, the same code in every process, lets two processes' torch rows be compared
 // (torch / vramledger in each, then their ratio).
 //
-// Usage: vramledger_host_cost_bench TRACE.csv[.gz] [--passes N (7)] [--conf CONF]
+// Usage: vramledger_host_cost_bench TRACE.csv[.gz] [--passes N (7)] [--conf CONF (default
+// expandable_segments:True,host_timing:True)]
 // Prints one line per pass, then a table: ns per call (gross, net of the harness), the ratio
 // vramledger / native, vramledger's own HostTime per call with its driver calls after pass 1,
 // and, under the LD_PRELOAD shim, the shim's own time per call of torch's row.
@@ -36,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "benchmarks/trace_ops.h"
 #include "device/cuda_backend.h"
 #include "nlohmann/json.hpp"
@@ -60,16 +62,28 @@ std::int64_t TotalCalls(const DriverCallLedger& calls) {
   return total;
 }
 
-// The LD_PRELOAD shim's host time in interposed calls so far (us), or -1 without the shim.
-double ShimInterposedMicros() {
+// The LD_PRELOAD shim's interposed calls so far and their host time (us); calls -1 without the
+// shim (or with host_timing off: no time).
+struct ShimTime {
+  double us = 0;
+  std::int64_t calls = -1;
+};
+ShimTime ShimInterposed() {
   using StatsFn = char* (*)();
   auto stats = reinterpret_cast<StatsFn>(dlsym(RTLD_DEFAULT, "vramledger_preload_stats_json"));
   char* json = stats != nullptr ? stats() : nullptr;
-  if (json == nullptr) return -1;
+  if (json == nullptr) return {};
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   std::free(json);
-  if (!j.is_object() || !j.contains("host_time_us")) return -1;
-  return j["host_time_us"].value("interposed_calls", -1.0);
+  if (!j.is_object() || !j.contains("host_time_us")) return {};
+  ShimTime t;
+  t.us = j["host_time_us"].value("interposed_calls", 0.0);
+  t.calls = 0;
+  for (const char* key :
+       {"cudaMalloc_calls", "cudaMallocAsync_calls", "cudaFree_calls", "cudaFreeAsync_calls"}) {
+    t.calls += j.value(key, std::int64_t{0});
+  }
+  return t;
 }
 
 // One timed pass of `ops` through alloc / free; returns nanoseconds of the op loop. Frees the
@@ -81,11 +95,12 @@ double Pass(const TraceOps& w, std::vector<void*>& slots,
   const auto start = std::chrono::steady_clock::now();
   for (const TraceOp& op : w.ops) {
     if (op.alloc) {
+      if (op.size == 0) continue;  // no memory, as torch makes none for an empty tensor
       void* p = alloc(op.size);
       if (p == nullptr) return -1;
       slots[op.slot] = p;
       live[op.slot] = true;
-    } else {
+    } else if (live[op.slot]) {
       free(slots[op.slot]);
       live[op.slot] = false;
     }
@@ -105,12 +120,19 @@ int Main(int argc, char** argv) {
   }
   const std::string trace = argv[1];
   int passes = 7;
-  std::string conf = "expandable_segments:True";
+  std::string conf = "expandable_segments:True,host_timing:True";
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--passes" && i + 1 < argc) {
-      passes = std::atoi(argv[++i]);
-    } else if (arg == "--conf" && i + 1 < argc) {
+    if ((arg == "--passes" || arg == "--conf") && i + 1 >= argc) {
+      std::fprintf(stderr, "host_cost_bench: %s needs a value\n", arg.c_str());
+      return 2;
+    }
+    if (arg == "--passes") {
+      if (!absl::SimpleAtoi(argv[++i], &passes)) {
+        std::fprintf(stderr, "host_cost_bench: --passes: not an integer: '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (arg == "--conf") {
       conf = argv[++i];
     } else {
       std::fprintf(stderr, "host_cost_bench: unknown argument %s\n", arg.c_str());
@@ -124,6 +146,11 @@ int Main(int argc, char** argv) {
   const TraceOps w = LoadTraceOps(trace);
   if (!w.error.empty()) {
     std::fprintf(stderr, "host_cost_bench: %s\n", w.error.c_str());
+    return 2;
+  }
+  if (w.ops.empty()) {
+    std::fprintf(stderr, "host_cost_bench: %s: no alloc or free_completed event to replay\n",
+                 trace.c_str());
     return 2;
   }
   absl::StatusOr<Options> options = ParseOptions(conf);
@@ -142,7 +169,14 @@ int Main(int argc, char** argv) {
   DeviceAllocator vl(*options, &backend);
 
   const std::array<std::function<void*(std::size_t)>, kNumWhich> allocs = {
-      [](std::size_t n) { return torch_alloc::raw_alloc_with_stream(n, nullptr); },
+      [](std::size_t n) -> void* {
+        try {  // torch raises c10::Error (its OutOfMemoryError) instead of returning null
+          return torch_alloc::raw_alloc_with_stream(n, nullptr);
+        } catch (const c10::Error& e) {
+          std::fprintf(stderr, "torch: %s\n", e.what_without_backtrace());
+          return nullptr;
+        }
+      },
       [&vl](std::size_t n) -> void* {
         absl::StatusOr<DevicePtr> p = vl.Malloc(n, 0);
         if (!p.ok()) std::fprintf(stderr, "vramledger: %s\n", p.status().ToString().c_str());
@@ -150,7 +184,13 @@ int Main(int argc, char** argv) {
       },
       [](std::size_t n) { return reinterpret_cast<void*>(n | 1); }};
   const std::array<std::function<void(void*)>, kNumWhich> frees = {
-      [](void* p) { torch_alloc::raw_delete(p); },
+      [](void* p) {
+        try {
+          torch_alloc::raw_delete(p);
+        } catch (const c10::Error& e) {
+          std::fprintf(stderr, "torch: %s\n", e.what_without_backtrace());
+        }
+      },
       [&vl](void* p) { (void)vl.Free(reinterpret_cast<DevicePtr>(p)); }, [](void* p) { (void)p; }};
 
   std::printf("trace %s: %zu calls; torch allocator backend: %s; vramledger conf: %s\n",
@@ -161,7 +201,7 @@ int Main(int argc, char** argv) {
   HostTime host_after_first;
   std::int64_t driver_after_first = 0;
   double driver_us_after_first = 0;
-  double shim_us_after_first = ShimInterposedMicros();
+  ShimTime shim_after_first = ShimInterposed();
   for (int pass = 0; pass < passes; ++pass) {
     for (int k = 0; k < kNumWhich; ++k) {
       const int which = (pass + k) % kNumWhich;  // rotate the order every pass
@@ -183,7 +223,7 @@ int Main(int argc, char** argv) {
       host_after_first = vl.host_time();
       driver_after_first = TotalCalls(backend.calls());
       driver_us_after_first = backend.calls().total_micros();
-      shim_us_after_first = ShimInterposedMicros();
+      shim_after_first = ShimInterposed();
     }
   }
   const HostTime host = vl.host_time();
@@ -207,15 +247,17 @@ int Main(int argc, char** argv) {
               torch_alloc::name().c_str(), ours / native, (ours - harness) / (native - harness));
   const std::int64_t driver_calls = TotalCalls(backend.calls()) - driver_after_first;
   std::printf(
-      "vramledger HostTime inside Malloc/Free, passes 2-%d: %.1f ns per call, of which driver "
-      "calls %.1f ns (%lld calls)\n",
+      "vramledger HostTime inside Malloc/Free, passes 2-%d (end-of-pass frees included): %.1f ns "
+      "per call, of which driver calls %.1f ns (%lld calls)\n",
       passes, vl_inside, (backend.calls().total_micros() - driver_us_after_first) * 1e3 / vl_calls,
       static_cast<long long>(driver_calls));
-  // Under the LD_PRELOAD shim: its own time in the calls torch's row made (passes 2-N), per call.
-  if (const double shim_us = ShimInterposedMicros(); shim_us >= 0) {
-    const double torch_calls = static_cast<double>(w.ops.size()) * (passes - 1);
-    std::printf("LD_PRELOAD shim: %.1f ns per call of torch's row inside the interposed calls\n",
-                (shim_us - shim_us_after_first) * 1e3 / torch_calls);
+  // Under the LD_PRELOAD shim: its own time per interposed call (torch's row, passes 2-N, the
+  // untimed end-of-pass frees included), from its counters.
+  if (const ShimTime shim = ShimInterposed(); shim.calls > shim_after_first.calls) {
+    std::printf("LD_PRELOAD shim: %.1f ns per interposed call (%lld calls, passes 2-%d)\n",
+                (shim.us - shim_after_first.us) * 1e3 /
+                    static_cast<double>(shim.calls - shim_after_first.calls),
+                static_cast<long long>(shim.calls - shim_after_first.calls), passes);
   }
   (void)vl.EmptyCache();
   torch_alloc::emptyCache();

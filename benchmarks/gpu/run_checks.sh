@@ -131,7 +131,7 @@ if want hostcost 60; then
     if [ "${HOSTCOST_SHIM:-0}" = 1 ]; then
       LD_LIBRARY_PATH="$ROOT/.devbuild/lib:$TORCH_LIB" VRAMLEDGER_PRELOAD_QUIET=1 \
         PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
-        VRAMLEDGER_CONF=expandable_segments:True VRAMLEDGER_PRELOAD_NO_EXIT_DUMP=1 \
+        VRAMLEDGER_CONF=expandable_segments:True,host_timing:True VRAMLEDGER_PRELOAD_NO_EXIT_DUMP=1 \
         LD_PRELOAD="$ROOT/.devbuild/lib/libvramledger_preload.so" timeout 120 \
         .devbuild/lib/vramledger_host_cost_bench "traces/trace-$t-native.csv.gz" --passes 7 \
         >> "$OUT/hostcost.log" 2>&1

@@ -41,7 +41,7 @@ prepare() {
   local py="${PYTHON:-$ROOT/.venv/bin/python}"
   local build="$ROOT/.devbuild/build"
   cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
-    -DVRAMLEDGER_BUILD_TESTS=OFF -DVRAMLEDGER_BUILD_BENCHMARKS=OFF -DVRAMLEDGER_BUILD_PYTHON=OFF
+    -DVRAMLEDGER_BUILD_TESTS=OFF -DVRAMLEDGER_BUILD_BENCHMARKS=ON -DVRAMLEDGER_BUILD_PYTHON=OFF
   ninja -C "$build" vramledger_plugin vramledger_preload vramledger_driver_api_alloc \
     vramledger_host_cost_bench
   rm -rf "$LIBDIR"

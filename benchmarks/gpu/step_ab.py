@@ -30,6 +30,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from train_compare import host_share_over_rounds  # noqa: E402  (standard library only)
 PREFIX = "RESULT_JSON "
 MODES = ("native", "plugin", "shim", "shim-noexp", "torch-exp", "torch-async", "native-again")
 
@@ -47,10 +49,12 @@ def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict
     # native-again: torch's native allocator in a second process per round, the A/A control
     # that shows how far two runs of the same thing drift apart on this machine.
     child = "vramledger" if mode == "plugin" else "native"
+    if mode == "plugin":  # host_timing: vramledger's host time per step (allocator_host_us)
+        env.setdefault("VRAMLEDGER_CONF", "host_timing:True")
     if mode in ("shim", "shim-noexp"):  # the shim with / without expandable segments
         env["LD_PRELOAD"] = shim
         env["VRAMLEDGER_CONF"] = ("expandable_segments:True" if mode == "shim"
-                                  else "expandable_segments:False")
+                                  else "expandable_segments:False") + ",host_timing:True"
         env["VRAMLEDGER_PRELOAD_QUIET"] = "1"
     if mode == "torch-exp":  # torch's own expandable segments: a control for mapped memory
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -65,11 +69,13 @@ def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict
         raise RuntimeError(f"{mode} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     r = json.loads(lines[-1][len(PREFIX):])
     warm = r["step_s"][2:] or r["step_s"]
+    host_ms = r.get("allocator_host_ms")  # the same steps as `warm`
+    host_ms = (host_ms[2:] if r["step_s"][2:] else host_ms) if host_ms else None
     return {"mode": mode, "median_ms": statistics.median(warm) * 1e3,
             "min_ms": min(warm) * 1e3, "step_ms": [x * 1e3 for x in warm], "losses": r["losses"],
             "peak_reserved": r["peak_reserved"], "peak_allocated": r["peak_allocated"],
             "calibration": r.get("calibration"),
-            "host_ms": (r.get("allocator_host_ms") or [])[2:] or None}
+            "host_ms": host_ms}
 
 
 # docs/design/step-time-measurement.md: why rounds, an A/A control, an interval and calibration.
@@ -129,18 +135,11 @@ def summarize(rounds: list[dict[str, dict]], mode: str, target: float,
 
 
 def host_share_of(runs) -> dict | None:
-    """vramledger's host time in its allocation calls as a share of the step (train_compare's
-    host_share) over rounds: the median of the rounds' median shares and the largest step's.
-    None when a run has no host time (native, torch's own modes)."""
-    sys.path.insert(0, HERE)
-    from train_compare import host_share
-
-    shares = [host_share([t / 1e3 for t in run["step_ms"]], run.get("host_ms"), skip=0)
-              for run in runs]
-    if not shares or any(x is None for x in shares):
-        return None
-    return {"median": statistics.median(x["median"] for x in shares),
-            "max": max(x["max"] for x in shares)}
+    """vramledger's host time in its allocation calls as a share of the step over rounds
+    (train_compare.host_share_over_rounds on each run's warm steps). None when a run has no host
+    time (native, torch's own modes)."""
+    return host_share_over_rounds([([t / 1e3 for t in run["step_ms"]], run.get("host_ms"))
+                                   for run in runs], skip=0)
 
 
 def print_table(rounds: list[dict[str, dict]], modes: list[str], target: float) -> dict:

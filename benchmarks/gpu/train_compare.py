@@ -50,8 +50,8 @@ def child(allocator: str, steps: int) -> None:
         reset_peak, stats = torch.cuda.reset_peak_memory_stats, torch.cuda.memory_stats
     torch.cuda.synchronize()
     reset_peak()
-    losses, times, seqs, host_ms = [], [], [], []
-    host_before = allocator_host_us(allocator)
+    losses, times, seqs = [], [], []
+    host = HostTimePerStep(allocator)
     for _ in range(steps):
         seq = random.randint(128, 1024)
         x = torch.randint(0, cfg.vocab_size, (8, seq), device="cuda")
@@ -66,10 +66,7 @@ def child(allocator: str, steps: int) -> None:
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
         seqs.append(seq)
-        host_after = allocator_host_us(allocator)
-        if host_after is not None:
-            host_ms.append((host_after - host_before) / 1e3)
-            host_before = host_after
+        host.step_done()
     s = stats()
     result = {
         "allocator": allocator,
@@ -88,7 +85,7 @@ def child(allocator: str, steps: int) -> None:
         "num_ooms": s["num_ooms"],
         "num_device_alloc": s.get("num_device_alloc"),
         # vramledger's host time per step inside its allocation calls (None under native).
-        "allocator_host_ms": host_ms or None,
+        "allocator_host_ms": host.per_step or None,
         # After the figures above, so its buffers change none of them.
         "calibration": calibrate(torch),
     }
@@ -99,9 +96,10 @@ def child(allocator: str, steps: int) -> None:
 def allocator_host_us(allocator: str) -> float | None:
     """Host microseconds this process has spent in vramledger's allocation calls so far.
 
-    Under the plugin (allocator "vramledger"): Malloc and Free of every device's allocator
+    Under the plugin (allocator "vramledger"): Malloc and Free of the current device's allocator
     (fragmentation()["host_time"]). Under the LD_PRELOAD shim: the interposed cudaMalloc* and
-    cudaFree* calls from entry to return (vramledger_preload_stats_json). None otherwise.
+    cudaFree* calls from entry to return, every device (vramledger_preload_stats_json). Zeros
+    unless VRAMLEDGER_CONF has host_timing:True; None without vramledger.
     """
     if allocator == "vramledger":
         import vramledger
@@ -122,17 +120,50 @@ def allocator_host_us(allocator: str) -> float | None:
         process.free(ctypes.c_void_p(raw))
 
 
+class HostTimePerStep:
+    """vramledger's host time in each training step (ms), from allocator_host_us: construct
+    before the first step, call step_done() after each; `per_step` is empty without vramledger."""
+
+    def __init__(self, allocator: str):
+        self.allocator = allocator
+        self.before = allocator_host_us(allocator)
+        self.per_step: list[float] = []
+
+    def step_done(self) -> None:
+        after = allocator_host_us(self.allocator)
+        if after is not None and self.before is not None:
+            self.per_step.append((after - self.before) / 1e3)
+            self.before = after
+
+
 def host_share(step_s: list[float], host_ms: list[float] | None, skip: int = 1) -> dict | None:
     """vramledger's host time as a share of each step, over the steps after the first `skip`.
 
     step_s: step times (s); host_ms: host time inside vramledger's allocation calls in the same
     steps (ms), or None. Returns {"median": ..., "max": ...} (fractions of the step), or None
     when there is no host time or no step after `skip`.
+
+    Raises:
+      ValueError: step_s and host_ms differ in length, or host_ms holds a None.
     """
     if not host_ms:
         return None
+    if len(host_ms) != len(step_s) or any(h is None for h in host_ms):
+        raise ValueError(f"host_share: {len(host_ms)} host times (None entries: "
+                         f"{sum(h is None for h in host_ms)}) for {len(step_s)} steps")
     shares = [h / (t * 1e3) for t, h in list(zip(step_s, host_ms))[skip:] if t > 0]
     return {"median": statistics.median(shares), "max": max(shares)} if shares else None
+
+
+def host_share_over_rounds(rounds: list[tuple[list[float], list[float] | None]],
+                           skip: int = 1) -> dict | None:
+    """host_share over rounds, each (step_s, host_ms): the median of the rounds' median shares
+    and the largest step's share. None when there is no round or one has no host time."""
+    shares = [host_share(step_s, host_ms, skip) for step_s, host_ms in rounds]
+    if not shares or any(x is None for x in shares):
+        return None
+    return {"median": statistics.median(x["median"] for x in shares),
+            "max": max(x["max"] for x in shares)}
 
 
 # docs/design/step-time-measurement.md, "Divide out the process's own speed".

@@ -33,7 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_compare import allocator_host_us, calibrate, host_share  # noqa: E402
+from train_compare import HostTimePerStep, calibrate, host_share_over_rounds  # noqa: E402
 
 RESULT = "RESULT_JSON "
 
@@ -116,8 +116,8 @@ def child(workload: str, allocator: str) -> None:
         mem = torch.cuda
     torch.cuda.synchronize()
     mem.reset_peak_memory_stats()
-    times, losses, calls, driver, host_ms = [], [], [], [], []
-    host_before = allocator_host_us(allocator)
+    times, losses, calls, driver = [], [], [], []
+    host = HostTimePerStep(allocator)  # vramledger's host time inside Malloc and Free, per step
     for _ in range(p["steps"]):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -125,10 +125,7 @@ def child(workload: str, allocator: str) -> None:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
-        host_after = allocator_host_us(allocator)
-        if host_after is not None:  # vramledger's host time inside Malloc and Free, this step
-            host_ms.append((host_after - host_before) / 1e3)
-            host_before = host_after
+        host.step_done()
         s = mem.memory_stats()
         calls.append(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
         if allocator == "vramledger":  # every driver call, measured around the call
@@ -136,7 +133,7 @@ def child(workload: str, allocator: str) -> None:
             driver.append({k: (v["count"], round(v["time_us"])) for k, v in
                            f["driver_calls"].items() if v["count"]})
     s = mem.memory_stats()
-    extra = {"allocator_host_ms": host_ms or None}
+    extra = {"allocator_host_ms": host.per_step or None}
     extra["calibration"] = calibrate(torch)  # after the figures: its buffers change none of them
     if driver:  # per kind: calls and microseconds in the last three steps
         last3 = {k: [c - driver[-4].get(k, (0, 0))[0], t - driver[-4].get(k, (0, 0))[1]]
@@ -161,7 +158,8 @@ def run(workload: str, allocator: str) -> dict:
     if allocator == "torch-expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if allocator == "vramledger":
-        env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True")
+        # host_timing: vramledger's host time per step (train_compare.allocator_host_us)
+        env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True,host_timing:True")
     kind = "vramledger" if allocator == "vramledger" else "torch"
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload, kind],
                           env=env, capture_output=True, text=True,
@@ -273,11 +271,10 @@ def main() -> int:
         cal = r.get("gpu_calibrated_step_ratio")
         cal = "n/a" if cal is None else f"{cal:.3f}"
         # docs/design/step-time-measurement.md, "Time inside the allocator": every round's steps
-        shares = [host_share(x, h) for x, h in zip(r.get("round_step_s", [r["step_s"]]),
-                                                   r.get("round_host_ms", [None]))]
-        host = "n/a" if not shares or None in shares else (
-            f"{100 * statistics.median(x['median'] for x in shares):.2f}%, "
-            f"{100 * max(x['max'] for x in shares):.2f}%")
+        share = host_share_over_rounds(list(zip(r.get("round_step_s", [r["step_s"]]),
+                                                r.get("round_host_ms", [None]))))
+        host = ("n/a" if share is None else
+                f"{100 * share['median']:.2f}%, {100 * share['max']:.2f}%")
         lines.append(
             f"| {r['workload']} | {r['allocator']} | {r['peak_allocated']/2**30:.2f} | "
             f"{r['peak_reserved']/2**30:.2f} | {r['peak_reserved']/r['peak_allocated']:.4f} | "

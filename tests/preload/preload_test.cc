@@ -95,13 +95,9 @@ TEST(PreloadTest, ServesCountsAndForwardsForeignFrees) {
   EXPECT_EQ(shim["cudaFreeAsync_calls"], 6);
   EXPECT_EQ(shim["served_allocations"], 16);
   EXPECT_EQ(shim["served_frees"], 16);
-  // Host time: the served calls as a whole take at least what the allocator took inside them.
-  const nlohmann::json& host = shim["host_time_us"];
-  EXPECT_GT(host["allocator_malloc"].get<double>(), 0) << r.output;
-  EXPECT_GT(host["allocator_free"].get<double>(), 0) << r.output;
-  EXPECT_GE(host["interposed_calls"].get<double>(),
-            host["allocator_malloc"].get<double>() + host["allocator_free"].get<double>())
-      << r.output;
+  // Host time is not measured unless host_timing is on (HostTimingTimesInterposedCalls).
+  EXPECT_EQ(shim["host_time_us"]["interposed_calls"], 0) << r.output;
+  EXPECT_EQ(shim["host_time_us"]["allocator_malloc"], 0) << r.output;
   EXPECT_EQ(shim["forwarded_frees"], 1);
   EXPECT_EQ(shim["refusals"], 1);
   // The real runtime saw no cudaMallocAsync/cudaFreeAsync (all served from segments), and
@@ -125,6 +121,24 @@ TEST(PreloadTest, ServesCountsAndForwardsForeignFrees) {
   EXPECT_TRUE(snapshot);
   EXPECT_TRUE(summary);
   EXPECT_THAT(r.output, HasSubstr("vramledger preload summary (exit"));
+  EXPECT_THAT(r.output, HasSubstr("host time in those calls: not measured"));
+  std::filesystem::remove_all(dumps);
+}
+
+// host_timing:True: the interposed calls as a whole take at least what the allocator took inside
+// them, and the exit summary says both.
+TEST(PreloadTest, HostTimingTimesInterposedCalls) {
+  const std::string dumps = TempDir("vl-preload-timing");
+  const Result r = RunDriver("VRAMLEDGER_CONF=host_timing:True,dump_dir:" + dumps);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json host = DriverJson(r.output)["shim"]["host_time_us"];
+  EXPECT_GT(host["allocator_malloc"].get<double>(), 0) << r.output;
+  EXPECT_GT(host["allocator_free"].get<double>(), 0) << r.output;
+  EXPECT_GE(host["interposed_calls"].get<double>(),
+            host["allocator_malloc"].get<double>() + host["allocator_free"].get<double>())
+      << r.output;
+  EXPECT_THAT(r.output, HasSubstr("host time inside the allocator: malloc "));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("not measured")));
   std::filesystem::remove_all(dumps);
 }
 

@@ -27,7 +27,8 @@ import vramledger
 from vramledger import _fragmentation, _plugin
 lib = _plugin.load()
 assert lib.vramledger_testing_use_sim_backend(1, 1 << 30) == 0
-_plugin.configure("expandable_segments:True,expandable_page_mb:2,page_recycling:False")
+_plugin.configure("expandable_segments:True,expandable_page_mb:2,page_recycling:False,"
+                  "host_timing:True")
 vramledger._installed = ("test", "")  # install() needs CUDA; the simulator stands in for it
 lib.vramledger_testing_malloc.restype = ctypes.c_void_p
 lib.vramledger_testing_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]

@@ -190,6 +190,31 @@ def test_host_share_per_step_after_the_first():
     assert share["max"] == pytest.approx(0.02)
     assert tc.host_share([0.2, 0.3], None) is None  # native: no host time
     assert tc.host_share([0.2], [1.0]) is None       # nothing after the first step
+    with pytest.raises(ValueError, match="2 host times .* for 3 steps"):
+        tc.host_share([1.0, 1.0, 1.0], [1.0, 2.0])  # not silently one step
+    with pytest.raises(ValueError, match="None entries: 1"):
+        tc.host_share([1.0, 1.0], [1.0, None])
+    # Over rounds: the median of the rounds' medians, the largest step of all.
+    both = tc.host_share_over_rounds([([2.0, 0.2, 0.1, 0.4], [50.0, 1.0, 2.0, 2.0]),
+                                      ([2.0, 0.1, 0.1], [50.0, 3.0, 1.0])])
+    assert both["median"] == pytest.approx((0.005 + 0.02) / 2)
+    assert both["max"] == pytest.approx(0.03)
+    assert tc.host_share_over_rounds([([0.2, 0.3], None)]) is None
+    assert tc.host_share_over_rounds([]) is None
+
+
+def test_host_time_per_step_differences_the_running_total(monkeypatch):
+    tc = _train_compare()
+    totals = iter([100.0, 1100.0, 4100.0])  # us, as allocator_host_us reports them
+    monkeypatch.setattr(tc, "allocator_host_us", lambda allocator: next(totals))
+    per = tc.HostTimePerStep("vramledger")
+    per.step_done()
+    per.step_done()
+    assert per.per_step == [pytest.approx(1.0), pytest.approx(3.0)]  # ms
+    monkeypatch.setattr(tc, "allocator_host_us", lambda allocator: None)
+    none = tc.HostTimePerStep("native")
+    none.step_done()
+    assert none.per_step == []
 
 
 def test_allocator_host_us_is_none_without_vramledger():

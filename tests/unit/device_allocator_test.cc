@@ -53,7 +53,16 @@ TEST_F(AllocatorTest, SizeZeroIsNullAndFreeOfNullIsNoOp) {
   EXPECT_EQ(sim_->calls().count(DriverCall::kMalloc), 0);
 }
 
+TEST_F(AllocatorTest, HostTimeIsOffByDefault) {
+  Free(Alloc(kMiB));
+  const HostTime t = alloc_->host_time();
+  EXPECT_EQ(t.malloc_calls, 0);
+  EXPECT_EQ(t.malloc_ns, 0);
+  EXPECT_EQ(t.free_calls, 0);
+}
+
 TEST_F(AllocatorTest, HostTimeCountsEveryMallocAndFreeCall) {
+  Make("host_timing:True");
   EXPECT_EQ(alloc_->host_time().malloc_calls, 0);
   const DevicePtr a = Alloc(kMiB);
   const DevicePtr b = Alloc(3 * kMiB);

@@ -16,6 +16,17 @@ TEST(Options, DefaultsMatchTorch) {
   EXPECT_FALSE(o.expandable_segments);
   EXPECT_TRUE(o.page_recycling);
   EXPECT_FALSE(o.recycle_tails_first);
+  EXPECT_FALSE(o.host_timing);
+}
+
+TEST(Options, HostTimingParsesAndRoundTrips) {
+  auto o = ParseOptions("host_timing:True");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->host_timing);
+  auto again = ParseOptions(OptionsToString(*o));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->host_timing);
+  EXPECT_FALSE(ParseOptions("host_timing:yes").ok());
 }
 
 TEST(Options, RecycleTailsFirstParsesAndRoundTrips) {

@@ -128,23 +128,26 @@ struct Counters {
   std::atomic<std::int64_t> interposed_ns{0};
 };
 
-// Adds the time from construction to destruction to `sink` (ns).
+// Adds the time from construction to destruction to `*sink` (ns); does nothing, reading no clock,
+// when `sink` is null (host_timing off).
 class CallTimer {
  public:
-  explicit CallTimer(std::atomic<std::int64_t>& sink)
-      : sink_(sink), start_(std::chrono::steady_clock::now()) {}
+  explicit CallTimer(std::atomic<std::int64_t>* sink) : sink_(sink) {
+    if (sink_ != nullptr) start_ = std::chrono::steady_clock::now();
+  }
   ~CallTimer() {
-    sink_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - start_)
-                        .count(),
-                    std::memory_order_relaxed);
+    if (sink_ == nullptr) return;
+    sink_->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start_)
+                         .count(),
+                     std::memory_order_relaxed);
   }
   CallTimer(const CallTimer&) = delete;
   CallTimer& operator=(const CallTimer&) = delete;
 
  private:
-  std::atomic<std::int64_t>& sink_;
-  const std::chrono::steady_clock::time_point start_;
+  std::atomic<std::int64_t>* const sink_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // ---- Process state ----
@@ -178,6 +181,10 @@ class Preload {
 
   const Options& options() const { return options_; }
   Counters& counters() { return counters_; }
+  // Where the interposed calls' host time goes: null unless host_timing is on.
+  std::atomic<std::int64_t>* InterposedTimer() {
+    return options_.host_timing ? &counters_.interposed_ns : nullptr;
+  }
 
   // The allocator of `device`, created on first use. Pre: inside an InsideScope.
   absl::StatusOr<DeviceAllocator*> GetOrCreate(int device) {
@@ -339,7 +346,10 @@ std::string Summary(Preload& p, const char* reason) {
       << ", size-0 " << c.zero_size_allocs.load() << "; forwarded frees (not ours) "
       << c.forwarded_frees.load() << "; refusals " << c.refusals.load() << ", errors "
       << c.errors.load() << "\n"
-      << "host time in those calls: " << c.interposed_ns.load() / 1000 << " us\n";
+      << "host time in those calls: "
+      << (p.options().host_timing ? absl::StrCat(c.interposed_ns.load() / 1000, " us")
+                                  : std::string("not measured (host_timing:True measures it)"))
+      << "\n";
   for (int d = 0; d < kMaxDevices; ++d) {
     const DeviceAllocator* a = p.Existing(d);
     if (a == nullptr) continue;
@@ -356,10 +366,12 @@ std::string Summary(Preload& p, const char* reason) {
         << FormatCount(s.allocation[kAggregate].freed) << ", segments "
         << FormatCount(s.segment[kAggregate].allocated) << ", cudaMalloc retries "
         << s.num_alloc_retries << ", OOMs " << s.num_ooms << "\n";
-    const HostTime t = a->host_time();
-    out << "  host time inside the allocator: malloc " << t.malloc_ns / 1000 << " us over "
-        << FormatCount(t.malloc_calls) << " calls, free " << t.free_ns / 1000 << " us over "
-        << FormatCount(t.free_calls) << " calls\n";
+    if (p.options().host_timing) {
+      const HostTime t = a->host_time();
+      out << "  host time inside the allocator: malloc " << t.malloc_ns / 1000 << " us over "
+          << FormatCount(t.malloc_calls) << " calls, free " << t.free_ns / 1000 << " us over "
+          << FormatCount(t.free_calls) << " calls\n";
+    }
     const OutsideBytes o = MeasureOutsideBytes(p, d);
     if (o.known) {
       out << "  device bytes used outside vramledger: " << o.outside << " ("
@@ -625,7 +637,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
     }
     return Runtime().malloc(ptr, size);
   }
-  const vramledger::CallTimer timer(p->counters().interposed_ns);
+  const vramledger::CallTimer timer(p->InterposedTimer());
   p->counters().malloc_calls.fetch_add(1, std::memory_order_relaxed);
   return vramledger::Allocate(*p, ptr, size, nullptr);
 }
@@ -634,7 +646,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size,
                                                       cudaStream_t stream) {
   Preload* p = Active();
   if (p == nullptr) return Runtime().malloc_async(ptr, size, stream);
-  const vramledger::CallTimer timer(p->counters().interposed_ns);
+  const vramledger::CallTimer timer(p->InterposedTimer());
   p->counters().malloc_async_calls.fetch_add(1, std::memory_order_relaxed);
   return vramledger::Allocate(*p, ptr, size, stream);
 }
@@ -647,7 +659,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
     }
     return Runtime().free(ptr);
   }
-  const vramledger::CallTimer timer(p->counters().interposed_ns);
+  const vramledger::CallTimer timer(p->InterposedTimer());
   p->counters().free_calls.fetch_add(1, std::memory_order_relaxed);
   cudaError_t result = cudaSuccess;
   if (vramledger::Release(*p, ptr, nullptr, /*async=*/false, &result)) return result;
@@ -658,7 +670,7 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   Preload* p = Active();
   if (p == nullptr) return Runtime().free_async(ptr, stream);
-  const vramledger::CallTimer timer(p->counters().interposed_ns);
+  const vramledger::CallTimer timer(p->InterposedTimer());
   p->counters().free_async_calls.fetch_add(1, std::memory_order_relaxed);
   cudaError_t result = cudaSuccess;
   if (vramledger::Release(*p, ptr, stream, /*async=*/true, &result)) return result;

@@ -111,10 +111,12 @@ class ContiguousSegmentsScope {
   static int depth();
 };
 
-/// Host time spent inside Malloc and Free since construction, measured around each call with
-/// std::chrono::steady_clock (lock wait, bookkeeping and any driver call made inside included):
-/// the most a step can lose to this allocator on the host, beside which torch's own allocator
-/// time is not subtracted (docs/design/step-time-measurement.md, "Time inside the allocator").
+/// Host time spent inside Malloc and Free since construction, with `host_timing:True` (zeros
+/// otherwise), measured around each call with std::chrono::steady_clock: lock wait, bookkeeping
+/// and any driver call made inside. What the allocator itself costs a host-bound step; its
+/// callers' glue (the plugin's entry points, torch's pluggable-allocator wrapper) is outside, and
+/// with several threads the summed waits can exceed wall time
+/// (docs/design/step-time-measurement.md, "Time inside the allocator").
 struct HostTime {
   std::int64_t malloc_calls = 0;
   std::int64_t malloc_ns = 0;  // nanoseconds
@@ -179,8 +181,8 @@ class DeviceAllocator {
   /// The numbers of the most recent out-of-memory failure.
   OutOfMemoryInfo last_oom() const;
 
-  /// Calls to Malloc and Free and the host time spent in them (cumulative; not reset by
-  /// ResetAccumulatedStats, like the driver-call ledger).
+  /// Calls to Malloc and Free and the host time spent in them, with `host_timing:True` (zeros
+  /// otherwise; cumulative, not reset by ResetAccumulatedStats, like the driver-call ledger).
   HostTime host_time() const;
 
   /// Checks every internal invariant (block chains, free index, stats identities).
@@ -215,6 +217,7 @@ class DeviceAllocator {
 
  private:
   std::unique_ptr<DeviceAllocatorImpl> impl_;
+  const bool host_timing_;  // Options::host_timing
   // HostTime's figures; relaxed atomics, so reading them takes no lock.
   std::atomic<std::int64_t> malloc_calls_{0};
   std::atomic<std::int64_t> malloc_ns_{0};

@@ -53,6 +53,11 @@ struct Options {
   /// on the H200), more where steps set new peaks (Llama-1B: +25%), and a looser fit on the
   /// H200 (expandable-segments.md, "Steady-state churn").
   bool recycle_tails_first = false;
+  /// `host_timing` (vramledger): time every Malloc and Free on the host (DeviceAllocator::
+  /// host_time, fragmentation()["host_time"]; the LD_PRELOAD shim also times its interposed
+  /// calls). Off by default: two clock reads and two atomic adds per call, 60-90 ns on a 2-core
+  /// VM (replay_bench, ~25% of the allocator's own time there).
+  bool host_timing = false;
   /// `expandable_handle_mb` (vramledger): the largest physical handle created for one run of
   /// missing pages of an expandable segment, in bytes (a multiple of the page size, checked when
   /// the options are parsed; 0 = one handle per page). A run of k new pages takes
