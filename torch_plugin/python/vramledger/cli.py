@@ -131,11 +131,15 @@ def _format_driver_time(r: dict) -> list[str]:
 
 
 def _format_fragmentation(r: dict) -> list[str]:
-    """Fragmentation at the moment of peak reserved and at the end, side by side."""
+    """Fragmentation at the moment reserved first reached its peak and at the end, side by side,
+    with the C++ report's labels (tools/replay/replay_report.cc, FormatFragmentation): utilization
+    is peak allocated / peak reserved at either point; "wasted then" is reserved - allocated at
+    that moment, which differs from peak reserved - peak allocated when reserved reaches its peak
+    late (a page created within recycle_slack of the peak while little is allocated)."""
     p, e = r["fragmentation_at_peak"], r["fragmentation_at_end"]
-    rows = [("utilization", f"{p['utilization']:.4f}", f"{e['utilization']:.4f}")]
-    for label, key in (("wasted (reserved-alloc.)", "wasted_bytes"),
-                       ("wasted at peak", "wasted_bytes_at_peak"),
+    rows = [("utilization (peak/peak)", f"{p['utilization']:.4f}", f"{e['utilization']:.4f}")]
+    for label, key in (("wasted then (res.-alloc.)", "wasted_bytes"),
+                       ("peak res. - peak alloc.", "wasted_bytes_at_peak"),
                        ("largest free block", "largest_free_block")):
         rows.append((label, _bytes(p[key]), _bytes(e[key])))
     rows += [("free-space fragmentation", f"{p['free_space_fragmentation']:.4f}",
