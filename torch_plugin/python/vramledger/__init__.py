@@ -74,8 +74,10 @@ def install(*, patch_torch: bool = True, **options: Any) -> None:
         pluggable allocator. False leaves torch's functions alone.
       **options: allocator options with torch's key names and meanings (max_split_size_mb=200,
         expandable_segments=False, roundup_power2_divisions=[1, 2, 4], ...) plus vramledger's
-        own (page_recycling, expandable_page_mb, plan, dump_dir, max_dumps). Settings from the
-        VRAMLEDGER_CONF environment variable (`key:value,...`) apply first; keywords win.
+        own (page_recycling, expandable_page_mb, recycle_slack, expandable_handle_mb,
+        recycle_tails_first, host_timing, plan, dump_dir, max_dumps, step_log; README
+        "Options"). Settings from the VRAMLEDGER_CONF environment variable (`key:value,...`)
+        apply first; keywords win.
 
     A second call with the same options (and environment) does nothing.
 
