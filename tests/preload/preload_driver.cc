@@ -14,7 +14,9 @@ extern "C" void fake_cudart_counts(long* malloc_calls, long* free_calls, long* m
 extern "C" void fake_cudart_use_outside(long bytes);
 
 // PRELOAD_DRIVER_BENCH=N: N rounds of 16 cudaMallocAsync then 16 cudaFreeAsync (sizes 512 B to
-// 2 MiB, as a training step's tensors), timed; prints ns per allocation+free pair.
+// 2 MiB, as a training step's tensors), timed; prints ns per allocation+free pair and the shim's
+// stats (with host_timing:True, its time inside the interposed calls and inside the allocator:
+// the difference is the shim's own cost per call).
 int Bench(long rounds) {
   constexpr int kLive = 16;
   void* p[kLive];
@@ -28,8 +30,13 @@ int Bench(long rounds) {
   }
   const double ns =
       std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
-  std::printf("{\"bench_ns_per_pair\": %.1f, \"pairs\": %ld, \"failures\": %d}\n",
-              ns / static_cast<double>(rounds * kLive), rounds * kLive, failures);
+  using StatsFn = char* (*)();
+  auto stats = reinterpret_cast<StatsFn>(dlsym(RTLD_DEFAULT, "vramledger_preload_stats_json"));
+  char* shim = stats != nullptr ? stats() : nullptr;
+  std::printf("{\"bench_ns_per_pair\": %.1f, \"pairs\": %ld, \"failures\": %d, \"shim\": %s}\n",
+              ns / static_cast<double>(rounds * kLive), rounds * kLive, failures,
+              shim != nullptr ? shim : "null");
+  std::free(shim);
   return failures == 0 ? 0 : 1;
 }
 
