@@ -557,7 +557,8 @@ bool Release(Preload& p, void* ptr, cudaStream_t stream, bool async, cudaError_t
 }
 
 // PYTORCH_CUDA_ALLOC_CONF gains backend:cudaMallocAsync unless it names a backend already, so
-// that torch sends every tensor allocation through cudaMallocAsync (PYTORCH-FACTS §8).
+// that torch sends every tensor allocation through cudaMallocAsync (PYTORCH-FACTS §8). What this
+// route costs per call, and the alternative: docs/design/preload-route.md.
 void SelectTorchBackend() {
   const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
   if (conf == nullptr || conf[0] == '\0') {
