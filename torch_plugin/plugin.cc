@@ -294,10 +294,8 @@ nlohmann::json FragmentationJson(const Fragmentation& f, const DriverCallLedger&
     per_kind[std::string(DriverCallName(call))] = {{"count", calls.count(call)},
                                                    {"time_us", calls.micros(call)}};
   }
-  std::int64_t total = 0;
-  for (int i = 0; i < kNumDriverCalls; ++i) total += calls.count(static_cast<DriverCall>(i));
   json["driver_calls"] = std::move(per_kind);
-  json["driver_calls_total"] = total;
+  json["driver_calls_total"] = calls.total_count();
   json["driver_time_us_total"] = calls.total_micros();
   json["driver_time"] = modelled ? "modelled" : "measured";
   return json;

@@ -89,6 +89,13 @@ absl::Status ParseDivisions(string_view key, string_view value, Options* out) {
   return absl::OkStatus();
 }
 
+// A True / False key's value into `*out`; `*out` is unchanged on a bad value.
+absl::Status SetBool(string_view key, string_view value, bool* out) {
+  absl::StatusOr<bool> v = ParseBool(key, value);
+  if (v.ok()) *out = *v;
+  return v.status();
+}
+
 absl::Status ApplyOne(string_view key, string_view value, Options* o) {
   if (key == "max_split_size_mb") {
     auto v = ParseMiB(key, value, 20);
@@ -103,9 +110,7 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     if (!v.ok()) return v.status();
     o->garbage_collection_threshold = *v;
   } else if (key == "expandable_segments") {
-    auto v = ParseBool(key, value);
-    if (!v.ok()) return v.status();
-    o->expandable_segments = *v;
+    return SetBool(key, value, &o->expandable_segments);
   } else if (key == "large_segment_size_mb") {
     auto v = ParseMiB(key, value, 2);
     if (!v.ok()) return v.status();
@@ -114,9 +119,7 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
   } else if (key == "roundup_power2_divisions") {
     return ParseDivisions(key, value, o);
   } else if (key == "release_lock_on_cudamalloc") {
-    auto v = ParseBool(key, value);
-    if (!v.ok()) return v.status();
-    o->release_lock_on_cudamalloc = *v;
+    return SetBool(key, value, &o->release_lock_on_cudamalloc);
   } else if (key == "per_process_memory_fraction") {
     auto v = ParseFraction(key, value, /*open=*/false);
     if (!v.ok()) return v.status();
@@ -130,9 +133,7 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     std::uint64_t v = 0;
     if (!absl::SimpleAtoi(value, &v)) return Bad(key, value, "an integer");
   } else if (key == "page_recycling") {
-    auto v = ParseBool(key, value);
-    if (!v.ok()) return v.status();
-    o->page_recycling = *v;
+    return SetBool(key, value, &o->page_recycling);
   } else if (key == "expandable_page_mb") {
     auto v = ParseMiB(key, value, 2);
     if (!v.ok()) return v.status();
@@ -160,13 +161,9 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     }
     o->recycle_slack = v;
   } else if (key == "host_timing") {
-    auto v = ParseBool(key, value);
-    if (!v.ok()) return v.status();
-    o->host_timing = *v;
+    return SetBool(key, value, &o->host_timing);
   } else if (key == "recycle_tails_first") {
-    auto v = ParseBool(key, value);
-    if (!v.ok()) return v.status();
-    o->recycle_tails_first = *v;
+    return SetBool(key, value, &o->recycle_tails_first);
   } else if (key == "step_log") {  // issue 6: per-step peak logs
     o->step_log = std::string(value);
   } else {

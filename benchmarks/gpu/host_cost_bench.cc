@@ -56,12 +56,6 @@ double Median(std::vector<double> v) {
   return n == 0 ? 0 : (n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
 }
 
-std::int64_t TotalCalls(const DriverCallLedger& calls) {
-  std::int64_t total = 0;
-  for (int i = 0; i < kNumDriverCalls; ++i) total += calls.count(static_cast<DriverCall>(i));
-  return total;
-}
-
 // The LD_PRELOAD shim's interposed calls so far and their host time (us); calls -1 without the
 // shim (or with host_timing off: no time).
 struct ShimTime {
@@ -221,7 +215,7 @@ int Main(int argc, char** argv) {
     cudaDeviceSynchronize();
     if (pass == 0) {
       host_after_first = vl.host_time();
-      driver_after_first = TotalCalls(backend.calls());
+      driver_after_first = backend.calls().total_count();
       driver_us_after_first = backend.calls().total_micros();
       shim_after_first = ShimInterposed();
     }
@@ -245,7 +239,7 @@ int Main(int argc, char** argv) {
   }
   std::printf("\nvramledger / torch (%s), ns per call: gross %.3f, net of harness %.3f\n",
               torch_alloc::name().c_str(), ours / native, (ours - harness) / (native - harness));
-  const std::int64_t driver_calls = TotalCalls(backend.calls()) - driver_after_first;
+  const std::int64_t driver_calls = backend.calls().total_count() - driver_after_first;
   std::printf(
       "vramledger HostTime inside Malloc/Free, passes 2-%d (end-of-pass frees included): %.1f ns "
       "per call, of which driver calls %.1f ns (%lld calls)\n",

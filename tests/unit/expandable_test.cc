@@ -330,12 +330,6 @@ TEST_F(ExpandableTest, FragmentationFigures) {
             static_cast<std::int64_t>(6 * kMiB));
 }
 
-std::int64_t TotalCalls(const DriverCallLedger& calls) {
-  std::int64_t n = 0;
-  for (int i = 0; i < kNumDriverCalls; ++i) n += calls.count(static_cast<DriverCall>(i));
-  return n;
-}
-
 // A training-like step whose shapes change every step (a sequence length from a fixed cycle):
 // after the steps of the cycle have been seen twice (the first pass leaves partly used pages
 // that the second pass settles), a step makes no driver call at all.
@@ -370,12 +364,12 @@ TEST_F(ExpandableTest, RepeatedStepPatternMakesNoDriverCallAfterWarmup) {
     for (int warm = 0; warm < warmups; ++warm) {
       for (std::size_t seq : seqs) step(seq);
     }
-    const std::int64_t calls = TotalCalls(sim_->calls());
+    const std::int64_t calls = sim_->calls().total_count();
     const std::int64_t reserved = Reserved();
     for (int round = 0; round < 3; ++round) {
       for (std::size_t seq : seqs) step(seq);
     }
-    EXPECT_EQ(TotalCalls(sim_->calls()) - calls, 0);
+    EXPECT_EQ(sim_->calls().total_count() - calls, 0);
     EXPECT_EQ(Reserved(), reserved);
     for (DevicePtr w : weights) Free(w);
   }

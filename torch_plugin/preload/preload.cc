@@ -732,13 +732,14 @@ VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
       {"errors", c.errors.load()},
       {"inner_runtime_calls", c.inner_calls.load()},
   };
-  // Host time of the served calls, whole and inside the allocators' Malloc and Free, all
-  // devices (step-time-measurement.md, "Time inside the allocator").
+  // Host time of the interposed calls, whole and inside the allocators' Malloc and Free, all
+  // devices; zeros unless host_timing is on (step-time-measurement.md).
   double malloc_us = 0, free_us = 0;
   for (int d = 0; d < vramledger::kMaxDevices; ++d) {
     if (const vramledger::DeviceAllocator* a = p->Existing(d)) {
-      malloc_us += a->host_time().malloc_ns / 1e3;
-      free_us += a->host_time().free_ns / 1e3;
+      const vramledger::HostTime t = a->host_time();
+      malloc_us += t.malloc_ns / 1e3;
+      free_us += t.free_ns / 1e3;
     }
   }
   j["host_time_us"] = {{"interposed_calls", c.interposed_ns.load() / 1e3},

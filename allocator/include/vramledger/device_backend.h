@@ -58,6 +58,12 @@ class DriverCallLedger {
   double micros(DriverCall call) const {
     return nanos_[static_cast<int>(call)].load(std::memory_order_relaxed) / 1000.0;
   }
+  /// Calls of every kind.
+  std::int64_t total_count() const {
+    std::int64_t n = 0;
+    for (int i = 0; i < kNumDriverCalls; ++i) n += count(static_cast<DriverCall>(i));
+    return n;
+  }
   double total_micros() const {
     double t = 0;
     for (int i = 0; i < kNumDriverCalls; ++i) t += micros(static_cast<DriverCall>(i));
