@@ -288,6 +288,7 @@ nlohmann::json FragmentationJson(const Fragmentation& f, const DriverCallLedger&
   json["other_stream_cached_bytes"] = f.other_stream_cached_bytes;
   json["page_moves"] = f.page_moves;
   json["retiring_bytes"] = f.retiring_bytes;
+  json["reused_old_mappings"] = f.reused_old_mappings;
   nlohmann::json per_kind = nlohmann::json::object();
   for (int i = 0; i < kNumDriverCalls; ++i) {
     const auto call = static_cast<DriverCall>(i);

@@ -118,9 +118,16 @@ struct Segment {
   bool expandable = false;
   std::size_t page_size = 0;
   std::vector<PhysicalHandle> pages;
-  // Pages whose address still maps a handle that moved away until its fence completes
-  // (DeviceAllocatorImpl::RetireMapping); pages[i] is 0 there.
-  std::vector<bool> retiring;
+  // Pages whose address still maps a handle that moved away (DeviceAllocatorImpl::RetireMapping);
+  // pages[i] is 0 there. kOldMappingInUse until its fence completes; kOldMappingIdle after, when
+  // keep_old_mappings keeps it.
+  static constexpr std::uint8_t kOldMappingInUse = 1;
+  static constexpr std::uint8_t kOldMappingIdle = 2;
+  std::vector<std::uint8_t> retiring;
+  // The handle of the old mapping at each page (0 = none), and the allocated or pending-free
+  // blocks touching each page (0: the page is free; DeviceAllocatorImpl::CountUse).
+  std::vector<PhysicalHandle> old_handle;
+  std::vector<std::uint32_t> use;
   std::size_t mapped_pages = 0;
   std::size_t page_limit = 0;  // 1 + the highest page index ever mapped (bounds page walks)
 

@@ -53,7 +53,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
   core::DeviceMutexLock lock(&mu_);
   (void)SynchronizeAndFreeEvents();
   while (!retiring_.empty()) {  // old addresses of moved handles
-    (void)backend_->SynchronizeEvent(retiring_.front().fence);
+    if (retiring_.front().fence != 0) (void)backend_->SynchronizeEvent(retiring_.front().fence);
     if (!UnmapRetired(0).ok()) retiring_.erase(retiring_.begin());
   }
   for (PhysicalHandle h : unreleased_handles_) (void)backend_->ReleasePhysical(h);
@@ -294,6 +294,7 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
       stats_.inactive_split.Decrease(types, 1);
     }
   }
+  if (pool->expandable) CountUse(block, +1);
   block->allocated = true;
   block->requested_size = requested;
   block->tag = request.tag;
@@ -348,6 +349,7 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   const auto requested = static_cast<std::int64_t>(block->requested_size);
   Emit(TraceAction::kFreeCompleted, block->ptr, block->requested_size, block->stream,
        block->free_context, block->tag);
+  if (pool->expandable) CountUse(block, -1);
   auto mergeable = [](const Block* b) {
     return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
   };

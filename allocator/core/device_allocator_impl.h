@@ -160,8 +160,41 @@ class DeviceAllocatorImpl {
   absl::Status RetireMappings(bool wait, const core::Segment* only = nullptr,
                               PendingStreams* pending = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct RetiringMapping;
+  // Erases retiring_[index]; its fence goes back to the pool when no other entry shares it.
+  void ForgetRetiring(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Entries of retiring_ whose fence has not been seen complete (fence != 0).
+  std::size_t RetiringInUse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // keep_old_mappings: the old mappings wholly under [block->ptr, block->ptr + size) whose handle
+  // now lies free (whole, inside a free block of the same stream; `block`'s own pages past the
+  // request count) are taken back: the handle's page-table entry returns to the old address,
+  // which still maps it with access granted, and its current place becomes an old mapping in
+  // turn (fenced, like a move). No driver call but the fence's cudaEventRecord
+  // (expandable-segments.md, "Old mappings kept").
+  absl::Status ReuseOldMappings(core::Block* block, std::size_t size,
+                                const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ClearRetiring(absl::FunctionRef<bool(const RetiringMapping&)> which)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckInvariants' part for expandable segments: Segment::use against the blocks, old-mapping
+  // flags and handles against retiring_, handle_home_ against the page tables.
+  absl::Status CheckPageTables() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What mapping page i of `seg` costs a placement (expandable.cc, kRetiringPageCost).
+  std::size_t PageCost(const core::Segment* seg, std::size_t i, bool* retiring) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The old mapping at `page` holds a handle that could go back there now: it is mapped in a
+  // segment of the same stream, all of its pages there free (Segment::use), and no capture is
+  // under way (keep_old_mappings).
+  bool OldMappingReusable(const core::Segment* seg, std::size_t page) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `delta` to Segment::use of each page under an expandable block (allocated: +1; its free
+  // completes: -1).
+  static void CountUse(const core::Block* block, std::int32_t delta) {
+    core::Segment* seg = block->segment;
+    const std::size_t last = seg->PageOf(block->ptr + block->size - 1);
+    for (std::size_t i = seg->PageOf(block->ptr); i <= last; ++i) {
+      seg->use[i] = static_cast<std::uint32_t>(static_cast<std::int64_t>(seg->use[i]) + delta);
+    }
+  }
   // Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
   static std::size_t MappedRun(const core::Block* block);
   std::array<core::BlockPool*, 4> AllPools() {
@@ -254,13 +287,19 @@ class DeviceAllocatorImpl {
   absl::flat_hash_map<std::pair<StreamId, const core::BlockPool*>, std::unique_ptr<core::Segment>>
       exp_segments_ ABSL_GUARDED_BY(mu_);
   std::int64_t page_moves_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t reused_old_mappings_ ABSL_GUARDED_BY(mu_) = 0;  // moves with no driver call
+  // Where each mapped handle of an expandable segment is: {segment, first page}.
+  absl::flat_hash_map<PhysicalHandle, std::pair<core::Segment*, std::size_t>> handle_home_
+      ABSL_GUARDED_BY(mu_);
+  // keep_old_mappings and no capture under way, for the allocation in progress (MallocExpandable).
+  bool reuse_old_mappings_now_ ABSL_GUARDED_BY(mu_) = false;
   // Handles moved within their stream, still mapped at the old address until `fence` completes.
   struct RetiringMapping {
     core::Segment* segment;
     std::size_t first_page;
     std::size_t pages;
     PhysicalHandle handle;  // now mapped elsewhere too; released only after this entry is gone
-    EventId fence;
+    EventId fence;          // 0 once seen complete (kept: keep_old_mappings)
   };
   std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);
   // Unmapped handles a driver error left unreleased (ReleaseHandle).

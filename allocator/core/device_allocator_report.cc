@@ -74,6 +74,7 @@ Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) con
     }
   }
   f.page_moves = page_moves_;
+  f.reused_old_mappings = reused_old_mappings_;
   return f;
 }
 
@@ -364,6 +365,55 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   }
   if (!(allocated <= active && active <= reserved))
     return fail("allocated <= active <= reserved broken");
+  return CheckPageTables();
+}
+
+absl::Status DeviceAllocatorImpl::CheckPageTables() const {
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  std::size_t handles = 0;
+  std::size_t old_pages = 0;
+  for (const auto& [key, seg] : exp_segments_) {
+    // Segment::use: the blocks not in the free index touching each page.
+    std::vector<std::uint32_t> use(seg->pages.size(), 0);
+    for (const Block* b = seg->head; b != nullptr; b = b->next) {
+      if (b->pool->blocks.contains(const_cast<Block*>(b))) continue;
+      for (std::size_t i = seg->PageOf(b->ptr); i <= seg->PageOf(b->ptr + b->size - 1); ++i) {
+        ++use[i];
+      }
+    }
+    for (std::size_t i = 0; i < use.size(); ++i) {
+      if (use[i] != seg->use[i]) {
+        return fail("page ", i, " of the segment at 0x", absl::Hex(seg->ptr), " is used by ",
+                    use[i], " blocks but counted ", seg->use[i]);
+      }
+    }
+    for (std::size_t i = 0; i < seg->page_limit; ++i) {
+      if (seg->old_handle[i] != 0) ++old_pages;
+      if ((seg->old_handle[i] != 0) != (seg->retiring[i] != 0)) {
+        return fail("page ", i, ": old-mapping flag and handle disagree");
+      }
+      const PhysicalHandle h = seg->pages[i];
+      if (h == 0 || (i > 0 && seg->pages[i - 1] == h)) continue;
+      ++handles;
+      const auto home = handle_home_.find(h);
+      if (home == handle_home_.end() || home->second.first != seg.get() ||
+          home->second.second != i) {
+        return fail("handle mapped at page ", i, " has no or another home");
+      }
+    }
+  }
+  if (handles != handle_home_.size()) {
+    return fail(handle_home_.size(), " homes for ", handles, " mapped handles");
+  }
+  std::size_t entry_pages = 0;
+  for (const RetiringMapping& r : retiring_) {
+    entry_pages += r.pages;
+    for (std::size_t i = r.first_page; i < r.first_page + r.pages; ++i) {
+      if (r.segment->old_handle[i] != r.handle) return fail("old mapping at page ", i, " lost");
+    }
+  }
+  if (entry_pages != old_pages)
+    return fail(old_pages, " old-mapping pages, ", entry_pages, " listed");
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -29,25 +30,29 @@ std::size_t HandleEnd(const Segment* seg, std::size_t i) {
   return j;
 }
 
-// What mapping page i of `seg` costs a placement: 0 if mapped, 1 if not, and
-// kRetiringPageCost if its address still holds a handle that moved away and may still be in use
-// there (RetireMapping): mapping over it waits for that fence unless the fence has completed
-// (expandable-segments.md, "Retiring addresses out of placement"). The weight compares one
+// What mapping page i of `seg` costs a placement (DeviceAllocatorImpl::PageCost): 0 if mapped;
+// kUnmappedPageCost if not, or if it holds an old mapping whose work has finished
+// (keep_old_mappings; mapping over it unmaps that first); kReusablePageCost if it holds an old
+// mapping whose handle lies free now (OldMappingReusable: taking it back makes no driver call);
+// kRetiringPageCost if it holds an old mapping that may still be in use there (RetireMapping):
+// mapping over it waits for that fence unless the fence has completed (expandable-segments.md,
+// "Retiring addresses out of placement"). That weight, 64 unmapped pages, compares one
 // cudaEventSynchronize (H200, checkpointed Llama-1B: 11 waits, 52 ms) with one page (30-80 us).
-constexpr std::size_t kRetiringPageCost = 64;
+// The reusable cost lies between mapped and unmapped: costing it as a mapped page made placement
+// seek old mappings over mapped free pages and took more handles from where they were than it
+// gave back (replay, steady-state driver time: GPT-2 0.56% -> 0.96%; "Old mappings kept").
+constexpr std::size_t kUnmappedPageCost = 2;
+constexpr std::size_t kReusablePageCost = 1;
+constexpr std::size_t kRetiringPageCost = 64 * kUnmappedPageCost;
 // *retiring is set when a retiring page was counted.
-std::size_t PageCost(const Segment* seg, std::size_t i, bool* retiring) {
-  if (seg->pages[i] != 0) return 0;
-  if (!seg->retiring[i]) return 1;
-  *retiring = true;
-  return kRetiringPageCost;
-}
+using PageCostFn = absl::FunctionRef<std::size_t(const Segment*, std::size_t, bool*)>;
 
 // PageCost summed over the pages under [lo, lo + size).
-std::size_t CostAt(const Segment* seg, DevicePtr lo, std::size_t size, bool* retiring) {
+std::size_t CostAt(const Segment* seg, DevicePtr lo, std::size_t size, PageCostFn cost_of,
+                   bool* retiring) {
   std::size_t cost = 0;
   for (std::size_t i = seg->PageOf(lo); i <= seg->PageOf(lo + size - 1); ++i) {
-    cost += PageCost(seg, i, retiring);
+    cost += cost_of(seg, i, retiring);
   }
   return cost;
 }
@@ -74,14 +79,14 @@ std::size_t Pinned(const Block* block, DevicePtr a, std::size_t size) {
 // address (block->ptr for its start); *retiring as for PageCost; *pinned: its pinned pages.
 // Placing against the block's end instead was measured and not kept (checkpointed Llama-1B
 // 0.9853 -> 0.9820, expandable-segments.md).
-std::size_t BestPlacement(const Block* block, std::size_t size, DevicePtr* start, bool* retiring,
-                          std::size_t* pinned) {
+std::size_t BestPlacement(const Block* block, std::size_t size, PageCostFn cost_of,
+                          DevicePtr* start, bool* retiring, std::size_t* pinned) {
   const Segment* seg = block->segment;
   const std::size_t page = seg->page_size;
   const DevicePtr end = block->ptr + block->size;
   const std::size_t n = (size + page - 1) / page;
   *start = block->ptr;
-  std::size_t best = CostAt(seg, block->ptr, size, retiring);
+  std::size_t best = CostAt(seg, block->ptr, size, cost_of, retiring);
   *pinned = Pinned(block, block->ptr, size);
   // Good enough: on mapped pages, sharing a page with a neighbour.
   if (best == 0 && *pinned < n) return 0;
@@ -96,7 +101,7 @@ std::size_t BestPlacement(const Block* block, std::size_t size, DevicePtr* start
   const std::size_t j_last = std::min(j_end, seg->page_limit);
   if (best > 0) {
     std::size_t cost = 0;
-    for (std::size_t i = j0; i < j0 + n; ++i) cost += PageCost(seg, i, retiring);
+    for (std::size_t i = j0; i < j0 + n; ++i) cost += cost_of(seg, i, retiring);
     for (std::size_t j = j0;; ++j) {
       if (cost < best) {
         best = cost;
@@ -105,15 +110,15 @@ std::size_t BestPlacement(const Block* block, std::size_t size, DevicePtr* start
         if (cost == 0) break;
       }
       if (j + 1 > j_last) break;
-      cost -= PageCost(seg, j, retiring);
-      cost += PageCost(seg, j + n, retiring);
+      cost -= cost_of(seg, j, retiring);
+      cost += cost_of(seg, j + n, retiring);
     }
   }
   if (j_end <= j_last) {
     const DevicePtr a = seg->PageAddress(j_end);
     const std::size_t pin = Pinned(block, a, size);
     if (pin < *pinned && a != *start) {
-      const std::size_t end_cost = CostAt(seg, a, size, retiring);
+      const std::size_t end_cost = CostAt(seg, a, size, cost_of, retiring);
       if (end_cost <= best) {
         best = end_cost;
         *pinned = pin;
@@ -138,6 +143,28 @@ absl::Status ContiguousSegmentsScope::Exit() {
   return absl::OkStatus();
 }
 int ContiguousSegmentsScope::depth() { return contiguous_depth; }
+
+std::size_t DeviceAllocatorImpl::PageCost(const Segment* seg, std::size_t i, bool* retiring) const {
+  if (seg->pages[i] != 0) return 0;
+  if (seg->retiring[i] == 0) return kUnmappedPageCost;
+  if (OldMappingReusable(seg, i)) return kReusablePageCost;
+  if (seg->retiring[i] == Segment::kOldMappingIdle) return kUnmappedPageCost;
+  *retiring = true;
+  return kRetiringPageCost;
+}
+
+bool DeviceAllocatorImpl::OldMappingReusable(const Segment* seg, std::size_t page) const {
+  const PhysicalHandle h = seg->old_handle[page];
+  if (h == 0 || !reuse_old_mappings_now_) return false;
+  const auto home = handle_home_.find(h);
+  if (home == handle_home_.end()) return false;
+  const auto& [at, first] = home->second;
+  if (at->stream != seg->stream) return false;  // its work there would race the new block's
+  for (std::size_t j = first; j < at->page_limit && at->pages[j] == h; ++j) {
+    if (at->use[j] != 0) return false;  // a block there is allocated or pending free
+  }
+  return true;
+}
 
 std::size_t DeviceAllocatorImpl::MappedRun(const Block* block) {
   const Segment* seg = block->segment;
@@ -168,6 +195,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   // uses), not by its first bytes: on the checkpointed Llama-1B trace that halves the page
   // moves (2,600 -> 1,214) and the steady-state driver time (expandable-segments.md).
   constexpr int kCandidates = 8;
+  auto cost_of = [this](const Segment* s, std::size_t i, bool* r) { return PageCost(s, i, r); };
   const std::size_t pages = (size + pool->page_size - 1) / pool->page_size;
   auto best = pool->blocks.end();
   for (int round = 0; round < 2; ++round) {
@@ -181,7 +209,8 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
          ++c, ++seen) {
       std::size_t pinned = 0;
-      const std::size_t cost = BestPlacement(*c, size, &unused_start, &saw_retiring, &pinned);
+      const std::size_t cost =
+          BestPlacement(*c, size, cost_of, &unused_start, &saw_retiring, &pinned);
       if (cost < best_cost || (cost == best_cost && pinned < best_pinned)) {
         best = c;
         best_cost = cost;
@@ -199,7 +228,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
       // The tail by its first bytes only: scoring it by its best placement too was measured
       // worse (checkpointed Llama-1B 0.9790, 2,734 moves).
       if ((*last)->stream == stream && (*last)->size >= size &&
-          CostAt((*last)->segment, (*last)->ptr, size, &saw_retiring) < best_cost) {
+          CostAt((*last)->segment, (*last)->ptr, size, cost_of, &saw_retiring) < best_cost) {
         best = last;
       }
     }
@@ -209,12 +238,12 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     // so that only addresses still in use count as retiring. A query error is reported by the
     // same call in EnsureMapped.
     if (round == 1 || best_cost == 0 || !saw_retiring || retiring_.empty()) break;
-    const std::size_t before = retiring_.size();
+    const std::size_t before = RetiringInUse();
     const auto seg =
         exp_segments_.find(std::make_pair(stream, static_cast<const BlockPool*>(pool)));
     if (seg == exp_segments_.end()) break;
     if (!RetireMappings(/*wait=*/false, seg->second.get(), pending).ok() ||
-        retiring_.size() == before) {
+        RetiringInUse() == before) {
       break;
     }
   }
@@ -228,7 +257,9 @@ Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size) {
   DevicePtr a = block->ptr;
   bool unused_retiring = false;
   std::size_t unused_pinned = 0;
-  BestPlacement(block, size, &a, &unused_retiring, &unused_pinned);  // as TakeExpandableBlock
+  auto cost_of = [this](const Segment* s, std::size_t i, bool* r) { return PageCost(s, i, r); };
+  BestPlacement(block, size, cost_of, &a, &unused_retiring,
+                &unused_pinned);  // as TakeExpandableBlock
   if (a == block->ptr) return block;
   // Split off the front [block->ptr, a) as a free block of its own.
   Block* front = NewBlock();
@@ -271,7 +302,9 @@ absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, Strea
   segment->expandable = true;
   segment->page_size = page;
   segment->pages.assign(pages, 0);
-  segment->retiring.assign(pages, false);
+  segment->retiring.assign(pages, 0);
+  segment->old_handle.assign(pages, 0);
+  segment->use.assign(pages, 0);
   Block* block = NewBlock();
   block->ptr = va;
   block->size = segment->size;
@@ -367,6 +400,7 @@ absl::Status DeviceAllocatorImpl::UnmapPage(Segment* seg, std::size_t page, bool
   if (absl::Status s = backend_->Unmap(va, bytes); !s.ok()) return s;
   const PhysicalHandle handle = seg->pages[page];
   std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(page), k, PhysicalHandle{0});
+  handle_home_.erase(handle);
   seg->mapped_pages -= k;
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, va, bytes, seg->stream, 0, 0);
@@ -388,15 +422,89 @@ absl::Status DeviceAllocatorImpl::ReleaseHandle(PhysicalHandle handle) {
   return s;
 }
 
+absl::Status DeviceAllocatorImpl::ReuseOldMappings(Block* block, std::size_t size,
+                                                   const AllocationRequest& request) {
+  Segment* seg = block->segment;
+  if (retiring_.empty() || !reuse_old_mappings_now_) return absl::OkStatus();
+  const std::size_t lo = seg->PageOf(block->ptr);
+  const std::size_t hi = seg->PageOf(block->ptr + size - 1) + 1;  // one past the last page
+  const auto flags = seg->retiring.begin();
+  if (std::none_of(flags + static_cast<std::ptrdiff_t>(lo), flags + static_cast<std::ptrdiff_t>(hi),
+                   [](std::uint8_t f) { return f != 0; })) {
+    return absl::OkStatus();
+  }
+  struct Reuse {
+    std::size_t first_page;
+    std::size_t pages;
+    PhysicalHandle handle;
+    Segment* from;
+    std::size_t from_page;
+  };
+  absl::InlinedVector<Reuse, 8> reuses;
+  for (const RetiringMapping& r : retiring_) {
+    if (r.segment != seg || r.first_page < lo || r.first_page + r.pages > hi) continue;
+    if (!OldMappingReusable(seg, r.first_page)) continue;
+    const auto& [at, first] = handle_home_.at(r.handle);
+    if (at == seg && first >= lo && first < hi) continue;  // under the request itself
+    // A handle with two old mappings under the request goes back to one of them.
+    if (absl::c_any_of(reuses, [&](const Reuse& u) { return u.handle == r.handle; })) continue;
+    reuses.push_back({r.first_page, r.pages, r.handle, at, first});
+  }
+  if (reuses.empty()) return absl::OkStatus();
+  // The places the handles leave become old mappings: fenced like a move's (RetireMapping).
+  auto fence = GetEvent();
+  if (!fence.ok()) return fence.status();
+  if (absl::Status s = backend_->RecordEvent(*fence, seg->stream); !s.ok()) {
+    spare_events_.push_back(*fence);
+    return s;
+  }
+  for (const Reuse& u : reuses) {
+    if (absl::Status s = RetireMapping(u.from, u.from_page, *fence); !s.ok()) return s;
+    const auto entry = absl::c_find_if(retiring_, [&](const RetiringMapping& r) {
+      return r.segment == seg && r.first_page == u.first_page && r.handle == u.handle;
+    });
+    ForgetRetiring(static_cast<std::size_t>(entry - retiring_.begin()));
+    std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(u.first_page), u.pages, u.handle);
+    std::fill_n(seg->retiring.begin() + static_cast<std::ptrdiff_t>(u.first_page), u.pages,
+                std::uint8_t{0});
+    std::fill_n(seg->old_handle.begin() + static_cast<std::ptrdiff_t>(u.first_page), u.pages,
+                PhysicalHandle{0});
+    handle_home_[u.handle] = {seg, u.first_page};
+    seg->mapped_pages += u.pages;
+    seg->page_limit = std::max(seg->page_limit, u.first_page + u.pages);
+    if (u.from->pool->is_small != seg->pool->is_small) {  // the page changes pool: its bytes too
+      stats_.reserved_bytes.Move(StatTypesFor(u.from->pool), StatTypesFor(seg->pool),
+                                 static_cast<std::int64_t>(u.pages * seg->page_size));
+    }
+    ++stats_.num_device_alloc;
+    ++page_moves_;
+    ++reused_old_mappings_;
+    Emit(TraceAction::kSegmentMap, seg->PageAddress(u.first_page), u.pages * seg->page_size,
+         seg->stream, request.context, request.tag);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t size,
                                                        const AllocationRequest& request,
                                                        PendingStreams* pending) {
   Segment* seg = block->segment;
   const std::size_t page = seg->page_size;
+  const std::size_t first_page = seg->PageOf(block->ptr);
+  const std::size_t last_page = seg->PageOf(block->ptr + size - 1);
+  if (std::all_of(seg->pages.begin() + static_cast<std::ptrdiff_t>(first_page),
+                  seg->pages.begin() + static_cast<std::ptrdiff_t>(last_page + 1),
+                  [](PhysicalHandle h) { return h != 0; })) {
+    return true;
+  }
+  if (absl::Status s = RetireMappings(/*wait=*/false, nullptr, pending); !s.ok()) return s;
+  if (options_.keep_old_mappings) {
+    if (absl::Status s = ReuseOldMappings(block, size, request); !s.ok()) return s;
+  }
   // Runs of missing pages under the request: {first page, pages}.
   std::vector<std::pair<std::size_t, std::size_t>> runs;
   std::size_t missing = 0;
-  for (std::size_t i = seg->PageOf(block->ptr); i <= seg->PageOf(block->ptr + size - 1); ++i) {
+  for (std::size_t i = first_page; i <= last_page; ++i) {
     if (seg->pages[i] != 0) continue;
     if (!runs.empty() && runs.back().first + runs.back().second == i) {
       ++runs.back().second;
@@ -406,7 +514,6 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
     ++missing;
   }
   if (missing == 0) return true;
-  if (absl::Status s = RetireMappings(/*wait=*/false, nullptr, pending); !s.ok()) return s;
   // Recycle only when new pages would take reserved past (1 + recycle_slack) x the peak of
   // allocated memory (the peak this allocation reaches included): below that, growing costs no
   // utilization at the peak, and moving pages back and forth between steps would cost driver
@@ -568,12 +675,17 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   // Map, then grant access once per run of missing pages (now all mapped).
   for (Mapping& m : mappings) {
     const DevicePtr va = seg->PageAddress(m.dst);
-    absl::Status cleared = ClearRetiring([&](const RetiringMapping& r) {  // mapped over next
-      return r.segment == seg && r.first_page < m.dst + m.pages && m.dst < r.first_page + r.pages;
-    });
-    if (!cleared.ok()) return abandon(cleared);
+    const auto flags = seg->retiring.begin() + static_cast<std::ptrdiff_t>(m.dst);
+    if (std::any_of(flags, flags + static_cast<std::ptrdiff_t>(m.pages),
+                    [](std::uint8_t f) { return f != 0; })) {
+      absl::Status cleared = ClearRetiring([&](const RetiringMapping& r) {  // mapped over next
+        return r.segment == seg && r.first_page < m.dst + m.pages && m.dst < r.first_page + r.pages;
+      });
+      if (!cleared.ok()) return abandon(cleared);
+    }
     if (absl::Status s = backend_->Map(va, m.pages * page, m.handle); !s.ok()) return abandon(s);
     std::fill_n(seg->pages.begin() + static_cast<std::ptrdiff_t>(m.dst), m.pages, m.handle);
+    handle_home_[m.handle] = {seg, m.dst};
     seg->mapped_pages += m.pages;
     seg->page_limit = std::max(seg->page_limit, m.dst + m.pages);
     m.mapped = true;
@@ -599,7 +711,10 @@ absl::Status DeviceAllocatorImpl::RetireMapping(Segment* seg, std::size_t page, 
   seg->mapped_pages -= k;
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, seg->PageAddress(page), k * seg->page_size, seg->stream, 0, 0);
-  std::fill_n(seg->retiring.begin() + static_cast<std::ptrdiff_t>(page), k, true);
+  std::fill_n(seg->retiring.begin() + static_cast<std::ptrdiff_t>(page), k,
+              Segment::kOldMappingInUse);
+  std::fill_n(seg->old_handle.begin() + static_cast<std::ptrdiff_t>(page), k, handle);
+  handle_home_.erase(handle);  // mapped again where it goes (EnsureMapped, ReuseOldMappings)
   retiring_.push_back({seg, page, k, handle, fence});
   return absl::OkStatus();
 }
@@ -611,14 +726,26 @@ absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
     return s;
   }
   std::fill_n(r.segment->retiring.begin() + static_cast<std::ptrdiff_t>(r.first_page), r.pages,
-              false);
+              std::uint8_t{0});
+  std::fill_n(r.segment->old_handle.begin() + static_cast<std::ptrdiff_t>(r.first_page), r.pages,
+              PhysicalHandle{0});
+  ForgetRetiring(index);
+  return absl::OkStatus();
+}
+
+void DeviceAllocatorImpl::ForgetRetiring(std::size_t index) {
+  const EventId fence = retiring_[index].fence;
   retiring_.erase(retiring_.begin() + static_cast<std::ptrdiff_t>(index));
   // The handles moved by one EnsureMapped share its fence: back to the pool with the last one.
-  if (std::none_of(retiring_.begin(), retiring_.end(),
-                   [&](const RetiringMapping& o) { return o.fence == r.fence; })) {
-    spare_events_.push_back(r.fence);
+  if (fence != 0 && std::none_of(retiring_.begin(), retiring_.end(),
+                                 [&](const RetiringMapping& o) { return o.fence == fence; })) {
+    spare_events_.push_back(fence);
   }
-  return absl::OkStatus();
+}
+
+std::size_t DeviceAllocatorImpl::RetiringInUse() const {
+  return static_cast<std::size_t>(
+      absl::c_count_if(retiring_, [](const RetiringMapping& r) { return r.fence != 0; }));
 }
 
 absl::Status DeviceAllocatorImpl::RetireMappings(bool wait, const Segment* only,
@@ -632,11 +759,16 @@ absl::Status DeviceAllocatorImpl::RetireMappings(bool wait, const Segment* only,
   bool known_done = false;
   PendingStreams local;
   PendingStreams& pending_streams = pending != nullptr && !wait ? *pending : local;
+  const bool keep = options_.keep_old_mappings && !wait;
   for (std::size_t i = 0; i < retiring_.size();) {
     const EventId fence = retiring_[i].fence;
     const StreamId stream = retiring_[i].segment->stream;  // the fence was recorded there
-    if (only != nullptr && retiring_[i].segment != only) {
+    if ((only != nullptr && retiring_[i].segment != only) || (fence == 0 && keep)) {
       ++i;
+      continue;
+    }
+    if (fence == 0) {  // kept after its work finished: unmapped now (wait: empty_cache, OOM)
+      if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
       continue;
     }
     if (fence != known) {
@@ -657,6 +789,17 @@ absl::Status DeviceAllocatorImpl::RetireMappings(bool wait, const Segment* only,
       ++i;
       continue;
     }
+    if (keep) {  // kept, idle: the fence goes back to the pool with its last entry
+      RetiringMapping& r = retiring_[i];
+      std::fill_n(r.segment->retiring.begin() + static_cast<std::ptrdiff_t>(r.first_page), r.pages,
+                  Segment::kOldMappingIdle);
+      r.fence = 0;
+      if (absl::c_none_of(retiring_, [&](const RetiringMapping& o) { return o.fence == fence; })) {
+        spare_events_.push_back(fence);
+      }
+      ++i;
+      continue;
+    }
     if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -669,10 +812,12 @@ absl::Status DeviceAllocatorImpl::ClearRetiring(
       ++i;
       continue;
     }
-    absl::StatusOr<bool> done = backend_->QueryEvent(retiring_[i].fence);  // waits only if it must
-    if (!done.ok()) return done.status();
-    if (!*done) {
-      if (absl::Status s = backend_->SynchronizeEvent(retiring_[i].fence); !s.ok()) return s;
+    if (retiring_[i].fence != 0) {
+      absl::StatusOr<bool> done = backend_->QueryEvent(retiring_[i].fence);  // waits if it must
+      if (!done.ok()) return done.status();
+      if (!*done) {
+        if (absl::Status s = backend_->SynchronizeEvent(retiring_[i].fence); !s.ok()) return s;
+      }
     }
     if (absl::Status s = UnmapRetired(i); !s.ok()) return s;
   }
@@ -684,6 +829,8 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
   const std::size_t size = request.rounded;
   for (int attempt = 0; attempt < 2; ++attempt) {
     PendingStreams pending;  // per attempt: fences found pending before may have completed since
+    // Old mappings are not taken back during a capture (no fence can be recorded there).
+    reuse_old_mappings_now_ = options_.keep_old_mappings && !CaptureUnderway();
     Block* block = TakeExpandableBlock(pool, request.stream, size, &pending);
     if (block == nullptr && !exp_segments_.contains(std::make_pair(request.stream, pool))) {
       if (absl::Status s = CreateExpandableSegment(pool, request.stream); !s.ok()) return s;

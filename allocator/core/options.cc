@@ -164,6 +164,8 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
     return SetBool(key, value, &o->host_timing);
   } else if (key == "recycle_tails_first") {
     return SetBool(key, value, &o->recycle_tails_first);
+  } else if (key == "keep_old_mappings") {
+    return SetBool(key, value, &o->keep_old_mappings);
   } else if (key == "step_log") {  // issue 6: per-step peak logs
     o->step_log = std::string(value);
   } else {
@@ -216,6 +218,8 @@ const std::vector<OptionDoc>& OptionTable() {
       {"recycle_slack", "0.008", "vramledger: growth allowed over peak allocated before recycling"},
       {"expandable_handle_mb", "0", "vramledger: largest handle per run of new pages (0 = a page)"},
       {"recycle_tails_first", "False", "vramledger: recycle free tails' pages before holes'"},
+      {"keep_old_mappings", "True",
+       "vramledger: moved pages stay mapped where they were, reusable"},
       {"host_timing", "False", "vramledger: time each allocation and free on the host"},
       {"plan", "", "vramledger: path of the memory plan file"},
       {"dump_dir", "./vramledger-dumps", "vramledger: directory for OOM forensics"},
@@ -279,6 +283,7 @@ std::string OptionsToString(const Options& o) {
   parts.push_back(absl::StrCat("recycle_slack:", o.recycle_slack));
   parts.push_back(absl::StrCat("expandable_handle_mb:", o.expandable_handle_size / kMiB));
   parts.push_back(absl::StrCat("recycle_tails_first:", o.recycle_tails_first ? "True" : "False"));
+  parts.push_back(absl::StrCat("keep_old_mappings:", o.keep_old_mappings ? "True" : "False"));
   parts.push_back(absl::StrCat("host_timing:", o.host_timing ? "True" : "False"));
   if (!o.plan.empty()) parts.push_back(absl::StrCat("plan:", o.plan));
   parts.push_back(absl::StrCat("dump_dir:", o.dump_dir));

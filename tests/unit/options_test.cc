@@ -16,7 +16,21 @@ TEST(Options, DefaultsMatchTorch) {
   EXPECT_FALSE(o.expandable_segments);
   EXPECT_TRUE(o.page_recycling);
   EXPECT_FALSE(o.recycle_tails_first);
+  EXPECT_TRUE(o.keep_old_mappings);
   EXPECT_FALSE(o.host_timing);
+}
+
+TEST(Options, KeepOldMappingsParsesAndRoundTrips) {
+  auto o = ParseOptions("expandable_segments:True,keep_old_mappings:False");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->keep_old_mappings);
+  EXPECT_NE(OptionsToString(*o).find("keep_old_mappings:False"), std::string::npos);
+  auto again = ParseOptions(OptionsToString(*o));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->keep_old_mappings);
+  auto bad = ParseOptions("keep_old_mappings:1");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("keep_old_mappings"), std::string::npos) << bad.status();
 }
 
 TEST(Options, HostTimingParsesAndRoundTrips) {

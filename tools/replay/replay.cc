@@ -377,6 +377,7 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
   result.alloc_retries = stats.num_alloc_retries;
   result.fragmentation_at_end = allocator.GetFragmentation(result.main_stream);
   result.page_moves = result.fragmentation_at_end.page_moves;
+  result.reused_old_mappings = result.fragmentation_at_end.reused_old_mappings;
 
   // Read before the allocator's destructor returns its segments (those calls are not the trace's).
   const LedgerTotals end = LedgerTotals::Of(calls);

@@ -126,6 +126,9 @@ struct ReplayResult {
   double modeled_driver_us = 0.0;
   /// Whole physical pages moved by page recycling (Fragmentation::page_moves at the end).
   std::int64_t page_moves = 0;
+  /// Of those, moves back to an address that still mapped the handle (keep_old_mappings): no
+  /// driver call.
+  std::int64_t reused_old_mappings = 0;
 
   // ---- Time ----
   /// time_us of the trace's first and last events, and last - first.

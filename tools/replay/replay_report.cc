@@ -138,6 +138,7 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["modeled_driver_us"] = result.modeled_driver_us;
   // Issue 3's keys.
   j["page_moves"] = result.page_moves;
+  j["reused_old_mappings"] = result.reused_old_mappings;
   nlohmann::json at_peak = FragmentationToJson(result.fragmentation_at_peak);
   at_peak["event"] = result.peak_reserved_event;
   at_peak["line"] = result.peak_reserved_line;
@@ -208,7 +209,10 @@ std::string FormatDriverTime(const ReplayResult& r) {
                                   "steady state", 100.0 * s.after_fraction, s.start_line,
                                   Seconds(s.span_us), WithThousands(TotalCalls(s.driver_calls)),
                                   MicrosWithThousands(s.modeled_driver_us), s.pct_of_span));
-  absl::StrAppend(&out, absl::StrFormat("  %-24s %s\n", "page moves", WithThousands(r.page_moves)));
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("  %-24s %s (%s back onto an old mapping, no driver call)\n", "page moves",
+                      WithThousands(r.page_moves), WithThousands(r.reused_old_mappings)));
   return out;
 }
 

@@ -84,6 +84,9 @@ struct Fragmentation {
   // Bytes of moved handles still mapped at the address they left, until work queued there before
   // the move has finished (expandable-segments.md, "Moves without a stall"); not reserved twice.
   std::int64_t retiring_bytes = 0;
+  // Page moves that took a handle back to an address where it was still mapped (no driver call;
+  // keep_old_mappings); included in page_moves.
+  std::int64_t reused_old_mappings = 0;
 };
 
 /// Allocations made on this thread while one of these is alive come from plain, single-handle

@@ -53,6 +53,11 @@ struct Options {
   /// on the H200), more where steps set new peaks (Llama-1B: +25%), and a looser fit on the
   /// H200 (expandable-segments.md, "Steady-state churn").
   bool recycle_tails_first = false;
+  /// `keep_old_mappings` (vramledger): a handle that moved keeps its old mapping after the work
+  /// queued there has finished, until that address is needed for another handle (or empty_cache);
+  /// a later allocation over the old address while the handle lies free takes it back with no
+  /// driver call (expandable-segments.md, "Old mappings kept").
+  bool keep_old_mappings = true;
   /// `host_timing` (vramledger): time every Malloc and Free on the host (DeviceAllocator::
   /// host_time, fragmentation()["host_time"]; the LD_PRELOAD shim also times its interposed
   /// calls). Off by default: two clock reads and two atomic adds per call, 60-90 ns on a 2-core

@@ -32,6 +32,7 @@ STATS_FIELDS = (
     "other_stream_cached_bytes",
     "page_moves",
     "retiring_bytes",
+    "reused_old_mappings",
     "driver_calls_total",
     "driver_time_us_total",
 )
@@ -146,7 +147,9 @@ def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str,
       holes: free blocks between live ones. mapped_free_pages: whole mapped pages inside free
         blocks (expandable segments). page_moves: pages recycled. retiring_bytes: recycled
         pages still mapped at the address they left until the stream's earlier work there has
-        finished (counted once in reserved).
+        finished (counted once in reserved), or kept there (keep_old_mappings).
+      reused_old_mappings: page moves back onto an address that still mapped the handle (no
+        driver call; keep_old_mappings).
       other_stream_cached_bytes: free bytes cached for streams other than `stream`.
       driver_calls: {CUDA call name: {"count", "time_us"}} for every call kind, with
         driver_calls_total, driver_time_us_total and driver_time ("measured" on CUDA,

@@ -29,6 +29,7 @@ KNOWN_KEYS: tuple[str, ...] = (
     "recycle_slack",
     "expandable_handle_mb",
     "recycle_tails_first",
+    "keep_old_mappings",
     "host_timing",
     "plan",
     "dump_dir",

@@ -126,7 +126,8 @@ def _format_driver_time(r: dict) -> list[str]:
         f"{s['start_line']}; span {s['span_us'] / 1e6:.3f} s): "
         f"{sum(s['driver_calls'].values()):,} calls, {s['modeled_driver_us']:,.1f} us = "
         f"{s['driver_time_pct_of_span']:.3f}% of its span",
-        f"  {'page moves':<24} {r['page_moves']:,}",
+        f"  {'page moves':<24} {r['page_moves']:,} ({r.get('reused_old_mappings', 0):,} back onto "
+        "an old mapping, no driver call)",
     ]
 
 
