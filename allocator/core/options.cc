@@ -215,7 +215,7 @@ const std::vector<OptionDoc>& OptionTable() {
       {"graph_capture_record_stream_reuse", "False", "validated and ignored"},
       {"page_recycling", "True", "vramledger: move free pages of expandable segments"},
       {"expandable_page_mb", "6", "vramledger: physical page size of expandable segments"},
-      {"recycle_slack", "0.008", "vramledger: growth allowed over peak allocated before recycling"},
+      {"recycle_slack", "0.006", "vramledger: growth allowed over peak allocated before recycling"},
       {"expandable_handle_mb", "0", "vramledger: largest handle per run of new pages (0 = a page)"},
       {"recycle_tails_first", "False", "vramledger: recycle free tails' pages before holes'"},
       {"keep_old_mappings", "True",

@@ -394,8 +394,25 @@ absl::Status SimBackend::RecordEvent(EventId event, StreamId stream) {
   }
   it->second = Event{stream, next_seq_++};
   std::uint64_t& through = completed_through_[stream];  // Registers the stream.
-  if (config_.auto_complete_events) through = it->second.seq;
+  if (config_.auto_complete_events) {
+    through = it->second.seq;
+  } else if (config_.event_lag_us > 0) {
+    lagging_[stream].emplace_back(it->second.seq, now_us_);
+  }
   return absl::OkStatus();
+}
+
+void SimBackend::AdvanceClock(std::int64_t now_us) {
+  absl::MutexLock lock(&mu_);
+  now_us_ = std::max(now_us_, now_us);
+  if (config_.event_lag_us <= 0) return;
+  for (auto& [stream, records] : lagging_) {
+    std::uint64_t& through = completed_through_[stream];
+    while (!records.empty() && records.front().second + config_.event_lag_us <= now_us_) {
+      through = std::max(through, records.front().first);
+      records.pop_front();
+    }
+  }
 }
 
 absl::StatusOr<bool> SimBackend::QueryEvent(EventId event) {

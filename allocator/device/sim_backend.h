@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 
 #include "absl/base/thread_annotations.h"
@@ -29,6 +30,10 @@ struct SimBackendConfig {
   /// If true, RecordEvent completes the event at once (trace replay); else events wait for
   /// CompleteEvent / CompleteStream / CompleteAllEvents or a synchronize.
   bool auto_complete_events = false;
+  /// If positive (and auto_complete_events is false): the GPU runs this many microseconds behind
+  /// the host; an event completes once the clock (AdvanceClock) has passed its record time by
+  /// this much (trace replay with a lagging GPU; synchronizes still complete at once).
+  std::int64_t event_lag_us = 0;
 };
 
 /// Simulated device. Semantics, beyond the DeviceBackend contract:
@@ -87,6 +92,9 @@ class SimBackend final : public DeviceBackend {
   void CompleteStream(StreamId stream) ABSL_LOCKS_EXCLUDED(mu_);
   /// Completes every event recorded on any stream so far.
   void CompleteAllEvents() ABSL_LOCKS_EXCLUDED(mu_);
+  /// Sets the host clock to `now_us` (microseconds, non-decreasing) and, with event_lag_us,
+  /// completes each stream's events recorded at or before now_us - event_lag_us.
+  void AdvanceClock(std::int64_t now_us) ABSL_LOCKS_EXCLUDED(mu_);
   /// Marks `stream` as being captured into a CUDA graph (true) or not (false).
   void SetCapturing(StreamId stream, bool capturing) ABSL_LOCKS_EXCLUDED(mu_);
   /// Sets the physical capacity in bytes. Lowering it below used_bytes() frees nothing; later
@@ -193,6 +201,10 @@ class SimBackend final : public DeviceBackend {
   std::uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // Per stream that ever had a record: every record with seq <= this value has completed.
   absl::flat_hash_map<StreamId, std::uint64_t> completed_through_ ABSL_GUARDED_BY(mu_);
+  // event_lag_us: per stream, {seq, record time} of records not yet completed by the clock.
+  absl::flat_hash_map<StreamId, std::deque<std::pair<std::uint64_t, std::int64_t>>> lagging_
+      ABSL_GUARDED_BY(mu_);
+  std::int64_t now_us_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::flat_hash_set<StreamId> capturing_ ABSL_GUARDED_BY(mu_);
   std::int64_t capture_calls_relaxed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -54,6 +54,32 @@ TEST(SimBackendTest, IsADeviceBackendWithH200Defaults) {
   EXPECT_EQ(free_bytes, std::size_t{150109880320});
 }
 
+// event_lag_us: an event completes once the clock has passed its record time by the lag, in
+// stream order; a synchronize still completes it at once.
+TEST(SimBackendTest, EventsCompleteAfterTheLagOnTheClock) {
+  SimBackend::Config config;
+  config.event_lag_us = 100;
+  SimBackend sim(config);
+  EventId a = 0, b = 0;
+  ASSERT_TRUE(sim.CreateEvent(&a).ok());
+  ASSERT_TRUE(sim.CreateEvent(&b).ok());
+  sim.AdvanceClock(1000);
+  ASSERT_TRUE(sim.RecordEvent(a, 0).ok());
+  sim.AdvanceClock(1050);
+  ASSERT_TRUE(sim.RecordEvent(b, 0).ok());
+  sim.AdvanceClock(1099);
+  EXPECT_FALSE(*sim.QueryEvent(a));
+  sim.AdvanceClock(1100);
+  EXPECT_TRUE(*sim.QueryEvent(a));
+  EXPECT_FALSE(*sim.QueryEvent(b));
+  sim.AdvanceClock(900);  // the clock never goes back
+  EXPECT_FALSE(*sim.QueryEvent(b));
+  ASSERT_TRUE(sim.SynchronizeEvent(b).ok());
+  EXPECT_TRUE(*sim.QueryEvent(b));
+  sim.AdvanceClock(5000);  // its stale record is dropped without effect
+  EXPECT_TRUE(*sim.QueryEvent(b));
+}
+
 TEST(SimBackendTest, AddressesNeverOverlapAndAreAligned) {
   SimBackend sim;
   std::mt19937_64 rng(42);

@@ -147,6 +147,7 @@ class Replayer {
   // a free_completed of a live address). Errors: Replay's, naming the event's line.
   absl::StatusOr<bool> Apply(const TraceEvent& event, Tally* tally) {
     RecordedFigures& recorded = tally->recorded;
+    if (config_.gpu_lag_us > 0) backend_.AdvanceClock(event.time_us);
     switch (event.action) {
       case TraceAction::kAlloc: {
         if (auto it = live_.find(event.addr); it != live_.end()) {
@@ -229,7 +230,8 @@ class Replayer {
   static SimBackend::Config SimConfig(const ReplayConfig& config) {
     SimBackend::Config sim;
     sim.capacity = config.capacity_bytes;
-    sim.auto_complete_events = true;
+    sim.auto_complete_events = config.gpu_lag_us <= 0;
+    sim.event_lag_us = config.gpu_lag_us;
     return sim;
   }
 

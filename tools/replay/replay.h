@@ -38,6 +38,10 @@ struct ReplayConfig {
   /// The steady state is every trace event after the first `steady_state_after` fraction of
   /// them (in [0, 1)); its driver calls are reported apart (ReplayResult::steady_state).
   double steady_state_after = 0.25;
+  /// The simulated GPU runs this many microseconds of trace time behind the host: an event
+  /// (fence) the allocator records completes once the trace's clock has passed it by this much.
+  /// 0: at once, as before. Models the H200, where the host queues a step's work ahead.
+  std::int64_t gpu_lag_us = 0;
 };
 
 /// One point of the timeline: the state after trace event number `event`. Bytes are bytes.

@@ -21,7 +21,7 @@ namespace {
 
 constexpr absl::string_view kUsage =
     "usage: vramledger-replay TRACE [--capacity-gib N] [--json] [--conf key:value,...]\n"
-    "                         [--timeline OUT.csv] [--sample-every N]\n"
+    "                         [--timeline OUT.csv] [--sample-every N] [--gpu-lag-us N]\n"
     "  TRACE            trace CSV (action,addr,size,stream,time_us), plain or .gz; a\n"
     "                   `snapshot` row ends a training step\n"
     "  --capacity-gib N simulated device capacity in GiB (default: the H200's 139.80)\n"
@@ -32,6 +32,8 @@ constexpr absl::string_view kUsage =
     "                   trace's own reserved bytes, as CSV to F\n"
     "  --sample-every N a timeline point at least every N trace events (default: at most\n"
     "                   about 2000 points)\n"
+    "  --gpu-lag-us N   the simulated GPU finishes work N us of trace time after the host\n"
+    "                   queued it (fences complete late, as on a real GPU; default 0: at once)\n"
     "  (--plot is in the Python command: vramledger replay TRACE --plot OUT.png)\n";
 
 struct Args {
@@ -41,6 +43,7 @@ struct Args {
   std::string conf;
   std::string timeline;
   std::int64_t sample_every = 0;
+  std::int64_t gpu_lag_us = 0;
   bool help = false;
 };
 
@@ -82,6 +85,13 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
       if (!absl::SimpleAtoi(*value, &args.sample_every) || args.sample_every <= 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("--sample-every must be a positive number of events, got '", *value, "'"));
+      }
+    } else if (is_flag("--gpu-lag-us")) {
+      absl::StatusOr<std::string> value = FlagValue("--gpu-lag-us", argc, argv, &i);
+      if (!value.ok()) return value.status();
+      if (!absl::SimpleAtoi(*value, &args.gpu_lag_us) || args.gpu_lag_us < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--gpu-lag-us must be a non-negative number of microseconds, got '", *value, "'"));
       }
     } else if (is_flag("--plot")) {
       return absl::InvalidArgumentError(
@@ -146,6 +156,7 @@ int Main(int argc, char** argv) {
   config.source = args->trace;
   config.timeline = !args->timeline.empty();
   config.sample_every = args->sample_every;
+  config.gpu_lag_us = args->gpu_lag_us;
   absl::StatusOr<ReplayResult> result = Replay(*events, *options, config);
   if (!result.ok()) return Fail(result.status());
   if (config.timeline) {

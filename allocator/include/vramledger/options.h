@@ -45,8 +45,10 @@ struct Options {
   std::size_t expandable_page_size = 6 * kMiB;
   /// `recycle_slack` (vramledger): pages are recycled only when growing would take reserved past
   /// (1 + slack) x the peak of allocated bytes. Larger: fewer page moves per step, lower
-  /// utilization (docs/design/expandable-segments.md, "Recycling slack").
-  double recycle_slack = 0.008;
+  /// utilization (docs/design/expandable-segments.md, "Recycling slack"; 0.006 since
+  /// keep_old_mappings: under a lagging GPU it kept the replay at 1.01 or less, "Old mappings
+  /// kept").
+  double recycle_slack = 0.006;
   /// `recycle_tails_first` (vramledger): when pages are recycled, take each segment's free tail
   /// (highest pages first) before the holes (smallest first). Fewer page moves where the same
   /// small holes are emptied and refilled every step (checkpointed training: -25% driver calls
