@@ -99,25 +99,28 @@ py::object RunReplay(const std::vector<TraceEvent>& events, const Options& optio
 }
 
 ReplayConfig ConfigFor(std::size_t capacity_bytes, const std::string& source, bool timeline,
-                       std::int64_t sample_every) {
+                       std::int64_t sample_every, std::int64_t gpu_lag_us) {
   if (sample_every < 0) throw py::value_error("sample_every must be 0 (automatic) or positive");
+  if (gpu_lag_us < 0) throw py::value_error("gpu_lag_us must be 0 (none) or positive");
   ReplayConfig config;
   config.capacity_bytes = capacity_bytes;
   config.source = source;
   config.timeline = timeline;
   config.sample_every = sample_every;
+  config.gpu_lag_us = gpu_lag_us;
   return config;
 }
 
 py::object ReplayFile(const std::string& path, const std::string& conf, std::size_t capacity_bytes,
-                      bool use_env, bool timeline, std::int64_t sample_every) {
+                      bool use_env, bool timeline, std::int64_t sample_every,
+                      std::int64_t gpu_lag_us) {
   const Options options = OptionsFor(conf, use_env);
   absl::StatusOr<std::vector<TraceEvent>> events;
   {
     py::gil_scoped_release release;
     events = ReadTraceFile(path);
   }
-  const ReplayConfig config = ConfigFor(capacity_bytes, path, timeline, sample_every);
+  const ReplayConfig config = ConfigFor(capacity_bytes, path, timeline, sample_every, gpu_lag_us);
   return RunReplay(ValueOrRaise(std::move(events)), options, config);
 }
 
@@ -126,7 +129,7 @@ using EventTuple =
 
 py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string& conf,
                         std::size_t capacity_bytes, const std::string& source, bool use_env,
-                        bool timeline, std::int64_t sample_every) {
+                        bool timeline, std::int64_t sample_every, std::int64_t gpu_lag_us) {
   const Options options = OptionsFor(conf, use_env);
   std::vector<TraceEvent> events;
   events.reserve(tuples.size());
@@ -146,7 +149,8 @@ py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string
     event.line = static_cast<int>(i + 1);
     events.push_back(event);
   }
-  return RunReplay(events, options, ConfigFor(capacity_bytes, source, timeline, sample_every));
+  return RunReplay(events, options,
+                   ConfigFor(capacity_bytes, source, timeline, sample_every, gpu_lag_us));
 }
 
 py::dict OptionsToDict(const Options& o) {
@@ -184,18 +188,21 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("replay_file", &ReplayFile, py::arg("path"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("use_env") = true,
-        py::arg("timeline") = false, py::arg("sample_every") = 0,
+        py::arg("timeline") = false, py::arg("sample_every") = 0, py::arg("gpu_lag_us") = 0,
         "Replays a trace CSV (plain or .gz) on SimBackend; returns the dict of "
         "`vramledger replay --json` (sizes in bytes, times in microseconds).\n"
         "Options: VRAMLEDGER_CONF (if use_env) then `conf`, which wins.\n"
         "With timeline=True the dict also holds 'timeline_csv', the text of "
         "`vramledger replay --timeline` (a point at least every `sample_every` trace events; "
         "0 = about 2000 points in all).\n"
+        "gpu_lag_us > 0: fences the allocator records complete that many microseconds of trace "
+        "time later (a GPU running behind the host); 0: at once.\n"
         "Raises ValueError (malformed trace or options, message 'FILE:LINE: ...'), "
         "FileNotFoundError, MemoryError (the simulated device ran out; names the line).");
   m.def("replay_events", &ReplayEvents, py::arg("events"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("source") = "<events>",
         py::arg("use_env") = true, py::arg("timeline") = false, py::arg("sample_every") = 0,
+        py::arg("gpu_lag_us") = 0,
         "Replays a list of (action: str, addr: int, size: int, stream: int, time_us: int) "
         "tuples (torch's action names); line numbers in messages and results are 1-based "
         "indices into the list, prefixed by `source`. Returns the same dict as replay_file.");

@@ -4,12 +4,14 @@
 
 Subcommands:
   replay TRACE [--capacity-gib N] [--json] [--conf key:value,...] [--device N]
-               [--timeline OUT.csv] [--plot OUT.png] [--sample-every N]
+               [--timeline OUT.csv] [--plot OUT.png] [--sample-every N] [--gpu-lag-us N]
       TRACE is a trace CSV (``action,addr,size,stream,time_us``, plain or .gz) or a torch memory
       snapshot pickle (``torch.cuda.memory._snapshot()``, ``.pickle`` / ``.pickle.gz``), whose
       ``device_traces[N]`` is replayed. Sizes are bytes, times microseconds. A ``snapshot`` event
       ends a training step (utilization_at_each_step). --timeline writes allocated, reserved and
       wasted bytes over the trace with the trace's own reserved bytes as CSV; --plot draws them.
+      --gpu-lag-us N: the simulated GPU finishes work N microseconds of trace time after the
+      host queued it (fences complete late, as on a real GPU; default 0: at once).
 
 Errors print ``vramledger: error: ...`` on stderr and exit with status 2.
 """
@@ -261,8 +263,11 @@ def _replay(args: argparse.Namespace) -> int:
     if args.sample_every is not None and args.sample_every <= 0:
         raise CliError(f"--sample-every must be a positive number of events, "
                        f"got {args.sample_every}")
+    if args.gpu_lag_us < 0:
+        raise CliError(f"--gpu-lag-us must be a non-negative number of microseconds, "
+                       f"got {args.gpu_lag_us}")
     timeline = {"timeline": bool(args.timeline or args.plot),
-                "sample_every": args.sample_every or 0}
+                "sample_every": args.sample_every or 0, "gpu_lag_us": args.gpu_lag_us}
     path = args.trace
     is_snapshot = _is_pickle(path)
     if args.device < 0:
@@ -326,6 +331,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--sample-every", type=int, default=None, metavar="N",
                         help="timeline: a point at least every N trace events (default: about "
                              "2000 points in all)")
+    replay.add_argument("--gpu-lag-us", type=int, default=0, metavar="N",
+                        help="the simulated GPU finishes work N us of trace time after the host "
+                             "queued it: fences complete late, as on a real GPU (default 0)")
     _snapshot_cli.add_replay_snapshot_args(replay)
     replay.set_defaults(run=_replay)
     _snapshot_cli.register(commands, CliError)
