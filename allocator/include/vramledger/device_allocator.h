@@ -81,8 +81,10 @@ struct Fragmentation {
   std::int64_t mapped_free_pages = 0;     // whole mapped pages inside free blocks (expandable)
   std::int64_t other_stream_cached_bytes = 0;  // free bytes cached for streams != `stream`
   std::int64_t page_moves = 0;                 // pages recycled (unmapped here, mapped there)
-  // Bytes of moved handles still mapped at the address they left, until work queued there before
-  // the move has finished (expandable-segments.md, "Moves without a stall"); not reserved twice.
+  // Bytes of moved handles still mapped at the address they left: until work queued there before
+  // the move has finished (expandable-segments.md, "Moves without a stall"), and with
+  // keep_old_mappings until that address is needed or empty_cache ("Old mappings kept"); not
+  // reserved twice.
   std::int64_t retiring_bytes = 0;
   // Page moves that took a handle back to an address where it was still mapped (no driver call;
   // keep_old_mappings); included in page_moves.
