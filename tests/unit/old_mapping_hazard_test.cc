@@ -17,28 +17,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "device/sim_backend.h"
+#include "sim_forwarding_backend.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/device_backend.h"
 
 namespace vramledger {
 namespace {
 
-class HazardBackend final : public DeviceBackend {
+class HazardBackend final : public SimForwardingBackend {
  public:
-  explicit HazardBackend(SimBackend* sim) : sim_(sim) {}
-  int device() const override { return sim_->device(); }
-  absl::Status Malloc(std::size_t size, DevicePtr* out) override { return sim_->Malloc(size, out); }
-  absl::Status Free(DevicePtr ptr) override { return sim_->Free(ptr); }
-  std::size_t Granularity() const override { return sim_->Granularity(); }
-  absl::Status ReserveAddress(std::size_t size, DevicePtr* out) override {
-    return sim_->ReserveAddress(size, out);
-  }
-  absl::Status ReleaseAddress(DevicePtr ptr, std::size_t size) override {
-    return sim_->ReleaseAddress(ptr, size);
-  }
-  absl::Status CreatePhysical(std::size_t size, PhysicalHandle* out) override {
-    return sim_->CreatePhysical(size, out);
-  }
+  explicit HazardBackend(SimBackend* sim) : SimForwardingBackend(sim) {}
   absl::Status ReleasePhysical(PhysicalHandle handle) override {
     Prune();
     for (const Kernel& k : kernels_) {
@@ -73,9 +61,6 @@ class HazardBackend final : public DeviceBackend {
     }
     return s;
   }
-  absl::Status SetAccess(DevicePtr va, std::size_t size) override {
-    return sim_->SetAccess(va, size);
-  }
   absl::Status CreateEvent(EventId* out) override {
     absl::Status s = sim_->CreateEvent(out);
     if (s.ok()) live_events_.insert(*out);
@@ -86,7 +71,6 @@ class HazardBackend final : public DeviceBackend {
     if (s.ok()) events_[event] = {stream, cur_[stream]};
     return s;
   }
-  absl::StatusOr<bool> QueryEvent(EventId event) override { return sim_->QueryEvent(event); }
   absl::Status SynchronizeEvent(EventId event) override {
     absl::Status s = sim_->SynchronizeEvent(event);
     if (s.ok()) CompleteThrough(event);
@@ -101,12 +85,6 @@ class HazardBackend final : public DeviceBackend {
     if (s.ok()) done_[stream] = cur_[stream];
     return s;
   }
-  absl::Status MemGetInfo(std::size_t* f, std::size_t* t) override {
-    return sim_->MemGetInfo(f, t);
-  }
-  bool IsCapturing(StreamId stream) override { return sim_->IsCapturing(stream); }
-  int EnterRelaxedCapture() override { return sim_->EnterRelaxedCapture(); }
-  void ExitRelaxedCapture(int m) override { sim_->ExitRelaxedCapture(m); }
 
   // ---- test side ----
   // A kernel on `stream` touching [ptr, ptr + size). `fresh`: the first kernel of a block just
@@ -195,7 +173,6 @@ class HazardBackend final : public DeviceBackend {
   void Hazard(std::string what) {
     if (hazards_.size() < 20) hazards_.push_back(std::move(what));
   }
-  SimBackend* sim_;
   std::map<DevicePtr, MapEntry> maps_;
   std::vector<Kernel> kernels_;
   std::map<StreamId, std::uint64_t> cur_, done_;
@@ -214,6 +191,20 @@ class OldMappingHazardTest : public ::testing::TestWithParam<Params> {};
 
 constexpr StreamId kStreams[] = {0, 0x33, 0x44};
 
+// A live allocation of a churn: pointer, bytes, stream.
+struct Live {
+  DevicePtr p;
+  std::size_t size;
+  StreamId s;
+};
+
+// The driver calls a churn injects errors into.
+constexpr DriverCall kFailingCalls[] = {
+    DriverCall::kMemCreate,        DriverCall::kMemRelease,   DriverCall::kMemMap,
+    DriverCall::kMemUnmap,         DriverCall::kMemSetAccess, DriverCall::kEventCreate,
+    DriverCall::kEventRecord,      DriverCall::kEventQuery,   DriverCall::kEventSynchronize,
+    DriverCall::kStreamSynchronize};
+
 TEST_P(OldMappingHazardTest, RandomChurnHasNoHazards) {
   const Params& param = GetParam();
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
@@ -225,25 +216,15 @@ TEST_P(OldMappingHazardTest, RandomChurnHasNoHazards) {
     ASSERT_TRUE(o.ok());
     auto alloc = std::make_unique<DeviceAllocator>(*o, &hb);
     std::mt19937_64 rng(seed);
-    struct Live {
-      DevicePtr p;
-      std::size_t size;
-      StreamId s;
-    };
     std::vector<Live> live;
     bool capturing = false;
     int capture_left = 0;
     std::int64_t reused = 0;
-    const DriverCall kinds[] = {DriverCall::kMemCreate,        DriverCall::kMemRelease,
-                                DriverCall::kMemMap,           DriverCall::kMemUnmap,
-                                DriverCall::kMemSetAccess,     DriverCall::kEventCreate,
-                                DriverCall::kEventRecord,      DriverCall::kEventQuery,
-                                DriverCall::kEventSynchronize, DriverCall::kStreamSynchronize};
     for (int op = 0; op < 4000; ++op) {
       const int what = static_cast<int>(rng() % 100);
       absl::Status st;
       if (param.errors && rng() % 40 == 0) {
-        sim.FailCall(kinds[rng() % std::size(kinds)], static_cast<int>(rng() % 20),
+        sim.FailCall(kFailingCalls[rng() % std::size(kFailingCalls)], static_cast<int>(rng() % 20),
                      absl::InternalError("injected"));
       }
       if (param.capture) {
@@ -375,20 +356,10 @@ TEST_P(OldMappingHazardTest, StepChurnHasNoHazards) {
     ASSERT_TRUE(o.ok());
     auto alloc = std::make_unique<DeviceAllocator>(*o, &hb);
     std::mt19937_64 rng(seed);
-    struct Live {
-      DevicePtr p;
-      std::size_t size;
-      StreamId s;
-    };
     std::vector<std::size_t> pattern;
     for (int i = 0; i < 60; ++i) {
       pattern.push_back(1 + static_cast<std::size_t>(std::exp2((rng() % 2500) / 100.0)));
     }
-    const DriverCall kinds[] = {DriverCall::kMemCreate,        DriverCall::kMemRelease,
-                                DriverCall::kMemMap,           DriverCall::kMemUnmap,
-                                DriverCall::kMemSetAccess,     DriverCall::kEventCreate,
-                                DriverCall::kEventRecord,      DriverCall::kEventQuery,
-                                DriverCall::kEventSynchronize, DriverCall::kStreamSynchronize};
     std::vector<Live> persistent;
     for (int step = 0; step < 60; ++step) {
       std::vector<Live> live;
@@ -396,8 +367,8 @@ TEST_P(OldMappingHazardTest, StepChurnHasNoHazards) {
       if (capturing) sim.SetCapturing(kStreams[0], true);
       for (std::size_t i = 0; i < pattern.size(); ++i) {
         if (param.errors && rng() % 30 == 0) {
-          sim.FailCall(kinds[rng() % std::size(kinds)], static_cast<int>(rng() % 10),
-                       absl::InternalError("injected"));
+          sim.FailCall(kFailingCalls[rng() % std::size(kFailingCalls)],
+                       static_cast<int>(rng() % 10), absl::InternalError("injected"));
         }
         std::size_t size = pattern[i];
         if (rng() % 5 == 0) size = size * (50 + rng() % 100) / 100 + 1;

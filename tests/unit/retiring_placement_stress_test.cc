@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sim_allocator_fixture.h"
+#include "sim_forwarding_backend.h"
 
 namespace vramledger {
 namespace {
@@ -37,26 +38,10 @@ constexpr MempoolId kPool{1, 0};
 //    streams, or a block reused, without a wait).
 // Its own event calls are made on the SimBackend and show in calls(): the tests that count
 // queries do not use it.
-class GpuModelBackend final : public DeviceBackend {
+class GpuModelBackend final : public SimForwardingBackend {
  public:
-  explicit GpuModelBackend(SimBackend* sim) : sim_(sim) {}
+  explicit GpuModelBackend(SimBackend* sim) : SimForwardingBackend(sim) {}
 
-  int device() const override { return sim_->device(); }
-  absl::Status Malloc(std::size_t size, DevicePtr* out) override { return sim_->Malloc(size, out); }
-  absl::Status Free(DevicePtr ptr) override { return sim_->Free(ptr); }
-  std::size_t Granularity() const override { return sim_->Granularity(); }
-  absl::Status ReserveAddress(std::size_t size, DevicePtr* out) override {
-    return sim_->ReserveAddress(size, out);
-  }
-  absl::Status ReleaseAddress(DevicePtr ptr, std::size_t size) override {
-    return sim_->ReleaseAddress(ptr, size);
-  }
-  absl::Status CreatePhysical(std::size_t size, PhysicalHandle* out) override {
-    return sim_->CreatePhysical(size, out);
-  }
-  absl::Status ReleasePhysical(PhysicalHandle handle) override {
-    return sim_->ReleasePhysical(handle);
-  }
   absl::Status Map(DevicePtr va, std::size_t size, PhysicalHandle handle) override {
     absl::Status s = sim_->Map(va, size, handle);
     if (s.ok()) mappings_[va] = {size, handle, next_mapping_++};
@@ -82,25 +67,6 @@ class GpuModelBackend final : public DeviceBackend {
     }
     return s;
   }
-  absl::Status SetAccess(DevicePtr va, std::size_t size) override {
-    return sim_->SetAccess(va, size);
-  }
-  absl::Status CreateEvent(EventId* out) override { return sim_->CreateEvent(out); }
-  absl::Status RecordEvent(EventId event, StreamId stream) override {
-    return sim_->RecordEvent(event, stream);
-  }
-  absl::StatusOr<bool> QueryEvent(EventId event) override { return sim_->QueryEvent(event); }
-  absl::Status SynchronizeEvent(EventId event) override { return sim_->SynchronizeEvent(event); }
-  absl::Status DestroyEvent(EventId event) override { return sim_->DestroyEvent(event); }
-  absl::Status SynchronizeStream(StreamId stream) override {
-    return sim_->SynchronizeStream(stream);
-  }
-  absl::Status MemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) override {
-    return sim_->MemGetInfo(free_bytes, total_bytes);
-  }
-  bool IsCapturing(StreamId stream) override { return sim_->IsCapturing(stream); }
-  int EnterRelaxedCapture() override { return sim_->EnterRelaxedCapture(); }
-  void ExitRelaxedCapture(int previous_mode) override { sim_->ExitRelaxedCapture(previous_mode); }
 
   // A kernel on `stream` touching [ptr, ptr + size). Returns its event (completing it completes
   // every earlier kernel and fence of that stream).
@@ -193,7 +159,6 @@ class GpuModelBackend final : public DeviceBackend {
     return !done.ok() || *done;
   }
 
-  SimBackend* sim_;
   std::map<DevicePtr, MappingInfo> mappings_;
   std::uint64_t next_mapping_ = 1;
   std::vector<UseRecord> uses_;
