@@ -132,6 +132,14 @@ struct Segment {
   std::size_t page_limit = 0;  // 1 + the highest page index ever mapped (bounds page walks)
 
   std::size_t PageOf(DevicePtr p) const { return (p - ptr) / page_size; }
+  // One past the last page of the handle mapped at page i (a handle's pages are consecutive and
+  // carry its id; two neighbouring handles never share one).
+  std::size_t HandleEnd(std::size_t i) const {
+    const PhysicalHandle h = pages[i];
+    std::size_t j = i + 1;
+    while (j < page_limit && pages[j] == h) ++j;
+    return j;
+  }
   DevicePtr PageAddress(std::size_t i) const { return ptr + i * page_size; }
 };
 

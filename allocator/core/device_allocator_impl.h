@@ -106,7 +106,8 @@ class DeviceAllocatorImpl {
   // Free blocks indexed in private pools (for CheckInvariants).
   std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // ---- Expandable segments (expandable.cc; docs/design/expandable-segments.md) ----
+  // ---- Expandable segments (expandable.cc; old mappings: old_mappings.cc;
+  //      docs/design/expandable-segments.md) ----
   absl::StatusOr<DevicePtr> MallocExpandable(core::BlockPool* pool,
                                              const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
