@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -198,6 +199,30 @@ struct Live {
   StreamId s;
 };
 
+// A simulated card of `capacity` bytes, the hazard backend over it and an allocator with options
+// `conf` (alloc is null if `conf` does not parse).
+struct Rig {
+  Rig(const std::string& conf, std::size_t capacity) : sim(Config(capacity)), hb(&sim) {
+    if (auto o = ParseOptions(conf); o.ok()) alloc = std::make_unique<DeviceAllocator>(*o, &hb);
+  }
+  static SimBackend::Config Config(std::size_t capacity) {
+    SimBackend::Config config;
+    config.capacity = capacity;
+    return config;
+  }
+  // Frees `live`, lets every kernel finish, empties the cache and destroys the allocator.
+  void End(const std::vector<Live>& live) {
+    for (const Live& l : live) (void)alloc->Free(l.p);
+    hb.CompleteAll();
+    (void)alloc->EmptyCache();
+    (void)alloc->EmptyCache();
+    alloc.reset();
+  }
+  SimBackend sim;
+  HazardBackend hb;
+  std::unique_ptr<DeviceAllocator> alloc;
+};
+
 // The driver calls a churn injects errors into.
 constexpr DriverCall kFailingCalls[] = {
     DriverCall::kMemCreate,        DriverCall::kMemRelease,   DriverCall::kMemMap,
@@ -208,13 +233,11 @@ constexpr DriverCall kFailingCalls[] = {
 TEST_P(OldMappingHazardTest, RandomChurnHasNoHazards) {
   const Params& param = GetParam();
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
-    SimBackend::Config config;
-    config.capacity = 2 * kGiB;
-    SimBackend sim(config);
-    HazardBackend hb(&sim);
-    auto o = ParseOptions(param.conf);
-    ASSERT_TRUE(o.ok());
-    auto alloc = std::make_unique<DeviceAllocator>(*o, &hb);
+    Rig rig(param.conf, 2 * kGiB);
+    ASSERT_NE(rig.alloc, nullptr) << param.conf;
+    SimBackend& sim = rig.sim;
+    HazardBackend& hb = rig.hb;
+    std::unique_ptr<DeviceAllocator>& alloc = rig.alloc;
     std::mt19937_64 rng(seed);
     std::vector<Live> live;
     bool capturing = false;
@@ -280,11 +303,7 @@ TEST_P(OldMappingHazardTest, RandomChurnHasNoHazards) {
     }
     if (capturing) sim.SetCapturing(kStreams[0], false);
     reused += alloc->GetFragmentation().reused_old_mappings;
-    for (const Live& l : live) (void)alloc->Free(l.p);
-    hb.CompleteAll();
-    (void)alloc->EmptyCache();
-    (void)alloc->EmptyCache();
-    alloc.reset();
+    rig.End(live);
     ASSERT_TRUE(hb.hazards().empty()) << "seed " << seed << " end: " << hb.hazards().front();
     EXPECT_EQ(sim.live_events(), 0);
     std::printf("seed %d reused_old_mappings %lld\n", static_cast<int>(seed),
@@ -348,13 +367,11 @@ TEST_P(OldMappingHazardTest, StepChurnHasNoHazards) {
   const std::uint64_t seeds =
       std::getenv("STEP_SEEDS") ? std::strtoull(std::getenv("STEP_SEEDS"), nullptr, 10) : 6;
   for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
-    SimBackend::Config config;
-    config.capacity = 4 * kGiB;
-    SimBackend sim(config);
-    HazardBackend hb(&sim);
-    auto o = ParseOptions(param.conf);
-    ASSERT_TRUE(o.ok());
-    auto alloc = std::make_unique<DeviceAllocator>(*o, &hb);
+    Rig rig(param.conf, 4 * kGiB);
+    ASSERT_NE(rig.alloc, nullptr) << param.conf;
+    SimBackend& sim = rig.sim;
+    HazardBackend& hb = rig.hb;
+    std::unique_ptr<DeviceAllocator>& alloc = rig.alloc;
     std::mt19937_64 rng(seed);
     std::vector<std::size_t> pattern;
     for (int i = 0; i < 60; ++i) {
@@ -422,11 +439,7 @@ TEST_P(OldMappingHazardTest, StepChurnHasNoHazards) {
           << "seed " << seed << " step " << step << ": " << hb.hazards().front();
     }
     total_reused += alloc->GetFragmentation().reused_old_mappings;
-    for (const Live& l : persistent) (void)alloc->Free(l.p);
-    hb.CompleteAll();
-    (void)alloc->EmptyCache();
-    (void)alloc->EmptyCache();
-    alloc.reset();
+    rig.End(persistent);
     ASSERT_TRUE(hb.hazards().empty()) << "seed " << seed << " end: " << hb.hazards().front();
     EXPECT_EQ(sim.live_events(), 0);
   }
