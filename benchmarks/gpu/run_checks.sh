@@ -17,13 +17,16 @@
 #   kernels      issue 3: kernel time on expandable-segment vs cudaMalloc memory, one process
 #                (vmm_kernel_probe.py)
 #   ab           issues 2 and 7: interleaved step-time A/B (step_ab.py)
+#   inprocess    issue 3: step time, native and vramledger swapped between steps in one process
+#                (inprocess_ab.py; ~60-90 s per workload at 30 groups)
 #   hostcost     issues 3 and 7: host ns per allocation, torch native vs vramledger in one
 #                process, over the three bundled training traces (host_cost_bench)
 # Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
 # run_h200.sh prepare && run_multi.sh prepare-tests.
 # Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
 # ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,torch-async,
-# native-again), AB_ROUNDS, AB_STEPS (10), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
+# native-again), AB_ROUNDS, AB_STEPS (10), INPROCESS_GROUPS (30), INPROCESS_WORKLOADS
+# (gpt2m,llama1b,llama1b-ckpt), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
 # HOSTCOST_SHIM (1: each trace also under the LD_PRELOAD shim), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
 set -uo pipefail
@@ -118,6 +121,13 @@ if want ab 120; then
   echo "step_ab exit $?"
 fi
 
+if want inprocess 120; then
+  timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/inprocess_ab.py \
+    --workloads "${INPROCESS_WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" \
+    --groups "${INPROCESS_GROUPS:-30}" --json "$OUT/inprocess_ab.json" > "$OUT/inprocess.log" 2>&1
+  echo "inprocess exit $?"
+fi
+
 if want hostcost 60; then
   : > "$OUT/hostcost.log"
   for t in ${HOSTCOST_TRACES:-gpt2m llama1b llama1b-ckpt}; do
@@ -156,5 +166,6 @@ echo "==== summary"
 [ -f "$OUT/wheel.log" ] && grep -E "PASS|FAIL|SKIP|wheel" "$OUT/wheel.log" | tail -15
 [ -f "$OUT/kernels.log" ] && tail -4 "$OUT/kernels.log"
 [ -f "$OUT/step_ab.log" ] && tail -6 "$OUT/step_ab.log"
+[ -f "$OUT/inprocess.log" ] && sed -n '/^| workload | mode/,$p' "$OUT/inprocess.log"
 [ -f "$OUT/hostcost.log" ] && grep -E "^(trace|\| |vramledger)" "$OUT/hostcost.log"
 echo "used $(( $(date +%s) - START )) s"

@@ -43,7 +43,7 @@ prepare() {
   cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
     -DVRAMLEDGER_BUILD_TESTS=OFF -DVRAMLEDGER_BUILD_BENCHMARKS=ON -DVRAMLEDGER_BUILD_PYTHON=OFF
   ninja -C "$build" vramledger_plugin vramledger_preload vramledger_driver_api_alloc \
-    vramledger_host_cost_bench
+    vramledger_host_cost_bench vramledger_allocator_swap
   rm -rf "$LIBDIR"
   mkdir -p "$LIBDIR"
   cp "$build/torch_plugin/lib/libvramledger_plugin.so" "$build"/torch_plugin/lib/libabsl_*.so.* \
@@ -54,6 +54,8 @@ prepare() {
      "$build/torch_plugin/preload/lib/vramledger_driver_api_alloc" "$LIBDIR/"
   # Issues 3 and 7: host cost per allocation, torch native beside vramledger (run_checks.sh).
   cp "$build/torch_plugin/lib/vramledger_host_cost_bench" "$LIBDIR/"
+  # Issues 3 and 7: torch's allocator swapped between steps (inprocess_ab.py).
+  cp "$build/torch_plugin/lib/libvramledger_allocator_swap.so" "$LIBDIR/"
   cp -n "$build"/torch_plugin/preload/lib/libabsl_*.so.* "$LIBDIR/" 2>/dev/null || true
   echo "--- $PLUGIN"
   readelf -d "$PLUGIN" | grep -E 'NEEDED|RPATH|RUNPATH'

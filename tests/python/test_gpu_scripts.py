@@ -16,7 +16,7 @@ import sys
 import pytest
 
 GPU = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
-WITH_HELP = ("ddp_check", "guard_check", "snapshot_check", "step_ab", "streams_compile_check",
+WITH_HELP = ("ddp_check", "guard_check", "inprocess_ab", "snapshot_check", "step_ab", "streams_compile_check",
              "torch_integration_check", "train_compare", "two_gpu_check", "vmm_kernel_probe",
              "workloads_compare")
 
@@ -270,3 +270,85 @@ def test_calibrate_runs_on_a_stand_in_for_cuda():
     cal = tc.calibrate(fake)
     assert set(cal) == {"gpu_ms", "launch_us"}
     assert cal["gpu_ms"] > 0 and cal["launch_us"] > 0
+
+
+def _inprocess_ab():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("inprocess_ab", GPU / "inprocess_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports only the standard library at the top
+    return module
+
+
+def _groups(ratios, native_s=0.25):
+    """Groups of one sequence length each, vramledger's step `ratio` times native's."""
+    return [{"native": native_s + 0.01 * k, "vramledger": (native_s + 0.01 * k) * r,
+             "native-again": native_s + 0.01 * k} for k, r in enumerate(ratios)]
+
+
+def test_inprocess_ab_verdicts_over_groups():
+    ab = _inprocess_ab()
+    shown = ab.summarize(_groups([1.00, 1.01, 0.99, 1.005, 1.00, 1.01, 0.995]), "vramledger", 1.02)
+    assert shown["verdict"] == "shown" and shown["groups"] == 7
+    assert shown["ratio"] == pytest.approx(1.0)
+    assert shown["interval90"][1] <= 1.02
+    refuted = ab.summarize(_groups([1.05, 1.06, 1.04, 1.07, 1.05]), "vramledger", 1.02)
+    assert refuted["verdict"] == "refuted" and refuted["interval90"][0] > 1.02
+    neither = ab.summarize(_groups([0.97, 1.06, 0.98, 1.07, 1.00, 1.05]), "vramledger", 1.02)
+    assert neither["verdict"] == "neither"
+    assert neither["interval90"][0] <= 1.02 < neither["interval90"][1]
+    # The A/A control: native-again equals native group for group.
+    assert ab.summarize(_groups([1.1] * 3), "native-again", 1.02)["ratio"] == 1.0
+    with pytest.raises(ValueError, match="no group has both 'vramledger' and native"):
+        ab.summarize([{"native": 0.2}], "vramledger", 1.02)
+
+
+def _swap_library_path():
+    root = GPU.parents[1]
+    for build in ("build-ci", "build"):
+        path = root / build / "torch_plugin" / "lib" / "libvramledger_allocator_swap.so"
+        if path.exists():
+            return path
+    return None
+
+
+def test_allocator_swap_makes_either_allocator_torchs_current():
+    """allocator_swap.cc (the in-process A/B's helper) on this CPU machine: torch's native
+    allocator first, vramledger's pluggable one after change_current_allocator, and each made
+    current again by a store, as torch itself reports (get_allocator_backend); init of the
+    native one without a GPU fails cleanly (-1, the message on stderr) instead of aborting."""
+    pytest.importorskip("torch")
+    lib = _swap_library_path()
+    if lib is None:
+        pytest.skip("libvramledger_allocator_swap.so is not built (benchmarks off or no torch)")
+    code = f"""
+import sys, torch
+sys.path.insert(0, {str(GPU)!r})
+import inprocess_ab
+from vramledger import _plugin
+_plugin.load()
+swap = inprocess_ab.swap_library()
+native = swap.vramledger_ab_current()
+print(swap.name(native), torch.cuda.get_allocator_backend())
+alloc = torch.cuda.memory.CUDAPluggableAllocator(_plugin.loaded_path(), "vramledger_malloc",
+                                                 "vramledger_free")
+torch.cuda.memory.change_current_allocator(alloc)
+plugged = swap.vramledger_ab_current()
+print(swap.name(plugged), torch.cuda.get_allocator_backend(), plugged != native)
+swap.vramledger_ab_store(native)
+print(torch.cuda.get_allocator_backend())
+swap.vramledger_ab_store(plugged)
+print(torch.cuda.get_allocator_backend())
+if not torch.cuda.is_available():
+    print("init", swap.vramledger_ab_init(native, 1))
+"""
+    import os
+    env = dict(os.environ, VRAMLEDGER_AB_SWAP=str(lib))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[:4] == ["native native", "pluggable pluggable True", "native", "pluggable"]
+    if len(lines) > 4:  # no GPU here: the native allocator's init needs one
+        assert lines[4] == "init -1"
+        assert "vramledger_ab_init: " in proc.stderr

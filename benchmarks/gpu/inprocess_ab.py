@@ -1,0 +1,235 @@
+"""In-process step-time A/B: torch's native allocator and vramledger in one process (issue 3).
+
+Whole processes on the H200 machine differ by up to 15% in speed (step_ab's A/A control,
+docs/design/step-time-measurement.md), which hides a 2% target. Here one process holds both
+allocators: vramledger is installed as usual (vramledger.install(), torch's
+CUDAPluggableAllocator), torch's native caching allocator is kept, and the helper library
+(allocator_swap.cc, beside the plugin) makes one or the other torch's current allocator between
+steps, after a synchronize. Every tensor is freed by the allocator that made it (torch's DataPtr
+carries its deleter), so each allocator serves the steps it is current for: the activations,
+gradients and temporaries of that step; the model and the optimizer state stay where they were
+first made (vramledger).
+
+The workloads are workloads_compare.py's (capture.py's models, batch and sequence-length ranges).
+Each group draws one sequence length and runs one training step of that length under each mode,
+the order rotated from group to group: native, vramledger, native-again (native once more: the
+A/A control of the method itself). The first --warmup groups are not counted. Per group, the
+ratio of a mode's step to native's step of the same group; the verdict is on the median over
+groups, with a bootstrap 90% interval (5,000 resamplings of the groups, seeded): "shown" when the
+interval lies at or under --target, "refuted" when above it, otherwise "neither". Losses are not
+compared (each group trains three steps); workloads_compare.py compares them, a process each.
+
+Also printed per workload: vramledger's driver calls (map + unmap + cudaMalloc + cudaFree) in the
+counted groups' vramledger steps (median and last three) and their measured time.
+
+Usage: python inprocess_ab.py [--workloads gpt2m,llama1b,llama1b-ckpt] [--groups 30]
+       [--warmup 4] [--target 1.02] [--json OUT.json]
+Env: VRAMLEDGER_PLUGIN (the plugin; the helper is found beside it unless VRAMLEDGER_AB_SWAP names
+it), VRAMLEDGER_CONF (default expandable_segments:True).
+Exit status: 0 when every workload ran (whatever the verdict), 1 when one failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+RESULT = "RESULT_JSON "
+MODES = ("native", "vramledger", "native-again")
+
+
+def summarize(groups: list[dict], mode: str, target: float, resamples: int = 5000,
+              seed: int = 0) -> dict:
+    """`mode` against native over groups (each: mode -> step seconds, all of one sequence length).
+
+    Returns the per-group ratios (mode / native of the same group), their median, a bootstrap 90%
+    interval of the median (`resamples` resamplings of the groups, seeded), the ratio of the
+    modes' median steps, and a verdict on `target` (e.g. 1.02): "shown" when the interval lies at
+    or under it, "refuted" when it lies above, otherwise "neither".
+
+    Raises:
+      ValueError: no group has both `mode` and native.
+    """
+    both = [g for g in groups if g.get(mode) and g.get("native")]
+    if not both:
+        raise ValueError(f"no group has both {mode!r} and native")
+    ratios = [g[mode] / g["native"] for g in both]
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                  for _ in range(resamples))
+    low, high = boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]
+    return {
+        "groups": len(both),
+        "ratio": statistics.median(ratios),
+        "interval90": [low, high],
+        "median_step_ratio": (statistics.median(g[mode] for g in both) /
+                              statistics.median(g["native"] for g in both)),
+        "target": target,
+        "verdict": "shown" if high <= target else "refuted" if low > target else "neither",
+    }
+
+
+def swap_library():
+    """The helper (allocator_swap.cc) loaded by ctypes, with its signatures declared."""
+    import ctypes
+    path = os.environ.get("VRAMLEDGER_AB_SWAP") or os.path.join(
+        os.path.dirname(os.environ.get("VRAMLEDGER_PLUGIN", "")),
+        "libvramledger_allocator_swap.so")
+    lib = ctypes.CDLL(path)
+    lib.vramledger_ab_current.restype = ctypes.c_void_p
+    lib.vramledger_ab_store.argtypes = [ctypes.c_void_p]
+    lib.vramledger_ab_init.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.vramledger_ab_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+
+    def name(allocator) -> str:
+        buf = ctypes.create_string_buffer(64)
+        lib.vramledger_ab_name(allocator, buf, len(buf))
+        return buf.value.decode()
+
+    lib.name = name
+    return lib
+
+
+def child(workload: str, groups: int, warmup: int, seed: int) -> None:
+    """One workload's groups in this process; prints RESULT_JSON with every group's steps."""
+    import torch  # noqa: F401  (loads libc10_cuda before the helper needs its symbols)
+
+    swap = swap_library()
+    native = swap.vramledger_ab_current()
+    assert swap.name(native) == "native", f"torch's allocator at start: {swap.name(native)}"
+    import vramledger
+    vramledger.install()
+    plugged = swap.vramledger_ab_current()
+    assert swap.name(plugged) == "pluggable", swap.name(plugged)
+    from workloads_compare import make
+
+    torch.manual_seed(0)
+    model, p = make(workload)
+    model = model.cuda()  # under vramledger; torch's lazy init sets up only the current allocator
+    if swap.vramledger_ab_init(native, torch.cuda.device_count()) < 0:
+        raise RuntimeError("torch's native allocator could not be initialized (stderr)")
+    if p["ckpt"]:
+        model.gradient_checkpointing_enable()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    current = {"native": native, "native-again": native, "vramledger": plugged}
+
+    def step(seq: int) -> float:
+        x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+    def driver_calls() -> tuple[int, float]:
+        f = vramledger.fragmentation()["driver_calls"]
+        return (sum(v["count"] for k, v in f.items() if not k.startswith("cudaEvent")),
+                sum(v["time_us"] for v in f.values()))
+
+    rng = random.Random(seed)
+    out = []
+    for g in range(warmup + groups):
+        seq = rng.randint(p["lo"], p["hi"])
+        order = MODES[g % 3:] + MODES[:g % 3]
+        row = {"seq": seq, "order": list(order), "warmup": g < warmup}
+        for mode in order:
+            torch.cuda.synchronize()
+            swap.vramledger_ab_store(current[mode])
+            before = driver_calls()
+            t0 = time.perf_counter()
+            loss = step(seq)
+            torch.cuda.synchronize()
+            row[mode] = time.perf_counter() - t0
+            if mode == "vramledger":
+                after = driver_calls()
+                row["vramledger_driver_calls"] = after[0] - before[0]
+                row["vramledger_driver_us"] = round(after[1] - before[1], 1)
+            if loss != loss:  # NaN: the step itself went wrong
+                raise RuntimeError(f"{workload} group {g} {mode}: loss is NaN")
+        out.append(row)
+    swap.vramledger_ab_store(plugged)  # vramledger current again for the exit
+    s = vramledger.memory_stats()
+    print(RESULT + json.dumps(dict(
+        workload=workload, groups=out,
+        vramledger_peak_reserved=s["reserved_bytes.all.peak"],
+        vramledger_peak_allocated=s["allocated_bytes.all.peak"])), flush=True)
+
+
+def run(workload: str, a: argparse.Namespace) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload,
+                           "--groups", str(a.groups), "--warmup", str(a.warmup),
+                           "--seed", str(a.seed)], env=env, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(f"--- {workload} failed ({proc.returncode})\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-6000:]}\n")
+        return dict(workload=workload, failed=True)
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--workloads", default="gpt2m,llama1b,llama1b-ckpt")
+    ap.add_argument("--groups", type=int, default=30, help="counted groups per workload")
+    ap.add_argument("--warmup", type=int, default=4, help="groups run first and not counted")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the sequence lengths")
+    ap.add_argument("--target", type=float, default=1.02,
+                    help="ratio to native the verdict is about (issue 3: 1.02)")
+    ap.add_argument("--json", help="write every group and the verdicts here")
+    a = ap.parse_args()
+    if a.groups < 1 or a.warmup < 0:
+        ap.error("--groups must be at least 1 and --warmup at least 0")
+    if a.child:
+        child(a.child, a.groups, a.warmup, a.seed)
+        return 0
+    lines = ["| workload | mode | groups | median step s | step ratio to native, median over "
+             "groups [90% interval] | verdict at target | vramledger driver calls per step: "
+             "median, last 3 (us) |", "|---|---|---|---|---|---|---|"]
+    results, ok = [], True
+    for w in a.workloads.split(","):
+        r = run(w, a)
+        results.append(r)
+        if r.get("failed"):
+            lines.append(f"| {w} | FAILED | | | | | |")
+            ok = False
+            continue
+        counted = [g for g in r["groups"] if not g["warmup"]]
+        r["verdicts"] = {}
+        calls = [g["vramledger_driver_calls"] for g in counted]
+        last3 = (f"{statistics.median(calls):g}, {calls[-3:]} "
+                 f"({[g['vramledger_driver_us'] for g in counted[-3:]]})")
+        lines.append(f"| {w} | native | {len(counted)} | "
+                     f"{statistics.median(g['native'] for g in counted):.4f} | 1 | | |")
+        for mode in MODES[1:]:
+            v = summarize(counted, mode, a.target)
+            r["verdicts"][mode] = v
+            lines.append(
+                f"| {w} | {mode} | {v['groups']} | "
+                f"{statistics.median(g[mode] for g in counted):.4f} | {v['ratio']:.4f} "
+                f"[{v['interval90'][0]:.4f}, {v['interval90'][1]:.4f}] | {v['verdict']} at "
+                f"{a.target} | {last3 if mode == 'vramledger' else ''} |")
+        print(lines[-3] + "\n" + lines[-2] + "\n" + lines[-1], flush=True)
+    table = "\n".join(lines)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    print(table)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
