@@ -1,4 +1,4 @@
-"""In-process step-time A/B: torch's native allocator and vramledger in one process (issue 3).
+"""In-process step-time A/B: torch's native allocator and vramledger in one process (issues 3, 7).
 
 Whole processes on the H200 machine differ by up to 15% in speed (step_ab's A/A control,
 docs/design/step-time-measurement.md), which hides a 2% target. Here one process holds both
@@ -28,8 +28,16 @@ Also printed per workload: vramledger's driver calls (cuMem*, cudaMalloc, cudaFr
 cudaEvent* calls left out) in the counted groups' vramledger steps (median and last three) and
 the driver time of those steps (all calls, measured around each) as a share of the step.
 
+Issue 7 (--shim LIB): torch's native allocator cannot be reached in a process where the
+LD_PRELOAD shim has chosen torch's cudaMallocAsync backend (torch picks its backend once, when
+libc10_cuda loads, and exports only the current one). So each workload also runs under the shim,
+where the modes are shim (that backend, its calls served by the shim), vramledger (the plugin, a
+second vramledger in the process) and shim-again, and the shim's ratio to native is chained:
+median(vramledger / native) in the plain process times median(shim / vramledger) under the shim,
+both ratios inside one process, with a bootstrap interval over both sets of groups.
+
 Usage: python inprocess_ab.py [--workloads gpt2m,llama1b,llama1b-ckpt] [--groups 30]
-       [--warmup 4] [--target 1.02] [--json OUT.json]
+       [--warmup 4] [--target 1.02] [--shim LIB [--shim-target 1.03]] [--json OUT.json]
 Env: VRAMLEDGER_PLUGIN (the plugin; the helper is found beside it unless VRAMLEDGER_AB_SWAP names
 it), VRAMLEDGER_CONF (default expandable_segments:True).
 Exit status: 0 when every workload ran (whatever the verdict), 1 when one failed.
@@ -49,38 +57,69 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 RESULT = "RESULT_JSON "
-MODES = ("native", "vramledger", "native-again")
 
 
-def summarize(groups: list[dict], mode: str, target: float, resamples: int = 5000,
-              seed: int = 0) -> dict:
-    """`mode` against native over groups (each: mode -> step seconds, all of one sequence length).
+def summarize(groups: list[dict], mode: str, target: float, base: str = "native",
+              resamples: int = 5000, seed: int = 0) -> dict:
+    """`mode` against `base` over groups (each: mode -> step seconds, all of one sequence length).
 
-    Returns the per-group ratios (mode / native of the same group), their median, a bootstrap 90%
+    Returns the per-group ratios (mode / base of the same group), their median, a bootstrap 90%
     interval of the median (`resamples` resamplings of the groups, seeded), the ratio of the
     modes' median steps, and a verdict on `target` (e.g. 1.02): "shown" when the interval lies at
     or under it, "refuted" when it lies above, otherwise "neither".
 
     Raises:
-      ValueError: no group has both `mode` and native.
+      ValueError: no group has both `mode` and `base`.
     """
-    both = [g for g in groups if g.get(mode) and g.get("native")]
+    both = [g for g in groups if g.get(mode) and g.get(base)]
     if not both:
-        raise ValueError(f"no group has both {mode!r} and native")
-    ratios = [g[mode] / g["native"] for g in both]
+        raise ValueError(f"no group has both {mode!r} and {base}")
+    ratios = [g[mode] / g[base] for g in both]
     rng = random.Random(seed)
     boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
                   for _ in range(resamples))
-    low, high = boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]
     return {
         "groups": len(both),
         "ratio": statistics.median(ratios),
-        "interval90": [low, high],
+        "interval90": interval90(boot),
         "median_step_ratio": (statistics.median(g[mode] for g in both) /
-                              statistics.median(g["native"] for g in both)),
+                              statistics.median(g[base] for g in both)),
         "target": target,
-        "verdict": "shown" if high <= target else "refuted" if low > target else "neither",
+        "verdict": verdict(interval90(boot), target),
     }
+
+
+def interval90(sorted_samples: list[float]) -> list[float]:
+    """The 5th and 95th percentiles of sorted bootstrap samples."""
+    n = len(sorted_samples)
+    return [sorted_samples[int(0.05 * n)], sorted_samples[int(0.95 * n) - 1]]
+
+
+def verdict(interval: list[float], target: float) -> str:
+    return "shown" if interval[1] <= target else "refuted" if interval[0] > target else "neither"
+
+
+def chained(first: list[dict], second: list[dict], target: float, resamples: int = 5000,
+            seed: int = 0) -> dict:
+    """The shim against native through vramledger's plugin, from two processes' groups:
+    median(vramledger / native) over `first`'s groups times median(shim / vramledger) over
+    `second`'s. Each factor is a ratio inside one process, so neither process's own speed
+    enters. The 90% interval is the bootstrap's over both sets of groups resampled
+    independently (seeded); the verdict as summarize's.
+
+    Raises:
+      ValueError: a set has no group with both of its modes.
+    """
+    a = [g["vramledger"] / g["native"] for g in first if g.get("vramledger") and g.get("native")]
+    b = [g["shim"] / g["vramledger"] for g in second if g.get("shim") and g.get("vramledger")]
+    if not a or not b:
+        raise ValueError("chained: both runs need groups with their two modes")
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(a, k=len(a))) *
+                  statistics.median(rng.choices(b, k=len(b))) for _ in range(resamples))
+    iv = interval90(boot)
+    return {"ratio": statistics.median(a) * statistics.median(b), "interval90": iv,
+            "target": target, "verdict": verdict(iv, target)}
 
 
 def swap_library():
@@ -105,12 +144,28 @@ def swap_library():
 
 
 def child(workload: str, groups: int, warmup: int, seed: int) -> None:
-    """One workload's groups in this process; prints RESULT_JSON with every group's steps."""
+    """One workload's groups in this process; prints RESULT_JSON with every group's steps.
+
+    torch's allocator at start names the reference: "native" in a plain process; under the
+    LD_PRELOAD shim, torch's cudaMallocAsync backend, whose calls the shim serves ("shim"). The
+    modes are then (reference, vramledger, reference-again); the untimed priming step runs on
+    native in a plain process and on vramledger's plugin under the shim, so that the mode each
+    ratio's numerator names (vramledger / native, shim / vramledger) never follows its own step
+    of the same length."""
     import torch  # noqa: F401  (loads libc10_cuda before the helper needs its symbols)
 
     swap = swap_library()
-    native = swap.vramledger_ab_current()
-    assert swap.name(native) == "native", f"torch's allocator at start: {swap.name(native)}"
+    first = swap.vramledger_ab_current()
+    started = swap.name(first)
+    shimmed = "libvramledger_preload" in os.environ.get("LD_PRELOAD", "")
+    if started == "native" and not shimmed:
+        base, prime = "native", "native"
+    elif started == "cudaMallocAsync" and shimmed:
+        base, prime = "shim", "vramledger"
+    else:
+        raise RuntimeError(f"torch's allocator at start is {started!r} (LD_PRELOAD "
+                           f"{os.environ.get('LD_PRELOAD')!r}): expected native, or "
+                           "cudaMallocAsync under the shim")
     import vramledger
     vramledger.install()
     plugged = swap.vramledger_ab_current()
@@ -120,13 +175,14 @@ def child(workload: str, groups: int, warmup: int, seed: int) -> None:
     torch.manual_seed(0)
     model, p = make(workload)
     model = model.cuda()  # under vramledger; torch's lazy init sets up only the current allocator
-    if swap.vramledger_ab_init(native, torch.cuda.device_count()) < 0:
-        raise RuntimeError("torch's native allocator could not be initialized (stderr)")
+    if swap.vramledger_ab_init(first, torch.cuda.device_count()) < 0:
+        raise RuntimeError(f"torch's {started} allocator could not be initialized (stderr)")
     if p["ckpt"]:
         model.gradient_checkpointing_enable()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    current = {"prime": native, "native": native, "native-again": native, "vramledger": plugged}
+    modes = (base, "vramledger", base + "-again")
+    current = {base: first, base + "-again": first, "vramledger": plugged}
 
     def step(seq: int) -> float:
         x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
@@ -146,11 +202,11 @@ def child(workload: str, groups: int, warmup: int, seed: int) -> None:
     out = []
     for g in range(warmup + groups):
         seq = rng.randint(p["lo"], p["hi"])
-        order = MODES[g % 3:] + MODES[:g % 3]
-        row = {"seq": seq, "order": list(order), "warmup": g < warmup}
+        order = modes[g % 3:] + modes[:g % 3]
+        row = {"seq": seq, "order": list(order), "warmup": g < warmup, "prime_on": prime}
         for mode in ("prime",) + order:
             torch.cuda.synchronize()
-            swap.vramledger_ab_store(current[mode])
+            swap.vramledger_ab_store(current[prime if mode == "prime" else mode])
             before = driver_calls()
             t0 = time.perf_counter()
             loss = step(seq)
@@ -166,24 +222,56 @@ def child(workload: str, groups: int, warmup: int, seed: int) -> None:
     swap.vramledger_ab_store(plugged)  # vramledger current again for the exit
     s = vramledger.memory_stats()
     print(RESULT + json.dumps(dict(
-        workload=workload, groups=out,
+        workload=workload, base=base, groups=out,
         vramledger_peak_reserved=s["reserved_bytes.all.peak"],
         vramledger_peak_allocated=s["allocated_bytes.all.peak"])), flush=True)
 
 
-def run(workload: str, a: argparse.Namespace) -> dict:
+def run(workload: str, a: argparse.Namespace, shim: str | None = None) -> dict:
+    """One child process for `workload`; under the LD_PRELOAD shim `shim` when given."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True")
+    if shim:  # the shim's exit dump and its lines on stderr are not what is measured here
+        env.update(LD_PRELOAD=shim, VRAMLEDGER_PRELOAD_QUIET="1",
+                   VRAMLEDGER_PRELOAD_NO_EXIT_DUMP="1")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload,
                            "--groups", str(a.groups), "--warmup", str(a.warmup),
                            "--seed", str(a.seed)], env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
     if proc.returncode != 0 or not lines:
-        sys.stderr.write(f"--- {workload} failed ({proc.returncode})\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-6000:]}\n")
-        return dict(workload=workload, failed=True)
+        sys.stderr.write(f"--- {workload}{' under the shim' if shim else ''} failed "
+                         f"({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n")
+        return dict(workload=workload, failed=True, base="shim" if shim else "native")
     return json.loads(lines[-1][len(RESULT):])
+
+
+def table_rows(r: dict, target: float) -> list[str]:
+    """Markdown rows of one child's result (sets r["verdicts"])."""
+    w, base = r["workload"], r["base"]
+    if r.get("failed"):
+        return [f"| {w} | {base}: FAILED | | | | | |"]
+    counted = [g for g in r["groups"] if not g["warmup"]]
+    calls = [g["vramledger_driver_calls"] for g in counted]
+    share = statistics.median(g["vramledger_driver_us"] / 1e6 / g["vramledger"] for g in counted)
+    driver = (f"{statistics.median(calls):g}, {calls[-3:]}; driver time median "
+              f"{100 * share:.2f}% of the step, last 3 "
+              f"{[round(g['vramledger_driver_us'] / 1e3, 1) for g in counted[-3:]]} ms")
+    # (numerator, denominator): vramledger / native in a plain process; under the shim, the
+    # shim / vramledger's plugin (the factor chained() multiplies by).
+    pairs = ([("vramledger", "native"), ("native-again", "native")] if base == "native" else
+             [("shim", "vramledger"), ("shim-again", "shim")])
+    rows, r["verdicts"] = [], {}
+    for mode, ref in pairs:
+        v = summarize(counted, mode, target, base=ref)
+        r["verdicts"][f"{mode}/{ref}"] = v
+        rows.append(
+            f"| {w} | {mode} / {ref} | {v['groups']} | "
+            f"{statistics.median(g[mode] for g in counted):.4f} / "
+            f"{statistics.median(g[ref] for g in counted):.4f} | {v['ratio']:.4f} "
+            f"[{v['interval90'][0]:.4f}, {v['interval90'][1]:.4f}] | {v['verdict']} at "
+            f"{target} | {driver if mode in ('vramledger', 'shim') else ''} |")
+    return rows
 
 
 def main() -> int:
@@ -195,43 +283,41 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the sequence lengths")
     ap.add_argument("--target", type=float, default=1.02,
                     help="ratio to native the verdict is about (issue 3: 1.02)")
+    ap.add_argument("--shim", metavar="LIB",
+                    help="also run each workload under this LD_PRELOAD shim (issue 7): the "
+                         "shim against vramledger's plugin there, chained with the plugin "
+                         "against native (verdict at --shim-target)")
+    ap.add_argument("--shim-target", type=float, default=1.03,
+                    help="the shim's ratio to native the chained verdict is about (issue 7)")
     ap.add_argument("--json", help="write every group and the verdicts here")
     a = ap.parse_args()
     if a.groups < 1 or a.warmup < 0:
         ap.error("--groups must be at least 1 and --warmup at least 0")
+    if a.shim and not os.path.isfile(a.shim):
+        ap.error(f"--shim {a.shim}: no such file")
     if a.child:
         child(a.child, a.groups, a.warmup, a.seed)
         return 0
-    lines = ["| workload | mode | groups | median step s | step ratio to native, median over "
-             "groups [90% interval] | verdict at target | vramledger driver calls per step "
-             "(median, last 3) and driver time |", "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | ratio | groups | median steps s | ratio, median over groups [90% "
+             "interval] | verdict at target | vramledger driver calls per step (median, last 3) "
+             "and driver time |", "|---|---|---|---|---|---|---|"]
     results, ok = [], True
     for w in a.workloads.split(","):
-        r = run(w, a)
-        results.append(r)
-        if r.get("failed"):
-            lines.append(f"| {w} | FAILED | | | | | |")
-            ok = False
-            continue
-        counted = [g for g in r["groups"] if not g["warmup"]]
-        r["verdicts"] = {}
-        calls = [g["vramledger_driver_calls"] for g in counted]
-        share = statistics.median(g["vramledger_driver_us"] / 1e6 / g["vramledger"]
-                                  for g in counted)
-        last3 = (f"{statistics.median(calls):g}, {calls[-3:]}; driver time median "
-                 f"{100 * share:.2f}% of the step, last 3 "
-                 f"{[round(g['vramledger_driver_us'] / 1e3, 1) for g in counted[-3:]]} ms")
-        lines.append(f"| {w} | native | {len(counted)} | "
-                     f"{statistics.median(g['native'] for g in counted):.4f} | 1 | | |")
-        for mode in MODES[1:]:
-            v = summarize(counted, mode, a.target)
-            r["verdicts"][mode] = v
-            lines.append(
-                f"| {w} | {mode} | {v['groups']} | "
-                f"{statistics.median(g[mode] for g in counted):.4f} | {v['ratio']:.4f} "
-                f"[{v['interval90'][0]:.4f}, {v['interval90'][1]:.4f}] | {v['verdict']} at "
-                f"{a.target} | {last3 if mode == 'vramledger' else ''} |")
-        print(lines[-3] + "\n" + lines[-2] + "\n" + lines[-1], flush=True)
+        runs = [run(w, a)] + ([run(w, a, os.path.abspath(a.shim))] if a.shim else [])
+        for r in runs:
+            results.append(r)
+            ok = ok and not r.get("failed")
+            rows = table_rows(r, a.target if r["base"] == "native" else a.shim_target)
+            lines += rows
+            print("\n".join(rows), flush=True)
+        if len(runs) == 2 and not any(r.get("failed") for r in runs):
+            c = chained(*[[g for g in r["groups"] if not g["warmup"]] for r in runs],
+                        a.shim_target)
+            runs[1]["chained"] = c
+            lines.append(f"| {w} | shim / native, chained | | | {c['ratio']:.4f} "
+                         f"[{c['interval90'][0]:.4f}, {c['interval90'][1]:.4f}] | "
+                         f"{c['verdict']} at {a.shim_target} | |")
+            print(lines[-1], flush=True)
     table = "\n".join(lines)
     if a.json:
         with open(a.json, "w") as f:

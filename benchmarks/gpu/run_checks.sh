@@ -17,8 +17,8 @@
 #   kernels      issue 3: kernel time on expandable-segment vs cudaMalloc memory, one process
 #                (vmm_kernel_probe.py)
 #   ab           issues 2 and 7: interleaved step-time A/B (step_ab.py)
-#   inprocess    issue 3: step time, native and vramledger swapped between steps in one process
-#                (inprocess_ab.py; ~60-90 s per workload at 30 groups)
+#   inprocess    issues 3 and 7: step time, native and vramledger swapped between steps in one
+#                process (inprocess_ab.py; ~40-60 s per workload and process at 36 groups)
 #   hostcost     issues 3 and 7: host ns per allocation, torch native vs vramledger in one
 #                process, over the three bundled training traces (host_cost_bench)
 # Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
@@ -26,7 +26,7 @@
 # Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
 # ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,torch-async,
 # native-again), AB_ROUNDS, AB_STEPS (10), INPROCESS_GROUPS (30), INPROCESS_WORKLOADS
-# (gpt2m,llama1b,llama1b-ckpt), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
+# (gpt2m,llama1b,llama1b-ckpt), INPROCESS_SHIM (1: each workload also under the shim, issue 7), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
 # HOSTCOST_SHIM (1: each trace also under the LD_PRELOAD shim), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
 set -uo pipefail
@@ -124,7 +124,9 @@ fi
 if want inprocess 120; then
   timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/inprocess_ab.py \
     --workloads "${INPROCESS_WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" \
-    --groups "${INPROCESS_GROUPS:-30}" --json "$OUT/inprocess_ab.json" > "$OUT/inprocess.log" 2>&1
+    --groups "${INPROCESS_GROUPS:-30}" --json "$OUT/inprocess_ab.json" \
+    ${INPROCESS_SHIM:+--shim "$ROOT/.devbuild/lib/libvramledger_preload.so"} \
+    > "$OUT/inprocess.log" 2>&1
   echo "inprocess exit $?"
 fi
 

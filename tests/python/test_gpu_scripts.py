@@ -303,6 +303,40 @@ def test_inprocess_ab_verdicts_over_groups():
         ab.summarize([{"native": 0.2}], "vramledger", 1.02)
 
 
+def test_inprocess_ab_chains_the_shim_through_the_plugin():
+    ab = _inprocess_ab()
+    plain = _groups([1.01] * 9)  # vramledger 1% slower than native
+    shimmed = [{"vramledger": g["native"], "shim": g["native"] * 1.015} for g in plain]
+    c = ab.chained(plain, shimmed, 1.03)
+    assert c["ratio"] == pytest.approx(1.01 * 1.015)
+    assert c["interval90"][0] == pytest.approx(1.01 * 1.015)  # no spread, no width
+    assert c["verdict"] == "shown"
+    slow = [dict(g, shim=g["vramledger"] * 1.05) for g in shimmed]
+    assert ab.chained(plain, slow, 1.03)["verdict"] == "refuted"
+    with pytest.raises(ValueError, match="both runs need groups"):
+        ab.chained(plain, [{"native": 1.0}], 1.03)
+
+
+def test_inprocess_ab_table_rows_name_each_ratio():
+    ab = _inprocess_ab()
+    groups = [dict(g, warmup=k < 2, vramledger_driver_calls=k, vramledger_driver_us=1000.0)
+              for k, g in enumerate(_groups([1.01] * 8))]
+    r = {"workload": "gpt2m", "base": "native", "groups": groups}
+    rows = ab.table_rows(r, 1.02)
+    assert [row.split(" | ")[1] for row in rows] == ["vramledger / native", "native-again / native"]
+    assert "| 6 |" in rows[0] and "shown at 1.02" in rows[0]
+    assert "[5, 6, 7]" in rows[0]  # driver calls of the last three counted groups
+    assert set(r["verdicts"]) == {"vramledger/native", "native-again/native"}
+    shim = [{"vramledger": g["native"], "shim": g["native"] * 1.02, "shim-again": g["native"],
+             "warmup": False, "vramledger_driver_calls": 0, "vramledger_driver_us": 0.0}
+            for g in groups]
+    rows = ab.table_rows({"workload": "gpt2m", "base": "shim", "groups": shim}, 1.03)
+    assert rows[0].startswith("| gpt2m | shim / vramledger | 8 |")
+    assert "1.0200" in rows[0]
+    assert ab.table_rows({"workload": "x", "base": "shim", "failed": True}, 1.03) == [
+        "| x | shim: FAILED | | | | | |"]
+
+
 def _swap_library_path():
     root = GPU.parents[1]
     for build in ("build-ci", "build"):
