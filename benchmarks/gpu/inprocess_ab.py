@@ -162,6 +162,11 @@ def child(workload: str, groups: int, warmup: int, seed: int) -> None:
         base, prime = "native", "native"
     elif started == "cudaMallocAsync" and shimmed:
         base, prime = "shim", "vramledger"
+        # torch parses PYTORCH_CUDA_ALLOC_CONF again on first use and asserts that the backend
+        # it names is the current allocator's (CUDAAllocatorConfig.cpp, "parsed at runtime !=
+        # parsed at load time"): the shim's backend:cudaMallocAsync would then fail against the
+        # pluggable one. The backend is chosen already (at load); the variable is done with.
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     else:
         raise RuntimeError(f"torch's allocator at start is {started!r} (LD_PRELOAD "
                            f"{os.environ.get('LD_PRELOAD')!r}): expected native, or "
@@ -270,7 +275,7 @@ def table_rows(r: dict, target: float) -> list[str]:
             f"{statistics.median(g[mode] for g in counted):.4f} / "
             f"{statistics.median(g[ref] for g in counted):.4f} | {v['ratio']:.4f} "
             f"[{v['interval90'][0]:.4f}, {v['interval90'][1]:.4f}] | {v['verdict']} at "
-            f"{target} | {driver if mode in ('vramledger', 'shim') else ''} |")
+            f"{target} | {driver if mode == 'vramledger' else ''} |")
     return rows
 
 
