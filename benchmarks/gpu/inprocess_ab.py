@@ -11,14 +11,22 @@ gradients and temporaries of that step; the model and the optimizer state stay w
 first made (vramledger).
 
 The workloads are workloads_compare.py's (capture.py's models, batch and sequence-length ranges).
-Each group draws one sequence length and runs one training step of that length under each mode,
-the order rotated from group to group: native, vramledger, native-again (native once more: the
-A/A control of the method itself). Before them, an untimed priming step of that length on
-native: the first step at a new length takes up to twice as long whatever the allocator (torch's
-per-shape work; measured on the H200, session 8: 0.21 s, then 0.08 s twice, GPT-2), which would
-otherwise land on whichever mode runs first. Priming on native is the conservative choice: native
-then serves a length its cache has just seen, while vramledger's timed step follows its own step
-of another length, as in training. The first --warmup groups are not counted. Per group, the
+Each group runs one training step under each mode, the order rotated from group to group:
+native, vramledger, native-again (native once more: the A/A control of the method itself). The
+first step at a sequence length the process has not run before takes up to twice as long as the
+next one, whatever the allocator (torch's per-shape work; H200, session 8: GPT-2 0.21 s, then
+0.08 s twice), so a group's steps must all be new lengths or all be repeats:
+  --lengths fresh (default)  as in training: every timed step runs a length never run before in
+        the process; a group takes three adjacent lengths L, L+1, L+2 (from a shuffle of the
+        workload's range cut into such triples), the i-th step of the group running L+i. The
+        rotation gives each mode each offset equally often (one token of 128-2048 changes a
+        step by well under 1%, and cancels over the rotation).
+  --lengths repeat  harsher on the allocator: one length per group, first run by an untimed
+        priming step (on native; under the shim on the plugin, see below), so the timed steps
+        are the shorter repeats and an allocator's cost is a larger share of them. Priming on
+        native favours native: its cache has just served that length, while vramledger's timed
+        step follows its own step of another length.
+The first --warmup groups are not counted. Per group, the
 ratio of a mode's step to native's step of the same group; the verdict is on the median over
 groups, with a bootstrap 90% interval (5,000 resamplings of the groups, seeded): "shown" when the
 interval lies at or under --target, "refuted" when above it, otherwise "neither". Losses are not
@@ -37,7 +45,8 @@ median(vramledger / native) in the plain process times median(shim / vramledger)
 both ratios inside one process, with a bootstrap interval over both sets of groups.
 
 Usage: python inprocess_ab.py [--workloads gpt2m,llama1b,llama1b-ckpt] [--groups 30]
-       [--warmup 4] [--target 1.02] [--shim LIB [--shim-target 1.03]] [--json OUT.json]
+       [--warmup 4] [--lengths fresh|repeat] [--target 1.02] [--shim LIB [--shim-target 1.03]]
+       [--json OUT.json]
 Env: VRAMLEDGER_PLUGIN (the plugin; the helper is found beside it unless VRAMLEDGER_AB_SWAP names
 it), VRAMLEDGER_CONF (default expandable_segments:True).
 Exit status: 0 when every workload ran (whatever the verdict), 1 when one failed.
@@ -143,15 +152,26 @@ def swap_library():
     return lib
 
 
-def child(workload: str, groups: int, warmup: int, seed: int) -> None:
+def fresh_triples(lo: int, hi: int, count: int, seed: int) -> list[int]:
+    """`count` starting lengths L of disjoint triples (L, L+1, L+2) inside [lo, hi], shuffled
+    (seeded), so that no length repeats. Raises ValueError when the range holds fewer triples."""
+    starts = list(range(lo, hi - 1, 3))
+    if len(starts) < count:
+        raise ValueError(f"[{lo}, {hi}] holds {len(starts)} triples of fresh lengths, "
+                         f"{count} asked for")
+    random.Random(seed).shuffle(starts)
+    return starts[:count]
+
+
+def child(workload: str, groups: int, warmup: int, seed: int, lengths: str = "fresh") -> None:
     """One workload's groups in this process; prints RESULT_JSON with every group's steps.
 
     torch's allocator at start names the reference: "native" in a plain process; under the
     LD_PRELOAD shim, torch's cudaMallocAsync backend, whose calls the shim serves ("shim"). The
-    modes are then (reference, vramledger, reference-again); the untimed priming step runs on
-    native in a plain process and on vramledger's plugin under the shim, so that the mode each
-    ratio's numerator names (vramledger / native, shim / vramledger) never follows its own step
-    of the same length."""
+    modes are then (reference, vramledger, reference-again). With `lengths` "repeat", the
+    untimed priming step runs on native in a plain process and on vramledger's plugin under the
+    shim, so that the mode each ratio's numerator names (vramledger / native, shim / vramledger)
+    never follows its own step of the same length."""
     import torch  # noqa: F401  (loads libc10_cuda before the helper needs its symbols)
 
     swap = swap_library()
@@ -204,17 +224,20 @@ def child(workload: str, groups: int, warmup: int, seed: int) -> None:
                 sum(v["time_us"] for v in f.values()))
 
     rng = random.Random(seed)
+    starts = (fresh_triples(p["lo"], p["hi"], warmup + groups, seed) if lengths == "fresh"
+              else None)
     out = []
     for g in range(warmup + groups):
-        seq = rng.randint(p["lo"], p["hi"])
+        seq = starts[g] if starts else rng.randint(p["lo"], p["hi"])
         order = modes[g % 3:] + modes[:g % 3]
-        row = {"seq": seq, "order": list(order), "warmup": g < warmup, "prime_on": prime}
-        for mode in ("prime",) + order:
+        row = {"seq": seq, "order": list(order), "warmup": g < warmup, "lengths": lengths}
+        steps = order if starts else ("prime",) + order
+        for i, mode in enumerate(steps):
             torch.cuda.synchronize()
             swap.vramledger_ab_store(current[prime if mode == "prime" else mode])
             before = driver_calls()
             t0 = time.perf_counter()
-            loss = step(seq)
+            loss = step(seq + i if starts else seq)
             torch.cuda.synchronize()
             row[mode] = time.perf_counter() - t0
             if mode == "vramledger":
@@ -242,7 +265,8 @@ def run(workload: str, a: argparse.Namespace, shim: str | None = None) -> dict:
                    VRAMLEDGER_PRELOAD_NO_EXIT_DUMP="1")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload,
                            "--groups", str(a.groups), "--warmup", str(a.warmup),
-                           "--seed", str(a.seed)], env=env, capture_output=True, text=True)
+                           "--seed", str(a.seed), "--lengths", a.lengths], env=env,
+                          capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(f"--- {workload}{' under the shim' if shim else ''} failed "
@@ -286,6 +310,9 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=30, help="counted groups per workload")
     ap.add_argument("--warmup", type=int, default=4, help="groups run first and not counted")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sequence lengths")
+    ap.add_argument("--lengths", choices=("fresh", "repeat"), default="fresh",
+                    help="fresh: every timed step at a length new to the process (as in "
+                         "training); repeat: the timed steps repeat a primed length (harsher)")
     ap.add_argument("--target", type=float, default=1.02,
                     help="ratio to native the verdict is about (issue 3: 1.02)")
     ap.add_argument("--shim", metavar="LIB",
@@ -301,7 +328,7 @@ def main() -> int:
     if a.shim and not os.path.isfile(a.shim):
         ap.error(f"--shim {a.shim}: no such file")
     if a.child:
-        child(a.child, a.groups, a.warmup, a.seed)
+        child(a.child, a.groups, a.warmup, a.seed, a.lengths)
         return 0
     lines = ["| workload | ratio | groups | median steps s | ratio, median over groups [90% "
              "interval] | verdict at target | vramledger driver calls per step (median, last 3) "

@@ -337,6 +337,18 @@ def test_inprocess_ab_table_rows_name_each_ratio():
         "| x | shim: FAILED | | | | | |"]
 
 
+def test_inprocess_ab_fresh_lengths_never_repeat():
+    ab = _inprocess_ab()
+    starts = ab.fresh_triples(128, 1024, 299, seed=0)
+    lengths = [L + i for L in starts for i in range(3)]
+    assert len(set(lengths)) == len(lengths) == 897  # the whole range, each length once
+    assert min(lengths) == 128 and max(lengths) == 1024
+    assert starts != sorted(starts)  # shuffled
+    assert ab.fresh_triples(128, 1024, 5, seed=0) == starts[:5]  # seeded
+    with pytest.raises(ValueError, match=r"\[128, 1024\] holds 299 triples"):
+        ab.fresh_triples(128, 1024, 300, seed=0)
+
+
 def _swap_library_path():
     root = GPU.parents[1]
     for build in ("build-ci", "build"):
