@@ -47,6 +47,8 @@ both ratios inside one process, with a bootstrap interval over both sets of grou
 Usage: python inprocess_ab.py [--workloads gpt2m,llama1b,llama1b-ckpt] [--groups 30]
        [--warmup 4] [--lengths fresh|repeat] [--target 1.02] [--shim LIB [--shim-target 1.03]]
        [--json OUT.json]
+       python inprocess_ab.py --pool A.json B.json ...   (no GPU: the groups of earlier runs
+       pooled per workload, reference and lengths, each ratio still inside one process)
 Env: VRAMLEDGER_PLUGIN (the plugin; the helper is found beside it unless VRAMLEDGER_AB_SWAP names
 it), VRAMLEDGER_CONF (default expandable_segments:True).
 Exit status: 0 when every workload ran (whatever the verdict), 1 when one failed.
@@ -278,6 +280,8 @@ def run(workload: str, a: argparse.Namespace, shim: str | None = None) -> dict:
 def table_rows(r: dict, target: float) -> list[str]:
     """Markdown rows of one child's result (sets r["verdicts"])."""
     w, base = r["workload"], r["base"]
+    if r.get("lengths"):
+        w += f" ({r['lengths']} lengths)"
     if r.get("failed"):
         return [f"| {w} | {base}: FAILED | | | | | |"]
     counted = [g for g in r["groups"] if not g["warmup"]]
@@ -303,6 +307,55 @@ def table_rows(r: dict, target: float) -> list[str]:
     return rows
 
 
+def pooled(paths: list[str]) -> list[dict]:
+    """The results of earlier --json outputs merged per (workload, reference, lengths): their
+    counted groups one after another, so that each ratio stays a ratio inside one process while
+    the median and its interval run over every process's groups. Runs made before --lengths
+    existed were all "repeat". Raises ValueError naming a file that is not such an output."""
+    merged: dict[tuple, dict] = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                results = json.load(f)
+            if not isinstance(results, list):
+                raise TypeError(f"a list of results expected, found {type(results).__name__}")
+            for r in results:
+                if r.get("failed"):
+                    continue
+                counted = [g for g in r["groups"] if not g["warmup"]]
+                lengths = counted[0].get("lengths", "repeat") if counted else "repeat"
+                key = (r["workload"], r.get("base", "native"), lengths)
+                m = merged.setdefault(key, dict(workload=key[0], base=key[1], lengths=lengths,
+                                                groups=[], processes=0))
+                m["groups"] += counted
+                m["processes"] += 1
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            raise ValueError(f"{path}: not an inprocess_ab --json output "
+                             f"({type(e).__name__}: {e})") from e
+    return list(merged.values())
+
+
+def report(results: list[dict], target: float, shim_target: float) -> list[str]:
+    """Table rows for child results (or pooled ones): each result's rows, then per workload and
+    lengths the shim chained through the plugin when both a plain and a shimmed result exist."""
+    lines = []
+    for r in results:
+        lines += table_rows(r, target if r["base"] == "native" else shim_target)
+    for r in results:
+        shimmed = [x for x in results if x["base"] == "shim" and x["workload"] == r["workload"]
+                   and x.get("lengths") == r.get("lengths") and not x.get("failed")]
+        if r["base"] != "native" or r.get("failed") or not shimmed:
+            continue
+        c = chained([g for g in r["groups"] if not g["warmup"]],
+                    [g for g in shimmed[0]["groups"] if not g["warmup"]], shim_target)
+        shimmed[0]["chained"] = c
+        label = r["workload"] + (f" ({r['lengths']} lengths)" if r.get("lengths") else "")
+        lines.append(f"| {label} | shim / native, chained | | | {c['ratio']:.4f} "
+                     f"[{c['interval90'][0]:.4f}, {c['interval90'][1]:.4f}] | "
+                     f"{c['verdict']} at {shim_target} | |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -322,6 +375,9 @@ def main() -> int:
     ap.add_argument("--shim-target", type=float, default=1.03,
                     help="the shim's ratio to native the chained verdict is about (issue 7)")
     ap.add_argument("--json", help="write every group and the verdicts here")
+    ap.add_argument("--pool", nargs="+", metavar="JSON",
+                    help="no GPU run: pool the groups of earlier --json outputs (per workload, "
+                         "reference and lengths) and print the table over all of them")
     a = ap.parse_args()
     if a.groups < 1 or a.warmup < 0:
         ap.error("--groups must be at least 1 and --warmup at least 0")
@@ -333,23 +389,26 @@ def main() -> int:
     lines = ["| workload | ratio | groups | median steps s | ratio, median over groups [90% "
              "interval] | verdict at target | vramledger driver calls per step (median, last 3) "
              "and driver time |", "|---|---|---|---|---|---|---|"]
+    if a.pool:
+        try:
+            results = pooled(a.pool)
+        except ValueError as e:
+            ap.error(f"--pool: {e}")
+        if not results:
+            ap.error("--pool: the files hold no successful run")
+        lines += report(results, a.target, a.shim_target)
+        print("\n".join(lines))
+        return 0
     results, ok = [], True
     for w in a.workloads.split(","):
         runs = [run(w, a)] + ([run(w, a, os.path.abspath(a.shim))] if a.shim else [])
         for r in runs:
+            r.setdefault("lengths", a.lengths)
             results.append(r)
             ok = ok and not r.get("failed")
-            rows = table_rows(r, a.target if r["base"] == "native" else a.shim_target)
-            lines += rows
-            print("\n".join(rows), flush=True)
-        if len(runs) == 2 and not any(r.get("failed") for r in runs):
-            c = chained(*[[g for g in r["groups"] if not g["warmup"]] for r in runs],
-                        a.shim_target)
-            runs[1]["chained"] = c
-            lines.append(f"| {w} | shim / native, chained | | | {c['ratio']:.4f} "
-                         f"[{c['interval90'][0]:.4f}, {c['interval90'][1]:.4f}] | "
-                         f"{c['verdict']} at {a.shim_target} | |")
-            print(lines[-1], flush=True)
+        rows = report(runs, a.target, a.shim_target)  # as each workload ends
+        lines += rows
+        print("\n".join(rows), flush=True)
     table = "\n".join(lines)
     if a.json:
         with open(a.json, "w") as f:

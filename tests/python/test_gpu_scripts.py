@@ -349,6 +349,48 @@ def test_inprocess_ab_fresh_lengths_never_repeat():
         ab.fresh_triples(128, 1024, 300, seed=0)
 
 
+def test_inprocess_ab_pools_runs_per_workload_reference_and_lengths(tmp_path):
+    ab = _inprocess_ab()
+
+    def result(base, ratio, n, lengths=None):
+        groups = []
+        for k, g in enumerate(_groups([ratio] * n)):
+            g = dict(g, warmup=k == 0, vramledger_driver_calls=0, vramledger_driver_us=0.0)
+            if lengths:
+                g["lengths"] = lengths
+            if base == "shim":
+                g = dict(g, shim=g["native"] * ratio, vramledger=g["native"],
+                         **{"shim-again": g["native"]})
+            groups.append(g)
+        return {"workload": "gpt2m", "base": base, "groups": groups}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    # a: an older run (no "lengths": repeat) with the shim; b: a repeat run and a fresh one.
+    a.write_text(json.dumps([result("native", 1.01, 5), result("shim", 1.02, 5),
+                             {"workload": "llama1b", "base": "native", "failed": True}]))
+    b.write_text(json.dumps([result("native", 1.01, 7, "repeat"),
+                             result("native", 1.05, 4, "fresh")]))
+    pooled = ab.pooled([str(a), str(b)])
+    by_key = {(r["base"], r["lengths"]): r for r in pooled}
+    assert set(by_key) == {("native", "repeat"), ("shim", "repeat"), ("native", "fresh")}
+    assert len(by_key[("native", "repeat")]["groups"]) == 4 + 6  # warm-up groups left out
+    assert by_key[("native", "repeat")]["processes"] == 2
+    rows = ab.report(pooled, 1.02, 1.03)
+    chained = [row for row in rows if "chained" in row]
+    assert chained == [row for row in rows if row.startswith("| gpt2m (repeat lengths) | shim")
+                       and "chained" in row]
+    assert len(chained) == 1 and "1.0302" in chained[0]  # 1.01 x 1.02; no fresh shim run
+    proc = subprocess.run([sys.executable, str(GPU / "inprocess_ab.py"), "--pool", str(a),
+                           str(b)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "| gpt2m (fresh lengths) | vramledger / native | 3 |" in proc.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rounds": []}')
+    proc = subprocess.run([sys.executable, str(GPU / "inprocess_ab.py"), "--pool", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not an inprocess_ab --json output" in proc.stderr
+
+
 def _swap_library_path():
     root = GPU.parents[1]
     for build in ("build-ci", "build"):
