@@ -26,7 +26,8 @@
 # Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
 # ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,torch-async,
 # native-again), AB_ROUNDS, AB_STEPS (10), INPROCESS_GROUPS (30), INPROCESS_WORKLOADS
-# (gpt2m,llama1b,llama1b-ckpt), INPROCESS_SHIM (1: each workload also under the shim, issue 7), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
+# (gpt2m,llama1b,llama1b-ckpt), INPROCESS_LENGTHS (repeat: tighter than fresh at equal groups),
+# INPROCESS_SHIM (1: each workload also under the shim, issue 7), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
 # HOSTCOST_SHIM (1: each trace also under the LD_PRELOAD shim), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
 set -uo pipefail
@@ -124,7 +125,8 @@ fi
 if want inprocess 120; then
   timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/inprocess_ab.py \
     --workloads "${INPROCESS_WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" \
-    --groups "${INPROCESS_GROUPS:-30}" --json "$OUT/inprocess_ab.json" \
+    --groups "${INPROCESS_GROUPS:-30}" --lengths "${INPROCESS_LENGTHS:-repeat}" \
+    --json "$OUT/inprocess_ab.json" \
     ${INPROCESS_SHIM:+--shim "$ROOT/.devbuild/lib/libvramledger_preload.so"} \
     > "$OUT/inprocess.log" 2>&1
   echo "inprocess exit $?"
