@@ -17,6 +17,9 @@
 #include <exception>
 #include <string>
 
+// The library is built with hidden visibility: only these C functions are its interface.
+#define VRAMLEDGER_AB_EXPORT __attribute__((visibility("default")))
+
 namespace {
 
 c10::cuda::CUDACachingAllocator::CUDAAllocator* AsAllocator(void* p) {
@@ -29,14 +32,14 @@ extern "C" {
 
 /// torch's current CUDA allocator (an opaque `CUDAAllocator*`), never null once libc10_cuda is
 /// loaded (its static initializer stores the backend PYTORCH_CUDA_ALLOC_CONF names).
-__attribute__((visibility("default"))) void* vramledger_ab_current() {
+VRAMLEDGER_AB_EXPORT void* vramledger_ab_current() {
   return c10::cuda::CUDACachingAllocator::allocator.load();
 }
 
 /// Makes `allocator` (a pointer vramledger_ab_current returned earlier) torch's current one.
 /// The caller keeps every allocator it swaps alive (torch's own are static; a pluggable one is
 /// held by torch.cuda.memory's module state).
-__attribute__((visibility("default"))) void vramledger_ab_store(void* allocator) {
+VRAMLEDGER_AB_EXPORT void vramledger_ab_store(void* allocator) {
   c10::cuda::CUDACachingAllocator::allocator.store(AsAllocator(allocator));
 }
 
@@ -44,7 +47,7 @@ __attribute__((visibility("default"))) void vramledger_ab_store(void* allocator)
 /// init sets up only the allocator current at that moment. Returns 1 when it was initialized
 /// before the call, 0 when this call did it, -1 when init threw (no usable CUDA device: the
 /// exception's message goes to stderr; no exception crosses into the caller).
-__attribute__((visibility("default"))) int vramledger_ab_init(void* allocator, int device_count) {
+VRAMLEDGER_AB_EXPORT int vramledger_ab_init(void* allocator, int device_count) {
   c10::cuda::CUDACachingAllocator::CUDAAllocator* a = AsAllocator(allocator);
   try {
     if (a->initialized()) return 1;
@@ -58,8 +61,7 @@ __attribute__((visibility("default"))) int vramledger_ab_init(void* allocator, i
 
 /// Writes `allocator->name()` (e.g. "native", "pluggable") into `out` (NUL-terminated, at most
 /// `size` bytes with the NUL); returns the name's full length.
-__attribute__((visibility("default"))) int vramledger_ab_name(void* allocator, char* out,
-                                                              int size) {
+VRAMLEDGER_AB_EXPORT int vramledger_ab_name(void* allocator, char* out, int size) {
   const std::string name = AsAllocator(allocator)->name();
   if (size > 0) std::snprintf(out, static_cast<std::size_t>(size), "%s", name.c_str());
   return static_cast<int>(name.size());

@@ -1,36 +1,35 @@
 """In-process step-time A/B: torch's native allocator and vramledger in one process (issues 3, 7).
 
-Whole processes on the H200 machine differ by up to 15% in speed (step_ab's A/A control,
+Whole processes on the H200 machine differ by up to 20% in speed (step_ab's A/A control,
 docs/design/step-time-measurement.md), which hides a 2% target. Here one process holds both
 allocators: vramledger is installed as usual (vramledger.install(), torch's
 CUDAPluggableAllocator), torch's native caching allocator is kept, and the helper library
 (allocator_swap.cc, beside the plugin) makes one or the other torch's current allocator between
 steps, after a synchronize. Every tensor is freed by the allocator that made it (torch's DataPtr
 carries its deleter), so each allocator serves the steps it is current for: the activations,
-gradients and temporaries of that step; the model and the optimizer state stay where they were
-first made (vramledger).
+gradients and temporaries of that step. The model and the optimizer state are made by
+vramledger (an untimed setup step on vramledger creates AdamW's state) and stay there.
 
 The workloads are workloads_compare.py's (capture.py's models, batch and sequence-length ranges).
-Each group runs one training step under each mode, the order rotated from group to group:
-native, vramledger, native-again (native once more: the A/A control of the method itself). The
-first step at a sequence length the process has not run before takes up to twice as long as the
-next one, whatever the allocator (torch's per-shape work; H200, session 8: GPT-2 0.21 s, then
-0.08 s twice), so a group's steps must all be new lengths or all be repeats:
-  --lengths fresh (default)  as in training: every timed step runs a length never run before in
-        the process; a group takes three adjacent lengths L, L+1, L+2 (from a shuffle of the
-        workload's range cut into such triples), the i-th step of the group running L+i. The
-        rotation gives each mode each offset equally often (one token of 128-2048 changes a
-        step by well under 1%, and cancels over the rotation).
-  --lengths repeat  harsher on the allocator: one length per group, first run by an untimed
-        priming step (on native; under the shim on the plugin, see below), so the timed steps
-        are the shorter repeats and an allocator's cost is a larger share of them. Priming on
-        native favours native: its cache has just served that length, while vramledger's timed
-        step follows its own step of another length.
-The first --warmup groups are not counted. Per group, the
-ratio of a mode's step to native's step of the same group; the verdict is on the median over
-groups, with a bootstrap 90% interval (5,000 resamplings of the groups, seeded): "shown" when the
-interval lies at or under --target, "refuted" when above it, otherwise "neither". Losses are not
-compared (each group trains three steps); workloads_compare.py compares them, a process each.
+Each group runs one training step under each mode: native, vramledger, native-again (native once
+more: the A/A control of the method itself), in one of the six orders, cycled group by group
+(inprocess_stats.ORDERS: each mode takes each position, and each pair of positions, equally
+often). The first step at a sequence length the process has not run before takes up to twice as
+long as the next one, whatever the allocator (torch's per-shape work; H200, session 8: GPT-2
+0.21 s, then 0.08 s twice), so a group's steps are all repeats or all new lengths:
+  --lengths repeat (default)  one length per group, first run by an untimed priming step (on
+        native; under the shim on the plugin, see below), then the three timed steps at it.
+        Priming on native favours native: its cache has just served that length, while
+        vramledger's timed step follows its own step of another length.
+  --lengths fresh  every timed step at a length never run before in the process, as in the
+        captured workloads' ten-odd steps; a group takes three adjacent lengths L, L+1, L+2 (from
+        a seeded shuffle of the range cut into triples), its i-th step running L+i. Several times
+        noisier: the per-shape cost varies from shape to shape.
+The first --warmup groups are not counted. Per group, the ratio of a mode's step to native's step
+of the same group; the verdict is on the median over groups, with a bootstrap 90% interval
+(5,000 resamplings, seeded; inprocess_stats.summarize): "shown" when the interval lies at or
+under --target, "refuted" when above it, otherwise "neither". Losses are not compared (each group
+trains three steps); workloads_compare.py compares them, a process each.
 
 Also printed per workload: vramledger's driver calls (cuMem*, cudaMalloc, cudaFree; the cheap
 cudaEvent* calls left out) in the counted groups' vramledger steps (median and last three) and
@@ -42,16 +41,19 @@ libc10_cuda loads, and exports only the current one). So each workload also runs
 where the modes are shim (that backend, its calls served by the shim), vramledger (the plugin, a
 second vramledger in the process) and shim-again, and the shim's ratio to native is chained:
 median(vramledger / native) in the plain process times median(shim / vramledger) under the shim,
-both ratios inside one process, with a bootstrap interval over both sets of groups.
+both ratios inside one process (inprocess_stats.chained). It assumes the plugin costs the same
+beside the shim as without it.
 
 Usage: python inprocess_ab.py [--workloads gpt2m,llama1b,llama1b-ckpt] [--groups 30]
-       [--warmup 4] [--lengths fresh|repeat] [--target 1.02] [--shim LIB [--shim-target 1.03]]
+       [--warmup 4] [--lengths repeat|fresh] [--target 1.02] [--shim LIB [--shim-target 1.03]]
        [--json OUT.json]
        python inprocess_ab.py --pool A.json B.json ...   (no GPU: the groups of earlier runs
-       pooled per workload, reference and lengths, each ratio still inside one process)
+       pooled per workload, reference, lengths and conf; every ratio stays inside one process and
+       the interval resamples processes, then their groups)
 Env: VRAMLEDGER_PLUGIN (the plugin; the helper is found beside it unless VRAMLEDGER_AB_SWAP names
 it), VRAMLEDGER_CONF (default expandable_segments:True).
-Exit status: 0 when every workload ran (whatever the verdict), 1 when one failed.
+Exit status: 0 when every workload ran (whatever the verdict), 1 when one failed, 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -60,112 +62,54 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from inprocess_stats import HEADER, fresh_triples, modes_for, pooled, report, schedule  # noqa: E402
+
 RESULT = "RESULT_JSON "
 
 
-def summarize(groups: list[dict], mode: str, target: float, base: str = "native",
-              resamples: int = 5000, seed: int = 0) -> dict:
-    """`mode` against `base` over groups (each: mode -> step seconds, all of one sequence length).
+class SwapLibrary:
+    """allocator_swap.cc through ctypes: torch's current CUDA allocator as an opaque pointer
+    (int), made current again by store(), initialized by init(), named by name()."""
 
-    Returns the per-group ratios (mode / base of the same group), their median, a bootstrap 90%
-    interval of the median (`resamples` resamplings of the groups, seeded), the ratio of the
-    modes' median steps, and a verdict on `target` (e.g. 1.02): "shown" when the interval lies at
-    or under it, "refuted" when it lies above, otherwise "neither".
+    def __init__(self, path: str | None = None):
+        import ctypes
+        path = path or os.environ.get("VRAMLEDGER_AB_SWAP") or os.path.join(
+            os.path.dirname(os.environ.get("VRAMLEDGER_PLUGIN", "")),
+            "libvramledger_allocator_swap.so")
+        self._ctypes = ctypes
+        self._lib = lib = ctypes.CDLL(path)
+        lib.vramledger_ab_current.restype = ctypes.c_void_p
+        lib.vramledger_ab_current.argtypes = []
+        lib.vramledger_ab_store.restype = None
+        lib.vramledger_ab_store.argtypes = [ctypes.c_void_p]
+        lib.vramledger_ab_init.restype = ctypes.c_int
+        lib.vramledger_ab_init.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.vramledger_ab_name.restype = ctypes.c_int
+        lib.vramledger_ab_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
 
-    Raises:
-      ValueError: no group has both `mode` and `base`.
-    """
-    both = [g for g in groups if g.get(mode) and g.get(base)]
-    if not both:
-        raise ValueError(f"no group has both {mode!r} and {base}")
-    ratios = [g[mode] / g[base] for g in both]
-    rng = random.Random(seed)
-    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
-                  for _ in range(resamples))
-    return {
-        "groups": len(both),
-        "ratio": statistics.median(ratios),
-        "interval90": interval90(boot),
-        "median_step_ratio": (statistics.median(g[mode] for g in both) /
-                              statistics.median(g[base] for g in both)),
-        "target": target,
-        "verdict": verdict(interval90(boot), target),
-    }
+    def current(self) -> int:
+        return self._lib.vramledger_ab_current()
 
+    def store(self, allocator: int) -> None:
+        self._lib.vramledger_ab_store(allocator)
 
-def interval90(sorted_samples: list[float]) -> list[float]:
-    """The 5th and 95th percentiles of sorted bootstrap samples."""
-    n = len(sorted_samples)
-    return [sorted_samples[int(0.05 * n)], sorted_samples[int(0.95 * n) - 1]]
+    def init(self, allocator: int, device_count: int) -> int:
+        """1: was initialized; 0: initialized now; -1: init failed (message on stderr)."""
+        return self._lib.vramledger_ab_init(allocator, device_count)
 
-
-def verdict(interval: list[float], target: float) -> str:
-    return "shown" if interval[1] <= target else "refuted" if interval[0] > target else "neither"
-
-
-def chained(first: list[dict], second: list[dict], target: float, resamples: int = 5000,
-            seed: int = 0) -> dict:
-    """The shim against native through vramledger's plugin, from two processes' groups:
-    median(vramledger / native) over `first`'s groups times median(shim / vramledger) over
-    `second`'s. Each factor is a ratio inside one process, so neither process's own speed
-    enters. The 90% interval is the bootstrap's over both sets of groups resampled
-    independently (seeded); the verdict as summarize's.
-
-    Raises:
-      ValueError: a set has no group with both of its modes.
-    """
-    a = [g["vramledger"] / g["native"] for g in first if g.get("vramledger") and g.get("native")]
-    b = [g["shim"] / g["vramledger"] for g in second if g.get("shim") and g.get("vramledger")]
-    if not a or not b:
-        raise ValueError("chained: both runs need groups with their two modes")
-    rng = random.Random(seed)
-    boot = sorted(statistics.median(rng.choices(a, k=len(a))) *
-                  statistics.median(rng.choices(b, k=len(b))) for _ in range(resamples))
-    iv = interval90(boot)
-    return {"ratio": statistics.median(a) * statistics.median(b), "interval90": iv,
-            "target": target, "verdict": verdict(iv, target)}
-
-
-def swap_library():
-    """The helper (allocator_swap.cc) loaded by ctypes, with its signatures declared."""
-    import ctypes
-    path = os.environ.get("VRAMLEDGER_AB_SWAP") or os.path.join(
-        os.path.dirname(os.environ.get("VRAMLEDGER_PLUGIN", "")),
-        "libvramledger_allocator_swap.so")
-    lib = ctypes.CDLL(path)
-    lib.vramledger_ab_current.restype = ctypes.c_void_p
-    lib.vramledger_ab_store.argtypes = [ctypes.c_void_p]
-    lib.vramledger_ab_init.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.vramledger_ab_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
-
-    def name(allocator) -> str:
-        buf = ctypes.create_string_buffer(64)
-        lib.vramledger_ab_name(allocator, buf, len(buf))
+    def name(self, allocator: int) -> str:
+        buf = self._ctypes.create_string_buffer(64)
+        self._lib.vramledger_ab_name(allocator, buf, len(buf))
         return buf.value.decode()
 
-    lib.name = name
-    return lib
 
-
-def fresh_triples(lo: int, hi: int, count: int, seed: int) -> list[int]:
-    """`count` starting lengths L of disjoint triples (L, L+1, L+2) inside [lo, hi], shuffled
-    (seeded), so that no length repeats. Raises ValueError when the range holds fewer triples."""
-    starts = list(range(lo, hi - 1, 3))
-    if len(starts) < count:
-        raise ValueError(f"[{lo}, {hi}] holds {len(starts)} triples of fresh lengths, "
-                         f"{count} asked for")
-    random.Random(seed).shuffle(starts)
-    return starts[:count]
-
-
-def child(workload: str, groups: int, warmup: int, seed: int, lengths: str = "fresh") -> None:
+def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> None:
     """One workload's groups in this process; prints RESULT_JSON with every group's steps.
 
     torch's allocator at start names the reference: "native" in a plain process; under the
@@ -176,8 +120,8 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str = "fr
     never follows its own step of the same length."""
     import torch  # noqa: F401  (loads libc10_cuda before the helper needs its symbols)
 
-    swap = swap_library()
-    first = swap.vramledger_ab_current()
+    swap = SwapLibrary()
+    first = swap.current()
     started = swap.name(first)
     shimmed = "libvramledger_preload" in os.environ.get("LD_PRELOAD", "")
     if started == "native" and not shimmed:
@@ -195,21 +139,21 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str = "fr
                            "cudaMallocAsync under the shim")
     import vramledger
     vramledger.install()
-    plugged = swap.vramledger_ab_current()
+    plugged = swap.current()
     assert swap.name(plugged) == "pluggable", swap.name(plugged)
     from workloads_compare import make
 
     torch.manual_seed(0)
     model, p = make(workload)
     model = model.cuda()  # under vramledger; torch's lazy init sets up only the current allocator
-    if swap.vramledger_ab_init(first, torch.cuda.device_count()) < 0:
+    if swap.init(first, torch.cuda.device_count()) < 0:
         raise RuntimeError(f"torch's {started} allocator could not be initialized (stderr)")
     if p["ckpt"]:
         model.gradient_checkpointing_enable()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    modes = (base, "vramledger", base + "-again")
-    current = {base: first, base + "-again": first, "vramledger": plugged}
+    current = {m: (plugged if m == "vramledger" else first) for m in modes_for(base)}
+    current["prime"] = current[prime]
 
     def step(seq: int) -> float:
         x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
@@ -225,21 +169,20 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str = "fr
         return (sum(v["count"] for k, v in f.items() if not k.startswith("cudaEvent")),
                 sum(v["time_us"] for v in f.values()))
 
+    step(p["lo"])  # untimed, on vramledger: AdamW's state is made here (fresh lengths skip lo)
     rng = random.Random(seed)
     starts = (fresh_triples(p["lo"], p["hi"], warmup + groups, seed) if lengths == "fresh"
-              else None)
+              else [rng.randint(p["lo"], p["hi"]) for _ in range(warmup + groups)])
     out = []
-    for g in range(warmup + groups):
-        seq = starts[g] if starts else rng.randint(p["lo"], p["hi"])
-        order = modes[g % 3:] + modes[:g % 3]
-        row = {"seq": seq, "order": list(order), "warmup": g < warmup, "lengths": lengths}
-        steps = order if starts else ("prime",) + order
-        for i, mode in enumerate(steps):
+    for g, seq in enumerate(starts):
+        steps = schedule(g, base, lengths, seq)
+        row = {"seq": seq, "order": [m for m, _ in steps if m != "prime"], "warmup": g < warmup}
+        for mode, length in steps:
             torch.cuda.synchronize()
-            swap.vramledger_ab_store(current[prime if mode == "prime" else mode])
+            swap.store(current[mode])
             before = driver_calls()
             t0 = time.perf_counter()
-            loss = step(seq + i if starts else seq)
+            loss = step(length)
             torch.cuda.synchronize()
             row[mode] = time.perf_counter() - t0
             if mode == "vramledger":
@@ -249,10 +192,12 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str = "fr
             if loss != loss:  # NaN: the step itself went wrong
                 raise RuntimeError(f"{workload} group {g} {mode}: loss is NaN")
         out.append(row)
-    swap.vramledger_ab_store(plugged)  # vramledger current again for the exit
+    swap.store(plugged)  # vramledger current again for the exit
     s = vramledger.memory_stats()
     print(RESULT + json.dumps(dict(
-        workload=workload, base=base, groups=out,
+        workload=workload, base=base, lengths=lengths, groups=out,
+        conf=os.environ.get("VRAMLEDGER_CONF", ""), torch=torch.__version__, seed=seed,
+        warmup=warmup, run_id=f"{os.uname().nodename}:{os.getpid()}:{time.time_ns()}",
         vramledger_peak_reserved=s["reserved_bytes.all.peak"],
         vramledger_peak_allocated=s["allocated_bytes.all.peak"])), flush=True)
 
@@ -273,87 +218,9 @@ def run(workload: str, a: argparse.Namespace, shim: str | None = None) -> dict:
     if proc.returncode != 0 or not lines:
         sys.stderr.write(f"--- {workload}{' under the shim' if shim else ''} failed "
                          f"({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n")
-        return dict(workload=workload, failed=True, base="shim" if shim else "native")
+        return dict(workload=workload, failed=True, base="shim" if shim else "native",
+                    lengths=a.lengths, conf=env["VRAMLEDGER_CONF"])
     return json.loads(lines[-1][len(RESULT):])
-
-
-def table_rows(r: dict, target: float) -> list[str]:
-    """Markdown rows of one child's result (sets r["verdicts"])."""
-    w, base = r["workload"], r["base"]
-    if r.get("lengths"):
-        w += f" ({r['lengths']} lengths)"
-    if r.get("failed"):
-        return [f"| {w} | {base}: FAILED | | | | | |"]
-    counted = [g for g in r["groups"] if not g["warmup"]]
-    calls = [g["vramledger_driver_calls"] for g in counted]
-    share = statistics.median(g["vramledger_driver_us"] / 1e6 / g["vramledger"] for g in counted)
-    driver = (f"{statistics.median(calls):g}, {calls[-3:]}; driver time median "
-              f"{100 * share:.2f}% of the step, last 3 "
-              f"{[round(g['vramledger_driver_us'] / 1e3, 1) for g in counted[-3:]]} ms")
-    # (numerator, denominator): vramledger / native in a plain process; under the shim, the
-    # shim / vramledger's plugin (the factor chained() multiplies by).
-    pairs = ([("vramledger", "native"), ("native-again", "native")] if base == "native" else
-             [("shim", "vramledger"), ("shim-again", "shim")])
-    rows, r["verdicts"] = [], {}
-    for mode, ref in pairs:
-        v = summarize(counted, mode, target, base=ref)
-        r["verdicts"][f"{mode}/{ref}"] = v
-        rows.append(
-            f"| {w} | {mode} / {ref} | {v['groups']} | "
-            f"{statistics.median(g[mode] for g in counted):.4f} / "
-            f"{statistics.median(g[ref] for g in counted):.4f} | {v['ratio']:.4f} "
-            f"[{v['interval90'][0]:.4f}, {v['interval90'][1]:.4f}] | {v['verdict']} at "
-            f"{target} | {driver if mode == 'vramledger' else ''} |")
-    return rows
-
-
-def pooled(paths: list[str]) -> list[dict]:
-    """The results of earlier --json outputs merged per (workload, reference, lengths): their
-    counted groups one after another, so that each ratio stays a ratio inside one process while
-    the median and its interval run over every process's groups. Runs made before --lengths
-    existed were all "repeat". Raises ValueError naming a file that is not such an output."""
-    merged: dict[tuple, dict] = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                results = json.load(f)
-            if not isinstance(results, list):
-                raise TypeError(f"a list of results expected, found {type(results).__name__}")
-            for r in results:
-                if r.get("failed"):
-                    continue
-                counted = [g for g in r["groups"] if not g["warmup"]]
-                lengths = counted[0].get("lengths", "repeat") if counted else "repeat"
-                key = (r["workload"], r.get("base", "native"), lengths)
-                m = merged.setdefault(key, dict(workload=key[0], base=key[1], lengths=lengths,
-                                                groups=[], processes=0))
-                m["groups"] += counted
-                m["processes"] += 1
-        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
-            raise ValueError(f"{path}: not an inprocess_ab --json output "
-                             f"({type(e).__name__}: {e})") from e
-    return list(merged.values())
-
-
-def report(results: list[dict], target: float, shim_target: float) -> list[str]:
-    """Table rows for child results (or pooled ones): each result's rows, then per workload and
-    lengths the shim chained through the plugin when both a plain and a shimmed result exist."""
-    lines = []
-    for r in results:
-        lines += table_rows(r, target if r["base"] == "native" else shim_target)
-    for r in results:
-        shimmed = [x for x in results if x["base"] == "shim" and x["workload"] == r["workload"]
-                   and x.get("lengths") == r.get("lengths") and not x.get("failed")]
-        if r["base"] != "native" or r.get("failed") or not shimmed:
-            continue
-        c = chained([g for g in r["groups"] if not g["warmup"]],
-                    [g for g in shimmed[0]["groups"] if not g["warmup"]], shim_target)
-        shimmed[0]["chained"] = c
-        label = r["workload"] + (f" ({r['lengths']} lengths)" if r.get("lengths") else "")
-        lines.append(f"| {label} | shim / native, chained | | | {c['ratio']:.4f} "
-                     f"[{c['interval90'][0]:.4f}, {c['interval90'][1]:.4f}] | "
-                     f"{c['verdict']} at {shim_target} | |")
-    return lines
 
 
 def main() -> int:
@@ -363,9 +230,9 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=30, help="counted groups per workload")
     ap.add_argument("--warmup", type=int, default=4, help="groups run first and not counted")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sequence lengths")
-    ap.add_argument("--lengths", choices=("fresh", "repeat"), default="fresh",
-                    help="fresh: every timed step at a length new to the process (as in "
-                         "training); repeat: the timed steps repeat a primed length (harsher)")
+    ap.add_argument("--lengths", choices=("repeat", "fresh"), default="repeat",
+                    help="repeat: the timed steps repeat a primed length; fresh: every timed "
+                         "step at a length new to the process (noisier)")
     ap.add_argument("--target", type=float, default=1.02,
                     help="ratio to native the verdict is about (issue 3: 1.02)")
     ap.add_argument("--shim", metavar="LIB",
@@ -377,7 +244,7 @@ def main() -> int:
     ap.add_argument("--json", help="write every group and the verdicts here")
     ap.add_argument("--pool", nargs="+", metavar="JSON",
                     help="no GPU run: pool the groups of earlier --json outputs (per workload, "
-                         "reference and lengths) and print the table over all of them")
+                         "reference, lengths and conf) and print the table over all of them")
     a = ap.parse_args()
     if a.groups < 1 or a.warmup < 0:
         ap.error("--groups must be at least 1 and --warmup at least 0")
@@ -386,9 +253,7 @@ def main() -> int:
     if a.child:
         child(a.child, a.groups, a.warmup, a.seed, a.lengths)
         return 0
-    lines = ["| workload | ratio | groups | median steps s | ratio, median over groups [90% "
-             "interval] | verdict at target | vramledger driver calls per step (median, last 3) "
-             "and driver time |", "|---|---|---|---|---|---|---|"]
+    lines = list(HEADER)
     if a.pool:
         try:
             results = pooled(a.pool)
@@ -402,18 +267,15 @@ def main() -> int:
     results, ok = [], True
     for w in a.workloads.split(","):
         runs = [run(w, a)] + ([run(w, a, os.path.abspath(a.shim))] if a.shim else [])
-        for r in runs:
-            r.setdefault("lengths", a.lengths)
-            results.append(r)
-            ok = ok and not r.get("failed")
+        results += runs
+        ok = ok and not any(r.get("failed") for r in runs)
         rows = report(runs, a.target, a.shim_target)  # as each workload ends
         lines += rows
         print("\n".join(rows), flush=True)
-    table = "\n".join(lines)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
-    print(table)
+    print("\n".join(lines))
     return 0 if ok else 1
 
 

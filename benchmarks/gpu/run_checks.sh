@@ -18,7 +18,7 @@
 #                (vmm_kernel_probe.py)
 #   ab           issues 2 and 7: interleaved step-time A/B (step_ab.py)
 #   inprocess    issues 3 and 7: step time, native and vramledger swapped between steps in one
-#                process (inprocess_ab.py; ~40-60 s per workload and process at 36 groups)
+#                process (inprocess_ab.py; ~40-60 s per workload and process at 30 groups)
 #   hostcost     issues 3 and 7: host ns per allocation, torch native vs vramledger in one
 #                process, over the three bundled training traces (host_cost_bench)
 # Carry .devbuild/lib (and .devbuild/wheeldeps for the wheel); prepare with
@@ -27,7 +27,8 @@
 # ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,torch-async,
 # native-again), AB_ROUNDS, AB_STEPS (10), INPROCESS_GROUPS (30), INPROCESS_WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), INPROCESS_LENGTHS (repeat: tighter than fresh at equal groups),
-# INPROCESS_SHIM (1: each workload also under the shim, issue 7), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
+# INPROCESS_SHIM (1: each workload also under the shim, issue 7),
+# HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
 # HOSTCOST_SHIM (1: each trace also under the LD_PRELOAD shim), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
 set -uo pipefail
@@ -123,11 +124,13 @@ if want ab 120; then
 fi
 
 if want inprocess 120; then
+  shim_arg=()
+  [ "${INPROCESS_SHIM:-0}" = 1 ] && shim_arg=(--shim "$ROOT/.devbuild/lib/libvramledger_preload.so")
   timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/inprocess_ab.py \
     --workloads "${INPROCESS_WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" \
     --groups "${INPROCESS_GROUPS:-30}" --lengths "${INPROCESS_LENGTHS:-repeat}" \
     --json "$OUT/inprocess_ab.json" \
-    ${INPROCESS_SHIM:+--shim "$ROOT/.devbuild/lib/libvramledger_preload.so"} \
+    "${shim_arg[@]}" \
     > "$OUT/inprocess.log" 2>&1
   echo "inprocess exit $?"
 fi
@@ -170,6 +173,6 @@ echo "==== summary"
 [ -f "$OUT/wheel.log" ] && grep -E "PASS|FAIL|SKIP|wheel" "$OUT/wheel.log" | tail -15
 [ -f "$OUT/kernels.log" ] && tail -4 "$OUT/kernels.log"
 [ -f "$OUT/step_ab.log" ] && tail -6 "$OUT/step_ab.log"
-[ -f "$OUT/inprocess.log" ] && sed -n '/^| workload | mode/,$p' "$OUT/inprocess.log"
+[ -f "$OUT/inprocess.log" ] && sed -n '/^| workload | ratio/,$p' "$OUT/inprocess.log"
 [ -f "$OUT/hostcost.log" ] && grep -E "^(trace|\| |vramledger)" "$OUT/hostcost.log"
 echo "used $(( $(date +%s) - START )) s"
