@@ -128,6 +128,11 @@ struct Segment {
   // blocks touching each page (0: the page is free; DeviceAllocatorImpl::CountUse).
   std::vector<PhysicalHandle> old_handle;
   std::vector<std::uint32_t> use;
+  // Per page with an old mapping: the first page where its handle was last found mapped in this
+  // segment, or kNoHomeHint. A cache for DeviceAllocatorImpl::OldMappingReusable, which checks
+  // it against `pages` on every use (a stale hint costs only the handle_home_ lookup it saves).
+  static constexpr std::uint32_t kNoHomeHint = UINT32_MAX;
+  mutable std::vector<std::uint32_t> old_home_hint;
   std::size_t mapped_pages = 0;
   std::size_t page_limit = 0;  // 1 + the highest page index ever mapped (bounds page walks)
 

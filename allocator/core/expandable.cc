@@ -282,6 +282,7 @@ absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, Strea
   segment->retiring.assign(pages, 0);
   segment->old_handle.assign(pages, 0);
   segment->use.assign(pages, 0);
+  segment->old_home_hint.assign(pages, Segment::kNoHomeHint);
   Block* block = NewBlock();
   block->ptr = va;
   block->size = segment->size;
