@@ -299,12 +299,24 @@ def test_snapshot_pickle_timeline(tmp_path):
     assert rows[-1]["reserved_bytes"] == result["final_reserved_bytes"]
 
 
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="needs matplotlib")
+@pytest.mark.parametrize("name, magic", [("t.svg", b"<?xml"), ("T.PDF", b"%PDF-")])
+def test_plot_format_follows_the_name(tmp_path, name, magic):
+    trace = tmp_path / "split.csv"
+    trace.write_text(MAX_SPLIT_TRACE)
+    proc = run_cli("replay", trace, "--plot", tmp_path / name)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / name).read_bytes().startswith(magic)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--sample-every", "0"], "--sample-every must be a positive number of events"),
     (["--gpu-lag-us", "-1"], "--gpu-lag-us must be a non-negative number of microseconds"),
     (["--timeline", "/no/such/dir/t.csv"], "/no/such/dir/t.csv: cannot write the timeline"),
     pytest.param(["--plot", "/no/such/dir/t.png"], "/no/such/dir/t.png: cannot write the plot",
                  marks=pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="needs matplotlib")),
+    (["--plot", "t.jpeg"], "t.jpeg: --plot writes .png, .svg, .pdf files"),
+    (["--plot", "timeline"], "timeline: --plot writes .png, .svg, .pdf files"),
 ])
 def test_timeline_errors(tmp_path, args, message):
     trace = tmp_path / "split.csv"

@@ -1,5 +1,6 @@
 # The replay timeline for `vramledger replay --timeline/--plot`: writes the CSV that the C++ replay
-# produced and draws it as a PNG (matplotlib, Agg backend). Stateless functions; no shared state.
+# produced and draws it as a PNG, SVG or PDF (matplotlib, Agg backend). Stateless functions; no
+# shared state.
 """Timeline output of ``vramledger replay``.
 
 The CSV comes from the C++ replay (``vramledger._core``, ``timeline=True``) with the columns of
@@ -38,14 +39,30 @@ def parse_csv(text: str) -> dict[str, list[float]]:
             for key in rows[0]}
 
 
+# File formats --plot writes, by the name's extension (matplotlib's names for them).
+PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def plot_format(path: str) -> str:
+    """The file format for a --plot path, from its extension (case-insensitive). Raises
+    TimelineError naming the accepted extensions for any other name."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in PLOT_FORMATS:
+        raise TimelineError(f"{path}: --plot writes {', '.join(PLOT_FORMATS)} files; name it with "
+                            "one of these extensions")
+    return PLOT_FORMATS[ext]
+
+
 def plot(text: str, path: str, title: str) -> None:
-    """Draws the timeline CSV `text` as a PNG at `path`: the replay's allocated, reserved and
-    wasted bytes and the trace's own recorded reserved bytes (torch) over time, in GiB.
+    """Draws the timeline CSV `text` at `path` (PNG, SVG or PDF by its extension, plot_format):
+    the replay's allocated, reserved and wasted bytes and the trace's own recorded reserved bytes
+    (torch) over time, in GiB.
 
     The x axis is seconds since the trace's first sampled event, or the event number when the
-    trace has no times. Raises TimelineError when matplotlib is missing or the file cannot be
-    written.
+    trace has no times. Raises TimelineError when the extension is none of PLOT_FORMATS,
+    matplotlib is missing or the file cannot be written.
     """
+    fmt = plot_format(path)
     try:
         import matplotlib
         matplotlib.use("Agg")  # no display: render to a file only
@@ -87,7 +104,7 @@ def plot(text: str, path: str, title: str) -> None:
         if directory and not os.path.isdir(directory):
             raise TimelineError(f"{path}: cannot write the plot: no directory {directory}")
         try:
-            fig.savefig(path, format="png")
+            fig.savefig(path, format=fmt)
         except OSError as e:
             raise TimelineError(f"{path}: cannot write the plot: {e.strerror or e}") from e
     finally:

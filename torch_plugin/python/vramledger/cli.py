@@ -266,6 +266,11 @@ def _replay(args: argparse.Namespace) -> int:
     if args.gpu_lag_us < 0:
         raise CliError(f"--gpu-lag-us must be a non-negative number of microseconds, "
                        f"got {args.gpu_lag_us}")
+    if args.plot:  # before the replay, so a wrong name costs no replay
+        try:
+            _timeline.plot_format(args.plot)
+        except _timeline.TimelineError as e:
+            raise CliError(str(e)) from e
     timeline = {"timeline": bool(args.timeline or args.plot),
                 "sample_every": args.sample_every or 0, "gpu_lag_us": args.gpu_lag_us}
     path = args.trace
@@ -327,7 +332,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="write allocated, reserved and wasted bytes over the trace, with the "
                              "trace's own reserved bytes, as CSV")
     replay.add_argument("--plot", default=None, metavar="OUT.png",
-                        help="draw the timeline as a PNG (needs matplotlib)")
+                        help="draw the timeline as a PNG (.svg and .pdf by the name; needs "
+                             "matplotlib)")
     replay.add_argument("--sample-every", type=int, default=None, metavar="N",
                         help="timeline: a point at least every N trace events (default: about "
                              "2000 points in all)")
