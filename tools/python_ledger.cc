@@ -102,13 +102,16 @@ Options OptionsFor(const std::string& conf, bool use_env) {
 }
 
 ReplaySnapshotConfig SnapshotConfig(std::size_t capacity_bytes, const std::string& source,
-                                    const std::string& at, std::uint64_t max_entries) {
+                                    const std::string& at, std::uint64_t max_entries,
+                                    std::int64_t gpu_lag_us) {
   const std::optional<SnapshotMoment> moment = ParseSnapshotMoment(at);
   if (!moment.has_value()) {
     throw py::value_error(absl::StrCat("at='", at, "' is not accepted; expected 'peak' or 'end'"));
   }
   if (max_entries < 1) throw py::value_error("max_entries must be at least 1");
+  if (gpu_lag_us < 0) throw py::value_error("gpu_lag_us must be 0 (none) or positive");
   ReplaySnapshotConfig config;
+  config.replay.gpu_lag_us = gpu_lag_us;
   config.replay.capacity_bytes = capacity_bytes;
   config.replay.source = source;
   config.at = *moment;
@@ -128,9 +131,10 @@ py::object RunReplaySnapshot(const std::vector<TraceEvent>& events, const Option
 
 py::object ReplaySnapshotFile(const std::string& path, const std::string& conf,
                               std::size_t capacity_bytes, const std::string& at, bool use_env,
-                              std::uint64_t max_entries) {
+                              std::uint64_t max_entries, std::int64_t gpu_lag_us) {
   const Options options = OptionsFor(conf, use_env);
-  const ReplaySnapshotConfig config = SnapshotConfig(capacity_bytes, path, at, max_entries);
+  const ReplaySnapshotConfig config =
+      SnapshotConfig(capacity_bytes, path, at, max_entries, gpu_lag_us);
   absl::StatusOr<std::vector<TraceEvent>> events;
   {
     py::gil_scoped_release release;
@@ -144,9 +148,11 @@ using EventTuple =
 
 py::object ReplaySnapshotEvents(const std::vector<EventTuple>& tuples, const std::string& conf,
                                 std::size_t capacity_bytes, const std::string& source,
-                                const std::string& at, bool use_env, std::uint64_t max_entries) {
+                                const std::string& at, bool use_env, std::uint64_t max_entries,
+                                std::int64_t gpu_lag_us) {
   const Options options = OptionsFor(conf, use_env);
-  const ReplaySnapshotConfig config = SnapshotConfig(capacity_bytes, source, at, max_entries);
+  const ReplaySnapshotConfig config =
+      SnapshotConfig(capacity_bytes, source, at, max_entries, gpu_lag_us);
   std::vector<TraceEvent> events;
   events.reserve(tuples.size());
   for (std::size_t i = 0; i < tuples.size(); ++i) {
@@ -231,15 +237,18 @@ void RegisterLedgerBindings(py::module_& m) {
   m.def("replay_snapshot_file", &ReplaySnapshotFile, py::arg("path"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("at") = "peak",
         py::arg("use_env") = true, py::arg("max_entries") = kMaxEntriesDefault,
+        py::arg("gpu_lag_us") = 0,
         "Replays a trace CSV (plain or .gz) on SimBackend with the memory history on and "
         "returns the snapshot dict (torch's shape) at the peak of reserved memory (at='peak') "
-        "or after the last event (at='end'); vramledger.replay says where it stopped.\n"
+        "or after the last event (at='end'); vramledger.replay says where it stopped. "
+        "gpu_lag_us > 0: fences complete that many microseconds of trace time late, as in "
+        "replay_file.\n"
         "Raises ValueError (malformed trace, options or `at`), FileNotFoundError, MemoryError "
         "(the simulated device ran out; names the line).");
   m.def("replay_snapshot_events", &ReplaySnapshotEvents, py::arg("events"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("source") = "<events>",
         py::arg("at") = "peak", py::arg("use_env") = true,
-        py::arg("max_entries") = kMaxEntriesDefault,
+        py::arg("max_entries") = kMaxEntriesDefault, py::arg("gpu_lag_us") = 0,
         "As replay_snapshot_file, for a list of (action, addr, size, stream, time_us) tuples.");
   py::class_<SimAllocator>(m, "SimAllocator",
                            "A simulated device (SimBackend) with vramledger's allocator and "

@@ -335,6 +335,23 @@ def test_replay_snapshot_holds_the_replays_reserved_bytes(tmp_path, at):
     assert {op.name for op, _, _ in pickletools.genops(raw)} <= VIEWER_OPCODES
 
 
+def test_replay_snapshot_follows_the_gpu_lag(tmp_path):
+    """replay --gpu-lag-us --snapshot: the snapshot's replay has the same lagging GPU as the
+    replay it accompanies (it used to replay without it), so its segments hold that replay's
+    peak, which differs from the peak without lag on the checkpointed trace."""
+    core()
+    trace = GPT2_TRACE.parent / "trace-llama1b-ckpt-native.csv.gz"
+    conf = ("--conf", "expandable_segments:True")
+    out = tmp_path / "lag.pickle"
+    proc = run_cli("replay", trace, *conf, "--gpu-lag-us", "20000", "--json", "--snapshot", out)
+    assert proc.returncode == 0, proc.stderr
+    late = json.loads(proc.stdout)
+    reserved = sum(s["total_size"] for s in _snapshot.load_snapshot(out)["segments"])
+    assert reserved == late["peak_reserved_bytes"] == late["snapshot"]["reserved_bytes"]
+    now = json.loads(run_cli("replay", trace, *conf, "--json").stdout)
+    assert now["peak_reserved_bytes"] != late["peak_reserved_bytes"]
+
+
 # ---- torch's own viewers read our files ----
 
 def test_torch_memory_viz_reads_our_pickle(tmp_path):

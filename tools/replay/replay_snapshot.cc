@@ -23,15 +23,17 @@ absl::Status AtLine(const ReplayConfig& config, const TraceEvent& event, const a
                       absl::StrCat(config.source, ":", event.line, ": ", what, s.message()));
 }
 
-// Runs events[0..last] (inclusive) through `allocator` with Replay()'s rules. `after_alloc(i)`
-// runs after each successful alloc event i.
+// Runs events[0..last] (inclusive) through `allocator` with Replay()'s rules, the simulated
+// GPU's clock following the trace's times when config.gpu_lag_us > 0 (as Replay() does).
+// `after_alloc(i)` runs after each successful alloc event i.
 absl::Status RunEvents(const std::vector<TraceEvent>& events, std::size_t last,
-                       const ReplayConfig& config, DeviceAllocator& allocator,
+                       const ReplayConfig& config, SimBackend& backend, DeviceAllocator& allocator,
                        const std::function<void(std::size_t)>& after_alloc) {
   absl::flat_hash_map<DevicePtr, DevicePtr> live;  // trace address -> ours
   live.reserve(4096);
   for (std::size_t i = 0; i <= last && i < events.size(); ++i) {
     const TraceEvent& event = events[i];
+    if (config.gpu_lag_us > 0) backend.AdvanceClock(event.time_us);
     if (event.action == TraceAction::kAlloc) {
       if (auto it = live.find(event.addr); it != live.end()) {
         if (absl::Status s = allocator.Free(it->second); !s.ok()) {
@@ -60,10 +62,13 @@ absl::Status RunEvents(const std::vector<TraceEvent>& events, std::size_t last,
   return absl::OkStatus();
 }
 
+// As Replay()'s backend: fences complete at once, or gpu_lag_us of trace time after they are
+// recorded.
 SimBackend::Config SimConfig(const ReplayConfig& config) {
   SimBackend::Config sim;
   sim.capacity = config.capacity_bytes;
-  sim.auto_complete_events = true;
+  sim.auto_complete_events = config.gpu_lag_us <= 0;
+  sim.event_lag_us = config.gpu_lag_us;
   return sim;
 }
 
@@ -84,7 +89,7 @@ absl::StatusOr<SnapshotJson> ReplaySnapshot(const std::vector<TraceEvent>& event
     SimBackend backend(SimConfig(config.replay));
     DeviceAllocator allocator(options, &backend);
     std::size_t peak_index = 0;
-    absl::Status s = RunEvents(events, last, config.replay, allocator, [&](std::size_t i) {
+    absl::Status s = RunEvents(events, last, config.replay, backend, allocator, [&](std::size_t i) {
       const std::int64_t reserved = allocator.GetStats().reserved_bytes[kAggregate].current;
       if (reserved > peak) {
         peak = reserved;
@@ -103,7 +108,7 @@ absl::StatusOr<SnapshotJson> ReplaySnapshot(const std::vector<TraceEvent>& event
   settings.max_entries = config.max_entries;
   History history(settings);
   allocator.SetHooks(&history);
-  absl::Status s = RunEvents(events, last, config.replay, allocator, nullptr);
+  absl::Status s = RunEvents(events, last, config.replay, backend, allocator, nullptr);
   allocator.SetHooks(nullptr);
   if (!s.ok()) return s;
 

@@ -36,13 +36,13 @@ struct ReplaySnapshotConfig {
 
 /// Replays `events` exactly as Replay() does (alloc -> Malloc, free_completed -> Free of the
 /// mapped block, an alloc of a live address frees the earlier block first; other actions are
-/// not replayed) with a History recording every state change (enabled "all", no stacks: a
-/// trace has none), and returns the snapshot at `config.at`. For kPeakReserved the trace is
-/// replayed twice: once to find the event, once to stop after it (the replay is deterministic).
-/// The snapshot's "vramledger" object gets "replay": {source, at, events_replayed (trace
-/// events up to and including the stop), line (of the stop event, 0 if none),
-/// reserved_bytes, peak_reserved_bytes, capacity_bytes}. Its segments' total_size sums to
-/// Replay()'s peak_reserved_bytes for kPeakReserved.
+/// not replayed; config.replay.gpu_lag_us delays fences as there) with a History recording every
+/// state change (enabled "all", no stacks: a trace has none), and returns the snapshot at
+/// `config.at`. For kPeakReserved the trace is replayed twice: once to find the event, once to stop
+/// after it (the replay is deterministic). The snapshot's "vramledger" object gets "replay":
+/// {source, at, events_replayed (trace events up to and including the stop), line (of the stop
+/// event, 0 if none), reserved_bytes, peak_reserved_bytes, capacity_bytes}. Its segments'
+/// total_size sums to Replay()'s peak_reserved_bytes for kPeakReserved.
 /// Errors: as Replay() (ResourceExhausted "SOURCE:LINE: alloc of N bytes ... failed: ...").
 absl::StatusOr<SnapshotJson> ReplaySnapshot(const std::vector<TraceEvent>& events,
                                             const Options& options,

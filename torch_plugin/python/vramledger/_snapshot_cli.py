@@ -153,8 +153,9 @@ def add_replay_snapshot_args(replay: argparse.ArgumentParser) -> None:
 
 
 def write_replay_snapshot(args: argparse.Namespace, core: Any, capacity: int) -> dict:
-    """Replays args.trace again with the history on, writes the snapshot at args.at to
-    args.snapshot, and returns {path, at, events_replayed, line, reserved_bytes}."""
+    """Replays args.trace again with the history on (and args.gpu_lag_us, as the replay it
+    accompanies), writes the snapshot at args.at to args.snapshot, and returns {path, at,
+    events_replayed, line, reserved_bytes}."""
     if args.max_entries < 1:
         raise _error(f"--max-entries must be >= 1, got {args.max_entries}")
     path = args.trace
@@ -165,10 +166,11 @@ def write_replay_snapshot(args: argparse.Namespace, core: Any, capacity: int) ->
             events = cli._snapshot_events(path, cli._load_snapshot(path), args.device)
             snap = core.replay_snapshot_events(
                 events, args.conf, capacity, source=f"{path}:device_traces[{args.device}]",
-                at=args.at, max_entries=args.max_entries)
+                at=args.at, max_entries=args.max_entries, gpu_lag_us=args.gpu_lag_us)
         else:
             snap = core.replay_snapshot_file(path, args.conf, capacity, at=args.at,
-                                             max_entries=args.max_entries)
+                                             max_entries=args.max_entries,
+                                             gpu_lag_us=args.gpu_lag_us)
     except (ValueError, OSError, MemoryError, RuntimeError) as e:
         raise _error(str(e)) from e
     _write(_snapshot.normalize(snap), args.snapshot)
