@@ -179,8 +179,12 @@ class DeviceAllocatorImpl {
   // CheckInvariants' part for expandable segments: Segment::use against the blocks, old-mapping
   // flags and handles against retiring_, handle_home_ against the page tables.
   absl::Status CheckPageTables() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What mapping page i of `seg` costs a placement (expandable.cc, kRetiringPageCost).
+  // What mapping page i of `seg` costs a placement (expandable.cc, kRetiringPageCost): the two
+  // common answers (mapped; unmapped with no old mapping) in PageCost, which the placement
+  // templates inline, the old-mapping cases in OldMappingPageCost.
   std::size_t PageCost(const core::Segment* seg, std::size_t i, bool* retiring) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::size_t OldMappingPageCost(const core::Segment* seg, std::size_t i, bool* retiring) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The old mapping at `page` holds a handle that could go back there now: it is mapped in a
   // segment of the same stream, all of its pages there free (Segment::use), and no capture is
