@@ -141,7 +141,7 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> N
     vramledger.install()
     plugged = swap.current()
     assert swap.name(plugged) == "pluggable", swap.name(plugged)
-    from workloads_compare import make
+    from workloads_compare import make, train_step
 
     torch.manual_seed(0)
     model, p = make(workload)
@@ -156,13 +156,7 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> N
     current["prime"] = current[prime]
 
     def step(seq: int) -> float:
-        x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(train_step(torch, model, opt, p, seq))
 
     def driver_calls() -> tuple[int, float]:
         f = vramledger.fragmentation()["driver_calls"]

@@ -70,16 +70,22 @@ def setup(workload: str, before_cuda=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
-        seq = random.randint(p["lo"], p["hi"])
-        x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train_step(torch, model, opt, p, random.randint(p["lo"], p["hi"]))
 
     return torch, model, opt, p, step
+
+
+def train_step(torch, model, opt, p: dict, seq: int):
+    """One training step of the workload `p` (make()'s dict) on a random batch of `seq` tokens a
+    row: bf16 autocast forward, backward, AdamW step, gradients set to None. Returns the loss
+    tensor (on the GPU; reading it synchronizes)."""
+    x = torch.randint(0, p["vocab"], (p["batch"], seq), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def record_trace(workload: str, path: str) -> None:

@@ -271,3 +271,35 @@ def test_calibrate_runs_on_a_stand_in_for_cuda():
     assert set(cal) == {"gpu_ms", "launch_us"}
     assert cal["gpu_ms"] > 0 and cal["launch_us"] > 0
 
+
+
+def test_train_step_runs_on_a_stand_in_for_cuda():
+    """workloads_compare.train_step (shared by workloads_compare and inprocess_ab) with torch's
+    CPU tensors behind a stand-in for "cuda" and its autocast: one step moves the weights and
+    leaves no gradient behind."""
+    torch = pytest.importorskip("torch")
+    import contextlib
+    import types
+
+    wc = _workloads_compare()
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(11, 4)
+
+        def forward(self, input_ids, labels):
+            loss = self.emb(input_ids).float().pow(2).mean() + 0 * labels.sum()
+            return types.SimpleNamespace(loss=loss)
+
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = model.emb.weight.detach().clone()
+    fake = types.SimpleNamespace(
+        randint=lambda lo, hi, shape, device=None: torch.randint(lo, hi, shape),
+        autocast=lambda device, dtype=None: contextlib.nullcontext(), bfloat16=torch.bfloat16)
+    loss = wc.train_step(fake, model, opt, {"vocab": 11, "batch": 2}, 5)
+    assert loss.item() > 0
+    assert not torch.equal(before, model.emb.weight)
+    assert model.emb.weight.grad is None
