@@ -21,6 +21,10 @@ long as the next one, whatever the allocator (torch's per-shape work; H200, sess
         native; under the shim on the plugin, see below), then the three timed steps at it.
         Priming on native favours native: its cache has just served that length, while
         vramledger's timed step follows its own step of another length.
+  --lengths steady  as repeat, with an untimed priming step on each allocator (the reference's,
+        then vramledger's), so every timed step repeats the length its own allocator served
+        last: the steady state of a run whose shapes repeat (a fixed sequence length). Neither
+        allocator is favoured; what an allocator does when shapes change is the other forms'.
   --lengths fresh  every timed step at a length never run before in the process, as in the
         captured workloads' ten-odd steps; a group takes three adjacent lengths L, L+1, L+2 (from
         a seeded shuffle of the range cut into triples), its i-th step running L+i. Several times
@@ -45,8 +49,8 @@ both ratios inside one process (inprocess_stats.chained). It assumes the plugin 
 beside the shim as without it.
 
 Usage: python inprocess_ab.py [--workloads gpt2m,llama1b,llama1b-ckpt] [--groups 30]
-       [--warmup 4] [--lengths repeat|fresh] [--target 1.02] [--shim LIB [--shim-target 1.03]]
-       [--json OUT.json]
+       [--warmup 4] [--lengths repeat|steady|fresh] [--target 1.02]
+       [--shim LIB [--shim-target 1.03]] [--json OUT.json]
        python inprocess_ab.py --pool A.json B.json ...   (no GPU: the groups of earlier runs
        pooled per workload, reference, lengths and conf; every ratio stays inside one process and
        the interval resamples processes, then their groups)
@@ -117,7 +121,7 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> N
     modes are then (reference, vramledger, reference-again). With `lengths` "repeat", the
     untimed priming step runs on native in a plain process and on vramledger's plugin under the
     shim, so that the mode each ratio's numerator names (vramledger / native, shim / vramledger)
-    never follows its own step of the same length."""
+    never follows its own step of the same length; with "steady" it runs on both."""
     import torch  # noqa: F401  (loads libc10_cuda before the helper needs its symbols)
 
     swap = SwapLibrary()
@@ -153,7 +157,8 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> N
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     current = {m: (plugged if m == "vramledger" else first) for m in modes_for(base)}
-    current["prime"] = current[prime]
+    current["prime"] = current[prime] if lengths == "repeat" else first
+    current["prime-vramledger"] = plugged
 
     def step(seq: int) -> float:
         return float(train_step(torch, model, opt, p, seq))
@@ -170,7 +175,8 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> N
     out = []
     for g, seq in enumerate(starts):
         steps = schedule(g, base, lengths, seq)
-        row = {"seq": seq, "order": [m for m, _ in steps if m != "prime"], "warmup": g < warmup}
+        row = {"seq": seq, "order": [m for m, _ in steps if not m.startswith("prime")],
+               "warmup": g < warmup}
         for mode, length in steps:
             torch.cuda.synchronize()
             swap.store(current[mode])
@@ -224,9 +230,10 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=30, help="counted groups per workload")
     ap.add_argument("--warmup", type=int, default=4, help="groups run first and not counted")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sequence lengths")
-    ap.add_argument("--lengths", choices=("repeat", "fresh"), default="repeat",
-                    help="repeat: the timed steps repeat a primed length; fresh: every timed "
-                         "step at a length new to the process (noisier)")
+    ap.add_argument("--lengths", choices=("repeat", "steady", "fresh"), default="repeat",
+                    help="repeat: the timed steps repeat a length primed on the reference; "
+                         "steady: primed on both allocators; fresh: every timed step at a "
+                         "length new to the process (noisier)")
     ap.add_argument("--target", type=float, default=1.02,
                     help="ratio to native the verdict is about (issue 3: 1.02)")
     ap.add_argument("--shim", metavar="LIB",

@@ -40,15 +40,21 @@ def schedule(group: int, base: str, lengths: str, seq: int) -> list[tuple[str, i
     """The steps of group `group` as (mode, sequence length), in the order they run.
 
     repeat: an untimed "prime" step at `seq` first (its allocator: inprocess_ab's prime rule),
-    then the three modes at `seq`. fresh: the three modes at seq, seq+1, seq+2 by position.
-    The order of the modes is ORDERS[group % 6]."""
+    then the three modes at `seq`. steady: untimed steps at `seq` on both allocators first
+    ("prime" on the reference, "prime-vramledger"), so that every timed step repeats the length
+    its own allocator served last, then the three modes at `seq`. fresh: the three modes at seq,
+    seq+1, seq+2 by position. The order of the modes is ORDERS[group % 6].
+
+    Raises ValueError for any other `lengths`."""
     modes = modes_for(base)
     order = [modes[i] for i in ORDERS[group % len(ORDERS)]]
     if lengths == "fresh":
         return [(mode, seq + i) for i, mode in enumerate(order)]
     if lengths == "repeat":
         return [("prime", seq)] + [(mode, seq) for mode in order]
-    raise ValueError(f"lengths must be 'fresh' or 'repeat', not {lengths!r}")
+    if lengths == "steady":
+        return [("prime", seq), ("prime-vramledger", seq)] + [(mode, seq) for mode in order]
+    raise ValueError(f"lengths must be 'fresh', 'repeat' or 'steady', not {lengths!r}")
 
 
 def interval90(sorted_samples: list[float]) -> list[float]:

@@ -26,7 +26,7 @@
 # Env: ONLY="unit pytest workloads ..." (a subset; default: unit pytest multi streams workloads
 # ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,torch-async,
 # native-again), AB_ROUNDS, AB_STEPS (10), INPROCESS_GROUPS (30), INPROCESS_WORKLOADS
-# (gpt2m,llama1b,llama1b-ckpt), INPROCESS_LENGTHS (repeat: tighter than fresh at equal groups),
+# (gpt2m,llama1b,llama1b-ckpt), INPROCESS_LENGTHS (repeat, steady or fresh; repeat and steady are tighter),
 # INPROCESS_SHIM (1: each workload also under the shim, issue 7),
 # HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
 # HOSTCOST_SHIM (1: each trace also under the LD_PRELOAD shim), WORKLOADS

@@ -87,6 +87,9 @@ def test_schedule_balances_positions_and_primes_repeats():
         repeat = st.schedule(g, "native", "repeat", 700)
         assert repeat[0] == ("prime", 700)
         assert [m for m, _ in repeat[1:]] == order and {s for _, s in repeat} == {700}
+        steady = st.schedule(g, "native", "steady", 700)
+        assert steady[:2] == [("prime", 700), ("prime-vramledger", 700)]
+        assert [m for m, _ in steady[2:]] == order and {s for _, s in steady} == {700}
     assert set(counts.values()) == {4}  # every mode at every position 4 times in 12 groups
     assert offsets == {1: 4, -1: 4, 2: 2, -2: 2}  # vramledger's length offset: symmetric
     assert [m for m, _ in st.schedule(0, "shim", "fresh", 1)] == ["shim", "vramledger",
