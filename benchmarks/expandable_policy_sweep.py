@@ -43,29 +43,39 @@ def find_binary(given: str | None) -> str:
     return found[-1]
 
 
-def mark_steps(trace: str, out_dir: str) -> str:
-    """A copy of `trace` with a `snapshot` row after each training step; returns its path.
+def step_ends(rows: list[list[str]]) -> list[int]:
+    """Indices one past the last event of each training step in `rows` (a trace's CSV fields,
+    header excluded).
 
     The bundled traces carry no step marks. A step ends where live (requested) bytes fall back to
     their level at the end of the trace (weights, gradients and optimizer state) after having
     risen at least 1 GiB above it (the activations of the next forward pass)."""
-    with gzip.open(ROOT / "traces" / trace, "rt") as f:
-        lines = f.read().splitlines()
-    live = []
-    cur = 0
-    for line in lines[1:]:
-        action, _, size = line.split(",")[:3]
-        cur += int(size) if action == "alloc" else -int(size) if action == "free_completed" else 0
+    live, cur = [], 0
+    for r in rows:
+        cur += int(r[2]) if r[0] == "alloc" else -int(r[2]) if r[0] == "free_completed" else 0
         live.append(cur)
-    base = live[-1]
-    out = [lines[0]]
-    armed = False
-    for line, level in zip(lines[1:], live):
-        out.append(line)
+    base = live[-1] if live else 0
+    ends, armed = [], False
+    for i, level in enumerate(live):
         armed = armed or level > base + (1 << 30)
         if armed and level <= base + (64 << 20):
-            out.append("snapshot,0,0,0," + line.split(",")[4])
+            ends.append(i + 1)
             armed = False
+    return ends
+
+
+def mark_steps(trace: str, out_dir: str) -> str:
+    """A copy of `trace` (a bundled trace's name) with a `snapshot` row after each training step
+    (step_ends); returns its path."""
+    with gzip.open(ROOT / "traces" / trace, "rt") as f:
+        lines = f.read().splitlines()
+    rows = [line.split(",") for line in lines[1:]]
+    ends = set(step_ends(rows))
+    out = [lines[0]]
+    for i, line in enumerate(lines[1:]):
+        out.append(line)
+        if i + 1 in ends:
+            out.append("snapshot,0,0,0," + rows[i][4])
     path = os.path.join(out_dir, trace.replace(".csv.gz", "-steps.csv"))
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
