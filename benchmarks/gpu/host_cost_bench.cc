@@ -7,6 +7,10 @@
 //               PYTORCH_CUDA_ALLOC_CONF selects (the LD_PRELOAD shim selects cudaMallocAsync,
 //               whose calls it then serves: run under the shim, this row is the shim's path);
 //   vramledger  a DeviceAllocator on CudaBackend with --conf (default expandable_segments:True);
+//   pluggable   a second such DeviceAllocator behind torch's CUDAPluggableAllocator (its
+//               raw_alloc_with_stream / raw_delete), the route vramledger.install() takes: the
+//               difference to the vramledger row is torch's glue per call (a std::function, a
+//               mutex and an unordered_map insert / erase; docs/design/torch-native-mode.md);
 //   harness     the same loop with no allocator (the loop's own cost, subtracted from both),
 // in interleaved passes whose order rotates, on the legacy default stream. Each pass replays the
 // whole trace; blocks still live at its end are freed untimed, so every pass starts from the
@@ -26,6 +30,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <algorithm>
 #include <array>
@@ -47,8 +52,9 @@
 namespace vramledger {
 namespace {
 
-enum Which { kNative = 0, kVramledger = 1, kHarness = 2, kNumWhich = 3 };
-constexpr std::array<const char*, kNumWhich> kNames = {"native", "vramledger", "harness"};
+enum Which { kNative = 0, kVramledger = 1, kPluggable = 2, kHarness = 3, kNumWhich = 4 };
+constexpr std::array<const char*, kNumWhich> kNames = {"native", "vramledger", "pluggable",
+                                                       "harness"};
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -161,6 +167,17 @@ int Main(int argc, char** argv) {
   torch_alloc::init(c10::cuda::device_count());
   CudaBackend backend(0);
   DeviceAllocator vl(*options, &backend);
+  CudaBackend plugged_backend(0);
+  DeviceAllocator plugged_vl(*options, &plugged_backend);
+  const std::shared_ptr<torch_alloc::CUDAAllocator> pluggable =
+      torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
+          [&plugged_vl](std::size_t n, int, cudaStream_t stream) -> void* {
+            absl::StatusOr<DevicePtr> p = plugged_vl.Malloc(n, reinterpret_cast<StreamId>(stream));
+            return p.ok() ? reinterpret_cast<void*>(*p) : nullptr;
+          },
+          [&plugged_vl](void* p, std::size_t, int, cudaStream_t) {
+            (void)plugged_vl.Free(reinterpret_cast<DevicePtr>(p));
+          });
 
   const std::array<std::function<void*(std::size_t)>, kNumWhich> allocs = {
       [](std::size_t n) -> void* {
@@ -176,6 +193,14 @@ int Main(int argc, char** argv) {
         if (!p.ok()) std::fprintf(stderr, "vramledger: %s\n", p.status().ToString().c_str());
         return p.ok() ? reinterpret_cast<void*>(*p) : nullptr;
       },
+      [&pluggable](std::size_t n) -> void* {
+        try {  // torch raises c10::Error when the allocation function returns null
+          return pluggable->raw_alloc_with_stream(n, nullptr);
+        } catch (const c10::Error& e) {
+          std::fprintf(stderr, "pluggable: %s\n", e.what_without_backtrace());
+          return nullptr;
+        }
+      },
       [](std::size_t n) { return reinterpret_cast<void*>(n | 1); }};
   const std::array<std::function<void(void*)>, kNumWhich> frees = {
       [](void* p) {
@@ -185,7 +210,8 @@ int Main(int argc, char** argv) {
           std::fprintf(stderr, "torch: %s\n", e.what_without_backtrace());
         }
       },
-      [&vl](void* p) { (void)vl.Free(reinterpret_cast<DevicePtr>(p)); }, [](void* p) { (void)p; }};
+      [&vl](void* p) { (void)vl.Free(reinterpret_cast<DevicePtr>(p)); },
+      [&pluggable](void* p) { pluggable->raw_delete(p); }, [](void* p) { (void)p; }};
 
   std::printf("trace %s: %zu calls; torch allocator backend: %s; vramledger conf: %s\n",
               trace.c_str(), w.ops.size(), torch_alloc::name().c_str(), conf.c_str());
@@ -239,6 +265,11 @@ int Main(int argc, char** argv) {
   }
   std::printf("\nvramledger / torch (%s), ns per call: gross %.3f, net of harness %.3f\n",
               torch_alloc::name().c_str(), ours / native, (ours - harness) / (native - harness));
+  const double plugged = Median(warm[kPluggable]);
+  std::printf(
+      "torch's CUDAPluggableAllocator around vramledger: %+.1f ns per call (pluggable - "
+      "vramledger); pluggable / torch (%s) net of harness %.3f\n",
+      plugged - ours, torch_alloc::name().c_str(), (plugged - harness) / (native - harness));
   const std::int64_t driver_calls = backend.calls().total_count() - driver_after_first;
   std::printf(
       "vramledger HostTime inside Malloc/Free, passes 2-%d (end-of-pass frees included): %.1f ns "
@@ -254,6 +285,7 @@ int Main(int argc, char** argv) {
                 static_cast<long long>(shim.calls - shim_after_first.calls), passes);
   }
   (void)vl.EmptyCache();
+  (void)plugged_vl.EmptyCache();
   torch_alloc::emptyCache();
   return 0;
 }
