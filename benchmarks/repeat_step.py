@@ -2,10 +2,11 @@
 """Does a repeated training step settle? Replays a trace whose one step is repeated (issue 3).
 
 A run at a fixed sequence length makes the same requests in every step, so an allocator that
-settles makes no driver call once it has seen the step. This builds a trace from a bundled one:
+settles maps and unmaps nothing once it has seen the step. This builds a trace from a bundled one:
 its events up to step N, then step N's events R times more (a `snapshot` row, i.e. a step mark,
 after the prefix and after each repetition), and replays it on SimBackend under each --conf,
-printing the driver calls of each repetition and peak reserved / peak allocated. Steps are found
+printing each repetition's driver calls (cudaEvent* included: the fences of old mappings taken
+back) and their modelled time, and peak reserved / peak allocated. Steps are found
 as in expandable_policy_sweep.step_ends. Each repetition allocates at fresh addresses (shifted by
 r << 44); frees of blocks made before step N are kept in its first run only; blocks step N leaves
 live are freed after each repetition but the last, so every repetition starts from the same live
@@ -104,15 +105,17 @@ def main() -> int:
         print(f"{os.path.basename(path)}: steps 1-{a.step}, then step {a.step} {a.repeats} "
               f"times more; GPU lag {a.gpu_lag_us} us")
         print("| conf | driver calls, steps 1-N | driver calls per repetition "
-              "| peak reserved / allocated |")
-        print("|---|---|---|---|")
+              "| modelled driver us per repetition | peak reserved / allocated |")
+        print("|---|---|---|---|---|")
         for conf in a.conf or ["expandable_segments:True"]:
             report = json.loads(subprocess.run(
                 [binary, out, "--json", "--conf", conf, "--gpu-lag-us", str(a.gpu_lag_us)],
                 check=True, capture_output=True, text=True, env={}).stdout)
-            calls = [s["driver_calls"] for s in report["utilization_at_each_step"]]
+            steps = report["utilization_at_each_step"]
+            calls = ", ".join(str(s["driver_calls"]) for s in steps[1:])
+            micros = ", ".join(f"{s['modeled_driver_us']:.0f}" for s in steps[1:])
             ratio = report["peak_reserved_bytes"] / report["peak_allocated_bytes"]
-            print(f"| `{conf}` | {calls[0]} | {', '.join(map(str, calls[1:]))} | {ratio:.4f} |",
+            print(f"| `{conf}` | {steps[0]['driver_calls']} | {calls} | {micros} | {ratio:.4f} |",
                   flush=True)
     return 0
 

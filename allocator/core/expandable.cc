@@ -27,11 +27,14 @@ thread_local int contiguous_depth = 0;
 // mapping over it waits for that fence unless the fence has completed (expandable-segments.md,
 // "Retiring addresses out of placement"). That weight, 64 unmapped pages, compares one
 // cudaEventSynchronize (H200, checkpointed Llama-1B: 11 waits, 52 ms) with one page (30-80 us).
-// The reusable cost lies between mapped and unmapped: costing it as a mapped page made placement
-// seek old mappings over mapped free pages and took more handles from where they were than it
-// gave back (replay, steady-state driver time: GPT-2 0.56% -> 0.96%; "Old mappings kept").
+// The reusable cost equals a mapped page's: with any preference for the page where a free handle
+// is mapped now over its old mapping, placement depends on where the last reuse left each handle,
+// and a repeated identical step never settles (checkpointed Llama-1B, a step repeated: 100-170
+// map / unmap / access calls in every repetition, reserved drifting to 1.0145 x allocated);
+// at 0 it settles into a cycle that makes no such call. It costs GPT-2's new-peak steps more
+// moves (steady-state driver time 0.57% -> 0.91%; expandable-segments.md, "Repeated steps").
 constexpr std::size_t kUnmappedPageCost = 2;
-constexpr std::size_t kReusablePageCost = 1;
+constexpr std::size_t kReusablePageCost = 0;
 constexpr std::size_t kRetiringPageCost = 64 * kUnmappedPageCost;
 // The cost functions below are PageCost, called as cost_of(segment, page, &retiring);
 // *retiring is set when a retiring page was counted. Templates, so that the call inlines.
