@@ -182,14 +182,19 @@ class DeviceAllocatorImpl {
   // What mapping page i of `seg` costs a placement (expandable.cc, kRetiringPageCost): the two
   // common answers (mapped; unmapped with no old mapping) in PageCost, which the placement
   // templates inline, the old-mapping cases in OldMappingPageCost.
-  std::size_t PageCost(const core::Segment* seg, std::size_t i, bool* retiring) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::size_t OldMappingPageCost(const core::Segment* seg, std::size_t i, bool* retiring) const
+  // `within`: the free block being placed in (a page there whose old mapping's handle is mapped
+  // in that same block is not counted as reusable: ReuseOldMappings leaves a handle whose home
+  // lies under the request where it is, so such a page is mapped over).
+  std::size_t PageCost(const core::Segment* seg, std::size_t i, bool* retiring,
+                       const core::Block* within) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::size_t OldMappingPageCost(const core::Segment* seg, std::size_t i, bool* retiring,
+                                 const core::Block* within) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The old mapping at `page` holds a handle that could go back there now: it is mapped in a
-  // segment of the same stream, all of its pages there free (Segment::use), and no capture is
-  // under way (keep_old_mappings).
-  bool OldMappingReusable(const core::Segment* seg, std::size_t page) const
+  // segment of the same stream, all of its pages there free (Segment::use), not inside free
+  // block `within` when given, and no capture is under way (keep_old_mappings).
+  bool OldMappingReusable(const core::Segment* seg, std::size_t page,
+                          const core::Block* within = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `delta` to Segment::use of each page under an expandable block (allocated: +1; its free
   // completes: -1).

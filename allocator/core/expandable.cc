@@ -141,16 +141,16 @@ int ContiguousSegmentsScope::depth() { return contiguous_depth; }
 // Small enough to inline into the placement loops (CostAt, BestPlacement are templates on the
 // cost function for that): a checkpointed replay asks it ~4 million times; with the call and
 // absl::FunctionRef's indirection gone, 853 M -> 800 M instructions (callgrind), same results.
-inline std::size_t DeviceAllocatorImpl::PageCost(const Segment* seg, std::size_t i,
-                                                 bool* retiring) const {
+inline std::size_t DeviceAllocatorImpl::PageCost(const Segment* seg, std::size_t i, bool* retiring,
+                                                 const Block* within) const {
   if (seg->pages[i] != 0) return 0;
   if (seg->retiring[i] == 0) return kUnmappedPageCost;
-  return OldMappingPageCost(seg, i, retiring);
+  return OldMappingPageCost(seg, i, retiring, within);
 }
 
 std::size_t DeviceAllocatorImpl::OldMappingPageCost(const Segment* seg, std::size_t i,
-                                                    bool* retiring) const {
-  if (OldMappingReusable(seg, i)) return kReusablePageCost;
+                                                    bool* retiring, const Block* within) const {
+  if (OldMappingReusable(seg, i, within)) return kReusablePageCost;
   if (seg->retiring[i] == Segment::kOldMappingIdle) return kUnmappedPageCost;
   *retiring = true;
   return kRetiringPageCost;
@@ -185,7 +185,9 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   // uses), not by its first bytes: on the checkpointed Llama-1B trace that halves the page
   // moves (2,600 -> 1,214) and the steady-state driver time (expandable-segments.md).
   constexpr int kCandidates = 8;
-  auto cost_of = [this](const Segment* s, std::size_t i, bool* r) { return PageCost(s, i, r); };
+  auto cost_in = [this](const Block* b) {  // PageCost for placements inside free block b
+    return [this, b](const Segment* s, std::size_t i, bool* r) { return PageCost(s, i, r, b); };
+  };
   const std::size_t pages = (size + pool->page_size - 1) / pool->page_size;
   auto best = pool->blocks.end();
   for (int round = 0; round < 2; ++round) {
@@ -200,7 +202,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
          ++c, ++seen) {
       std::size_t pinned = 0;
       const std::size_t cost =
-          BestPlacement(*c, size, cost_of, &unused_start, &saw_retiring, &pinned);
+          BestPlacement(*c, size, cost_in(*c), &unused_start, &saw_retiring, &pinned);
       if (cost < best_cost || (cost == best_cost && pinned < best_pinned)) {
         best = c;
         best_cost = cost;
@@ -218,7 +220,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
       // The tail by its first bytes only: scoring it by its best placement too was measured
       // worse (checkpointed Llama-1B 0.9790, 2,734 moves).
       if ((*last)->stream == stream && (*last)->size >= size &&
-          CostAt((*last)->segment, (*last)->ptr, size, cost_of, &saw_retiring) < best_cost) {
+          CostAt((*last)->segment, (*last)->ptr, size, cost_in(*last), &saw_retiring) < best_cost) {
         best = last;
       }
     }
@@ -247,7 +249,9 @@ Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size) {
   DevicePtr a = block->ptr;
   bool unused_retiring = false;
   std::size_t unused_pinned = 0;
-  auto cost_of = [this](const Segment* s, std::size_t i, bool* r) { return PageCost(s, i, r); };
+  auto cost_of = [this, block](const Segment* s, std::size_t i, bool* r) {
+    return PageCost(s, i, r, block);
+  };
   BestPlacement(block, size, cost_of, &a, &unused_retiring,
                 &unused_pinned);  // as TakeExpandableBlock
   if (a == block->ptr) return block;

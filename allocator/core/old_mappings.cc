@@ -17,7 +17,8 @@ namespace vramledger {
 using core::Block;
 using core::Segment;
 
-bool DeviceAllocatorImpl::OldMappingReusable(const Segment* seg, std::size_t page) const {
+bool DeviceAllocatorImpl::OldMappingReusable(const Segment* seg, std::size_t page,
+                                             const Block* within) const {
   const PhysicalHandle h = seg->old_handle[page];
   if (h == 0 || !reuse_old_mappings_now_) return false;
   // Where h is mapped now: the page's hint when h still begins there in this segment (a handle
@@ -34,6 +35,14 @@ bool DeviceAllocatorImpl::OldMappingReusable(const Segment* seg, std::size_t pag
     if (at == seg) seg->old_home_hint[page] = static_cast<std::uint32_t>(first);
   }
   if (at->stream != seg->stream) return false;  // its work there would race the new block's
+  // Its home inside the block being placed in: a placement there may cover both places, and
+  // ReuseOldMappings then leaves the handle at home and maps over this page, which waits for
+  // the page's fence while the old mapping is in use (expandable-segments.md, "Repeated steps").
+  if (within != nullptr && at == within->segment &&
+      at->PageAddress(first) < within->ptr + within->size &&
+      at->PageAddress(at->HandleEnd(first)) > within->ptr) {
+    return false;
+  }
   for (std::size_t j = first; j < at->page_limit && at->pages[j] == h; ++j) {
     if (at->use[j] != 0) return false;  // a block there is allocated or pending free
   }
