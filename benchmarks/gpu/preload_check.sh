@@ -12,7 +12,8 @@ OUT=${OUT:-/tmp/preload_check}; rm -rf "$OUT"; mkdir -p "$OUT/dumps"
 STEPS=${STEPS:-10}
 # Step time varies between runs of the same script (native alone ranged 190-253 ms), so the runs
 # alternate native, shim, native, shim, ... (REPEATS pairs) and the ratio is the median of each
-# pair's ratio; the first pair gives the losses, the snapshot and the summary.
+# pair's ratio, printed without a verdict (pairs of one run measured 0.78-1.24); the first pair
+# gives the losses, the snapshot and the summary.
 REPEATS=${REPEATS:-3}
 for i in $(seq 1 "$REPEATS"); do
   sfx=$([ "$i" = 1 ] && echo "" || echo "$i")
@@ -43,7 +44,9 @@ while glob.glob(f"{out}/native{'' if i == 1 else i}.txt") and glob.glob(f"{out}/
 ratios.sort()
 med = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
 print(f"step ratio shim/native, median of {len(ratios)} interleaved pairs: {med:.3f} "
-      f"({(med - 1) * 100:+.1f}%) -> {'PASS' if med <= 1.03 else 'FAIL'} (target within 3%)")
+      f"({(med - 1) * 100:+.1f}%): no verdict, whole processes of one script differ by up to 20% "
+      "here (docs/design/step-time-measurement.md); issue 7's 3% is judged inside one process "
+      "by inprocess_ab.py --shim --lengths steady")
 summ = glob.glob(f"{out}/dumps/vramledger-preload-*-exit.txt"); snap = glob.glob(f"{out}/dumps/vramledger-preload-*-exit.json")
 print("exit summary:", summ, "snapshot:", snap)
 if snap:
