@@ -31,8 +31,10 @@ thread_local int contiguous_depth = 0;
 // is mapped now over its old mapping, placement depends on where the last reuse left each handle,
 // and a repeated identical step never settles (checkpointed Llama-1B, a step repeated: 100-170
 // map / unmap / access calls in every repetition, reserved drifting to 1.0145 x allocated);
-// at 0 it settles into a cycle that makes no such call. It costs GPT-2's new-peak steps more
-// moves (steady-state driver time 0.57% -> 0.91%; expandable-segments.md, "Repeated steps").
+// at 0 it settles into a cycle that makes no such call. Except where the handle is mapped inside
+// the same free block (OldMappingReusable's `within`): ReuseOldMappings would leave it there and
+// map over the old mapping, waiting for its fence if it is still in use; counting both places
+// free also cost GPT-2's new-peak steps moves (expandable-segments.md, "Repeated steps").
 constexpr std::size_t kUnmappedPageCost = 2;
 constexpr std::size_t kReusablePageCost = 0;
 constexpr std::size_t kRetiringPageCost = 64 * kUnmappedPageCost;
