@@ -91,6 +91,18 @@ int main() {
 C
 nvcc -cudart shared -o "$OUT/plain" "$OUT/plain.cu" && \
   VRAMLEDGER_CONF="dump_dir:$OUT/dumps3" LD_PRELOAD="$SO" "$OUT/plain" 2>&1 | grep -E "plain|calls seen|served"
+echo "== the same program under a 128 MiB plan (it needs ~323 MiB): guarded"
+printf '{\n  "vramledger_plan": 1,\n  "limit": "128MiB"\n}\n' > "$OUT/plain_plan.json"
+VRAMLEDGER_CONF="dump_dir:$OUT/dumps_plain_plan,plan:$OUT/plain_plan.json" LD_PRELOAD="$SO" \
+  "$OUT/plain" > "$OUT/plain_plan.txt" 2>&1
+grep -E "^plain|refusals" "$OUT/plain_plan.txt"
+report=$(ls "$OUT"/dumps_plain_plan/vramledger-preload-*-refusal-*.txt 2>/dev/null | head -1)
+if grep -q "failures [1-9]" "$OUT/plain_plan.txt" && [ -n "$report" ] &&
+   grep -q "vramledger plan violation: $OUT/plain_plan.json:3: limit" "$report"; then
+  echo "PASS: cudaMalloc refused past the plan, the report names plan line 3: $report"
+else
+  echo "FAIL: no refusal naming plan line 3 (report: ${report:-none})"; tail -20 "$OUT/plain_plan.txt"
+fi
 echo "== driver-API program (cuMemAlloc directly) under the shim: left alone, counted in the summary"
 DRV=${DRIVER_API_BIN:-$(dirname "$SO")/vramledger_driver_api_alloc}
 if [ ! -x "$DRV" ]; then  # not carried: build it here (host code only; -cudart none keeps cudaMalloc interposable)
