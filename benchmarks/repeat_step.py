@@ -16,7 +16,7 @@ set. Recorded segment rows (torch's) are kept in the first run only. Times are m
         [--gpu-lag-us N] [--binary build/tools/vramledger-replay]
 
 TRACE: a bundled trace's name or a path (default trace-llama1b-ckpt-native.csv.gz). Exit status
-2 on a bad argument or a trace without that step.
+2 on a bad argument or a trace without that step, 1 when a replay fails (e.g. a bad --conf).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from expandable_policy_sweep import ROOT, find_binary, step_ends  # noqa: E402
 
-SHIFT_BITS = 44  # above any address the bundled traces hold (~2^47), below int64's limit
+# Repetition r adds r << 44 to every address: 16 TiB apart, wider than any bundled trace's span
+# of addresses (under 0.4 TiB), so no two repetitions share one; far below int64's limit.
+SHIFT_BITS = 44
 
 
 def repeat_step_trace(lines: list[str], step: int, repeats: int) -> list[str]:
@@ -108,9 +110,14 @@ def main() -> int:
               "| modelled driver us per repetition | peak reserved / allocated |")
         print("|---|---|---|---|---|")
         for conf in a.conf or ["expandable_segments:True"]:
-            report = json.loads(subprocess.run(
+            proc = subprocess.run(
                 [binary, out, "--json", "--conf", conf, "--gpu-lag-us", str(a.gpu_lag_us)],
-                check=True, capture_output=True, text=True, env={}).stdout)
+                capture_output=True, text=True, env={})
+            if proc.returncode != 0:
+                print(f"replay failed under --conf {conf} (exit {proc.returncode}): "
+                      f"{proc.stderr.strip()[:500]}", file=sys.stderr)
+                return 1
+            report = json.loads(proc.stdout)
             steps = report["utilization_at_each_step"]
             calls = ", ".join(str(s["driver_calls"]) for s in steps[1:])
             micros = ", ".join(f"{s['modeled_driver_us']:.0f}" for s in steps[1:])

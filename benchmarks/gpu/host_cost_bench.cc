@@ -8,7 +8,8 @@
 //               whose calls it then serves: run under the shim, this row is the shim's path);
 //   vramledger  a DeviceAllocator on CudaBackend with --conf (default expandable_segments:True);
 //   pluggable   a second such DeviceAllocator behind torch's CUDAPluggableAllocator (its
-//               raw_alloc_with_stream / raw_delete), the route vramledger.install() takes: the
+//               raw_alloc_with_stream / raw_delete; vramledger.install()'s route reaches the
+//               same map and mutex through its allocate() and raw deleter): the
 //               difference to the vramledger row is torch's glue per call (a std::function, a
 //               mutex and an unordered_map insert / erase; docs/design/torch-native-mode.md);
 //   harness     the same loop with no allocator (the loop's own cost, subtracted from both),
@@ -173,6 +174,7 @@ int Main(int argc, char** argv) {
       torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
           [&plugged_vl](std::size_t n, int, cudaStream_t stream) -> void* {
             absl::StatusOr<DevicePtr> p = plugged_vl.Malloc(n, reinterpret_cast<StreamId>(stream));
+            if (!p.ok()) std::fprintf(stderr, "pluggable: %s\n", p.status().ToString().c_str());
             return p.ok() ? reinterpret_cast<void*>(*p) : nullptr;
           },
           [&plugged_vl](void* p, std::size_t, int, cudaStream_t) {
@@ -194,7 +196,7 @@ int Main(int argc, char** argv) {
         return p.ok() ? reinterpret_cast<void*>(*p) : nullptr;
       },
       [&pluggable](std::size_t n) -> void* {
-        try {  // torch raises c10::Error when the allocation function returns null
+        try {  // a null from the allocation function comes back as null (printed there)
           return pluggable->raw_alloc_with_stream(n, nullptr);
         } catch (const c10::Error& e) {
           std::fprintf(stderr, "pluggable: %s\n", e.what_without_backtrace());

@@ -82,7 +82,7 @@ cat > "$OUT/plain.cu" <<'C'
 #include <cuda_runtime.h>
 #include <cstdio>
 int main() {
-  void* p[100]; int bad = 0;
+  void* p[100] = {}; int bad = 0;  // a refused slot stays null (cudaFree(nullptr) is a no-op)
   for (int i = 0; i < 100; ++i) bad += cudaMalloc(&p[i], (i + 1) << 16) != cudaSuccess;
   for (int i = 0; i < 100; ++i) bad += cudaFree(p[i]) != cudaSuccess;
   std::printf("plain: 100 cudaMalloc + 100 cudaFree, failures %d\n", bad);

@@ -3,6 +3,7 @@
 // randomized run checking that no live block ever sits on an unmapped page.
 #include <cmath>
 #include <random>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -399,7 +400,7 @@ TEST_F(ExpandableTest, FragmentationFigures) {
 // that the second pass settles), a step maps, unmaps, creates and releases nothing. With old
 // mappings kept the settled cycle takes handles back to old mappings (free of page-table calls,
 // each fenced by one cudaEventRecord, queried later): those event calls are all that remain.
-TEST_F(ExpandableTest, RepeatedStepPatternMakesNoDriverCallAfterWarmup) {
+TEST_F(ExpandableTest, RepeatedStepPatternMakesNoPageTableCallAfterWarmup) {
   // Warm-up passes over every shape until the layout settles: three by default (after two,
   // the next three passes still map 2 of their 44 moved pages anew); two without
   // keep_old_mappings; three when free tails are recycled before holes (expandable-segments.md,
@@ -443,8 +444,18 @@ TEST_F(ExpandableTest, RepeatedStepPatternMakesNoDriverCallAfterWarmup) {
     const std::int64_t moves = alloc_->GetFragmentation().page_moves;
     const std::int64_t reused = alloc_->GetFragmentation().reused_old_mappings;
     const std::int64_t reserved = Reserved();
+    std::vector<std::int64_t> records_per_round;
     for (int round = 0; round < 3; ++round) {
+      const std::int64_t before = ledger.count(DriverCall::kEventRecord);
       for (std::size_t seq : seqs) step(seq);
+      records_per_round.push_back(ledger.count(DriverCall::kEventRecord) - before);
+    }
+    // A cycle: every round fences as many reuses as the one before (none without old mappings
+    // kept, some with them).
+    EXPECT_EQ(records_per_round[1], records_per_round[0]);
+    EXPECT_EQ(records_per_round[2], records_per_round[0]);
+    if (std::string(conf).find("keep_old_mappings:False") == std::string::npos) {
+      EXPECT_GT(records_per_round[0], 0);
     }
     // Every call after the warm-up is an event call (no wait among them), one record per reuse
     // at most, and every page move is a reuse.
