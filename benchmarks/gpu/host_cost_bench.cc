@@ -7,11 +7,14 @@
 //               PYTORCH_CUDA_ALLOC_CONF selects (the LD_PRELOAD shim selects cudaMallocAsync,
 //               whose calls it then serves: run under the shim, this row is the shim's path);
 //   vramledger  a DeviceAllocator on CudaBackend with --conf (default expandable_segments:True);
-//   pluggable   a second such DeviceAllocator behind torch's CUDAPluggableAllocator (its
-//               raw_alloc_with_stream / raw_delete; vramledger.install()'s route reaches the
-//               same map and mutex through its allocate() and raw deleter): the
-//               difference to the vramledger row is torch's glue per call (a std::function, a
-//               mutex and an unordered_map insert / erase; docs/design/torch-native-mode.md);
+//   plugin      vramledger's plugin library (libvramledger_plugin.so: VRAMLEDGER_PLUGIN, else the
+//               one beside this program), its C entry points vramledger_malloc / vramledger_free
+//               called directly, configured with the same --conf: the allocator with the budget
+//               guard and the ledger's hooks that install() attaches;
+//   pluggable   the same entry points behind torch's CUDAPluggableAllocator (its
+//               raw_alloc_with_stream / raw_delete; install()'s route reaches the same map and
+//               mutex through its allocate() and raw deleter): pluggable - plugin is torch's glue
+//               per call (docs/design/torch-native-mode.md), plugin - vramledger the hooks';
 //   harness     the same loop with no allocator (the loop's own cost, subtracted from both),
 // in interleaved passes whose order rotates, on the legacy default stream. Each pass replays the
 // whole trace; blocks still live at its end are freed untimed, so every pass starts from the
@@ -32,6 +35,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -41,9 +45,12 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "benchmarks/trace_ops.h"
 #include "device/cuda_backend.h"
 #include "nlohmann/json.hpp"
@@ -53,9 +60,54 @@
 namespace vramledger {
 namespace {
 
-enum Which { kNative = 0, kVramledger = 1, kPluggable = 2, kHarness = 3, kNumWhich = 4 };
-constexpr std::array<const char*, kNumWhich> kNames = {"native", "vramledger", "pluggable",
-                                                       "harness"};
+enum Which {
+  kNative = 0,
+  kVramledger = 1,
+  kPlugin = 2,
+  kPluggable = 3,
+  kHarness = 4,
+  kNumWhich = 5
+};
+constexpr std::array<const char*, kNumWhich> kNames = {"native", "vramledger", "plugin",
+                                                       "pluggable", "harness"};
+
+// The plugin library's entry points (torch_plugin/plugin.h), loaded with dlopen.
+struct PluginApi {
+  int (*configure)(const char*) = nullptr;
+  void* (*malloc)(std::size_t, int, cudaStream_t) = nullptr;
+  void (*free)(void*, std::size_t, int, cudaStream_t) = nullptr;
+  int (*empty_cache)(int) = nullptr;
+  const char* (*last_error)() = nullptr;
+};
+
+// Loads the plugin: VRAMLEDGER_PLUGIN, else libvramledger_plugin.so beside this program. Returns
+// an error naming the path and dlerror() when it or one of its entry points is missing.
+absl::StatusOr<PluginApi> LoadPlugin() {
+  std::string path;
+  if (const char* env = std::getenv("VRAMLEDGER_PLUGIN"); env != nullptr && *env != '\0') {
+    path = env;
+  } else {
+    std::string self(4096, '\0');
+    const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
+    self.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    path = self.substr(0, self.rfind('/') + 1) + "libvramledger_plugin.so";
+  }
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    return absl::NotFoundError(absl::StrCat("the plugin library ", path, ": ", dlerror()));
+  }
+  PluginApi api;
+  auto load = [lib](const char* name, auto* fn) {
+    *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
+    return *fn != nullptr;
+  };
+  if (!load("vramledger_configure", &api.configure) || !load("vramledger_malloc", &api.malloc) ||
+      !load("vramledger_free", &api.free) || !load("vramledger_empty_cache", &api.empty_cache) ||
+      !load("vramledger_last_error", &api.last_error)) {
+    return absl::NotFoundError(absl::StrCat(path, ": an entry point is missing: ", dlerror()));
+  }
+  return api;
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -168,19 +220,26 @@ int Main(int argc, char** argv) {
   torch_alloc::init(c10::cuda::device_count());
   CudaBackend backend(0);
   DeviceAllocator vl(*options, &backend);
-  CudaBackend plugged_backend(0);
-  DeviceAllocator plugged_vl(*options, &plugged_backend);
+  absl::StatusOr<PluginApi> plugin = LoadPlugin();
+  if (!plugin.ok()) {
+    std::fprintf(stderr, "host_cost_bench: %s\n", std::string(plugin.status().message()).c_str());
+    return 2;
+  }
+  if (plugin->configure(conf.c_str()) != 0) {
+    std::fprintf(stderr, "host_cost_bench: the plugin refused --conf: %s\n", plugin->last_error());
+    return 2;
+  }
+  const PluginApi api = *plugin;
+  auto plugin_alloc = [api](std::size_t n, int device, cudaStream_t stream) -> void* {
+    try {  // the plugin raises c10::Error (torch's OutOfMemoryError) on a refusal
+      return api.malloc(n, device, stream);
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "plugin: %s\n", e.what_without_backtrace());
+      return nullptr;
+    }
+  };
   const std::shared_ptr<torch_alloc::CUDAAllocator> pluggable =
-      torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
-          [&plugged_vl](std::size_t n, int, cudaStream_t stream) -> void* {
-            absl::StatusOr<DevicePtr> p = plugged_vl.Malloc(n, reinterpret_cast<StreamId>(stream));
-            if (!p.ok()) std::fprintf(stderr, "pluggable: %s\n", p.status().ToString().c_str());
-            return p.ok() ? reinterpret_cast<void*>(*p) : nullptr;
-          },
-          [&plugged_vl](void* p, std::size_t, int, cudaStream_t) {
-            (void)plugged_vl.Free(reinterpret_cast<DevicePtr>(p));
-          });
-
+      torch::cuda::CUDAPluggableAllocator::createCustomAllocator(plugin_alloc, api.free);
   const std::array<std::function<void*(std::size_t)>, kNumWhich> allocs = {
       [](std::size_t n) -> void* {
         try {  // torch raises c10::Error (its OutOfMemoryError) instead of returning null
@@ -195,6 +254,7 @@ int Main(int argc, char** argv) {
         if (!p.ok()) std::fprintf(stderr, "vramledger: %s\n", p.status().ToString().c_str());
         return p.ok() ? reinterpret_cast<void*>(*p) : nullptr;
       },
+      [&plugin_alloc](std::size_t n) { return plugin_alloc(n, 0, nullptr); },
       [&pluggable](std::size_t n) -> void* {
         try {  // a null from the allocation function comes back as null (printed there)
           return pluggable->raw_alloc_with_stream(n, nullptr);
@@ -213,6 +273,7 @@ int Main(int argc, char** argv) {
         }
       },
       [&vl](void* p) { (void)vl.Free(reinterpret_cast<DevicePtr>(p)); },
+      [api](void* p) { api.free(p, 0, 0, nullptr); },
       [&pluggable](void* p) { pluggable->raw_delete(p); }, [](void* p) { (void)p; }};
 
   std::printf("trace %s: %zu calls; torch allocator backend: %s; vramledger conf: %s\n",
@@ -267,11 +328,14 @@ int Main(int argc, char** argv) {
   }
   std::printf("\nvramledger / torch (%s), ns per call: gross %.3f, net of harness %.3f\n",
               torch_alloc::name().c_str(), ours / native, (ours - harness) / (native - harness));
+  const double plugin_ns = Median(warm[kPlugin]);
   const double plugged = Median(warm[kPluggable]);
   std::printf(
-      "torch's CUDAPluggableAllocator around vramledger: %+.1f ns per call (pluggable - "
-      "vramledger); pluggable / torch (%s) net of harness %.3f\n",
-      plugged - ours, torch_alloc::name().c_str(), (plugged - harness) / (native - harness));
+      "the plugin's hooks (budget guard, ledger): %+.1f ns per call (plugin - vramledger); "
+      "torch's CUDAPluggableAllocator around the plugin: %+.1f ns per call (pluggable - "
+      "plugin); pluggable / torch (%s) net of harness %.3f\n",
+      plugin_ns - ours, plugged - plugin_ns, torch_alloc::name().c_str(),
+      (plugged - harness) / (native - harness));
   const std::int64_t driver_calls = backend.calls().total_count() - driver_after_first;
   std::printf(
       "vramledger HostTime inside Malloc/Free, passes 2-%d (end-of-pass frees included): %.1f ns "
@@ -287,7 +351,7 @@ int Main(int argc, char** argv) {
                 static_cast<long long>(shim.calls - shim_after_first.calls), passes);
   }
   (void)vl.EmptyCache();
-  (void)plugged_vl.EmptyCache();
+  (void)api.empty_cache(0);
   torch_alloc::emptyCache();
   return 0;
 }
