@@ -266,6 +266,7 @@ def test_timeline_sample_every_and_table_lines(tmp_path):
     for label in ("trace span", "driver time (modelled)", "steady state", "page moves",
                   "fragmentation", "largest free block", "mapped free pages"):
         assert f"\n  {label} " in proc.stdout, label
+    assert f"\n  wrote the timeline CSV to {csv_path}\n" in proc.stdout
 
 
 def test_snapshot_rows_mark_steps(tmp_path):
@@ -339,3 +340,28 @@ def test_gpu_lag_keeps_the_checkpointed_trace_within_one_percent():
     assert late["peak_reserved_bytes"] <= 1.01 * late["peak_allocated_bytes"]
     assert late["reused_old_mappings"] > 0
     assert late["page_moves"] >= late["reused_old_mappings"]
+
+
+def _run_with_fake_shim(tmp_path, *args):
+    """`vramledger run ARGS` with VRAMLEDGER_PRELOAD naming an empty file: the environment and
+    the errors are checked, not the shim (the loader ignores an empty preload, saying so)."""
+    fake = tmp_path / "libvramledger_preload.so"
+    fake.write_bytes(b"")
+    env = dict(os.environ, VRAMLEDGER_PRELOAD=str(fake), VRAMLEDGER_CONF="max_dumps:3")
+    return subprocess.run([sys.executable, "-m", "vramledger", "run", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=60), fake
+
+
+def test_run_sets_the_environment_and_names_a_missing_command(tmp_path):
+    proc, fake = _run_with_fake_shim(tmp_path, "--conf", "expandable_segments:True", "--plan",
+                                     "p.json", "--", "sh", "-c",
+                                     'echo "$VRAMLEDGER_CONF"; echo "$LD_PRELOAD"')
+    assert proc.returncode == 0, proc.stderr
+    conf, preload = proc.stdout.splitlines()
+    assert conf == f"max_dumps:3,expandable_segments:True,plan:{os.path.abspath('p.json')}"
+    assert preload.split()[0] == str(fake)
+    proc, _ = _run_with_fake_shim(tmp_path, "--", "no_such_cmd_xyz")
+    assert proc.returncode != 0
+    assert "vramledger run: no_such_cmd_xyz: command not found on PATH" in proc.stderr
+    proc, _ = _run_with_fake_shim(tmp_path, "--")
+    assert proc.returncode != 0 and "give the command after --" in proc.stderr

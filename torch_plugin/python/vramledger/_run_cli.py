@@ -4,6 +4,7 @@ shim libvramledger_preload.so (found beside this package, or $VRAMLEDGER_PRELOAD
 from __future__ import annotations
 
 import os
+import shutil
 
 PRELOAD_NAME = "libvramledger_preload.so"
 PRELOAD_ENV = "VRAMLEDGER_PRELOAD"  # overrides where the shim is looked for (in-tree runs)
@@ -35,6 +36,8 @@ def run(args, cli_error: type[Exception]) -> int:
         conf.append(f"dump_dir:{os.path.abspath(args.dump_dir)}")
     if conf:
         env["VRAMLEDGER_CONF"] = ",".join(conf)
+    if os.sep not in command[0] and shutil.which(command[0], path=env.get("PATH")) is None:
+        raise cli_error(f"vramledger run: {command[0]}: command not found on PATH")
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:

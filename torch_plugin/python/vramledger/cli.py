@@ -304,6 +304,9 @@ def _replay(args: argparse.Namespace) -> int:
         sys.stdout.write(_format_table(result))
         if "snapshot" in result:
             sys.stdout.write(_snapshot_cli.format_replay_snapshot(result["snapshot"]))
+        for key, what in (("timeline", "timeline CSV"), ("plot", "timeline chart")):
+            if key in result:
+                print(f"  wrote the {what} to {result[key]}")
     return 0
 
 
