@@ -104,7 +104,7 @@ def test_plan_text_names_each_category_with_its_formula(gpt2_config, tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("vramledger plan: gpt2 (24 layers, hidden 1024, 16 heads, vocab "
-                               "50257), 354.82M params")
+                               "50257, gelu-tanh MLP of width 4096), 354.82M params")
     for category in (*_plan.CATEGORIES, "model states"):
         assert any(line.startswith(f"  {category:<15} ") for line in lines), category
     assert "AdamW m, v: 8 B/param x 354.82M trainable" in proc.stdout

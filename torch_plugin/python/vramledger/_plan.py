@@ -397,8 +397,8 @@ def plan_document(est: dict[str, Any], headroom: float, fragmentation: float, wa
 
 def format_table(est: dict[str, Any]) -> str:
     m, s = est["model"], est["inputs"]
-    shape = (f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, vocab {m['vocab']}"
-             if m["layers"] else "shape unknown")
+    shape = (f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, vocab {m['vocab']}, "
+             f"{m['mlp']} MLP of width {m['intermediate']}" if m["layers"] else "shape unknown")
     lines = [
         f"vramledger plan: {m['name']} ({shape}), {_fmt(est['params'])} params, "
         f"{_fmt(est['trainable_params'])} trainable",
