@@ -365,3 +365,22 @@ def test_run_sets_the_environment_and_names_a_missing_command(tmp_path):
     assert "vramledger run: no_such_cmd_xyz: command not found on PATH" in proc.stderr
     proc, _ = _run_with_fake_shim(tmp_path, "--")
     assert proc.returncode != 0 and "give the command after --" in proc.stderr
+
+
+def test_empty_and_short_traces_are_replayed_with_a_warning(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("action,addr,size,stream,time_us\n")
+    proc = run_cli("replay", empty)
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: {empty} holds no alloc or free event: nothing was replayed" in proc.stderr
+    short = tmp_path / "short.csv"
+    short.write_text("action,addr,size,stream,time_us\n"
+                     "alloc,1000,1048576,0,10\nfree_completed,1000,1048576,0,20\n")
+    proc = run_cli("replay", short)
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: {short} spans only 10 us of trace time" in proc.stderr
+    bad = tmp_path / "missing-column.csv"
+    bad.write_text("action,addr,size,time_us\nalloc,1,2,3\n")
+    proc = run_cli("replay", bad)
+    assert proc.returncode == 2
+    assert "expected the header 'action,addr,size,stream,time_us'; missing stream" in proc.stderr

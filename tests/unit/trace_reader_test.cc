@@ -108,8 +108,14 @@ TEST(ParseTraceEventsTest, ErrorsNameFileLineWhatAndText) {
             "t.csv:1: empty trace; expected the header "
             "'action,addr,size,stream,time_us'");
   EXPECT_EQ(ErrorOf("act,addr,size,stream,time_us\nalloc,1,2,0,3\n"),
-            "t.csv:1: expected the header 'action,addr,size,stream,time_us' "
-            "(act,addr,size,stream,time_us)");
+            "t.csv:1: expected the header 'action,addr,size,stream,time_us'; missing action; "
+            "unexpected act (act,addr,size,stream,time_us)");
+  EXPECT_EQ(ErrorOf("action,addr,size,time_us\nalloc,1,2,3\n"),
+            "t.csv:1: expected the header 'action,addr,size,stream,time_us'; missing stream "
+            "(action,addr,size,time_us)");
+  EXPECT_EQ(ErrorOf("action,size,addr,stream,time_us\n"),
+            "t.csv:1: expected the header 'action,addr,size,stream,time_us'; columns out of "
+            "order (action,size,addr,stream,time_us)");
   EXPECT_EQ(ErrorOf("alloc,1,2,0,3\n"),
             "t.csv:1: expected the header 'action,addr,size,stream,time_us' (alloc,1,2,0,3)");
   EXPECT_EQ(ErrorOf(WithHeader("alloc,1,2,0,3\nallocate,1,2,0,3")),

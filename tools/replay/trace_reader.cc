@@ -4,18 +4,21 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
@@ -56,7 +59,8 @@ class LineParser {
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
     if (!header_seen_) {
       if (!IsHeader(text)) {
-        return Error(line, absl::StrCat("expected the header '", kHeader, "'"), text);
+        return Error(line, absl::StrCat("expected the header '", kHeader, "'", HeaderDiff(text)),
+                     text);
       }
       header_seen_ = true;
       return absl::OkStatus();
@@ -110,6 +114,31 @@ class LineParser {
       if (absl::StripAsciiWhitespace(names[i]) != want[i]) return false;
     }
     return true;
+  }
+
+  // For a first line that names at least two of the header's columns (a header, not data):
+  // "; missing C, D", "; unexpected X" or "; columns out of order"; otherwise "".
+  static std::string HeaderDiff(absl::string_view text) {
+    std::vector<absl::string_view> names = absl::StrSplit(text, ',');
+    for (absl::string_view& n : names) n = absl::StripAsciiWhitespace(n);
+    const std::vector<absl::string_view> want = absl::StrSplit(kHeader, ',');
+    auto has = [](const std::vector<absl::string_view>& v, absl::string_view x) {
+      return std::find(v.begin(), v.end(), x) != v.end();
+    };
+    std::vector<absl::string_view> missing, unexpected;
+    for (absl::string_view w : want) {
+      if (!has(names, w)) missing.push_back(w);
+    }
+    for (absl::string_view n : names) {
+      if (!has(want, n)) unexpected.push_back(n);
+    }
+    if (want.size() - missing.size() < 2) return "";
+    std::string diff;
+    if (!missing.empty()) absl::StrAppend(&diff, "; missing ", absl::StrJoin(missing, ", "));
+    if (!unexpected.empty()) {
+      absl::StrAppend(&diff, "; unexpected ", absl::StrJoin(unexpected, ", "));
+    }
+    return diff.empty() ? "; columns out of order" : diff;
   }
 
   absl::Status NotNumber(int line, absl::string_view column, absl::string_view field,

@@ -232,6 +232,11 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
     if is_snapshot:
         out.append(f"a snapshot keeps only the last {r['trace_events']:,} trace entries; blocks "
                    "allocated before them are not replayed, so the peaks cover that window only")
+    if r["allocs"] == 0 and r["frees"] == 0:
+        out.append(f"{r['trace']} holds no alloc or free event: nothing was replayed")
+    elif r["trace_span_us"] < 1_000_000:
+        out.append(f"{r['trace']} spans only {r['trace_span_us']:,} us of trace time: driver time "
+                   "as a share of that span means little (the figure is for training runs)")
     return out
 
 
