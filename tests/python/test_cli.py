@@ -367,6 +367,23 @@ def test_run_sets_the_environment_and_names_a_missing_command(tmp_path):
     assert proc.returncode != 0 and "give the command after --" in proc.stderr
 
 
+def test_run_names_where_a_bad_option_came_from(tmp_path):
+    """A bad key in --conf is blamed on --conf, one in the environment on VRAMLEDGER_CONF,
+    before the command runs (a new user saw `--conf bogus:1` blamed on the variable)."""
+    marker = tmp_path / "ran"
+    proc, _ = _run_with_fake_shim(tmp_path, "--conf", "bogus:1", "--", "touch", marker)
+    assert proc.returncode != 0
+    assert "vramledger run: --conf: " in proc.stderr and "bogus" in proc.stderr, proc.stderr
+    assert not marker.exists()
+    fake = tmp_path / "libvramledger_preload.so"
+    env = dict(os.environ, VRAMLEDGER_PRELOAD=str(fake), VRAMLEDGER_CONF="recycle_slack:lots")
+    proc = subprocess.run([sys.executable, "-m", "vramledger", "run", "--", "touch", str(marker)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0
+    assert "vramledger run: VRAMLEDGER_CONF: " in proc.stderr and "recycle_slack" in proc.stderr
+    assert not marker.exists()
+
+
 def test_empty_and_short_traces_are_replayed_with_a_warning(tmp_path):
     empty = tmp_path / "empty.csv"
     empty.write_text("action,addr,size,stream,time_us\n")

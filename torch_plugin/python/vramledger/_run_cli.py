@@ -20,6 +20,24 @@ def preload_path(cli_error: type[Exception]) -> str:
     return os.path.abspath(path)
 
 
+def _check_conf(source: str, conf: str | None, cli_error: type[Exception]) -> None:
+    """Raises `cli_error` naming `source` (the flag or the variable) when `conf` does not parse.
+
+    The shim would refuse the same value at the program's start, but it sees only the joined
+    VRAMLEDGER_CONF and cannot tell the user which of the two held the bad key. Skipped when
+    the C++ extension is not built (the shim still checks)."""
+    if not conf:
+        return
+    try:
+        from vramledger import _core  # the C++ extension (tools/python_module.cc)
+    except ImportError:
+        return
+    try:
+        _core.parse_options(conf)
+    except ValueError as e:
+        raise cli_error(f"vramledger run: {source}: {e}") from e
+
+
 def run(args, cli_error: type[Exception]) -> int:
     """Sets LD_PRELOAD and VRAMLEDGER_CONF and execs the command (never returns on success)."""
     command = list(args.cmd)
@@ -29,6 +47,8 @@ def run(args, cli_error: type[Exception]) -> int:
         raise cli_error("vramledger run: give the command after --")
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [preload_path(cli_error), env.get("LD_PRELOAD")]))
+    _check_conf("VRAMLEDGER_CONF", env.get("VRAMLEDGER_CONF"), cli_error)
+    _check_conf("--conf", args.conf, cli_error)
     conf = [c for c in (env.get("VRAMLEDGER_CONF"), args.conf) if c]
     if args.plan:
         conf.append(f"plan:{os.path.abspath(args.plan)}")
