@@ -16,9 +16,14 @@ using core::BlockPool;
 using core::Segment;
 
 std::size_t DeviceAllocatorImpl::LargestFreeBlock() const {
+  // Largest blocks first (the index is ordered by stream, then size): a block no larger than
+  // the best run so far cannot hold a larger one, so its pages are not walked (MappedRun walks
+  // an expandable block page by page; the replay of a step-marked trace asks after every event).
   std::size_t largest = 0;
   for (const BlockPool* pool : AllPools()) {
-    for (const Block* b : pool->blocks) largest = std::max(largest, MappedRun(b));
+    for (auto it = pool->blocks.rbegin(); it != pool->blocks.rend(); ++it) {
+      if ((*it)->size > largest) largest = std::max(largest, MappedRun(*it));
+    }
   }
   return largest;
 }
