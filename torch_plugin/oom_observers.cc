@@ -3,9 +3,15 @@
 #include "torch_plugin/oom_observers.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "torch_plugin/plugin.h"
 
 namespace vramledger {
@@ -13,11 +19,25 @@ namespace {
 
 std::atomic<vramledger_oom_observer_fn> g_observer{nullptr};
 
+using CppObserver = std::function<void(std::int64_t, std::size_t, std::size_t, std::size_t)>;
+
+// torch's own observers in the torch-native mode (vramledger_add_oom_observer), in order.
+absl::Mutex g_cpp_mu;
+std::vector<CppObserver>& CppObservers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_cpp_mu) {
+  static auto* const observers = new std::vector<CppObserver>;  // never destroyed
+  return *observers;
+}
+
 }  // namespace
 
 void NotifyOutOfMemoryObservers(int device, std::size_t requested, const OutOfMemoryInfo& oom) {
   const vramledger_oom_observer_fn observer = g_observer.load(std::memory_order_acquire);
-  if (observer == nullptr) return;
+  std::vector<CppObserver> cpp;
+  {
+    absl::MutexLock lock(&g_cpp_mu);
+    cpp = CppObservers();
+  }
+  if (observer == nullptr && cpp.empty()) return;
   // last_oom() may describe another failure (or none, for a budget-guard refusal): fall back to
   // the request itself when it is not this one.
   const bool same = oom.device == device && oom.requested == requested;
@@ -25,7 +45,8 @@ void NotifyOutOfMemoryObservers(int device, std::size_t requested, const OutOfMe
   const std::size_t limit = !same ? 0 : (oom.allowed != 0 ? oom.allowed : oom.device_total);
   const std::size_t device_free = same ? oom.device_free : 0;
   try {
-    observer(device, alloc_size, limit, device_free);
+    if (observer != nullptr) observer(device, alloc_size, limit, device_free);
+    for (const CppObserver& o : cpp) o(device, alloc_size, limit, device_free);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vramledger: out-of-memory observer threw: %s\n", e.what());
   } catch (...) {
@@ -40,6 +61,13 @@ extern "C" {
 int vramledger_set_oom_observer(vramledger_oom_observer_fn observer) {
   vramledger::g_observer.store(observer, std::memory_order_release);
   return VRAMLEDGER_OK;
+}
+
+void vramledger_add_oom_observer(
+    std::function<void(std::int64_t, std::size_t, std::size_t, std::size_t)> observer) {
+  if (!observer) return;
+  absl::MutexLock lock(&vramledger::g_cpp_mu);
+  vramledger::CppObservers().push_back(std::move(observer));
 }
 
 }  // extern "C"

@@ -302,6 +302,12 @@ nlohmann::json FragmentationJson(const Fragmentation& f, const DriverCallLedger&
   return json;
 }
 
+// The allocator of `device` if one exists (never creates one), else nullptr.
+DeviceAllocator* ExistingAllocator(int device) {
+  PluginState& state = State();
+  return state.EnsureDevices().ok() ? state.Existing(device) : nullptr;
+}
+
 }  // namespace
 
 std::string& PluginLastError() { return LastError(); }  // for plugin_history.cc
@@ -356,6 +362,48 @@ void vramledger_free(void* ptr, std::size_t size, int device, cudaStream_t strea
   } catch (...) {
     std::fprintf(stderr, "vramledger: free of %p on device %d threw\n", ptr, device);
   }
+}
+
+void vramledger_free_any_device(void* ptr) {
+  if (ptr == nullptr) return;
+  vramledger::PluginState& state = State();
+  if (!state.EnsureDevices().ok()) return;
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || state.simulated()) {
+    (void)cudaGetLastError();
+    current = 0;
+  }
+  const int count = state.device_count();
+  for (int i = 0; i < count; ++i) {
+    const int d = i == 0 ? current : (i <= current ? i - 1 : i);  // current, then the rest
+    DeviceAllocator* allocator = state.Existing(d);
+    if (allocator == nullptr) continue;
+    const absl::Status s = allocator->Free(reinterpret_cast<DevicePtr>(ptr));
+    if (s.ok()) return;
+    if (!absl::IsNotFound(s)) {
+      std::fprintf(stderr, "vramledger: free of %p on device %d failed: %s\n", ptr, d,
+                   std::string(s.message()).c_str());
+      return;
+    }
+  }
+  std::fprintf(stderr, "vramledger: free of %p, which no vramledger allocator handed out; "
+               "ignored\n", ptr);
+}
+
+bool vramledger_device_stats(int device, vramledger::DeviceStats* out) {
+  DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
+  if (allocator == nullptr) return false;
+  *out = allocator->GetStats();
+  return true;
+}
+
+bool vramledger_device_segments(int device, std::vector<vramledger::SegmentInfo>* segments,
+                                vramledger::Options* options) {
+  DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
+  if (allocator == nullptr) return false;
+  *segments = allocator->Snapshot();
+  *options = allocator->options();
+  return true;
 }
 
 void vramledger_init(int device_count) {

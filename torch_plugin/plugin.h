@@ -177,4 +177,39 @@ VRAMLEDGER_EXPORT void* vramledger_testing_malloc(size_t size, int device, char*
 
 }  // extern "C"
 
+#ifdef __cplusplus
+#include <cstdint>
+#include <vector>
+
+namespace vramledger {
+struct DeviceStats;  // vramledger/stats.h
+struct Options;      // vramledger/options.h
+struct SegmentInfo;  // vramledger/device_allocator.h
+}  // namespace vramledger
+
+// ---- C++-facing: the torch-native mode (torch_plugin/native_allocator.cc, a library of its own
+// that links this one; docs/design/torch-native-mode.md) reads the plugin's allocators through
+// these. Built from the same sources and headers, so the C++ types agree. Never throw. ----
+extern "C" {
+
+/// Frees `ptr` on whichever device's allocator handed it out (the calling thread's current
+/// device first). A pointer no allocator knows, or a failed free, is reported on stderr.
+VRAMLEDGER_EXPORT void vramledger_free_any_device(void* ptr);
+
+/// Copies `device`'s stats (GetStats()) into *out; false when that device has no allocator yet.
+VRAMLEDGER_EXPORT bool vramledger_device_stats(int device, vramledger::DeviceStats* out);
+
+/// Copies `device`'s segments (Snapshot()) and options into *segments and *options; false when
+/// that device has no allocator yet.
+VRAMLEDGER_EXPORT bool vramledger_device_segments(int device,
+                                                  std::vector<vramledger::SegmentInfo>* segments,
+                                                  vramledger::Options* options);
+
+/// Adds an out-of-memory observer with torch's arguments (device, allocation size, limit,
+/// device free bytes), called before every OutOfMemoryError the plugin throws, after the C one.
+VRAMLEDGER_EXPORT void vramledger_add_oom_observer(
+    std::function<void(std::int64_t, std::size_t, std::size_t, std::size_t)> observer);
+}  // extern "C"
+#endif  // __cplusplus
+
 #endif  // VRAMLEDGER_TORCH_PLUGIN_PLUGIN_H_

@@ -1,0 +1,172 @@
+// The torch-native mode (torch_plugin/native_allocator.cc) on SimBackend: torch's CUDAAllocator
+// calls answered by the plugin's allocator, with torch's stats struct, snapshot struct, errors
+// and install rule. No GPU: allocations name their device (AllocateOn), as torch's current-device
+// query needs one.
+#include "torch_plugin/native_allocator.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "torch_plugin/plugin.h"
+
+namespace vramledger {
+namespace {
+
+namespace torch_alloc = c10::cuda::CUDACachingAllocator;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+constexpr std::size_t kCapacity = 4 * kGiB;
+constexpr int kAll = 0;  // StatType::AGGREGATE
+
+class NativeAllocatorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_EQ(vramledger_testing_use_sim_backend(1, kCapacity), VRAMLEDGER_OK)
+        << vramledger_last_error();
+  }
+  void TearDown() override { ASSERT_EQ(vramledger_empty_cache(-1), VRAMLEDGER_OK); }
+
+  NativeAllocator* a_ = NativeAllocator::Get();
+};
+
+TEST_F(NativeAllocatorTest, StatsFollowAllocationsInTorchsStruct) {
+  const auto before = a_->getDeviceStats(0);
+  c10::DataPtr p = a_->AllocateOn(0, nullptr, 3 * kMiB + 1);
+  ASSERT_NE(p.get(), nullptr);
+  EXPECT_EQ(p.device(), c10::Device(c10::DeviceType::CUDA, 0));
+  auto s = a_->getDeviceStats(0);
+  // torch's size policy: 3 MiB + 1 rounds to 3 MiB + 512 in the large pool.
+  EXPECT_EQ(s.allocated_bytes[kAll].current - before.allocated_bytes[kAll].current,
+            static_cast<std::int64_t>(3 * kMiB + 512));
+  EXPECT_EQ(s.requested_bytes[kAll].current - before.requested_bytes[kAll].current,
+            static_cast<std::int64_t>(3 * kMiB + 1));
+  EXPECT_EQ(s.allocation[kAll].current - before.allocation[kAll].current, 1);
+  EXPECT_GE(s.reserved_bytes[kAll].current, s.allocated_bytes[kAll].current);
+  p.clear();  // the DataPtr's own deleter frees it
+  s = a_->getDeviceStats(0);
+  EXPECT_EQ(s.allocated_bytes[kAll].current, before.allocated_bytes[kAll].current);
+  EXPECT_EQ(s.allocation[kAll].freed - before.allocation[kAll].freed, 1);
+  a_->emptyCache({0, 0});
+  EXPECT_EQ(a_->getDeviceStats(0).reserved_bytes[kAll].current, 0);
+}
+
+TEST_F(NativeAllocatorTest, ZeroBytesGiveANullDataPtrOnTheDevice) {
+  c10::DataPtr p = a_->AllocateOn(0, nullptr, 0);
+  EXPECT_EQ(p.get(), nullptr);
+  EXPECT_EQ(p.device(), c10::Device(c10::DeviceType::CUDA, 0));
+}
+
+TEST_F(NativeAllocatorTest, PeakResetAndCacheInfo) {
+  c10::DataPtr big = a_->AllocateOn(0, nullptr, 64 * kMiB);
+  big.clear();
+  auto s = a_->getDeviceStats(0);
+  EXPECT_GE(s.allocated_bytes[kAll].peak, static_cast<std::int64_t>(64 * kMiB));
+  a_->resetPeakStats(0);
+  s = a_->getDeviceStats(0);
+  EXPECT_EQ(s.allocated_bytes[kAll].peak, s.allocated_bytes[kAll].current);
+  std::size_t largest = 0;
+  a_->cacheInfo(0, &largest);
+  EXPECT_EQ(largest, 64 * kMiB);  // the freed block, cached
+  a_->resetAccumulatedStats(0);
+  EXPECT_EQ(a_->getDeviceStats(0).allocation[kAll].allocated, 0);
+}
+
+TEST_F(NativeAllocatorTest, OutOfMemoryThrowsTorchsErrorAfterTorchsObservers) {
+  // Observers stay attached for the process (as torch's): this one records into a static.
+  static std::vector<std::size_t> seen;
+  a_->attachOutOfMemoryObserver(
+      [](std::int64_t device, std::size_t alloc_size, std::size_t, std::size_t) {
+        EXPECT_EQ(device, 0);
+        seen.push_back(alloc_size);
+      });
+  const std::int64_t ooms = a_->getDeviceStats(0).num_ooms;
+  EXPECT_THROW(a_->AllocateOn(0, nullptr, 2 * kCapacity), c10::OutOfMemoryError);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_GE(seen[0], 2 * kCapacity);
+  EXPECT_EQ(a_->getDeviceStats(0).num_ooms, ooms + 1);
+}
+
+TEST_F(NativeAllocatorTest, MemoryFractionCapsReservedMemory) {
+  EXPECT_DOUBLE_EQ(a_->getMemoryFraction(0), 1.0);
+  a_->setMemoryFraction(0.5, 0);
+  EXPECT_DOUBLE_EQ(a_->getMemoryFraction(0), 0.5);
+  EXPECT_THROW(a_->AllocateOn(0, nullptr, 3 * kGiB), c10::OutOfMemoryError);
+  c10::DataPtr ok = a_->AllocateOn(0, nullptr, kGiB);
+  EXPECT_NE(ok.get(), nullptr);
+  ok.clear();
+  a_->setMemoryFraction(1.0, 0);
+  EXPECT_THROW(a_->setMemoryFraction(1.5, 0), c10::Error);  // the plugin's range check
+}
+
+TEST_F(NativeAllocatorTest, SnapshotCarriesSegmentsAndBlocksInTorchsStruct) {
+  c10::DataPtr p = a_->AllocateOn(0, nullptr, 30 * kMiB);
+  const torch_alloc::SnapshotInfo info = a_->snapshot({0, 0}, true);
+  ASSERT_EQ(info.device_traces.size(), 1u);
+  bool found = false;
+  for (const auto& seg : info.segments) {
+    std::size_t at = seg.address;
+    for (const auto& b : seg.blocks) {
+      if (at == reinterpret_cast<std::size_t>(p.get())) {
+        found = true;
+        EXPECT_TRUE(b.allocated);
+        EXPECT_TRUE(b.active);
+        EXPECT_EQ(b.requested_size, 30 * kMiB);
+        EXPECT_TRUE(seg.is_large);
+        EXPECT_EQ(seg.device, 0);
+      }
+      at += b.size;
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_FALSE(info.config_metadata.expandable_segments);
+  EXPECT_EQ(info.config_metadata.max_split_size, SIZE_MAX);
+}
+
+TEST_F(NativeAllocatorTest, RawDeleterFreesWhateverDeviceMadeIt) {
+  void* p = vramledger_malloc(kMiB, 0, nullptr);
+  const auto live = a_->getDeviceStats(0).allocation[kAll].current;
+  a_->raw_deleter()(p);
+  EXPECT_EQ(a_->getDeviceStats(0).allocation[kAll].current, live - 1);
+  a_->raw_delete(nullptr);  // no-op
+}
+
+TEST_F(NativeAllocatorTest, ForeignBlocksAreSkippedByRecordStream) {
+  int host = 0;
+  c10::DataPtr foreign(&host, &host, [](void*) {}, c10::Device(c10::DeviceType::CUDA, 0));
+  const c10::cuda::CUDAStream stream(
+      c10::cuda::CUDAStream::UNCHECKED,
+      c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::CUDA, 0), 0));
+  EXPECT_NO_THROW(a_->recordStream(foreign, stream));
+}
+
+TEST_F(NativeAllocatorTest, UnsupportedCallsNameThemselves) {
+  try {
+    a_->getIpcDevPtr("handle");
+    FAIL() << "getIpcDevPtr did not throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not support getIpcDevPtr"), std::string::npos);
+  }
+  EXPECT_THROW(a_->getCheckpointState(0, {1, 0}), c10::Error);
+  EXPECT_THROW(a_->AllocateOn(NativeAllocator::kMaxDevices, nullptr, kMiB), c10::Error);
+  EXPECT_EQ(a_->name(), "vramledger");
+}
+
+TEST_F(NativeAllocatorTest, InstallReplacesTorchsAllocatorOnceBeforeCudaStarts) {
+  torch_alloc::CUDAAllocator* torch_native = torch_alloc::allocator.load();
+  ASSERT_NE(torch_native, nullptr);
+  ASSERT_FALSE(torch_native->initialized());  // no CUDA in this process
+  ASSERT_EQ(vramledger_native_install(), VRAMLEDGER_OK) << vramledger_native_last_error();
+  EXPECT_EQ(torch_alloc::allocator.load(), a_);
+  EXPECT_EQ(vramledger_native_install(), VRAMLEDGER_FAILED);
+  EXPECT_NE(std::string(vramledger_native_last_error()).find("already"), std::string::npos);
+  EXPECT_EQ(vramledger_native_allocator(), static_cast<void*>(a_));
+  torch_alloc::allocator.store(torch_native);
+}
+
+}  // namespace
+}  // namespace vramledger

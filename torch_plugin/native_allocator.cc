@@ -1,0 +1,402 @@
+// NativeAllocator: torch's CUDAAllocator interface answered by the plugin's allocators
+// (docs/design/torch-native-mode.md). libvramledger_native.so, linked to the plugin and libc10_cuda.
+#include "torch_plugin/native_allocator.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "torch_plugin/plugin.h"
+#include "torch_plugin/plugin_history.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/options.h"
+#include "vramledger/stats.h"
+
+namespace vramledger {
+namespace {
+
+namespace torch_alloc = c10::cuda::CUDACachingAllocator;
+
+// One deleter per device (the DataPtr's context is the address itself, so the device must come
+// from the function): vramledger_free never throws, as a deleter must not.
+template <int kDevice>
+void DeleteOnDevice(void* ptr) {
+  vramledger_free(ptr, 0, kDevice, nullptr);
+}
+
+template <std::size_t... kDevices>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(kDevices)> MakeDeleters(
+    std::index_sequence<kDevices...>) {
+  return {&DeleteOnDevice<static_cast<int>(kDevices)>...};
+}
+
+constexpr std::array<c10::DeleterFnPtr, NativeAllocator::kMaxDevices> kDeleters =
+    MakeDeleters(std::make_index_sequence<NativeAllocator::kMaxDevices>{});
+
+// A free of an address whose device is unknown (raw_delete, raw_deleter): the plugin tries the
+// current device's allocator first, then the others.
+void DeleteOnAnyDevice(void* ptr) { vramledger_free_any_device(ptr); }
+
+bool IsOurDeleter(c10::DeleterFnPtr deleter) {
+  if (deleter == &DeleteOnAnyDevice) return true;
+  for (c10::DeleterFnPtr d : kDeleters) {
+    if (d == deleter) return true;
+  }
+  return false;
+}
+
+void CheckDevice(c10::DeviceIndex device, const char* call) {
+  TORCH_CHECK(device >= 0 && device < NativeAllocator::kMaxDevices, "vramledger: ", call,
+              ": device index ", static_cast<int>(device), " is outside [0, ",
+              NativeAllocator::kMaxDevices, ")");
+}
+
+c10::DeviceIndex CurrentDevice() {
+  c10::DeviceIndex device = 0;
+  C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+  return device;
+}
+
+// ctypes-facing status of the ABI (0 ok, else VRAMLEDGER_FAILED), thrown as a c10::Error.
+void ThrowIfFailed(int rc, const char* call) {
+  TORCH_CHECK(rc == VRAMLEDGER_OK, "vramledger: ", call, ": ", vramledger_last_error());
+}
+
+void CopyStat(const Stat& from, c10::CachingAllocator::Stat* to) {
+  to->current = from.current;
+  to->peak = from.peak;
+  to->allocated = from.allocated;
+  to->freed = from.freed;
+}
+
+void CopyStats(const StatArray& from, c10::CachingAllocator::StatArray* to) {
+  for (int i = 0; i < kNumStatTypes; ++i) CopyStat(from[i], &(*to)[i]);
+}
+
+std::string& LastError() {
+  thread_local std::string error;
+  return error;
+}
+
+[[noreturn]] void Unsupported(const char* call) {
+  TORCH_CHECK(false, "vramledger (torch-native mode) does not support ", call,
+              " (docs/design/torch-native-mode.md)");
+  std::abort();  // unreachable
+}
+
+}  // namespace
+
+NativeAllocator* NativeAllocator::Get() {
+  static NativeAllocator* const instance = new NativeAllocator;  // never destroyed
+  return instance;
+}
+
+c10::DataPtr NativeAllocator::AllocateOn(c10::DeviceIndex device, cudaStream_t stream,
+                                         std::size_t n) {
+  CheckDevice(device, "allocate");
+  const c10::Device where(c10::DeviceType::CUDA, device);
+  if (n == 0) return {nullptr, nullptr, kDeleters[device], where};
+  // Throws c10::OutOfMemoryError after the OOM observers ran, as on the pluggable route.
+  void* ptr = vramledger_malloc(n, device, stream);
+  return {ptr, ptr, kDeleters[device], where};
+}
+
+c10::DataPtr NativeAllocator::allocate(std::size_t n) {
+  const c10::DeviceIndex device = CurrentDevice();
+  return AllocateOn(device, c10::cuda::getCurrentCUDAStream(device).stream(), n);
+}
+
+c10::DeleterFnPtr NativeAllocator::raw_deleter() const { return &DeleteOnAnyDevice; }
+
+void NativeAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+}
+
+bool NativeAllocator::initialized() { return initialized_.load(std::memory_order_acquire); }
+
+void NativeAllocator::emptyCache(c10::MempoolId_t mempool_id) {
+  (void)mempool_id;  // every pool's free cache (a private pool's blocks go with ReleasePool)
+  ThrowIfFailed(vramledger_empty_cache(-1), "empty_cache");
+}
+
+c10::CachingDeviceAllocator::DeviceStats NativeAllocator::getDeviceStats(
+    c10::DeviceIndex device) {
+  CheckDevice(device, "memory_stats");
+  c10::CachingDeviceAllocator::DeviceStats out;
+  DeviceStats s;
+  if (!vramledger_device_stats(device, &s)) return out;  // nothing allocated there yet: zeros
+  CopyStats(s.allocation, &out.allocation);
+  CopyStats(s.segment, &out.segment);
+  CopyStats(s.active, &out.active);
+  CopyStats(s.inactive_split, &out.inactive_split);
+  CopyStats(s.allocated_bytes, &out.allocated_bytes);
+  CopyStats(s.reserved_bytes, &out.reserved_bytes);
+  CopyStats(s.active_bytes, &out.active_bytes);
+  CopyStats(s.inactive_split_bytes, &out.inactive_split_bytes);
+  CopyStats(s.requested_bytes, &out.requested_bytes);
+  out.num_alloc_retries = s.num_alloc_retries;
+  out.num_ooms = s.num_ooms;
+  CopyStat(s.oversize_allocations, &out.oversize_allocations);
+  CopyStat(s.oversize_segments, &out.oversize_segments);
+  out.num_sync_all_streams = s.num_sync_all_streams;
+  out.num_device_alloc = s.num_device_alloc;
+  out.num_device_free = s.num_device_free;
+  out.max_split_size = s.max_split_size;
+  return out;
+}
+
+void NativeAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  ThrowIfFailed(vramledger_reset_accumulated(device), "reset_accumulated_memory_stats");
+}
+
+void NativeAllocator::resetPeakStats(c10::DeviceIndex device) {
+  ThrowIfFailed(vramledger_reset_peak(device), "reset_peak_memory_stats");
+}
+
+void* NativeAllocator::raw_alloc(std::size_t nbytes) {
+  const c10::DeviceIndex device = CurrentDevice();
+  return raw_alloc_with_stream(nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+}
+
+void* NativeAllocator::raw_alloc_with_stream(std::size_t nbytes, cudaStream_t stream) {
+  if (nbytes == 0) return nullptr;
+  return vramledger_malloc(nbytes, CurrentDevice(), stream);
+}
+
+void NativeAllocator::raw_delete(void* ptr) { DeleteOnAnyDevice(ptr); }
+
+void NativeAllocator::init(int device_count) {
+  vramledger_init(device_count);  // throws if CUDA has no device or the count cannot be read
+  initialized_.store(true, std::memory_order_release);
+}
+
+double NativeAllocator::getMemoryFraction(c10::DeviceIndex device) {
+  CheckDevice(device, "get_per_process_memory_fraction");
+  const double f = fractions_[device].load(std::memory_order_relaxed);
+  return f > 0 ? f : 1.0;
+}
+
+void NativeAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
+  CheckDevice(device, "set_per_process_memory_fraction");
+  vramledger_set_memory_fraction(fraction, device);  // throws on a bad value
+  fractions_[device].store(fraction, std::memory_order_relaxed);
+}
+
+std::vector<torch_alloc::StreamSegmentSize> NativeAllocator::getExpandableSegmentSizes(
+    c10::DeviceIndex device) {
+  (void)device;  // torch asks only for its own checkpointing of expandable segments
+  return {};
+}
+
+void NativeAllocator::enable(bool value) { enabled_.store(value, std::memory_order_relaxed); }
+
+bool NativeAllocator::isEnabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+void NativeAllocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) {
+  CheckDevice(device, "cache_info");
+  DeviceStats s;
+  *largest_block = vramledger_device_stats(device, &s)
+                       ? static_cast<std::size_t>(s.largest_free_block_bytes)
+                       : 0;
+}
+
+void* NativeAllocator::getBaseAllocation(void* ptr, std::size_t* size) {
+  (void)ptr;
+  (void)size;
+  Unsupported("getBaseAllocation (CUDA IPC of its tensors)");
+}
+
+void NativeAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
+  // As torch's own allocator: a block another allocator made (e.g. before a swap) is skipped.
+  if (ptr.get() == nullptr || !IsOurDeleter(ptr.get_deleter())) return;
+  vramledger_record_stream(ptr.get(), stream.stream());
+}
+
+torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
+                                                    bool include_traces) {
+  (void)mempool_id;  // every pool's segments (the pool shows in vramledger.snapshot())
+  (void)include_traces;
+  torch_alloc::SnapshotInfo info;
+  const int count = vramledger_device_count();
+  info.device_traces.resize(count > 0 ? static_cast<std::size_t>(count) : 0);
+  Options options;
+  for (int d = 0; d < count; ++d) {
+    std::vector<SegmentInfo> segments;
+    if (!vramledger_device_segments(d, &segments, &options)) continue;
+    for (const SegmentInfo& seg : segments) {
+      c10::CachingDeviceAllocator::SegmentInfo out;
+      out.device = static_cast<c10::DeviceIndex>(seg.device);
+      out.address = static_cast<std::size_t>(seg.address);
+      out.total_size = seg.total_size;
+      out.requested_size = seg.requested_size;
+      out.allocated_size = seg.allocated_size;
+      out.active_size = seg.active_size;
+      out.stream = reinterpret_cast<void*>(seg.stream);
+      out.is_large = !seg.is_small;
+      out.is_expandable = seg.is_expandable;
+      for (const BlockInfo& b : seg.blocks) {
+        c10::CachingDeviceAllocator::BlockInfo block;
+        block.size = b.size;
+        block.requested_size = b.requested_size;
+        const std::string state = b.state;
+        block.allocated = state == "active_allocated";
+        block.active = state != "inactive";
+        out.blocks.push_back(std::move(block));
+      }
+      info.segments.push_back(std::move(out));
+    }
+  }
+  // The history with stacks is in vramledger.snapshot() / the plugin's JSON dump; torch's
+  // snapshot carries the segments and the allocator's settings.
+  info.config_metadata.garbage_collection_threshold = options.garbage_collection_threshold;
+  info.config_metadata.max_split_size = options.max_split_size;
+  info.config_metadata.pinned_num_register_threads = 1;
+  info.config_metadata.expandable_segments = options.expandable_segments;
+  info.config_metadata.release_lock_on_malloc = options.release_lock_on_cudamalloc;
+  info.config_metadata.pinned_use_host_register = false;
+  info.config_metadata.graph_capture_record_stream_reuse = false;
+  info.config_metadata.last_allocator_settings = options.conf_string;
+  for (std::size_t v : options.roundup_power2_divisions) {
+    info.config_metadata.roundup_power2_divisions.push_back(v);
+  }
+  return info;
+}
+
+void NativeAllocator::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                          std::function<bool(cudaStream_t)> filter) {
+  vramledger_begin_allocate_to_pool(device, {mempool_id.first, mempool_id.second},
+                                    std::move(filter));
+}
+
+void NativeAllocator::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
+  vramledger_end_allocate_to_pool(device, {mempool_id.first, mempool_id.second});
+}
+
+void NativeAllocator::releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
+  vramledger_release_pool(device, {mempool_id.first, mempool_id.second});
+}
+
+torch_alloc::ShareableHandle NativeAllocator::shareIpcHandle(void* ptr) {
+  (void)ptr;
+  Unsupported("shareIpcHandle (CUDA IPC)");
+}
+
+std::shared_ptr<void> NativeAllocator::getIpcDevPtr(std::string handle) {
+  (void)handle;
+  Unsupported("getIpcDevPtr (CUDA IPC)");
+}
+
+bool NativeAllocator::isHistoryEnabled() {
+  return history_enabled_.load(std::memory_order_relaxed);
+}
+
+void NativeAllocator::recordHistory(bool enabled,
+                                    c10::CachingDeviceAllocator::CreateContextFn context_recorder,
+                                    std::size_t alloc_trace_max_entries,
+                                    c10::CachingDeviceAllocator::RecordContext when,
+                                    bool clear_history,
+                                    const std::vector<std::string>& skip_actions) {
+  // vramledger captures its own Python and native frames (ledger/stack_capture.h), so torch's
+  // context recorder is not called; skipped actions are kept.
+  (void)context_recorder;
+  (void)skip_actions;
+  using Ctx = c10::CachingDeviceAllocator::RecordContext;
+  const char* context = when == Ctx::ALL     ? "all"
+                        : when == Ctx::ALLOC ? "alloc"
+                        : when == Ctx::STATE ? "state"
+                                             : nullptr;
+  const char* mode = !enabled ? nullptr : (when == Ctx::STATE ? "state" : "all");
+  const unsigned long long entries = alloc_trace_max_entries > 0 ? alloc_trace_max_entries : 1;
+  ThrowIfFailed(vramledger_record_memory_history(mode, context, "python", entries,
+                                                 clear_history ? 1 : 0),
+                "_record_memory_history");
+  history_enabled_.store(enabled, std::memory_order_relaxed);
+}
+
+void NativeAllocator::attachOutOfMemoryObserver(torch_alloc::OutOfMemoryObserver observer) {
+  vramledger_add_oom_observer(std::move(observer));
+}
+
+void NativeAllocator::attachAllocatorTraceTracker(torch_alloc::AllocatorTraceTracker tracker) {
+  (void)tracker;
+  Unsupported("attachAllocatorTraceTracker (use vramledger's history)");
+}
+
+void NativeAllocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
+  // As torch's allocators: peer access for the runtime; vramledger's CudaBackend grants mapped
+  // pages to the peers it finds active (docs/design/peer-access.md).
+  c10::cuda::CUDAGuard guard(dev);
+  const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+  if (err == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();
+  } else {
+    C10_CUDA_CHECK(err);
+  }
+}
+
+cudaError_t NativeAllocator::memcpyAsync(void* dst, int dst_device, const void* src,
+                                         int src_device, std::size_t count, cudaStream_t stream,
+                                         bool p2p_enabled) {
+  // torch's native rule: mapped (cuMemMap) memory needs the peer copy without P2P.
+  if (p2p_enabled || dst_device == src_device) {
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  }
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+}
+
+std::shared_ptr<torch_alloc::AllocatorState> NativeAllocator::getCheckpointState(
+    c10::DeviceIndex device, c10::MempoolId_t id) {
+  (void)device;
+  (void)id;
+  Unsupported("getCheckpointState (CUDA graph trees' checkpointing)");
+}
+
+torch_alloc::CheckpointDelta NativeAllocator::setCheckpointPoolState(
+    c10::DeviceIndex device, std::shared_ptr<torch_alloc::AllocatorState> pps) {
+  (void)device;
+  (void)pps;
+  Unsupported("setCheckpointPoolState (CUDA graph trees' checkpointing)");
+}
+
+std::string NativeAllocator::name() { return "vramledger"; }
+
+}  // namespace vramledger
+
+extern "C" {
+
+int vramledger_native_install(void) {
+  namespace torch_alloc = c10::cuda::CUDACachingAllocator;
+  vramledger::LastError().clear();
+  try {
+    torch_alloc::CUDAAllocator* current = torch_alloc::allocator.load();
+    vramledger::NativeAllocator* ours = vramledger::NativeAllocator::Get();
+    if (current == ours) {
+      vramledger::LastError() = "vramledger (torch-native mode) is already torch's allocator";
+      return VRAMLEDGER_FAILED;
+    }
+    // torch's changeCurrentAllocator rule (PYTORCH-FACTS §1.6): only before CUDA starts.
+    if (current != nullptr && current->initialized()) {
+      vramledger::LastError() =
+          "torch's CUDA allocator is already initialized (a CUDA tensor or torch.cuda call came "
+          "first), so it can no longer be replaced";
+      return VRAMLEDGER_FAILED;
+    }
+    torch_alloc::allocator.store(ours);
+    return VRAMLEDGER_OK;
+  } catch (const std::exception& e) {
+    vramledger::LastError() = e.what();
+  }
+  return VRAMLEDGER_FAILED;
+}
+
+const char* vramledger_native_last_error(void) { return vramledger::LastError().c_str(); }
+
+void* vramledger_native_allocator(void) { return vramledger::NativeAllocator::Get(); }
+
+}  // extern "C"

@@ -1,0 +1,124 @@
+// The torch-native mode: vramledger as torch's own CUDAAllocator (docs/design/torch-native-mode.md),
+// so torch's memory_stats, memory_summary, _snapshot and record_memory_history reach vramledger
+// without the CUDAPluggableAllocator's map and mutex. Built per torch minor version.
+#ifndef VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
+#define VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#define VRAMLEDGER_NATIVE_EXPORT __attribute__((visibility("default")))
+
+namespace vramledger {
+
+/// torch's `CUDAAllocator` served by the plugin's per-device allocators (libvramledger_plugin.so,
+/// the same ones the pluggable route uses; options, guard and history are the plugin's).
+///
+/// Each DataPtr's context is its address and its deleter a per-device function, so a free needs
+/// no map of its own (the ledger keys blocks by address). Errors follow torch's allocator: an
+/// allocation that cannot be served throws c10::OutOfMemoryError (torch.OutOfMemoryError) after
+/// the plugin's OOM observers ran; IPC, checkpoint state and base allocations throw c10::Error
+/// naming the call, as torch's pluggable allocator does. Thread-safe.
+class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
+ public:
+  /// Devices whose DataPtrs get a deleter of their own; a higher index is refused (c10::Error).
+  static constexpr int kMaxDevices = 64;
+
+  /// The process's instance (never destroyed: tensors may die after static destructors ran).
+  static NativeAllocator* Get();
+
+  /// `n` bytes on `device` for `stream` (raw_alloc_with_stream with an explicit device); the C++
+  /// tests call it on simulated devices, where torch's current-device query has no GPU to ask.
+  c10::DataPtr AllocateOn(c10::DeviceIndex device, cudaStream_t stream, std::size_t n);
+
+  // c10::Allocator
+  c10::DataPtr allocate(std::size_t n) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  // c10::CachingDeviceAllocator::DeviceAllocator
+  bool initialized() override;
+  void emptyCache(c10::MempoolId_t mempool_id) override;
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+
+  // c10::cuda::CUDACachingAllocator::CUDAAllocator
+  void* raw_alloc(std::size_t nbytes) override;
+  void* raw_alloc_with_stream(std::size_t nbytes, cudaStream_t stream) override;
+  void raw_delete(void* ptr) override;
+  void init(int device_count) override;
+  double getMemoryFraction(c10::DeviceIndex device) override;
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+  std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> getExpandableSegmentSizes(
+      c10::DeviceIndex device) override;
+  void enable(bool value) override;
+  bool isEnabled() const override;
+  void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override;
+  void* getBaseAllocation(void* ptr, std::size_t* size) override;
+  using CUDAAllocator::recordStream;
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot(c10::MempoolId_t mempool_id,
+                                                         bool include_traces) override;
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override;
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
+  bool isHistoryEnabled() override;
+  void recordHistory(bool enabled, c10::CachingDeviceAllocator::CreateContextFn context_recorder,
+                     std::size_t alloc_trace_max_entries,
+                     c10::CachingDeviceAllocator::RecordContext when, bool clear_history,
+                     const std::vector<std::string>& skip_actions) override;
+  void attachOutOfMemoryObserver(
+      c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
+  void attachAllocatorTraceTracker(
+      c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                          std::size_t count, cudaStream_t stream, bool p2p_enabled) override;
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
+      c10::DeviceIndex device, c10::MempoolId_t id) override;
+  c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> pps) override;
+  /// "vramledger" (torch.cuda.get_allocator_backend()).
+  std::string name() override;
+
+ private:
+  NativeAllocator() = default;
+
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> enabled_{true};
+  std::atomic<bool> history_enabled_{false};
+  std::array<std::atomic<double>, kMaxDevices> fractions_{};  // 0: none set (reported as 1.0)
+};
+
+}  // namespace vramledger
+
+extern "C" {
+
+/// Makes vramledger torch's current CUDA allocator (torch's `allocator` atomic, as
+/// torch.cuda.memory.change_current_allocator does), before CUDA is initialized. 0 on success;
+/// 2 (VRAMLEDGER_FAILED) when torch's current allocator is already initialized or is vramledger
+/// already (the message is in vramledger_native_last_error()).
+VRAMLEDGER_NATIVE_EXPORT int vramledger_native_install(void);
+
+/// The message of the last failed vramledger_native_install on this thread ("" if none).
+VRAMLEDGER_NATIVE_EXPORT const char* vramledger_native_last_error(void);
+
+/// The instance as an opaque pointer (for benchmarks/gpu/allocator_swap.cc's swaps).
+VRAMLEDGER_NATIVE_EXPORT void* vramledger_native_allocator(void);
+
+}  // extern "C"
+
+#endif  // VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
