@@ -142,9 +142,11 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> N
                            f"{os.environ.get('LD_PRELOAD')!r}): expected native, or "
                            "cudaMallocAsync under the shim")
     import vramledger
-    vramledger.install()
+    route = os.environ.get("VRAMLEDGER_AB_MODE", "pluggable")  # run()'s --mode
+    vramledger.install(mode=route)
     plugged = swap.current()
-    assert swap.name(plugged) == "pluggable", swap.name(plugged)
+    expected = {"pluggable": "pluggable", "native": "vramledger"}[route]
+    assert swap.name(plugged) == expected, (swap.name(plugged), route)
     from workloads_compare import make, train_step
 
     torch.manual_seed(0)
@@ -195,7 +197,7 @@ def child(workload: str, groups: int, warmup: int, seed: int, lengths: str) -> N
     swap.store(plugged)  # vramledger current again for the exit
     s = vramledger.memory_stats()
     print(RESULT + json.dumps(dict(
-        workload=workload, base=base, lengths=lengths, groups=out,
+        workload=workload, base=base, lengths=lengths, groups=out, route=route,
         conf=os.environ.get("VRAMLEDGER_CONF", ""), torch=torch.__version__, seed=seed,
         warmup=warmup, run_id=f"{os.uname().nodename}:{os.getpid()}:{time.time_ns()}",
         vramledger_peak_reserved=s["reserved_bytes.all.peak"],
@@ -207,6 +209,7 @@ def run(workload: str, a: argparse.Namespace, shim: str | None = None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True")
+    env["VRAMLEDGER_AB_MODE"] = a.mode
     if shim:  # the shim's exit dump and its lines on stderr are not what is measured here
         env.update(LD_PRELOAD=shim, VRAMLEDGER_PRELOAD_QUIET="1",
                    VRAMLEDGER_PRELOAD_NO_EXIT_DUMP="1")
@@ -242,6 +245,9 @@ def main() -> int:
                          "against native (verdict at --shim-target)")
     ap.add_argument("--shim-target", type=float, default=1.03,
                     help="the shim's ratio to native the chained verdict is about (issue 7)")
+    ap.add_argument("--mode", choices=("pluggable", "native"), default="pluggable",
+                    help="vramledger's route into torch in the children: install(mode=...) "
+                         "(native: torch's own CUDAAllocator, docs/design/torch-native-mode.md)")
     ap.add_argument("--json", help="write every group and the verdicts here")
     ap.add_argument("--pool", nargs="+", metavar="JSON",
                     help="no GPU run: pool the groups of earlier --json outputs (per workload, "
@@ -265,6 +271,7 @@ def main() -> int:
         lines += report(results, a.target, a.shim_target)
         print("\n".join(lines))
         return 0
+    print(f"vramledger's route into torch: install(mode={a.mode!r})", flush=True)
     results, ok = [], True
     for w in a.workloads.split(","):
         runs = [run(w, a)] + ([run(w, a, os.path.abspath(a.shim))] if a.shim else [])

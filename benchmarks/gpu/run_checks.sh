@@ -6,6 +6,7 @@
 #   train        run_h200.sh gpu: GPT-2-medium native vs vramledger (issue 2)
 #   multi        issue 8 (run_multi.sh; two GPUs only)
 #   integration  issue 4: torch_integration_check.py
+#   native       issue 3: torch_integration_check.py --mode native (the torch-native mode)
 #   streams      issue 4: record_stream canary, synchronized retry, soak
 #   probe        issue 4: compile / CUDA graphs probe
 #   wheel        issue 4: the wheel (needs .devbuild/wheeldeps)
@@ -27,7 +28,8 @@
 # ab), BUDGET_S (570), AB_MODES (native,plugin,shim,shim-noexp,torch-exp,torch-async,
 # native-again), AB_ROUNDS, AB_STEPS (10), INPROCESS_GROUPS (30), INPROCESS_WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), INPROCESS_LENGTHS (repeat, steady or fresh; repeat and steady are tighter),
-# INPROCESS_SHIM (1: each workload also under the shim, issue 7),
+# INPROCESS_SHIM (1: each workload also under the shim, issue 7), INPROCESS_MODE (pluggable or
+# native: vramledger's route into torch),
 # HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
 # HOSTCOST_SHIM (1: each trace also under the LD_PRELOAD shim), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1). Outputs under $OUT; the summary lines come last.
@@ -83,6 +85,11 @@ if want integration 120; then
     > "$OUT/integration.log" 2>&1
   echo "integration exit $?"
 fi
+if want native 120; then
+  timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/torch_integration_check.py --mode native \
+    > "$OUT/native.log" 2>&1
+  echo "native exit $?"
+fi
 if want snapshot 120; then
   (cd "$OUT" && timeout $(( $(left) - 5 )) "$PY" "$ROOT/benchmarks/gpu/snapshot_check.py" \
     --out "$OUT" --steps 6 > "$OUT/snapshot.log" 2>&1)
@@ -129,6 +136,7 @@ if want inprocess 120; then
   timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/inprocess_ab.py \
     --workloads "${INPROCESS_WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" \
     --groups "${INPROCESS_GROUPS:-30}" --lengths "${INPROCESS_LENGTHS:-repeat}" \
+    --mode "${INPROCESS_MODE:-pluggable}" \
     --json "$OUT/inprocess_ab.json" \
     "${shim_arg[@]}" \
     > "$OUT/inprocess.log" 2>&1
@@ -161,7 +169,8 @@ echo "==== summary"
 [ -f "$OUT/unit.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] " "$OUT/unit.log"
 [ -f "$OUT/pytest.log" ] && tail -1 "$OUT/pytest.log"
 [ -f "$OUT/train.log" ] && tail -12 "$OUT/train.log"
-[ -f "$OUT/integration.log" ] && grep -E "^(PASS|FAIL)" "$OUT/integration.log"
+[ -f "$OUT/integration.log" ] && grep -E "PASS|FAIL" "$OUT/integration.log"
+[ -f "$OUT/native.log" ] && grep -E "PASS|FAIL" "$OUT/native.log"
 [ -f "$OUT/snapshot.log" ] && grep -E "^(PASS|FAIL)" "$OUT/snapshot.log"
 [ -f "$OUT/guard.log" ] && grep -E "^(PASS|FAIL)" "$OUT/guard.log"
 [ -f "$OUT/preload.log" ] && tail -12 "$OUT/preload.log"

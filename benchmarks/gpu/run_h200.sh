@@ -42,12 +42,14 @@ prepare() {
   local build="$ROOT/.devbuild/build"
   cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
     -DVRAMLEDGER_BUILD_TESTS=OFF -DVRAMLEDGER_BUILD_BENCHMARKS=ON -DVRAMLEDGER_BUILD_PYTHON=OFF
-  ninja -C "$build" vramledger_plugin vramledger_preload vramledger_driver_api_alloc \
-    vramledger_host_cost_bench vramledger_allocator_swap
+  ninja -C "$build" vramledger_plugin vramledger_native vramledger_preload \
+    vramledger_driver_api_alloc vramledger_host_cost_bench vramledger_allocator_swap
   rm -rf "$LIBDIR"
   mkdir -p "$LIBDIR"
   cp "$build/torch_plugin/lib/libvramledger_plugin.so" "$build"/torch_plugin/lib/libabsl_*.so.* \
      "$LIBDIR/"
+  # The torch-native mode (install(mode="native")), found beside the plugin.
+  cp "$build/torch_plugin/lib/libvramledger_native.so" "$LIBDIR/"
   # Issue 7: the LD_PRELOAD shim (its Abseil set is the plugin's) and the driver-API program
   # that benchmarks/gpu/preload_check.sh runs under it.
   cp "$build/torch_plugin/preload/lib/libvramledger_preload.so" \

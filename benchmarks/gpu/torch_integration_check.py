@@ -4,6 +4,9 @@ workers under vramledger. Prints one table row per check; exit status 1 if any f
     PYTHONPATH=torch_plugin/python VRAMLEDGER_PLUGIN=build-i/torch_plugin/lib/libvramledger_plugin.so \
         .venv/bin/python benchmarks/gpu/torch_integration_check.py
 
+`--mode native` runs every check with vramledger installed as torch's own CUDAAllocator
+(install(mode="native"), torch's functions unpatched) and adds the checks of torch's own
+_snapshot and _record_memory_history (docs/design/torch-native-mode.md).
 The torch.compile check runs in a child process of its own (with vramledger installed there
 too): in one process with the failed-capture check before it, compile failed on the H200 with
 "Offset increment outside graph capture ...". The larger compile checks (GPT-2-medium, default
@@ -20,15 +23,19 @@ import sys
 import time
 import traceback
 
+MODE = "pluggable"
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                            epilog="\n".join(__doc__.splitlines()[1:]),
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    _parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                      epilog="\n".join(__doc__.splitlines()[1:]),
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    _parser.add_argument("--mode", choices=("pluggable", "native"), default="pluggable",
+                         help="install(mode=...): the route into torch")
+    MODE = _parser.parse_args().mode
 
 import vramledger  # noqa: E402
 
 try:
-    vramledger.install()  # before any CUDA call; patch_torch=True by default
+    vramledger.install(mode=MODE)  # before any CUDA call; pluggable: torch's functions patched
 except RuntimeError as e:
     if "CUDA is not available" in str(e):
         print(f"torch_integration_check: no CUDA device ({str(e).splitlines()[0]})")
@@ -125,9 +132,9 @@ def _failed_capture():
 
 # Runs in a fresh process with vramledger installed: a failed capture earlier in this one must
 # not decide whether compile works.
-_COMPILE_CHILD = """
+_COMPILE_CHILD = f"""
 import vramledger
-vramledger.install()
+vramledger.install(mode={MODE!r})
 import torch
 model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU(),
                             torch.nn.Linear(128, 1)).cuda()
@@ -137,7 +144,7 @@ out = compiled(x)
 out.sum().backward()
 diff = (out - model(x)).abs().max().item()
 assert diff < 1e-3, diff
-print(f"max |compiled - eager| = {diff:.2e}")
+print(f"max |compiled - eager| = {{diff:.2e}}")
 """
 
 
@@ -174,6 +181,28 @@ def _oom():
     assert torch.cuda.memory_stats()["num_ooms"] >= 1
     torch.ones(10, device="cuda").sum().item()
     return f"observer args {calls[0]}"
+
+
+if MODE == "native":
+    @check("native mode: torch's backend name, _snapshot segments and memory history")
+    def _native_torch_api():
+        assert torch.cuda.get_allocator_backend() == "vramledger", torch.cuda.get_allocator_backend()
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        x = torch.empty(48 << 20, dtype=torch.uint8, device="cuda")
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        mine = [b for seg in snap["segments"] for b in seg["blocks"]
+                if b["state"] == "active_allocated" and b["size"] >= 48 << 20]
+        assert mine, snap["segments"][:2]
+        expandable = sorted({seg["is_expandable"] for seg in snap["segments"]})
+        vl = vramledger.snapshot()
+        traces = sum(len(t) for t in vl["device_traces"])
+        assert traces > 0, "vramledger's history recorded nothing under torch's switch"
+        allocated = sum(seg["allocated_size"] for seg in snap["segments"])
+        assert allocated == torch.cuda.memory_allocated(), (allocated, torch.cuda.memory_allocated())
+        del x
+        return (f"{len(snap['segments'])} segments (is_expandable {expandable}), "
+                f"{traces} trace entries in vramledger's history")
 
 
 class _Squares(torch.utils.data.Dataset):

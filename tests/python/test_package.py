@@ -109,6 +109,53 @@ def test_install_without_cuda_says_so():
     assert r.stdout.split()[-1] == "False"
 
 
+def test_install_mode_is_checked_and_native_needs_cuda_too():
+    with pytest.raises(ValueError, match="mode must be 'pluggable' or 'native', got 'bogus'"):
+        vramledger.install(mode="bogus")
+    assert not vramledger.is_installed()
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here; tests/gpu covers install(mode='native')")
+    r = run_python("""
+        import vramledger
+        try:
+            vramledger.install(mode="native")
+        except RuntimeError as e:
+            print("RuntimeError:", e)
+        print(vramledger.is_installed(), vramledger.installed_mode())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeError: vramledger.install(): CUDA is not available" in r.stdout
+    assert r.stdout.split()[-2:] == ["False", "None"]
+
+
+def test_native_library_becomes_torchs_allocator_before_cuda_starts():
+    """The torch-native library is beside the plugin and, loaded into a torch process, becomes
+    torch's current CUDA allocator (torch.cuda.get_allocator_backend() names it) without a GPU;
+    a second install is refused by name."""
+    try:
+        _plugin.plugin_path()
+    except RuntimeError as e:
+        pytest.skip(f"no plugin in this build: {e}")
+    r = run_python("""
+        import ctypes, torch
+        from vramledger import _native, _plugin
+        _plugin.load()
+        print("before", torch.cuda.get_allocator_backend())
+        _native.install()
+        print("after", torch.cuda.get_allocator_backend())
+        try:
+            _native.install()
+        except RuntimeError as e:
+            print("again:", e)
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "before native"
+    assert lines[1] == "after vramledger"
+    assert lines[2].startswith("again: vramledger.install(mode='native'): ") and "already" in lines[2]
+
+
 @pytest.mark.parametrize("options, expected", [
     ({}, ""),
     ({"max_split_size_mb": 200}, "max_split_size_mb:200"),

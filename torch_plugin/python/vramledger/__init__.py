@@ -59,19 +59,27 @@ _ENV_CONF = "VRAMLEDGER_CONF"
 _lock = threading.Lock()
 # (settings string from install()'s keywords, VRAMLEDGER_CONF at the time) once installed.
 _installed: tuple[str, str] | None = None
+_installed_mode: str | None = None  # "pluggable" or "native"
 # Keeps the CUDAPluggableAllocator (and the ctypes functions it points at) alive.
 _allocator: Any = None
 
 
-def install(*, patch_torch: bool = True, **options: Any) -> None:
+def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **options: Any) -> None:
     """Makes vramledger torch's CUDA allocator for this process.
 
     Args:
+      mode: "pluggable" (default): through torch's CUDAPluggableAllocator (a C ABI stable across
+        torch 2.x). "native": as torch's own CUDAAllocator (libvramledger_native.so, built
+        against this torch minor version), so torch's memory_stats, memory_summary,
+        _snapshot (segments) and _record_memory_history answer from vramledger unpatched, and
+        each allocation skips the pluggable allocator's map and mutex
+        (docs/design/torch-native-mode.md).
       patch_torch: also make torch.cuda's memory_stats, memory_stats_as_nested_dict,
         memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
         reset_peak_memory_stats, reset_accumulated_memory_stats and memory_summary (and the same
-        names in torch.cuda.memory) answer from vramledger; torch's own raise RuntimeError with a
-        pluggable allocator. False leaves torch's functions alone.
+        names in torch.cuda.memory) answer from vramledger's functions; torch's own raise
+        RuntimeError with a pluggable allocator. Default: True for "pluggable", False for
+        "native" (torch's own then work).
       **options: allocator options with torch's key names and meanings (max_split_size_mb=200,
         expandable_segments=False, roundup_power2_divisions=[1, 2, 4], ...) plus vramledger's
         own (page_recycling, expandable_page_mb, recycle_slack, expandable_handle_mb,
@@ -89,14 +97,19 @@ def install(*, patch_torch: bool = True, **options: Any) -> None:
         other options.
     """
     global _installed, _allocator
+    if mode not in ("pluggable", "native"):
+        raise ValueError(f"vramledger.install(): mode must be 'pluggable' or 'native', got {mode!r}")
+    if patch_torch is None:
+        patch_torch = mode == "pluggable"
     conf = _options.to_conf_string(options)
     env = os.environ.get(_ENV_CONF, "")
     with _lock:
         if _installed is not None:
-            if _installed == (conf, env):
+            if _installed == (conf, env) and _installed_mode == mode:
                 return
             raise RuntimeError(
-                f"vramledger is already installed in this process with options {_installed[0]!r} "
+                f"vramledger is already installed in this process (mode {_installed_mode!r}) "
+                f"with options {_installed[0]!r} "
                 f"({_ENV_CONF}={_installed[1]!r}); torch cannot swap its allocator twice, so "
                 f"install() accepts only the same options again (asked for {conf!r}, "
                 f"{_ENV_CONF}={env!r})")
@@ -115,6 +128,15 @@ def install(*, patch_torch: bool = True, **options: Any) -> None:
                 "allocator can no longer be replaced. Call vramledger.install() before the first "
                 "CUDA tensor or torch.cuda call (at the top of the program, before the model is "
                 "moved to the GPU).")
+        _plugin.set_oom_observer(_call_oom_observers)  # issue 4: observers run before the throw
+        if mode == "native":
+            from vramledger import _native
+
+            _native.install()
+            _set_installed(conf, env, mode)
+            if patch_torch:
+                _patch_torch(torch)
+            return
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
             _plugin.loaded_path(), "vramledger_malloc", "vramledger_free")
         hooks = allocator.allocator()
@@ -126,12 +148,21 @@ def install(*, patch_torch: bool = True, **options: Any) -> None:
         hooks.set_begin_allocate_to_pool(_plugin.hook_address("vramledger_begin_allocate_to_pool"))
         hooks.set_end_allocate_to_pool_fn(_plugin.hook_address("vramledger_end_allocate_to_pool"))
         hooks.set_release_pool(_plugin.hook_address("vramledger_release_pool"))
-        _plugin.set_oom_observer(_call_oom_observers)  # issue 4: observers run before the throw
         torch.cuda.memory.change_current_allocator(allocator)
         _allocator = allocator
-        _installed = (conf, env)
+        _set_installed(conf, env, mode)
         if patch_torch:
             _patch_torch(torch)
+
+
+def _set_installed(conf: str, env: str, mode: str) -> None:
+    global _installed, _installed_mode
+    _installed, _installed_mode = (conf, env), mode
+
+
+def installed_mode() -> str | None:
+    """"pluggable" or "native" once install() succeeded in this process, else None."""
+    return _installed_mode if _installed is not None else None
 
 
 # Names of torch.cuda (and torch.cuda.memory) functions that install(patch_torch=True) replaces,

@@ -1,0 +1,53 @@
+"""ctypes binding of libvramledger_native.so, the torch-native mode (docs/design/torch-native-mode.md).
+
+The library sits beside the plugin it was built with (it links that plugin and serves through its
+allocators) and is loaded after it, so both share one set of allocators.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from vramledger import _plugin
+
+NATIVE_NAME = "libvramledger_native.so"
+
+
+def native_path() -> str:
+    """Absolute path of the torch-native library: beside the loaded (or to-be-loaded) plugin.
+
+    Raises:
+      RuntimeError: the library does not exist (torch ships no libc10_cuda, or an older build).
+    """
+    plugin = _plugin.loaded_path() or _plugin.plugin_path()
+    path = os.path.join(os.path.dirname(plugin), NATIVE_NAME)
+    if not os.path.isfile(path):
+        raise RuntimeError(
+            f"vramledger: the torch-native mode's {NATIVE_NAME} is not beside the plugin "
+            f"{plugin}: this build has no torch-native mode (torch without libc10_cuda?); use "
+            f"install(mode='pluggable')")
+    return path
+
+
+def install() -> None:
+    """Makes vramledger torch's own CUDA allocator (NativeAllocator), before CUDA starts.
+
+    Pre: the plugin is loaded and configured (_plugin.load(), _plugin.configure()).
+
+    Raises:
+      RuntimeError: the library is missing or cannot be loaded, or torch's allocator is
+        already initialized (the message says so).
+    """
+    path = native_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise RuntimeError(f"vramledger: cannot load the torch-native library {path}: {e}") from e
+    lib.vramledger_native_install.argtypes = []
+    lib.vramledger_native_install.restype = ctypes.c_int
+    lib.vramledger_native_last_error.argtypes = []
+    lib.vramledger_native_last_error.restype = ctypes.c_char_p
+    if lib.vramledger_native_install() != 0:
+        message = (lib.vramledger_native_last_error() or b"").decode(errors="replace")
+        raise RuntimeError(f"vramledger.install(mode='native'): {message}")
