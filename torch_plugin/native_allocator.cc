@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "torch_plugin/plugin.h"
+#include "ledger/history.h"
 #include "torch_plugin/plugin_history.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
@@ -77,6 +78,31 @@ void CopyStat(const Stat& from, c10::CachingAllocator::Stat* to) {
 
 void CopyStats(const StatArray& from, c10::CachingAllocator::StatArray* to) {
   for (int i = 0; i < kNumStatTypes; ++i) CopyStat(from[i], &(*to)[i]);
+}
+
+c10::CachingDeviceAllocator::TraceEntry::Action TorchAction(TraceAction action) {
+  using Torch = c10::CachingDeviceAllocator::TraceEntry;
+  switch (action) {
+    case TraceAction::kAlloc:
+      return Torch::ALLOC;
+    case TraceAction::kFreeRequested:
+      return Torch::FREE_REQUESTED;
+    case TraceAction::kFreeCompleted:
+      return Torch::FREE_COMPLETED;
+    case TraceAction::kSegmentAlloc:
+      return Torch::SEGMENT_ALLOC;
+    case TraceAction::kSegmentFree:
+      return Torch::SEGMENT_FREE;
+    case TraceAction::kSegmentMap:
+      return Torch::SEGMENT_MAP;
+    case TraceAction::kSegmentUnmap:
+      return Torch::SEGMENT_UNMAP;
+    case TraceAction::kSnapshot:
+      return Torch::SNAPSHOT;
+    case TraceAction::kOom:
+      return Torch::OOM;
+  }
+  return Torch::ALLOC;  // unreachable: every action is listed
 }
 
 std::string& LastError() {
@@ -252,8 +278,22 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
       info.segments.push_back(std::move(out));
     }
   }
-  // The history with stacks is in vramledger.snapshot() / the plugin's JSON dump; torch's
-  // snapshot carries the segments and the allocator's settings.
+  // The trace entries of vramledger's history, without frames (torch's frames are its own
+  // CapturedTraceback objects; vramledger.snapshot() carries vramledger's Python and native
+  // frames for the same entries).
+  for (int d = 0; include_traces && d < count; ++d) {
+    std::vector<RecordedEntry> entries;
+    vramledger_history_entries(d, &entries);
+    auto& trace = info.device_traces[static_cast<std::size_t>(d)];
+    trace.reserve(entries.size());
+    for (const RecordedEntry& e : entries) {
+      trace.emplace_back(TorchAction(e.action), static_cast<c10::DeviceIndex>(d),
+                         static_cast<std::size_t>(e.addr), e.size,
+                         reinterpret_cast<void*>(e.stream), c10::MempoolId_t{0, 0},
+                         c10::approx_time_t{0});
+      trace.back().time_.t_ = static_cast<time_t>(e.time_us);  // torch's snapshot: epoch us
+    }
+  }
   info.config_metadata.garbage_collection_threshold = options.garbage_collection_threshold;
   info.config_metadata.max_split_size = options.max_split_size;
   info.config_metadata.pinned_num_register_threads = 1;

@@ -185,6 +185,7 @@ namespace vramledger {
 struct DeviceStats;  // vramledger/stats.h
 struct Options;      // vramledger/options.h
 struct SegmentInfo;  // vramledger/device_allocator.h
+struct RecordedEntry;  // ledger/history.h
 }  // namespace vramledger
 
 // ---- C++-facing: the torch-native mode (torch_plugin/native_allocator.cc, a library of its own
@@ -204,6 +205,11 @@ VRAMLEDGER_EXPORT bool vramledger_device_stats(int device, vramledger::DeviceSta
 VRAMLEDGER_EXPORT bool vramledger_device_segments(int device,
                                                   std::vector<vramledger::SegmentInfo>* segments,
                                                   vramledger::Options* options);
+
+/// Copies the memory history's trace entries of `device` (oldest first; empty while history is
+/// off) into *out (torch_plugin/plugin_history.cc).
+VRAMLEDGER_EXPORT void vramledger_history_entries(int device,
+                                                  std::vector<vramledger::RecordedEntry>* out);
 
 /// Adds an out-of-memory observer with torch's arguments (device, allocation size, limit,
 /// device free bytes), called before every OutOfMemoryError the plugin throws, after the C one.

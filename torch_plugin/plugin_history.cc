@@ -159,6 +159,16 @@ int vramledger_snapshot_json(char** json_out) {
   });
 }
 
+void vramledger_history_entries(int device, std::vector<vramledger::RecordedEntry>* out) {
+  try {
+    *out = vramledger::PluginHistory().Entries(device);
+  } catch (const std::exception& e) {  // host memory: nothing to hand over
+    out->clear();
+    std::fprintf(stderr, "vramledger: reading the history of device %d failed: %s\n", device,
+                 e.what());
+  }
+}
+
 int vramledger_dump_snapshot_json(const char* path) {
   return vramledger::Guarded([&]() -> absl::Status {
     if (path == nullptr || *path == '\0') return absl::InvalidArgumentError("empty path");

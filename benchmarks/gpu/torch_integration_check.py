@@ -190,19 +190,23 @@ if MODE == "native":
         torch.cuda.memory._record_memory_history(max_entries=1000)
         x = torch.empty(48 << 20, dtype=torch.uint8, device="cuda")
         snap = torch.cuda.memory._snapshot()
+        vl = vramledger.snapshot()  # before the switch goes off: off clears (as torch's)
         torch.cuda.memory._record_memory_history(enabled=None)
         mine = [b for seg in snap["segments"] for b in seg["blocks"]
                 if b["state"] == "active_allocated" and b["size"] >= 48 << 20]
         assert mine, snap["segments"][:2]
         expandable = sorted({seg["is_expandable"] for seg in snap["segments"]})
-        vl = vramledger.snapshot()
+        allocs = [e for e in snap["device_traces"][0]
+                  if e["action"] == "alloc" and e["addr"] == x.data_ptr()]
+        assert allocs and allocs[-1]["size"] == 48 << 20, snap["device_traces"][0][-3:]
         traces = sum(len(t) for t in vl["device_traces"])
-        assert traces > 0, "vramledger's history recorded nothing under torch's switch"
+        assert traces >= len(snap["device_traces"][0]) > 0, (traces, len(snap["device_traces"][0]))
         allocated = sum(seg["allocated_size"] for seg in snap["segments"])
         assert allocated == torch.cuda.memory_allocated(), (allocated, torch.cuda.memory_allocated())
         del x
         return (f"{len(snap['segments'])} segments (is_expandable {expandable}), "
-                f"{traces} trace entries in vramledger's history")
+                f"{len(snap['device_traces'][0])} trace entries in torch's snapshot, "
+                f"{traces} in vramledger's")
 
 
 class _Squares(torch.utils.data.Dataset):

@@ -127,6 +127,28 @@ TEST_F(NativeAllocatorTest, SnapshotCarriesSegmentsAndBlocksInTorchsStruct) {
   EXPECT_EQ(info.config_metadata.max_split_size, SIZE_MAX);
 }
 
+TEST_F(NativeAllocatorTest, HistoryThroughTorchsSwitchShowsInTorchsSnapshotTraces) {
+  using Ctx = c10::CachingDeviceAllocator::RecordContext;
+  a_->recordHistory(true, nullptr, 100, Ctx::ALL, /*clear_history=*/true, {});
+  EXPECT_TRUE(a_->isHistoryEnabled());
+  c10::DataPtr p = a_->AllocateOn(0, nullptr, 5 * kMiB);
+  const auto ptr = reinterpret_cast<std::size_t>(p.get());
+  p.clear();
+  const torch_alloc::SnapshotInfo info = a_->snapshot({0, 0}, true);
+  a_->recordHistory(false, nullptr, 100, Ctx::NEVER, false, {});
+  EXPECT_FALSE(a_->isHistoryEnabled());
+  ASSERT_EQ(info.device_traces.size(), 1u);
+  std::vector<torch_alloc::TraceEntry::Action> at_ptr;
+  for (const auto& e : info.device_traces[0]) {
+    if (e.addr_ == ptr && e.size_ == 5 * kMiB) at_ptr.push_back(e.action_);
+    EXPECT_GT(e.time_.t_, 1'600'000'000'000'000) << "epoch microseconds";
+  }
+  EXPECT_EQ(at_ptr, (std::vector<torch_alloc::TraceEntry::Action>{
+                        torch_alloc::TraceEntry::ALLOC, torch_alloc::TraceEntry::FREE_REQUESTED,
+                        torch_alloc::TraceEntry::FREE_COMPLETED}));
+  EXPECT_TRUE(a_->snapshot({0, 0}, true).device_traces[0].empty());  // off: cleared, as torch
+}
+
 TEST_F(NativeAllocatorTest, RawDeleterFreesWhateverDeviceMadeIt) {
   void* p = vramledger_malloc(kMiB, 0, nullptr);
   const auto live = a_->getDeviceStats(0).allocation[kAll].current;
