@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
 
 #include <cstdint>
 #include <string>
@@ -436,6 +437,12 @@ int vramledger_native_install(void) {
 }
 
 const char* vramledger_native_last_error(void) { return vramledger::LastError().c_str(); }
+
+#define VRAMLEDGER_STR2(x) #x
+#define VRAMLEDGER_STR(x) VRAMLEDGER_STR2(x)
+const char* vramledger_native_torch_version(void) {
+  return VRAMLEDGER_STR(TORCH_VERSION_MAJOR) "." VRAMLEDGER_STR(TORCH_VERSION_MINOR);
+}
 
 void* vramledger_native_allocator(void) { return vramledger::NativeAllocator::Get(); }
 

@@ -116,6 +116,10 @@ VRAMLEDGER_NATIVE_EXPORT int vramledger_native_install(void);
 /// The message of the last failed vramledger_native_install on this thread ("" if none).
 VRAMLEDGER_NATIVE_EXPORT const char* vramledger_native_last_error(void);
 
+/// "MAJOR.MINOR" of the torch this library was built against: the CUDAAllocator vtable changes
+/// between minors (PYTORCH-FACTS §1.9), so _native.py refuses to install it into any other.
+VRAMLEDGER_NATIVE_EXPORT const char* vramledger_native_torch_version(void);
+
 /// The instance as an opaque pointer (for benchmarks/gpu/allocator_swap.cc's swaps).
 VRAMLEDGER_NATIVE_EXPORT void* vramledger_native_allocator(void);
 

@@ -156,6 +156,14 @@ def test_native_library_becomes_torchs_allocator_before_cuda_starts():
     assert lines[2].startswith("again: vramledger.install(mode='native'): ") and "already" in lines[2]
 
 
+def test_native_library_from_another_torch_minor_is_refused_naming_both():
+    from vramledger import _native
+    _native.check_torch_version("2.11", "2.11")
+    with pytest.raises(RuntimeError, match=r"built against torch 2\.10, but torch 2\.11 is running"):
+        _native.check_torch_version("2.10", "2.11")
+    assert _native.torch_version().count(".") == 1
+
+
 @pytest.mark.parametrize("options, expected", [
     ({}, ""),
     ({"max_split_size_mb": 200}, "max_split_size_mb:200"),

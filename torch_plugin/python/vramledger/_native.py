@@ -30,6 +30,24 @@ def native_path() -> str:
     return path
 
 
+def torch_version() -> str:
+    """The running torch's "MAJOR.MINOR" (torch.__version__ without patch and local parts)."""
+    import torch
+
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def check_torch_version(built: str, running: str) -> None:
+    """Raises RuntimeError naming both versions unless `built` == `running` ("MAJOR.MINOR"):
+    torch's CUDAAllocator interface changes between minors, and a library built against another
+    one would call the wrong virtual functions (PYTORCH-FACTS §1.9)."""
+    if built != running:
+        raise RuntimeError(
+            f"vramledger: {NATIVE_NAME} was built against torch {built}, but torch {running} is "
+            f"running; the torch-native mode must be rebuilt against this torch "
+            f"(`pip install --no-build-isolation .`), or use install(mode='pluggable')")
+
+
 def install() -> None:
     """Makes vramledger torch's own CUDA allocator (NativeAllocator), before CUDA starts.
 
@@ -44,6 +62,9 @@ def install() -> None:
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise RuntimeError(f"vramledger: cannot load the torch-native library {path}: {e}") from e
+    lib.vramledger_native_torch_version.argtypes = []
+    lib.vramledger_native_torch_version.restype = ctypes.c_char_p
+    check_torch_version(lib.vramledger_native_torch_version().decode(), torch_version())
     lib.vramledger_native_install.argtypes = []
     lib.vramledger_native_install.restype = ctypes.c_int
     lib.vramledger_native_last_error.argtypes = []
