@@ -15,6 +15,9 @@
 //               raw_alloc_with_stream / raw_delete; install()'s route reaches the same map and
 //               mutex through its allocate() and raw deleter): pluggable - plugin is torch's glue
 //               per call (docs/design/torch-native-mode.md), plugin - vramledger the hooks';
+//   torch-native the torch-native mode (libvramledger_native.so beside the plugin, the same
+//               allocators): NativeAllocator::allocate(), as torch calls it for every tensor, and
+//               the DataPtr's own deleter; torch-native - plugin is that route's glue (no map);
 //   harness     the same loop with no allocator (the loop's own cost, subtracted from both),
 // in interleaved passes whose order rotates, on the legacy default stream. Each pass replays the
 // whole trace; blocks still live at its end are freed untimed, so every pass starts from the
@@ -65,11 +68,12 @@ enum Which {
   kVramledger = 1,
   kPlugin = 2,
   kPluggable = 3,
-  kHarness = 4,
-  kNumWhich = 5
+  kTorchNative = 4,
+  kHarness = 5,
+  kNumWhich = 6
 };
-constexpr std::array<const char*, kNumWhich> kNames = {"native", "vramledger", "plugin",
-                                                       "pluggable", "harness"};
+constexpr std::array<const char*, kNumWhich> kNames = {"native",    "vramledger",   "plugin",
+                                                       "pluggable", "torch-native", "harness"};
 
 // The plugin library's entry points (torch_plugin/plugin.h), loaded with dlopen.
 struct PluginApi {
@@ -78,6 +82,7 @@ struct PluginApi {
   void (*free)(void*, std::size_t, int, cudaStream_t) = nullptr;
   int (*empty_cache)(int) = nullptr;
   const char* (*last_error)() = nullptr;
+  std::string path;  // where it was loaded from
 };
 
 // Loads the plugin: VRAMLEDGER_PLUGIN, else libvramledger_plugin.so beside this program. Returns
@@ -106,7 +111,23 @@ absl::StatusOr<PluginApi> LoadPlugin() {
       !load("vramledger_last_error", &api.last_error)) {
     return absl::NotFoundError(absl::StrCat(path, ": an entry point is missing: ", dlerror()));
   }
+  api.path = path;
   return api;
+}
+
+// The torch-native mode's allocator (torch_plugin/native_allocator.h), from the library beside
+// the plugin that `plugin_path` names; it links that plugin, so both share its allocators.
+absl::StatusOr<c10::cuda::CUDACachingAllocator::CUDAAllocator*> LoadNative(
+    const std::string& plugin_path) {
+  const std::string path =
+      plugin_path.substr(0, plugin_path.rfind('/') + 1) + "libvramledger_native.so";
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    return absl::NotFoundError(absl::StrCat("the torch-native library ", path, ": ", dlerror()));
+  }
+  auto get = reinterpret_cast<void* (*)()>(dlsym(lib, "vramledger_native_allocator"));
+  if (get == nullptr) return absl::NotFoundError(absl::StrCat(path, ": ", dlerror()));
+  return static_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator*>(get());
 }
 
 double Median(std::vector<double> v) {
@@ -240,6 +261,14 @@ int Main(int argc, char** argv) {
   };
   const std::shared_ptr<torch_alloc::CUDAAllocator> pluggable =
       torch::cuda::CUDAPluggableAllocator::createCustomAllocator(plugin_alloc, api.free);
+  absl::StatusOr<torch_alloc::CUDAAllocator*> loaded_native = LoadNative(api.path);
+  if (!loaded_native.ok()) {
+    std::fprintf(stderr, "host_cost_bench: %s\n",
+                 std::string(loaded_native.status().message()).c_str());
+    return 2;
+  }
+  torch_alloc::CUDAAllocator* const torch_native = *loaded_native;
+  c10::DeleterFnPtr native_deleter = nullptr;  // the DataPtrs' deleter (one per device)
   const std::array<std::function<void*(std::size_t)>, kNumWhich> allocs = {
       [](std::size_t n) -> void* {
         try {  // torch raises c10::Error (its OutOfMemoryError) instead of returning null
@@ -263,6 +292,16 @@ int Main(int argc, char** argv) {
           return nullptr;
         }
       },
+      [torch_native, &native_deleter](std::size_t n) -> void* {
+        try {  // as a tensor: allocate() on the current device and stream, then its deleter
+          c10::DataPtr d = torch_native->allocate(n);
+          native_deleter = d.get_deleter();
+          return d.release_context();  // the context is the address (native_allocator.cc)
+        } catch (const c10::Error& e) {
+          std::fprintf(stderr, "torch-native: %s\n", e.what_without_backtrace());
+          return nullptr;
+        }
+      },
       [](std::size_t n) { return reinterpret_cast<void*>(n | 1); }};
   const std::array<std::function<void(void*)>, kNumWhich> frees = {
       [](void* p) {
@@ -274,7 +313,8 @@ int Main(int argc, char** argv) {
       },
       [&vl](void* p) { (void)vl.Free(reinterpret_cast<DevicePtr>(p)); },
       [api](void* p) { api.free(p, 0, 0, nullptr); },
-      [&pluggable](void* p) { pluggable->raw_delete(p); }, [](void* p) { (void)p; }};
+      [&pluggable](void* p) { pluggable->raw_delete(p); },
+      [&native_deleter](void* p) { native_deleter(p); }, [](void* p) { (void)p; }};
 
   std::printf("trace %s: %zu calls; torch allocator backend: %s; vramledger conf: %s\n",
               trace.c_str(), w.ops.size(), torch_alloc::name().c_str(), conf.c_str());
@@ -336,6 +376,13 @@ int Main(int argc, char** argv) {
       "plugin); pluggable / torch (%s) net of harness %.3f\n",
       plugin_ns - ours, plugged - plugin_ns, torch_alloc::name().c_str(),
       (plugged - harness) / (native - harness));
+  const double native_mode = Median(warm[kTorchNative]);
+  std::printf(
+      "the torch-native mode around the plugin: %+.1f ns per call (torch-native - plugin); "
+      "torch-native - pluggable %+.1f ns per call; torch-native / torch (%s) net of harness "
+      "%.3f\n",
+      native_mode - plugin_ns, native_mode - plugged, torch_alloc::name().c_str(),
+      (native_mode - harness) / (native - harness));
   const std::int64_t driver_calls = backend.calls().total_count() - driver_after_first;
   std::printf(
       "vramledger HostTime inside Malloc/Free, passes 2-%d (end-of-pass frees included): %.1f ns "
