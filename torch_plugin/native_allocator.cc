@@ -9,7 +9,10 @@
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -59,6 +62,14 @@ void CheckDevice(c10::DeviceIndex device, const char* call) {
               NativeAllocator::kMaxDevices, ")");
 }
 
+// As CheckDevice, and the device must exist (torch: "Invalid device argument").
+void CheckDeviceExists(c10::DeviceIndex device, const char* call) {
+  CheckDevice(device, call);
+  const int count = vramledger_device_count();
+  TORCH_CHECK(device < count, "vramledger: ", call, ": invalid device argument ",
+              static_cast<int>(device), " (", count, " CUDA devices)");
+}
+
 c10::DeviceIndex CurrentDevice() {
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
@@ -104,6 +115,26 @@ c10::CachingDeviceAllocator::TraceEntry::Action TorchAction(TraceAction action) 
       return Torch::OOM;
   }
   return Torch::ALLOC;  // unreachable: every action is listed
+}
+
+// torch's spelling of a trace action (skip_actions), as ParseTraceAction in the core, which the
+// plugin keeps to itself.
+std::optional<TraceAction> ActionNamed(const std::string& name) {
+  static const std::pair<const char*, TraceAction> kActions[] = {
+      {"alloc", TraceAction::kAlloc},
+      {"free_requested", TraceAction::kFreeRequested},
+      {"free_completed", TraceAction::kFreeCompleted},
+      {"segment_alloc", TraceAction::kSegmentAlloc},
+      {"segment_free", TraceAction::kSegmentFree},
+      {"segment_map", TraceAction::kSegmentMap},
+      {"segment_unmap", TraceAction::kSegmentUnmap},
+      {"snapshot", TraceAction::kSnapshot},
+      {"oom", TraceAction::kOom},
+  };
+  for (const auto& [spelling, action] : kActions) {
+    if (name == spelling) return action;
+  }
+  return std::nullopt;
 }
 
 std::string& LastError() {
@@ -154,10 +185,16 @@ void NativeAllocator::emptyCache(c10::MempoolId_t mempool_id) {
 
 c10::CachingDeviceAllocator::DeviceStats NativeAllocator::getDeviceStats(
     c10::DeviceIndex device) {
-  CheckDevice(device, "memory_stats");
+  CheckDeviceExists(device, "memory_stats");
   c10::CachingDeviceAllocator::DeviceStats out;
   DeviceStats s;
-  if (!vramledger_device_stats(device, &s)) return out;  // nothing allocated there yet: zeros
+  if (!vramledger_device_stats(device, &s)) {  // nothing allocated there yet: zeros, as torch
+    Options options;
+    if (vramledger_current_options(&options)) {
+      out.max_split_size = static_cast<std::int64_t>(options.max_split_size);  // SIZE_MAX: -1
+    }
+    return out;
+  }
   CopyStats(s.allocation, &out.allocation);
   CopyStats(s.segment, &out.segment);
   CopyStats(s.active, &out.active);
@@ -206,7 +243,12 @@ void NativeAllocator::init(int device_count) {
 double NativeAllocator::getMemoryFraction(c10::DeviceIndex device) {
   CheckDevice(device, "get_per_process_memory_fraction");
   const double f = fractions_[device].load(std::memory_order_relaxed);
-  return f > 0 ? f : 1.0;
+  if (!std::isnan(f)) return f;  // set through torch
+  Options options;  // else the conf's per_process_memory_fraction (0 there means no cap)
+  if (vramledger_current_options(&options) && options.per_process_memory_fraction > 0) {
+    return options.per_process_memory_fraction;
+  }
+  return 1.0;
 }
 
 void NativeAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
@@ -221,16 +263,28 @@ std::vector<torch_alloc::StreamSegmentSize> NativeAllocator::getExpandableSegmen
   return {};
 }
 
-void NativeAllocator::enable(bool value) { enabled_.store(value, std::memory_order_relaxed); }
+void NativeAllocator::enable(bool value) {
+  // torch's native allocator then serves every request with an uncached cudaMalloc; vramledger
+  // has no uncached mode (its ledger is the cache), so it says so rather than pretend.
+  TORCH_CHECK(value, "vramledger (torch-native mode) cannot run without its cache "
+                     "(caching_allocator_enable(False)); use torch's own allocator for that");
+}
 
-bool NativeAllocator::isEnabled() const { return enabled_.load(std::memory_order_relaxed); }
+bool NativeAllocator::isEnabled() const { return true; }
 
 void NativeAllocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) {
-  CheckDevice(device, "cache_info");
+  // torch's rule (cuDNN sizes its workspace by it): a zero *largest_block is first guessed as
+  // the device's free bytes, then the largest cached block counts if it is larger.
+  CheckDeviceExists(device, "cache_info");
+  if (*largest_block == 0) {
+    std::size_t free_bytes = 0;
+    if (vramledger_device_free_bytes(device, &free_bytes)) *largest_block = free_bytes;
+  }
   DeviceStats s;
-  *largest_block = vramledger_device_stats(device, &s)
-                       ? static_cast<std::size_t>(s.largest_free_block_bytes)
-                       : 0;
+  if (vramledger_device_stats(device, &s)) {
+    *largest_block =
+        std::max(*largest_block, static_cast<std::size_t>(s.largest_free_block_bytes));
+  }
 }
 
 void* NativeAllocator::getBaseAllocation(void* ptr, std::size_t* size) {
@@ -282,12 +336,18 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
   // The trace entries of vramledger's history, without frames (torch's frames are its own
   // CapturedTraceback objects; vramledger.snapshot() carries vramledger's Python and native
   // frames for the same entries).
+  std::vector<TraceAction> skipped;
+  {
+    std::lock_guard<std::mutex> lock(skip_mu_);
+    skipped = skip_actions_;
+  }
   for (int d = 0; include_traces && d < count; ++d) {
     std::vector<RecordedEntry> entries;
     vramledger_history_entries(d, &entries);
     auto& trace = info.device_traces[static_cast<std::size_t>(d)];
     trace.reserve(entries.size());
     for (const RecordedEntry& e : entries) {
+      if (std::find(skipped.begin(), skipped.end(), e.action) != skipped.end()) continue;
       trace.emplace_back(TorchAction(e.action), static_cast<c10::DeviceIndex>(d),
                          static_cast<std::size_t>(e.addr), e.size,
                          reinterpret_cast<void*>(e.stream), c10::MempoolId_t{0, 0},
@@ -333,9 +393,7 @@ std::shared_ptr<void> NativeAllocator::getIpcDevPtr(std::string handle) {
   Unsupported("getIpcDevPtr (CUDA IPC)");
 }
 
-bool NativeAllocator::isHistoryEnabled() {
-  return history_enabled_.load(std::memory_order_relaxed);
-}
+bool NativeAllocator::isHistoryEnabled() { return vramledger_history_recording(); }
 
 void NativeAllocator::recordHistory(bool enabled,
                                     c10::CachingDeviceAllocator::CreateContextFn context_recorder,
@@ -343,21 +401,30 @@ void NativeAllocator::recordHistory(bool enabled,
                                     c10::CachingDeviceAllocator::RecordContext when,
                                     bool clear_history,
                                     const std::vector<std::string>& skip_actions) {
+  // torch's switch: `enabled` on or off, `when` from its `context=` argument, and its
+  // `enabled="state"` arriving as a one-entry trace ring (torch's _record_memory_history).
   // vramledger captures its own Python and native frames (ledger/stack_capture.h), so torch's
-  // context recorder is not called; skipped actions are kept.
+  // context recorder is not called; `skip_actions` are left out of torch's snapshot() only
+  // (vramledger.snapshot() keeps them).
   (void)context_recorder;
-  (void)skip_actions;
   using Ctx = c10::CachingDeviceAllocator::RecordContext;
   const char* context = when == Ctx::ALL     ? "all"
                         : when == Ctx::ALLOC ? "alloc"
                         : when == Ctx::STATE ? "state"
                                              : nullptr;
-  const char* mode = !enabled ? nullptr : (when == Ctx::STATE ? "state" : "all");
   const unsigned long long entries = alloc_trace_max_entries > 0 ? alloc_trace_max_entries : 1;
-  ThrowIfFailed(vramledger_record_memory_history(mode, context, "python", entries,
-                                                 clear_history ? 1 : 0),
+  ThrowIfFailed(vramledger_record_memory_history(enabled ? "all" : nullptr, context, "python",
+                                                 entries, clear_history ? 1 : 0),
                 "_record_memory_history");
-  history_enabled_.store(enabled, std::memory_order_relaxed);
+  std::vector<TraceAction> skipped;
+  for (const std::string& name : skip_actions) {
+    const std::optional<TraceAction> action = ActionNamed(name);
+    TORCH_CHECK_VALUE(action.has_value(), "vramledger: _record_memory_history: unknown action '",
+                      name, "' in skip_actions");
+    skipped.push_back(*action);
+  }
+  std::lock_guard<std::mutex> lock(skip_mu_);
+  skip_actions_ = std::move(skipped);
 }
 
 void NativeAllocator::attachOutOfMemoryObserver(torch_alloc::OutOfMemoryObserver observer) {

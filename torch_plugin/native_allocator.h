@@ -10,10 +10,13 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "vramledger/hooks.h"
 
 #define VRAMLEDGER_NATIVE_EXPORT __attribute__((visibility("default")))
 
@@ -95,12 +98,15 @@ class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final : public c10::cuda::CUDACac
   std::string name() override;
 
  private:
-  NativeAllocator() = default;
+  NativeAllocator() {
+    for (auto& f : fractions_) f.store(std::numeric_limits<double>::quiet_NaN());
+  }
 
   std::atomic<bool> initialized_{false};
-  std::atomic<bool> enabled_{true};
-  std::atomic<bool> history_enabled_{false};
-  std::array<std::atomic<double>, kMaxDevices> fractions_{};  // 0: none set (reported as 1.0)
+  // Set through setMemoryFraction; NaN until then (the conf's fraction, or 1.0, is reported).
+  std::array<std::atomic<double>, kMaxDevices> fractions_{};
+  std::mutex skip_mu_;
+  std::vector<TraceAction> skip_actions_;  // left out of snapshot()'s trace entries
 };
 
 }  // namespace vramledger

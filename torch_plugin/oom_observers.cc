@@ -44,14 +44,19 @@ void NotifyOutOfMemoryObservers(int device, std::size_t requested, const OutOfMe
   const std::size_t alloc_size = same && oom.alloc_size != 0 ? oom.alloc_size : requested;
   const std::size_t limit = !same ? 0 : (oom.allowed != 0 ? oom.allowed : oom.device_total);
   const std::size_t device_free = same ? oom.device_free : 0;
-  try {
-    if (observer != nullptr) observer(device, alloc_size, limit, device_free);
-    for (const CppObserver& o : cpp) o(device, alloc_size, limit, device_free);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "vramledger: out-of-memory observer threw: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "vramledger: out-of-memory observer threw\n");
-  }
+  // Each observer on its own: one that throws does not keep the others (often snapshot
+  // writers) from running.
+  auto call = [&](const auto& fn) {
+    try {
+      fn(device, alloc_size, limit, device_free);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vramledger: out-of-memory observer threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "vramledger: out-of-memory observer threw\n");
+    }
+  };
+  if (observer != nullptr) call(observer);
+  for (const CppObserver& o : cpp) call(o);
 }
 
 }  // namespace vramledger

@@ -302,6 +302,32 @@ nlohmann::json FragmentationJson(const Fragmentation& f, const DriverCallLedger&
   return json;
 }
 
+// Frees `ptr` on whichever device's allocator handed it out (the current device first).
+void FreeOnAnyDevice(void* ptr) {
+  vramledger::PluginState& state = State();
+  if (!state.EnsureDevices().ok()) return;
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || state.simulated()) {
+    (void)cudaGetLastError();
+    current = 0;
+  }
+  const int count = state.device_count();
+  for (int i = 0; i < count; ++i) {
+    const int d = i == 0 ? current : (i <= current ? i - 1 : i);  // current, then the rest
+    vramledger::DeviceAllocator* allocator = state.Existing(d);
+    if (allocator == nullptr) continue;
+    const absl::Status s = allocator->Free(reinterpret_cast<vramledger::DevicePtr>(ptr));
+    if (s.ok()) return;
+    if (!absl::IsNotFound(s)) {
+      std::fprintf(stderr, "vramledger: free of %p on device %d failed: %s\n", ptr, d,
+                   std::string(s.message()).c_str());
+      return;
+    }
+  }
+  std::fprintf(stderr, "vramledger: free of %p, which no vramledger allocator handed out; "
+               "ignored\n", ptr);
+}
+
 // The allocator of `device` if one exists (never creates one), else nullptr.
 DeviceAllocator* ExistingAllocator(int device) {
   PluginState& state = State();
@@ -364,30 +390,37 @@ void vramledger_free(void* ptr, std::size_t size, int device, cudaStream_t strea
   }
 }
 
+bool vramledger_current_options(vramledger::Options* out) {
+  try {
+    absl::StatusOr<vramledger::Options> options = State().CurrentOptions(/*freeze=*/false);
+    if (!options.ok()) return false;
+    *out = *std::move(options);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool vramledger_device_free_bytes(int device, std::size_t* free_bytes) {
+  try {
+    absl::StatusOr<DeviceAllocator*> allocator = State().GetOrCreate(device);
+    if (!allocator.ok()) return false;
+    std::size_t total = 0;
+    return (*allocator)->backend()->MemGetInfo(free_bytes, &total).ok();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void vramledger_free_any_device(void* ptr) {
   if (ptr == nullptr) return;
-  vramledger::PluginState& state = State();
-  if (!state.EnsureDevices().ok()) return;
-  int current = 0;
-  if (cudaGetDevice(&current) != cudaSuccess || state.simulated()) {
-    (void)cudaGetLastError();
-    current = 0;
+  try {  // a deleter must not throw (std::terminate): report and leak instead
+    vramledger::FreeOnAnyDevice(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vramledger: free of %p threw: %s\n", ptr, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "vramledger: free of %p threw\n", ptr);
   }
-  const int count = state.device_count();
-  for (int i = 0; i < count; ++i) {
-    const int d = i == 0 ? current : (i <= current ? i - 1 : i);  // current, then the rest
-    DeviceAllocator* allocator = state.Existing(d);
-    if (allocator == nullptr) continue;
-    const absl::Status s = allocator->Free(reinterpret_cast<DevicePtr>(ptr));
-    if (s.ok()) return;
-    if (!absl::IsNotFound(s)) {
-      std::fprintf(stderr, "vramledger: free of %p on device %d failed: %s\n", ptr, d,
-                   std::string(s.message()).c_str());
-      return;
-    }
-  }
-  std::fprintf(stderr, "vramledger: free of %p, which no vramledger allocator handed out; "
-               "ignored\n", ptr);
 }
 
 bool vramledger_device_stats(int device, vramledger::DeviceStats* out) {

@@ -206,6 +206,17 @@ VRAMLEDGER_EXPORT bool vramledger_device_segments(int device,
                                                   std::vector<vramledger::SegmentInfo>* segments,
                                                   vramledger::Options* options);
 
+/// The options allocators are (or will be) created with (VRAMLEDGER_CONF, vramledger_configure);
+/// false when they do not parse (vramledger_malloc then throws the reason).
+VRAMLEDGER_EXPORT bool vramledger_current_options(vramledger::Options* out);
+
+/// The device's free bytes as its backend reports them (cudaMemGetInfo, or the simulated
+/// capacity left), creating the device's allocator if needed; false on failure.
+VRAMLEDGER_EXPORT bool vramledger_device_free_bytes(int device, std::size_t* free_bytes);
+
+/// True while the memory history records (vramledger_record_memory_history, from any route).
+VRAMLEDGER_EXPORT bool vramledger_history_recording(void);
+
 /// Copies the memory history's trace entries of `device` (oldest first; empty while history is
 /// off) into *out (torch_plugin/plugin_history.cc).
 VRAMLEDGER_EXPORT void vramledger_history_entries(int device,

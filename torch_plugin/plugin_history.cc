@@ -159,6 +159,10 @@ int vramledger_snapshot_json(char** json_out) {
   });
 }
 
+bool vramledger_history_recording(void) {
+  return vramledger::PluginHistory().settings().enabled != vramledger::HistoryEnabled::kNone;
+}
+
 void vramledger_history_entries(int device, std::vector<vramledger::RecordedEntry>* out) {
   try {
     *out = vramledger::PluginHistory().Entries(device);

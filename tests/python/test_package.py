@@ -156,6 +156,24 @@ def test_native_library_becomes_torchs_allocator_before_cuda_starts():
     assert lines[2].startswith("again: vramledger.install(mode='native'): ") and "already" in lines[2]
 
 
+def test_a_second_install_must_repeat_options_and_mode():
+    """The same options and mode again is a no-op; another mode is refused naming both modes
+    (torch cannot swap its allocator twice)."""
+    r = run_python("""
+        import vramledger
+        vramledger._set_installed("", "", "native")  # as a successful install(mode="native")
+        vramledger.install(mode="native")
+        print("again: no-op", vramledger.installed_mode())
+        try:
+            vramledger.install()
+        except RuntimeError as e:
+            print("RuntimeError:", e)
+    """, VRAMLEDGER_CONF=None)
+    assert r.returncode == 0, r.stderr
+    assert "again: no-op native" in r.stdout
+    assert "(mode 'native')" in r.stdout and "mode 'pluggable')" in r.stdout, r.stdout
+
+
 def test_native_library_from_another_torch_minor_is_refused_naming_both():
     from vramledger import _native
     _native.check_torch_version("2.11", "2.11")

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "torch_plugin/plugin.h"
+#include "torch_plugin/plugin_history.h"
 
 namespace vramledger {
 namespace {
@@ -26,7 +27,7 @@ constexpr int kAll = 0;  // StatType::AGGREGATE
 class NativeAllocatorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_EQ(vramledger_testing_use_sim_backend(1, kCapacity), VRAMLEDGER_OK)
+    ASSERT_EQ(vramledger_testing_use_sim_backend(2, kCapacity), VRAMLEDGER_OK)
         << vramledger_last_error();
   }
   void TearDown() override { ASSERT_EQ(vramledger_empty_cache(-1), VRAMLEDGER_OK); }
@@ -69,7 +70,12 @@ TEST_F(NativeAllocatorTest, PeakResetAndCacheInfo) {
   a_->resetPeakStats(0);
   s = a_->getDeviceStats(0);
   EXPECT_EQ(s.allocated_bytes[kAll].peak, s.allocated_bytes[kAll].current);
+  // torch's rule: a zero guess becomes the device's free bytes; a non-zero one is raised to
+  // the largest cached block.
   std::size_t largest = 0;
+  a_->cacheInfo(0, &largest);
+  EXPECT_EQ(largest, kCapacity - static_cast<std::size_t>(s.reserved_bytes[kAll].current));
+  largest = 1;
   a_->cacheInfo(0, &largest);
   EXPECT_EQ(largest, 64 * kMiB);  // the freed block, cached
   a_->resetAccumulatedStats(0);
@@ -106,7 +112,7 @@ TEST_F(NativeAllocatorTest, MemoryFractionCapsReservedMemory) {
 TEST_F(NativeAllocatorTest, SnapshotCarriesSegmentsAndBlocksInTorchsStruct) {
   c10::DataPtr p = a_->AllocateOn(0, nullptr, 30 * kMiB);
   const torch_alloc::SnapshotInfo info = a_->snapshot({0, 0}, true);
-  ASSERT_EQ(info.device_traces.size(), 1u);
+  ASSERT_EQ(info.device_traces.size(), 2u);  // one per device
   bool found = false;
   for (const auto& seg : info.segments) {
     std::size_t at = seg.address;
@@ -137,7 +143,7 @@ TEST_F(NativeAllocatorTest, HistoryThroughTorchsSwitchShowsInTorchsSnapshotTrace
   const torch_alloc::SnapshotInfo info = a_->snapshot({0, 0}, true);
   a_->recordHistory(false, nullptr, 100, Ctx::NEVER, false, {});
   EXPECT_FALSE(a_->isHistoryEnabled());
-  ASSERT_EQ(info.device_traces.size(), 1u);
+  ASSERT_EQ(info.device_traces.size(), 2u);  // one per device
   std::vector<torch_alloc::TraceEntry::Action> at_ptr;
   for (const auto& e : info.device_traces[0]) {
     if (e.addr_ == ptr && e.size_ == 5 * kMiB) at_ptr.push_back(e.action_);
@@ -149,12 +155,52 @@ TEST_F(NativeAllocatorTest, HistoryThroughTorchsSwitchShowsInTorchsSnapshotTrace
   EXPECT_TRUE(a_->snapshot({0, 0}, true).device_traces[0].empty());  // off: cleared, as torch
 }
 
+TEST_F(NativeAllocatorTest, HistoryContextsSkippedActionsAndThePluginsSwitch) {
+  using Ctx = c10::CachingDeviceAllocator::RecordContext;
+  using Action = torch_alloc::TraceEntry::Action;
+  // enabled="state" reaches the allocator as a one-entry ring (torch's _record_memory_history).
+  a_->recordHistory(true, nullptr, 1, Ctx::STATE, true, {});
+  for (int i = 0; i < 3; ++i) a_->AllocateOn(0, nullptr, kMiB).clear();
+  EXPECT_LE(a_->snapshot({0, 0}, true).device_traces[0].size(), 1u);
+  // context="alloc" with a skipped action: the trace keeps the others.
+  a_->recordHistory(true, nullptr, 100, Ctx::ALLOC, true, {"free_requested"});
+  c10::DataPtr p = a_->AllocateOn(0, nullptr, 7 * kMiB);
+  const auto ptr = reinterpret_cast<std::size_t>(p.get());
+  p.clear();
+  std::vector<Action> at_ptr;
+  const torch_alloc::SnapshotInfo info = a_->snapshot({0, 0}, true);
+  for (const auto& e : info.device_traces[0]) {
+    if (e.addr_ == ptr && e.size_ == 7 * kMiB) at_ptr.push_back(e.action_);
+  }
+  EXPECT_EQ(at_ptr, (std::vector<Action>{Action::ALLOC, Action::FREE_COMPLETED}));
+  EXPECT_THROW(a_->recordHistory(true, nullptr, 100, Ctx::ALL, false, {"no_such_action"}),
+               c10::ValueError);
+  a_->recordHistory(false, nullptr, 100, Ctx::NEVER, false, {});
+  // The switch is the plugin's, whichever route turned it on (vramledger.record_memory_history).
+  ASSERT_EQ(vramledger_record_memory_history("all", "all", "python", 10, 0), VRAMLEDGER_OK);
+  EXPECT_TRUE(a_->isHistoryEnabled());
+  ASSERT_EQ(vramledger_record_memory_history(nullptr, nullptr, "python", 10, 0), VRAMLEDGER_OK);
+  EXPECT_FALSE(a_->isHistoryEnabled());
+}
+
 TEST_F(NativeAllocatorTest, RawDeleterFreesWhateverDeviceMadeIt) {
-  void* p = vramledger_malloc(kMiB, 0, nullptr);
-  const auto live = a_->getDeviceStats(0).allocation[kAll].current;
+  void* p = vramledger_malloc(kMiB, 1, nullptr);  // device 1; the current device is 0
+  const auto live = a_->getDeviceStats(1).allocation[kAll].current;
   a_->raw_deleter()(p);
-  EXPECT_EQ(a_->getDeviceStats(0).allocation[kAll].current, live - 1);
+  EXPECT_EQ(a_->getDeviceStats(1).allocation[kAll].current, live - 1);
   a_->raw_delete(nullptr);  // no-op
+}
+
+TEST_F(NativeAllocatorTest, DevicesBeyondTheCountAreRefusedAndUnusedOnesReportTorchsDefaults) {
+  EXPECT_THROW(a_->getDeviceStats(2), c10::Error);  // two simulated devices
+  EXPECT_THROW(a_->cacheInfo(5, nullptr), c10::Error);
+  EXPECT_EQ(a_->getDeviceStats(0).max_split_size, -1);  // unlimited, as torch reports it
+}
+
+TEST_F(NativeAllocatorTest, CachingCannotBeSwitchedOff) {
+  EXPECT_NO_THROW(a_->enable(true));
+  EXPECT_THROW(a_->enable(false), c10::Error);
+  EXPECT_TRUE(a_->isEnabled());
 }
 
 TEST_F(NativeAllocatorTest, ForeignBlocksAreSkippedByRecordStream) {

@@ -111,8 +111,8 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
                 f"vramledger is already installed in this process (mode {_installed_mode!r}) "
                 f"with options {_installed[0]!r} "
                 f"({_ENV_CONF}={_installed[1]!r}); torch cannot swap its allocator twice, so "
-                f"install() accepts only the same options again (asked for {conf!r}, "
-                f"{_ENV_CONF}={env!r})")
+                f"install() accepts only the same options and mode again (asked for {conf!r}, "
+                f"{_ENV_CONF}={env!r}, mode {mode!r})")
         _plugin.load()  # RuntimeError if the plugin or torch is missing; imports torch
         _plugin.configure(conf)
         _guard.on_install(options, env)  # issue 6: stack provider; the plan is checked early
