@@ -1,5 +1,6 @@
 // NativeAllocator: torch's CUDAAllocator interface answered by the plugin's allocators
-// (docs/design/torch-native-mode.md). libvramledger_native.so, linked to the plugin and libc10_cuda.
+// (docs/design/torch-native-mode.md). libvramledger_native.so, linked to the plugin and
+// libc10_cuda.
 #include "torch_plugin/native_allocator.h"
 
 #include <c10/cuda/CUDAException.h>
@@ -16,8 +17,8 @@
 #include <string>
 #include <utility>
 
-#include "torch_plugin/plugin.h"
 #include "ledger/history.h"
+#include "torch_plugin/plugin.h"
 #include "torch_plugin/plugin_history.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
@@ -183,8 +184,7 @@ void NativeAllocator::emptyCache(c10::MempoolId_t mempool_id) {
   ThrowIfFailed(vramledger_empty_cache(-1), "empty_cache");
 }
 
-c10::CachingDeviceAllocator::DeviceStats NativeAllocator::getDeviceStats(
-    c10::DeviceIndex device) {
+c10::CachingDeviceAllocator::DeviceStats NativeAllocator::getDeviceStats(c10::DeviceIndex device) {
   CheckDeviceExists(device, "memory_stats");
   c10::CachingDeviceAllocator::DeviceStats out;
   DeviceStats s;
@@ -266,8 +266,9 @@ std::vector<torch_alloc::StreamSegmentSize> NativeAllocator::getExpandableSegmen
 void NativeAllocator::enable(bool value) {
   // torch's native allocator then serves every request with an uncached cudaMalloc; vramledger
   // has no uncached mode (its ledger is the cache), so it says so rather than pretend.
-  TORCH_CHECK(value, "vramledger (torch-native mode) cannot run without its cache "
-                     "(caching_allocator_enable(False)); use torch's own allocator for that");
+  TORCH_CHECK(value,
+              "vramledger (torch-native mode) cannot run without its cache "
+              "(caching_allocator_enable(False)); use torch's own allocator for that");
 }
 
 bool NativeAllocator::isEnabled() const { return true; }
@@ -282,8 +283,7 @@ void NativeAllocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_bl
   }
   DeviceStats s;
   if (vramledger_device_stats(device, &s)) {
-    *largest_block =
-        std::max(*largest_block, static_cast<std::size_t>(s.largest_free_block_bytes));
+    *largest_block = std::max(*largest_block, static_cast<std::size_t>(s.largest_free_block_bytes));
   }
 }
 
@@ -348,10 +348,9 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
     trace.reserve(entries.size());
     for (const RecordedEntry& e : entries) {
       if (std::find(skipped.begin(), skipped.end(), e.action) != skipped.end()) continue;
-      trace.emplace_back(TorchAction(e.action), static_cast<c10::DeviceIndex>(d),
-                         static_cast<std::size_t>(e.addr), e.size,
-                         reinterpret_cast<void*>(e.stream), c10::MempoolId_t{0, 0},
-                         c10::approx_time_t{0});
+      trace.emplace_back(
+          TorchAction(e.action), static_cast<c10::DeviceIndex>(d), static_cast<std::size_t>(e.addr),
+          e.size, reinterpret_cast<void*>(e.stream), c10::MempoolId_t{0, 0}, c10::approx_time_t{0});
       trace.back().time_.t_ = static_cast<time_t>(e.time_us);  // torch's snapshot: epoch us
     }
   }
@@ -448,9 +447,8 @@ void NativeAllocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex de
   }
 }
 
-cudaError_t NativeAllocator::memcpyAsync(void* dst, int dst_device, const void* src,
-                                         int src_device, std::size_t count, cudaStream_t stream,
-                                         bool p2p_enabled) {
+cudaError_t NativeAllocator::memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                                         std::size_t count, cudaStream_t stream, bool p2p_enabled) {
   // torch's native rule: mapped (cuMemMap) memory needs the peer copy without P2P.
   if (p2p_enabled || dst_device == src_device) {
     return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);

@@ -1,6 +1,7 @@
-// The torch-native mode: vramledger as torch's own CUDAAllocator (docs/design/torch-native-mode.md),
-// so torch's memory_stats, memory_summary, _snapshot and record_memory_history reach vramledger
-// without the CUDAPluggableAllocator's map and mutex. Built per torch minor version.
+// The torch-native mode: vramledger as torch's own CUDAAllocator
+// (docs/design/torch-native-mode.md), so torch's memory_stats, memory_summary, _snapshot and
+// record_memory_history reach vramledger without the CUDAPluggableAllocator's map and mutex. Built
+// per torch minor version.
 #ifndef VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
 #define VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
 
@@ -30,7 +31,8 @@ namespace vramledger {
 /// allocation that cannot be served throws c10::OutOfMemoryError (torch.OutOfMemoryError) after
 /// the plugin's OOM observers ran; IPC, checkpoint state and base allocations throw c10::Error
 /// naming the call, as torch's pluggable allocator does. Thread-safe.
-class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
+class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
+    : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
  public:
   /// Devices whose DataPtrs get a deleter of their own; a higher index is refused (c10::Error).
   static constexpr int kMaxDevices = 64;

@@ -324,8 +324,10 @@ void FreeOnAnyDevice(void* ptr) {
       return;
     }
   }
-  std::fprintf(stderr, "vramledger: free of %p, which no vramledger allocator handed out; "
-               "ignored\n", ptr);
+  std::fprintf(stderr,
+               "vramledger: free of %p, which no vramledger allocator handed out; "
+               "ignored\n",
+               ptr);
 }
 
 // The allocator of `device` if one exists (never creates one), else nullptr.

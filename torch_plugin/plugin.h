@@ -182,9 +182,9 @@ VRAMLEDGER_EXPORT void* vramledger_testing_malloc(size_t size, int device, char*
 #include <vector>
 
 namespace vramledger {
-struct DeviceStats;  // vramledger/stats.h
-struct Options;      // vramledger/options.h
-struct SegmentInfo;  // vramledger/device_allocator.h
+struct DeviceStats;    // vramledger/stats.h
+struct Options;        // vramledger/options.h
+struct SegmentInfo;    // vramledger/device_allocator.h
 struct RecordedEntry;  // ledger/history.h
 }  // namespace vramledger
 

@@ -314,7 +314,8 @@ int Main(int argc, char** argv) {
       [&vl](void* p) { (void)vl.Free(reinterpret_cast<DevicePtr>(p)); },
       [api](void* p) { api.free(p, 0, 0, nullptr); },
       [&pluggable](void* p) { pluggable->raw_delete(p); },
-      [&native_deleter](void* p) { native_deleter(p); }, [](void* p) { (void)p; }};
+      [&native_deleter](void* p) { native_deleter(p); },
+      [](void* p) { (void)p; }};
 
   std::printf("trace %s: %zu calls; torch allocator backend: %s; vramledger conf: %s\n",
               trace.c_str(), w.ops.size(), torch_alloc::name().c_str(), conf.c_str());

@@ -205,7 +205,8 @@ TEST_F(NativeAllocatorTest, CachingCannotBeSwitchedOff) {
 
 TEST_F(NativeAllocatorTest, ForeignBlocksAreSkippedByRecordStream) {
   int host = 0;
-  c10::DataPtr foreign(&host, &host, [](void*) {}, c10::Device(c10::DeviceType::CUDA, 0));
+  c10::DataPtr foreign(
+      &host, &host, [](void*) {}, c10::Device(c10::DeviceType::CUDA, 0));
   const c10::cuda::CUDAStream stream(
       c10::cuda::CUDAStream::UNCHECKED,
       c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::CUDA, 0), 0));
