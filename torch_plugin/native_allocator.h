@@ -128,7 +128,7 @@ VRAMLEDGER_NATIVE_EXPORT const char* vramledger_native_last_error(void);
 /// between minors (PYTORCH-FACTS §1.9), so _native.py refuses to install it into any other.
 VRAMLEDGER_NATIVE_EXPORT const char* vramledger_native_torch_version(void);
 
-/// The instance as an opaque pointer (for benchmarks/gpu/allocator_swap.cc's swaps).
+/// The instance as an opaque pointer (benchmarks/gpu/host_cost_bench.cc loads it this way).
 VRAMLEDGER_NATIVE_EXPORT void* vramledger_native_allocator(void);
 
 }  // extern "C"
