@@ -71,7 +71,8 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
       mode: "pluggable" (default): through torch's CUDAPluggableAllocator (a C ABI stable across
         torch 2.x). "native": as torch's own CUDAAllocator (libvramledger_native.so, built
         against this torch minor version), so torch's memory_stats, memory_summary,
-        _snapshot (segments) and _record_memory_history answer from vramledger unpatched, and
+        _snapshot (segments, blocks, trace entries) and _record_memory_history answer from
+        vramledger unpatched, and
         each allocation skips the pluggable allocator's map and mutex
         (docs/design/torch-native-mode.md).
       patch_torch: also make torch.cuda's memory_stats, memory_stats_as_nested_dict,
@@ -87,14 +88,16 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
         "Options"). Settings from the VRAMLEDGER_CONF environment variable (`key:value,...`)
         apply first; keywords win.
 
-    A second call with the same options (and environment) does nothing.
+    A second call with the same options, mode (and environment) does nothing.
 
     Raises:
-      ValueError: an unknown key or bad value (the message names it).
+      ValueError: an unknown key or bad value, or a mode other than the two (the message names
+        it).
       RuntimeError: the plugin library or torch is missing, or the plugin cannot load; CUDA is
         not available; CUDA is already initialised in this process (install() must come before
-        the first CUDA tensor or torch.cuda call); or vramledger is already installed with
-        other options.
+        the first CUDA tensor or torch.cuda call); vramledger is already installed with other
+        options or another mode; for mode "native", libvramledger_native.so is missing or was
+        built against another torch minor (the message names both versions).
     """
     global _installed, _allocator
     if mode not in ("pluggable", "native"):
