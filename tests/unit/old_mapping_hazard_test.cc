@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,12 @@ struct Params {
   bool errors;
   bool capture;
 };
+
+// How gtest prints a case (its default is the struct's bytes).
+void PrintTo(const Params& p, std::ostream* os) {
+  *os << "{" << p.conf << (p.errors ? ", driver errors" : "") << (p.capture ? ", capture" : "")
+      << "}";
+}
 
 class OldMappingHazardTest : public ::testing::TestWithParam<Params> {};
 
@@ -456,7 +463,18 @@ INSTANTIATE_TEST_SUITE_P(
         Params{"expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", false, true},
         Params{"expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8,"
                "keep_old_mappings:False",
-               true, false}));
+               true, false}),
+    // Readable, stable test names (the default prints the struct's bytes, pointers included).
+    [](const ::testing::TestParamInfo<Params>& info) {
+      const Params& p = info.param;
+      std::string name = "Case" + std::to_string(info.index);
+      if (p.conf.find("handle_mb:24") != std::string::npos) name += "_Handles24MiB";
+      if (p.conf.find("page_mb:2") != std::string::npos) name += "_Pages2MiB";
+      if (p.conf.find("keep_old_mappings:False") != std::string::npos) name += "_NoOldMappings";
+      if (p.errors) name += "_DriverErrors";
+      if (p.capture) name += "_Capture";
+      return name;
+    });
 
 }  // namespace
 }  // namespace vramledger
