@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <set>
-#include <ostream>
 #include <string>
 #include <vector>
 
