@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "torch_plugin/plugin.h"
@@ -27,6 +28,8 @@ constexpr int kAll = 0;  // StatType::AGGREGATE
 class NativeAllocatorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // No forensic dumps from the OOM cases into the working directory.
+    ASSERT_EQ(vramledger_configure("max_dumps:0"), VRAMLEDGER_OK) << vramledger_last_error();
     ASSERT_EQ(vramledger_testing_use_sim_backend(2, kCapacity), VRAMLEDGER_OK)
         << vramledger_last_error();
   }
@@ -211,6 +214,41 @@ TEST_F(NativeAllocatorTest, ForeignBlocksAreSkippedByRecordStream) {
       c10::cuda::CUDAStream::UNCHECKED,
       c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::CUDA, 0), 0));
   EXPECT_NO_THROW(a_->recordStream(foreign, stream));
+}
+
+TEST_F(NativeAllocatorTest, ConcurrentTensorsOnTwoDevicesBalanceTheBooks) {
+  // Eight threads make and drop DataPtrs on both simulated devices, some freed by another
+  // thread than the one that made them (as autograd's backward thread does).
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 2000;
+  const auto before0 = a_->getDeviceStats(0);
+  const auto before1 = a_->getDeviceStats(1);
+  std::vector<std::vector<c10::DataPtr>> handed(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t, &handed] {
+      std::uint32_t x = 12345u + static_cast<std::uint32_t>(t);
+      for (int i = 0; i < kRounds; ++i) {
+        x = x * 1664525u + 1013904223u;
+        const std::size_t size = 512 + (x >> 8) % (2 * kMiB);  // held ones stay under 1.3 GiB
+        c10::DataPtr p = a_->AllocateOn(static_cast<c10::DeviceIndex>(i % 2), nullptr, size);
+        if (i % 7 == 0) {
+          handed[t].push_back(std::move(p));  // freed later, by the main thread
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (auto& list : handed) list.clear();
+  for (int d = 0; d < 2; ++d) {
+    const auto s = a_->getDeviceStats(static_cast<c10::DeviceIndex>(d));
+    const auto& before = d == 0 ? before0 : before1;
+    EXPECT_EQ(s.allocated_bytes[kAll].current, before.allocated_bytes[kAll].current) << d;
+    EXPECT_EQ(s.allocation[kAll].current, before.allocation[kAll].current) << d;
+    EXPECT_EQ(s.allocation[kAll].allocated - before.allocation[kAll].allocated,
+              kThreads * kRounds / 2)
+        << d;
+  }
 }
 
 TEST_F(NativeAllocatorTest, UnsupportedCallsNameThemselves) {
