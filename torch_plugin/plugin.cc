@@ -426,19 +426,29 @@ void vramledger_free_any_device(void* ptr) {
 }
 
 bool vramledger_device_stats(int device, vramledger::DeviceStats* out) {
-  DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
-  if (allocator == nullptr) return false;
-  *out = allocator->GetStats();
-  return true;
+  try {
+    DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
+    if (allocator == nullptr) return false;
+    *out = allocator->GetStats();
+    return true;
+  } catch (const std::exception& e) {  // host memory: no stats to hand over
+    std::fprintf(stderr, "vramledger: stats of device %d: %s\n", device, e.what());
+    return false;
+  }
 }
 
 bool vramledger_device_segments(int device, std::vector<vramledger::SegmentInfo>* segments,
                                 vramledger::Options* options) {
-  DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
-  if (allocator == nullptr) return false;
-  *segments = allocator->Snapshot();
-  *options = allocator->options();
-  return true;
+  try {
+    DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
+    if (allocator == nullptr) return false;
+    *segments = allocator->Snapshot();
+    *options = allocator->options();
+    return true;
+  } catch (const std::exception& e) {  // host memory: no segments to hand over
+    std::fprintf(stderr, "vramledger: segments of device %d: %s\n", device, e.what());
+    return false;
+  }
 }
 
 void vramledger_init(int device_count) {
