@@ -104,7 +104,10 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
         raise ValueError(f"vramledger.install(): mode must be 'pluggable' or 'native', got {mode!r}")
     if patch_torch is None:
         patch_torch = mode == "pluggable"
-    conf = _options.to_conf_string(options)
+    try:
+        conf = _options.to_conf_string(options)
+    except ValueError as e:  # name the call, as install()'s other errors do
+        raise ValueError(f"vramledger.install(): {e}") from e
     env = os.environ.get(_ENV_CONF, "")
     with _lock:
         if _installed is not None:
