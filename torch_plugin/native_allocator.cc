@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -45,12 +44,8 @@ constexpr std::array<c10::DeleterFnPtr, sizeof...(kDevices)> MakeDeleters(
 constexpr std::array<c10::DeleterFnPtr, NativeAllocator::kMaxDevices> kDeleters =
     MakeDeleters(std::make_index_sequence<NativeAllocator::kMaxDevices>{});
 
-// A free of an address whose device is unknown (raw_delete, raw_deleter): the plugin tries the
-// current device's allocator first, then the others.
-void DeleteOnAnyDevice(void* ptr) { vramledger_free_any_device(ptr); }
-
 bool IsOurDeleter(c10::DeleterFnPtr deleter) {
-  if (deleter == &DeleteOnAnyDevice) return true;
+  if (deleter == &vramledger_free_any_device) return true;
   for (c10::DeleterFnPtr d : kDeleters) {
     if (d == deleter) return true;
   }
@@ -118,26 +113,6 @@ c10::CachingDeviceAllocator::TraceEntry::Action TorchAction(TraceAction action) 
   return Torch::ALLOC;  // unreachable: every action is listed
 }
 
-// torch's spelling of a trace action (skip_actions), as ParseTraceAction in the core, which the
-// plugin keeps to itself.
-std::optional<TraceAction> ActionNamed(const std::string& name) {
-  static const std::pair<const char*, TraceAction> kActions[] = {
-      {"alloc", TraceAction::kAlloc},
-      {"free_requested", TraceAction::kFreeRequested},
-      {"free_completed", TraceAction::kFreeCompleted},
-      {"segment_alloc", TraceAction::kSegmentAlloc},
-      {"segment_free", TraceAction::kSegmentFree},
-      {"segment_map", TraceAction::kSegmentMap},
-      {"segment_unmap", TraceAction::kSegmentUnmap},
-      {"snapshot", TraceAction::kSnapshot},
-      {"oom", TraceAction::kOom},
-  };
-  for (const auto& [spelling, action] : kActions) {
-    if (name == spelling) return action;
-  }
-  return std::nullopt;
-}
-
 std::string& LastError() {
   thread_local std::string error;
   return error;
@@ -171,7 +146,9 @@ c10::DataPtr NativeAllocator::allocate(std::size_t n) {
   return AllocateOn(device, c10::cuda::getCurrentCUDAStream(device).stream(), n);
 }
 
-c10::DeleterFnPtr NativeAllocator::raw_deleter() const { return &DeleteOnAnyDevice; }
+// A free of an address whose device is unknown: the plugin tries the current device's allocator
+// first, then the others.
+c10::DeleterFnPtr NativeAllocator::raw_deleter() const { return &vramledger_free_any_device; }
 
 void NativeAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
@@ -233,7 +210,7 @@ void* NativeAllocator::raw_alloc_with_stream(std::size_t nbytes, cudaStream_t st
   return vramledger_malloc(nbytes, CurrentDevice(), stream);
 }
 
-void NativeAllocator::raw_delete(void* ptr) { DeleteOnAnyDevice(ptr); }
+void NativeAllocator::raw_delete(void* ptr) { vramledger_free_any_device(ptr); }
 
 void NativeAllocator::init(int device_count) {
   vramledger_init(device_count);  // throws if CUDA has no device or the count cannot be read
@@ -417,10 +394,10 @@ void NativeAllocator::recordHistory(bool enabled,
                 "_record_memory_history");
   std::vector<TraceAction> skipped;
   for (const std::string& name : skip_actions) {
-    const std::optional<TraceAction> action = ActionNamed(name);
-    TORCH_CHECK_VALUE(action.has_value(), "vramledger: _record_memory_history: unknown action '",
-                      name, "' in skip_actions");
-    skipped.push_back(*action);
+    const int action = vramledger_trace_action(name.c_str());
+    TORCH_CHECK_VALUE(action >= 0, "vramledger: _record_memory_history: unknown action '", name,
+                      "' in skip_actions");
+    skipped.push_back(static_cast<TraceAction>(action));
   }
   std::lock_guard<std::mutex> lock(skip_mu_);
   skip_actions_ = std::move(skipped);

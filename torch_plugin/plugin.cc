@@ -13,6 +13,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -336,6 +337,21 @@ DeviceAllocator* ExistingAllocator(int device) {
   return state.EnsureDevices().ok() ? state.Existing(device) : nullptr;
 }
 
+// Runs `read(allocator)` on `device`'s allocator if it exists; false when it does not, or when
+// `read` throws (host memory), which is reported naming `what`. Never throws.
+template <typename Read>
+bool ReadExisting(int device, const char* what, Read read) {
+  try {
+    DeviceAllocator* allocator = ExistingAllocator(device);
+    if (allocator == nullptr) return false;
+    read(*allocator);
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vramledger: %s of device %d: %s\n", what, device, e.what());
+    return false;
+  }
+}
+
 }  // namespace
 
 std::string& PluginLastError() { return LastError(); }  // for plugin_history.cc
@@ -426,29 +442,22 @@ void vramledger_free_any_device(void* ptr) {
 }
 
 bool vramledger_device_stats(int device, vramledger::DeviceStats* out) {
-  try {
-    DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
-    if (allocator == nullptr) return false;
-    *out = allocator->GetStats();
-    return true;
-  } catch (const std::exception& e) {  // host memory: no stats to hand over
-    std::fprintf(stderr, "vramledger: stats of device %d: %s\n", device, e.what());
-    return false;
-  }
+  return vramledger::ReadExisting(device, "stats",
+                                  [&](const DeviceAllocator& a) { *out = a.GetStats(); });
 }
 
 bool vramledger_device_segments(int device, std::vector<vramledger::SegmentInfo>* segments,
                                 vramledger::Options* options) {
-  try {
-    DeviceAllocator* allocator = vramledger::ExistingAllocator(device);
-    if (allocator == nullptr) return false;
-    *segments = allocator->Snapshot();
-    *options = allocator->options();
-    return true;
-  } catch (const std::exception& e) {  // host memory: no segments to hand over
-    std::fprintf(stderr, "vramledger: segments of device %d: %s\n", device, e.what());
-    return false;
-  }
+  return vramledger::ReadExisting(device, "segments", [&](const DeviceAllocator& a) {
+    *segments = a.Snapshot();
+    *options = a.options();
+  });
+}
+
+int vramledger_trace_action(const char* name) {
+  if (name == nullptr) return -1;
+  const std::optional<vramledger::TraceAction> action = vramledger::ParseTraceAction(name);
+  return action.has_value() ? static_cast<int>(*action) : -1;
 }
 
 void vramledger_init(int device_count) {

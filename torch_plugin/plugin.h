@@ -222,6 +222,10 @@ VRAMLEDGER_EXPORT bool vramledger_history_recording(void);
 VRAMLEDGER_EXPORT void vramledger_history_entries(int device,
                                                   std::vector<vramledger::RecordedEntry>* out);
 
+/// The vramledger::TraceAction named `name` in torch's spelling ("alloc", "free_requested", ...)
+/// as an int, or -1 for an unknown or null name (the core's ParseTraceAction).
+VRAMLEDGER_EXPORT int vramledger_trace_action(const char* name);
+
 /// Adds an out-of-memory observer with torch's arguments (device, allocation size, limit,
 /// device free bytes), called before every OutOfMemoryError the plugin throws, after the C one.
 VRAMLEDGER_EXPORT void vramledger_add_oom_observer(
