@@ -362,7 +362,7 @@ def test_run_sets_the_environment_and_names_a_missing_command(tmp_path):
     assert preload.split()[0] == str(fake)
     proc, _ = _run_with_fake_shim(tmp_path, "--", "no_such_cmd_xyz")
     assert proc.returncode != 0
-    assert "vramledger run: no_such_cmd_xyz: command not found on PATH" in proc.stderr
+    assert "vramledger: error: run: no_such_cmd_xyz: command not found on PATH" in proc.stderr
     proc, _ = _run_with_fake_shim(tmp_path, "--")
     assert proc.returncode != 0 and "give the command after --" in proc.stderr
 
@@ -373,14 +373,14 @@ def test_run_names_where_a_bad_option_came_from(tmp_path):
     marker = tmp_path / "ran"
     proc, _ = _run_with_fake_shim(tmp_path, "--conf", "bogus:1", "--", "touch", marker)
     assert proc.returncode != 0
-    assert "vramledger run: --conf: " in proc.stderr and "bogus" in proc.stderr, proc.stderr
+    assert "vramledger: error: run: --conf: " in proc.stderr and "bogus" in proc.stderr, proc.stderr
     assert not marker.exists()
     fake = tmp_path / "libvramledger_preload.so"
     env = dict(os.environ, VRAMLEDGER_PRELOAD=str(fake), VRAMLEDGER_CONF="recycle_slack:lots")
     proc = subprocess.run([sys.executable, "-m", "vramledger", "run", "--", "touch", str(marker)],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode != 0
-    assert "vramledger run: VRAMLEDGER_CONF: " in proc.stderr and "recycle_slack" in proc.stderr
+    assert "vramledger: error: run: VRAMLEDGER_CONF: " in proc.stderr and "recycle_slack" in proc.stderr
     assert not marker.exists()
 
 

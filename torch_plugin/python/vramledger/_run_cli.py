@@ -15,7 +15,7 @@ def preload_path(cli_error: type[Exception]) -> str:
     override = os.environ.get(PRELOAD_ENV)
     path = override or os.path.join(os.path.dirname(os.path.abspath(__file__)), PRELOAD_NAME)
     if not os.path.isfile(path):
-        raise cli_error(f"vramledger: the LD_PRELOAD shim {path} does not exist (a build without "
+        raise cli_error(f"run: the LD_PRELOAD shim {path} does not exist (a build without "
                         f"the CUDA toolkit?); set {PRELOAD_ENV} to a built one")
     return os.path.abspath(path)
 
@@ -35,7 +35,7 @@ def _check_conf(source: str, conf: str | None, cli_error: type[Exception]) -> No
     try:
         _core.parse_options(conf)
     except ValueError as e:
-        raise cli_error(f"vramledger run: {source}: {e}") from e
+        raise cli_error(f"run: {source}: {e}") from e
 
 
 def run(args, cli_error: type[Exception]) -> int:
@@ -44,7 +44,7 @@ def run(args, cli_error: type[Exception]) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise cli_error("vramledger run: give the command after --")
+        raise cli_error("run: give the command after --")
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [preload_path(cli_error), env.get("LD_PRELOAD")]))
     _check_conf("VRAMLEDGER_CONF", env.get("VRAMLEDGER_CONF"), cli_error)
@@ -57,11 +57,11 @@ def run(args, cli_error: type[Exception]) -> int:
     if conf:
         env["VRAMLEDGER_CONF"] = ",".join(conf)
     if os.sep not in command[0] and shutil.which(command[0], path=env.get("PATH")) is None:
-        raise cli_error(f"vramledger run: {command[0]}: command not found on PATH")
+        raise cli_error(f"run: {command[0]}: command not found on PATH")
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
-        raise cli_error(f"vramledger run: cannot run {command[0]}: {e}") from e
+        raise cli_error(f"run: cannot run {command[0]}: {e}") from e
     return 0
 
 
