@@ -278,8 +278,8 @@ void NativeAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStrea
 
 torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
                                                     bool include_traces) {
-  (void)mempool_id;  // every pool's segments (the pool shows in vramledger.snapshot())
-  (void)include_traces;
+  // As torch's: {0, 0} gives every pool's segments, a private pool's id only that pool's.
+  const bool one_pool = mempool_id.first != 0 || mempool_id.second != 0;
   torch_alloc::SnapshotInfo info;
   const int count = vramledger_device_count();
   info.device_traces.resize(count > 0 ? static_cast<std::size_t>(count) : 0);
@@ -288,6 +288,8 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
     std::vector<SegmentInfo> segments;
     if (!vramledger_device_segments(d, &segments, &options)) continue;
     for (const SegmentInfo& seg : segments) {
+      const c10::MempoolId_t owner{seg.pool_id.first, seg.pool_id.second};
+      if (one_pool && owner != mempool_id) continue;
       c10::CachingDeviceAllocator::SegmentInfo out;
       out.device = static_cast<c10::DeviceIndex>(seg.device);
       out.address = static_cast<std::size_t>(seg.address);
@@ -298,6 +300,7 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
       out.stream = reinterpret_cast<void*>(seg.stream);
       out.is_large = !seg.is_small;
       out.is_expandable = seg.is_expandable;
+      out.owner_private_pool_id = owner;
       for (const BlockInfo& b : seg.blocks) {
         c10::CachingDeviceAllocator::BlockInfo block;
         block.size = b.size;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/device_allocator_impl.h"
@@ -207,6 +208,12 @@ void AddBlock(SegmentInfo& info, const Block* b, const BlockInfo& bi) {
 
 std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
   core::DeviceMutexLock lock(&mu_);
+  // Private pools own plain segments only (PrivatePool), so only those need a pool id.
+  absl::flat_hash_map<const core::BlockPool*, MempoolId> owner;
+  for (const auto& [id, pool] : private_pools_) {
+    owner[&pool->small] = id;
+    owner[&pool->large] = id;
+  }
   std::vector<SegmentInfo> out;
   out.reserve(segments_.size());
   for (const auto& [ptr, segment] : segments_) {
@@ -216,6 +223,7 @@ std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
     info.total_size = segment->size;
     info.stream = segment->stream;
     info.is_small = segment->pool->is_small;
+    if (auto it = owner.find(segment->pool); it != owner.end()) info.pool_id = it->second;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
       AddBlock(info, b, DescribeBlock(b, b->ptr, b->ptr + b->size));
     }

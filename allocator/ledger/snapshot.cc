@@ -104,7 +104,7 @@ Json SegmentJson(const SegmentInfo& s, const History* history, FrameCache& frame
   j["requested_size"] = s.requested_size;
   j["stream"] = s.stream;
   j["segment_type"] = s.is_small ? "small" : "large";
-  j["segment_pool_id"] = Json::array({0, 0});
+  j["segment_pool_id"] = Json::array({s.pool_id.first, s.pool_id.second});
   j["is_expandable"] = s.is_expandable;
   j["handles"] = s.handles;  // vramledger's: physical handles backing the segment (issue 3)
   j["frames"] =

@@ -102,10 +102,20 @@ def _graph():
         eager = model(data)
         worst = max(worst, (static_out - eager).abs().max().item())
     assert worst < 1e-4, worst
+    # The graph's private pool names its segments in the snapshot (torch's segment_pool_id);
+    # in native mode torch's own _snapshot answers, and _snapshot(pool) holds only that pool.
+    pool = tuple(graph.pool())
+    snap = torch.cuda.memory._snapshot() if MODE == "native" else vramledger.snapshot()
+    owners = sorted({tuple(seg["segment_pool_id"]) for seg in snap["segments"]})
+    assert pool in owners, (pool, owners)
+    if MODE == "native":
+        only = torch.cuda.memory_snapshot(mempool_id=pool)
+        assert only and {tuple(seg["segment_pool_id"]) for seg in only} == {pool}, only[:1]
     before = torch.cuda.memory_reserved()
     del graph, static_out
     torch.cuda.empty_cache()
-    return f"max |graph - eager| = {worst:.2e}; reserved {before} -> {torch.cuda.memory_reserved()}"
+    return (f"max |graph - eager| = {worst:.2e}; pool {pool} in the snapshot's {owners}; "
+            f"reserved {before} -> {torch.cuda.memory_reserved()}")
 
 
 @check("failed capture leaves no pool behind")

@@ -182,5 +182,25 @@ TEST_F(GraphPoolsTest, NoEventQueryOrFreeWhileCapturing) {
   EXPECT_EQ(Reserved(), 0);
 }
 
+TEST_F(GraphPoolsTest, SnapshotNamesThePrivatePoolOfItsSegments) {
+  const DevicePtr eager = Alloc(4 * kMiB, kEager);
+  BeginCapture(kPool);
+  const DevicePtr captured = Alloc(4 * kMiB, kCapture);
+  EndCapture(kPool);
+  int in_pool = 0;
+  int in_default = 0;
+  for (const SegmentInfo& s : alloc_->Snapshot()) {
+    const bool holds_captured = captured >= s.address && captured < s.address + s.total_size;
+    EXPECT_EQ(s.pool_id, holds_captured ? kPool : (MempoolId{0, 0})) << "segment at " << s.address;
+    ++(holds_captured ? in_pool : in_default);
+  }
+  EXPECT_EQ(in_pool, 1);
+  EXPECT_EQ(in_default, 1);  // the eager block's
+  Free(captured);
+  Free(eager);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  for (const SegmentInfo& s : alloc_->Snapshot()) EXPECT_EQ(s.pool_id, (MempoolId{0, 0}));
+}
+
 }  // namespace
 }  // namespace vramledger

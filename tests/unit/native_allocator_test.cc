@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,6 +135,36 @@ TEST_F(NativeAllocatorTest, SnapshotCarriesSegmentsAndBlocksInTorchsStruct) {
   EXPECT_TRUE(found);
   EXPECT_FALSE(info.config_metadata.expandable_segments);
   EXPECT_EQ(info.config_metadata.max_split_size, SIZE_MAX);
+}
+
+// torch's snapshot(mempool_id): {0, 0} gives every segment, a private pool's id only that
+// pool's, each segment naming its owner (torch's segment_pool_id).
+TEST_F(NativeAllocatorTest, SnapshotOfAPrivatePoolHoldsOnlyItsSegments) {
+  constexpr c10::MempoolId_t kPool{0, 7};
+  c10::DataPtr outside = a_->AllocateOn(0, nullptr, 30 * kMiB);
+  a_->beginAllocateToPool(0, kPool, [](cudaStream_t) { return true; });
+  c10::DataPtr inside = a_->AllocateOn(0, nullptr, 30 * kMiB);
+  a_->endAllocateToPool(0, kPool);
+  auto owner_of = [](const torch_alloc::SnapshotInfo& info, const void* p) {
+    const auto at = reinterpret_cast<std::size_t>(p);
+    for (const auto& seg : info.segments) {
+      if (at >= seg.address && at < seg.address + seg.total_size) {
+        return std::optional<c10::MempoolId_t>(seg.owner_private_pool_id);
+      }
+    }
+    return std::optional<c10::MempoolId_t>();
+  };
+  const torch_alloc::SnapshotInfo all = a_->snapshot({0, 0}, false);
+  EXPECT_EQ(owner_of(all, inside.get()), std::optional<c10::MempoolId_t>(kPool));
+  EXPECT_EQ(owner_of(all, outside.get()), (std::optional<c10::MempoolId_t>({0, 0})));
+  const torch_alloc::SnapshotInfo only = a_->snapshot(kPool, false);
+  EXPECT_EQ(owner_of(only, inside.get()), std::optional<c10::MempoolId_t>(kPool));
+  EXPECT_FALSE(owner_of(only, outside.get()).has_value());
+  for (const auto& seg : only.segments) EXPECT_EQ(seg.owner_private_pool_id, kPool);
+  inside.clear();
+  outside.clear();
+  a_->releasePool(0, kPool);
+  EXPECT_TRUE(a_->snapshot(kPool, false).segments.empty());
 }
 
 TEST_F(NativeAllocatorTest, HistoryThroughTorchsSwitchShowsInTorchsSnapshotTraces) {

@@ -118,6 +118,21 @@ TEST_F(SnapshotTest, TopLevelSegmentBlockAndEntryKeysAreTorchs) {
   EXPECT_EQ(doc["external_annotations"], Json::array());
 }
 
+// A CUDA graph private pool's segment carries the pool's id, as torch's snapshot does.
+TEST_F(SnapshotTest, PrivatePoolSegmentsCarryTheirPoolId) {
+  constexpr StreamId kCapture = 0x20;
+  Alloc(3 * kMiB);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool({0, 3}, [](StreamId s) { return s == kCapture; }).ok());
+  const DevicePtr captured = Alloc(3 * kMiB, kCapture);
+  ASSERT_TRUE(alloc_->EndAllocateToPool({0, 3}).ok());
+  const Json doc = Snap();
+  ASSERT_EQ(doc["segments"].size(), 2u);
+  for (const Json& seg : doc["segments"]) {
+    const bool captured_here = seg["address"].get<DevicePtr>() == captured;
+    EXPECT_EQ(seg["segment_pool_id"], captured_here ? Json::array({0, 3}) : Json::array({0, 0}));
+  }
+}
+
 TEST_F(SnapshotTest, DeviceTracesAreTheActionsInOrder) {
   const DevicePtr a = Alloc(3 * kMiB);
   ASSERT_TRUE(alloc_->Free(a).ok());

@@ -53,6 +53,10 @@ struct BlockInfo {
   std::uint64_t context = 0;  // AllocatorHooks::CaptureContext at allocation (0 for inactive)
 };
 
+/// A CUDA graph private pool's id: torch's MempoolId_t (`std::pair<CaptureId_t, CaptureId_t>`);
+/// {0, 0} is the device's default pools.
+using MempoolId = std::pair<std::uint64_t, std::uint64_t>;
+
 /// One segment (a cudaMalloc'd range, or a mapped range of an expandable segment).
 struct SegmentInfo {
   int device = 0;
@@ -64,6 +68,7 @@ struct SegmentInfo {
   StreamId stream = 0;
   bool is_small = false;  // segment_type "small" / "large"
   bool is_expandable = false;
+  MempoolId pool_id = {0, 0};     // the private pool that owns it (torch's segment_pool_id)
   std::size_t handles = 1;        // physical handles backing it (expandable: one per page, or
                                   // per expandable_handle_mb of a run)
   std::vector<BlockInfo> blocks;  // in address order
@@ -131,8 +136,6 @@ struct HostTime {
 
 class DeviceAllocatorImpl;
 
-/// A CUDA graph private pool's id: torch's MempoolId_t (`std::pair<CaptureId_t, CaptureId_t>`).
-using MempoolId = std::pair<std::uint64_t, std::uint64_t>;
 /// Decides whether an allocation on a stream goes to a private pool (torch's filter callback).
 using StreamFilter = std::function<bool(StreamId)>;
 
