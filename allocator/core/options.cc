@@ -40,13 +40,21 @@ absl::StatusOr<double> ParseFraction(string_view key, string_view value, bool op
   return v;
 }
 
-absl::StatusOr<std::size_t> ParseMiB(string_view key, string_view value, std::size_t min_mib) {
+absl::StatusOr<std::size_t> ParseMiB(string_view key, string_view value, std::size_t min_mib,
+                                     std::size_t max_mib = SIZE_MAX >> 20) {
   std::uint64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v) || v < min_mib || v > (SIZE_MAX >> 20)) {
-    return Bad(key, value, absl::StrCat("an integer number of MiB, at least ", min_mib));
+  if (!absl::SimpleAtoi(value, &v) || v < min_mib || v > max_mib) {
+    return Bad(key, value,
+               max_mib == (SIZE_MAX >> 20)
+                   ? absl::StrCat("an integer number of MiB, at least ", min_mib)
+                   : absl::StrCat("an integer number of MiB in [", min_mib, ", ", max_mib, "]"));
   }
   return static_cast<std::size_t>(v) * kMiB;
 }
+
+// vramledger's sizes of one segment or one physical page: past 1 GiB every request on a smaller
+// card would fail with a misleading out-of-memory error (a tester's finding: 976 GiB pages).
+constexpr std::size_t kMaxSegmentOrPageMiB = 1024;
 
 // "4" or "[256:1,512:2,1024:4,>:8]": keys are MiB powers of two, '>' means every later interval.
 absl::Status ParseDivisions(string_view key, string_view value, Options* out) {
@@ -112,7 +120,7 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
   } else if (key == "expandable_segments") {
     return SetBool(key, value, &o->expandable_segments);
   } else if (key == "large_segment_size_mb") {
-    auto v = ParseMiB(key, value, 2);
+    auto v = ParseMiB(key, value, 2, kMaxSegmentOrPageMiB);
     if (!v.ok()) return v.status();
     if (*v % (2 * kMiB) != 0) return Bad(key, value, "a multiple of 2 MiB");
     o->large_segment_size = *v;
@@ -135,14 +143,15 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
   } else if (key == "page_recycling") {
     return SetBool(key, value, &o->page_recycling);
   } else if (key == "expandable_page_mb") {
-    auto v = ParseMiB(key, value, 2);
+    auto v = ParseMiB(key, value, 2, kMaxSegmentOrPageMiB);
     if (!v.ok()) return v.status();
     if (*v % (2 * kMiB) != 0) return Bad(key, value, "a multiple of 2 MiB");
     o->expandable_page_size = *v;
   } else if (key == "expandable_handle_mb") {
     std::uint64_t v = 0;
-    if (!absl::SimpleAtoi(value, &v) || v % 2 != 0 || v > (std::uint64_t{1} << 20)) {
-      return Bad(key, value, "0 or a multiple of 2 (MiB)");
+    if (!absl::SimpleAtoi(value, &v) || v % 2 != 0 || v > kMaxSegmentOrPageMiB) {
+      return Bad(key, value,
+                 absl::StrCat("0 or a multiple of 2 (MiB), at most ", kMaxSegmentOrPageMiB));
     }
     o->expandable_handle_size = static_cast<std::size_t>(v) * kMiB;
   } else if (key == "plan") {

@@ -408,7 +408,9 @@ void SimBackend::AdvanceClock(std::int64_t now_us) {
   if (config_.event_lag_us <= 0) return;
   for (auto& [stream, records] : lagging_) {
     std::uint64_t& through = completed_through_[stream];
-    while (!records.empty() && records.front().second + config_.event_lag_us <= now_us_) {
+    // now - recorded >= lag, not recorded + lag <= now: no overflow for any lag (records are
+    // never later than now_us_).
+    while (!records.empty() && now_us_ - records.front().second >= config_.event_lag_us) {
       through = std::max(through, records.front().first);
       records.pop_front();
     }

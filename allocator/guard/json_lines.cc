@@ -9,8 +9,9 @@ namespace {
 
 class Walker {
  public:
-  Walker(std::string_view text, std::map<std::string, int, std::less<>>* out)
-      : text_(text), out_(out) {}
+  Walker(std::string_view text, std::map<std::string, int, std::less<>>* out,
+         std::pair<std::string, int>* first_duplicate)
+      : text_(text), out_(out), first_duplicate_(first_duplicate) {}
 
   void Run() {
     SkipSpace();
@@ -81,7 +82,11 @@ class Walker {
       if (Peek() != ':') return;
       ++pos_;
       SkipSpace();
-      Value(path.empty() ? key : path + "/" + key, key_line);
+      const std::string member = path.empty() ? key : path + "/" + key;
+      if (first_duplicate_->second == 0 && out_->count(member) != 0) {
+        *first_duplicate_ = {member, key_line};  // a path is unique but for a repeated key
+      }
+      Value(member, key_line);
       SkipSpace();
       if (Peek() == ',') {
         ++pos_;
@@ -113,6 +118,7 @@ class Walker {
   static constexpr int kMaxDepth = 256;
   std::string_view text_;
   std::map<std::string, int, std::less<>>* out_;
+  std::pair<std::string, int>* first_duplicate_;
   std::size_t pos_ = 0;
   int line_ = 1;
   int depth_ = 0;
@@ -120,7 +126,9 @@ class Walker {
 
 }  // namespace
 
-JsonLineIndex::JsonLineIndex(std::string_view text) { Walker(text, &lines_).Run(); }
+JsonLineIndex::JsonLineIndex(std::string_view text) {
+  Walker(text, &lines_, &first_duplicate_).Run();
+}
 
 int JsonLineIndex::LineOf(std::string_view path) const {
   while (true) {

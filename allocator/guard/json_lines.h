@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace vramledger::guard {
 
@@ -23,8 +24,13 @@ class JsonLineIndex {
   /// element). An unknown path falls back to its nearest indexed ancestor; 1 if none.
   int LineOf(std::string_view path) const;
 
+  /// The first member whose key appears twice in one object, as {path, line of its second
+  /// appearance}; {"", 0} if none. (JSON parsers keep one of the two values silently.)
+  const std::pair<std::string, int>& first_duplicate() const { return first_duplicate_; }
+
  private:
   std::map<std::string, int, std::less<>> lines_;
+  std::pair<std::string, int> first_duplicate_{"", 0};
 };
 
 /// 1-based line of byte `offset` in `text` (offsets past the end give the last line).

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -42,6 +44,14 @@ class Reporter {
                                                    ": field '", Field(json_path), "': ", AV(what)));
   }
   int LineOf(std::string_view json_path) const { return index_.LineOf(json_path); }
+  // A key written twice in one object: an error at its second line (nlohmann keeps the last).
+  absl::Status CheckNoDuplicate() const {
+    const auto& [json_path, line] = index_.first_duplicate();
+    if (line == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(AV(path_), ":", line, ": field '", Field(json_path),
+                     "': given twice (a plan names each key once; JSON would keep the last)"));
+  }
   static std::string Field(std::string_view json_path) {
     return absl::StrReplaceAll(AV(json_path), {{"/", "."}});
   }
@@ -207,6 +217,7 @@ absl::StatusOr<Plan> ParsePlan(std::string_view text, std::string_view path, int
                                                    ": syntax error: ", SyntaxMessage(e.what())));
   }
   const Reporter r(path, text);
+  if (absl::Status s = r.CheckNoDuplicate(); !s.ok()) return s;
   if (!doc.is_object()) {
     return r.Error("", absl::StrCat("a plan is a JSON object, got ", doc.type_name()));
   }
@@ -232,6 +243,11 @@ absl::StatusOr<Plan> ParsePlan(std::string_view text, std::string_view path, int
 }
 
 absl::StatusOr<Plan> LoadPlanFile(std::string_view path, int device_count) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(std::string(path), ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AV(path), ": is a directory; the plan is a JSON file"));
+  }
   std::ifstream in{std::string(path), std::ios::binary};
   if (!in) {
     return absl::NotFoundError(

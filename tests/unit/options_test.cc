@@ -107,6 +107,9 @@ TEST(Options, BadValuesNameKeyAndExpectation) {
         Case{"expandable_handle_mb:-3", "multiple of 2"},
         Case{"expandable_handle_mb:8", "not a multiple of expandable_page_mb:6"},
         Case{"expandable_page_mb:8,expandable_handle_mb:12", "expandable_page_mb:8"},
+        Case{"expandable_page_mb:1000000", "in [2, 1024]"},
+        Case{"large_segment_size_mb:8796093022208", "in [2, 1024]"},
+        Case{"expandable_handle_mb:2048", "at most 1024"},
         Case{"justakey", "expected key:value"}}) {
     auto o = ParseOptions(c.conf);
     ASSERT_FALSE(o.ok()) << c.conf;

@@ -167,6 +167,15 @@ TEST(PlanErrorTest, UnknownKeyNamesFieldAndLine) {
               StartsWith("plan.json:2: field 'devices.0.categories': unknown key"));
 }
 
+// JSON parsers keep one of two values of a repeated key silently; a plan refuses it, at any depth.
+TEST(PlanErrorTest, AKeyGivenTwiceNamesItsSecondLine) {
+  EXPECT_EQ(Message(ParseError("{\"limit\": \"40GiB\",\n \"limit\": \"50GiB\"}")),
+            "plan.json:2: field 'limit': given twice (a plan names each key once; JSON would keep "
+            "the last)");
+  EXPECT_THAT(Message(ParseError("{\"devices\": {\"0\": {\"limit\": 1,\n\n \"limit\": 2}}}")),
+              StartsWith("plan.json:3: field 'devices.0.limit': given twice"));
+}
+
 TEST(PlanErrorTest, UnknownDevice) {
   const std::string text = "{\n  \"devices\": {\n    \"0\": {},\n    \"2\": {\"limit\": 1}\n  }\n}";
   EXPECT_EQ(Message(ParseError(text, 2)),
@@ -245,6 +254,13 @@ TEST(PlanErrorTest, UnreadableFileNamesThePath) {
   EXPECT_TRUE(absl::IsNotFound(plan.status()));
   EXPECT_THAT(Message(plan.status()),
               StartsWith("/nonexistent/plan.json: cannot read the plan file"));
+}
+
+TEST(PlanErrorTest, ADirectoryIsNotAPlan) {
+  auto plan = LoadPlanFile(::testing::TempDir(), 1);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(plan.status()));
+  EXPECT_THAT(Message(plan.status()), HasSubstr(": is a directory; the plan is a JSON file"));
 }
 
 TEST(PlanTest, LoadsAFile) {

@@ -3,6 +3,7 @@
 #include "device/sim_backend.h"
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,23 @@ TEST(SimBackendTest, EventsCompleteAfterTheLagOnTheClock) {
   EXPECT_TRUE(*sim.QueryEvent(b));
   sim.AdvanceClock(5000);  // its stale record is dropped without effect
   EXPECT_TRUE(*sim.QueryEvent(b));
+}
+
+// A lag near INT64_MAX at epoch-microsecond times (the bundled traces start at ~1.8e15 us) used
+// to overflow `recorded + lag` and complete every event at once (a tester's finding).
+TEST(SimBackendTest, AHugeLagNeverCompletesAnEventEarly) {
+  SimBackend::Config config;
+  config.event_lag_us = std::numeric_limits<std::int64_t>::max();
+  SimBackend sim(config);
+  EventId a = 0;
+  ASSERT_TRUE(sim.CreateEvent(&a).ok());
+  constexpr std::int64_t kEpochUs = 1'795'946'953'879'164;
+  sim.AdvanceClock(kEpochUs);
+  ASSERT_TRUE(sim.RecordEvent(a, 0).ok());
+  sim.AdvanceClock(kEpochUs + 6'720'000);
+  EXPECT_FALSE(*sim.QueryEvent(a));
+  ASSERT_TRUE(sim.SynchronizeEvent(a).ok());
+  EXPECT_TRUE(*sim.QueryEvent(a));
 }
 
 TEST(SimBackendTest, AddressesNeverOverlapAndAreAligned) {

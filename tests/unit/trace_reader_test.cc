@@ -187,6 +187,26 @@ TEST(ReadTraceFileTest, ErrorsNameThePath) {
                 "(alloc,1,2,0)");
 }
 
+// A NUL byte inside a line neither ends the line nor joins it with the next, and bytes that are
+// not printable ASCII are escaped in the message, so it stays valid UTF-8 (a tester's findings).
+TEST(ReadTraceFileTest, NulAndNonAsciiBytesAreBlamedOnTheirLineAndEscaped) {
+  const std::string nul = TempPath("trace_reader_test_nul.csv");
+  using std::string_literals::operator""s;  // keeps the NUL inside the literal
+  std::ofstream(nul, std::ios::binary)
+      << "action,addr,size,stream,time_us\nalloc,4\0" "96,100,0,2\nalloc,9000,100,0,3\n"s;
+  absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(nul);
+  ASSERT_FALSE(events.ok());
+  EXPECT_EQ(events.status().message(),
+            nul + R"(:2: addr is not an unsigned integer: '4\x0096' (alloc,4\x0096,100,0,2))");
+
+  const std::string latin = TempPath("trace_reader_test_latin.csv.gz");
+  WriteGzip(latin, WithHeader("alloc\xe9,4096,100,0,1"));
+  events = ReadTraceFile(latin);
+  ASSERT_FALSE(events.ok());
+  EXPECT_EQ(events.status().message(),
+            latin + R"(:2: unknown action 'alloc\xe9' (alloc\xe9,4096,100,0,1))");
+}
+
 TEST(ReadTraceFileTest, TruncatedGzipIsDataLoss) {
   std::string text = "action,addr,size,stream,time_us\n";
   for (int i = 0; i < 20000; ++i) text += "alloc," + std::to_string(i * 512) + ",512,0,1\n";

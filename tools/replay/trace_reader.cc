@@ -8,7 +8,6 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,9 +34,25 @@ constexpr absl::string_view kHeader = Absl(kTraceHeader);
 // Lines longer than this are cut in error messages.
 constexpr std::size_t kMaxQuotedChars = 160;
 
+// The text as an error message shows it: cut at kMaxQuotedChars, and every byte that is not
+// printable ASCII (a NUL, a control character, a non-UTF-8 byte) written as \xNN, so that the
+// message stays valid UTF-8 for Python (a tester's finding: a Latin-1 byte made the message
+// undecodable and the file and line were lost).
 std::string Quote(absl::string_view text) {
-  if (text.size() <= kMaxQuotedChars) return std::string(text);
-  return absl::StrCat(text.substr(0, kMaxQuotedChars), "...");
+  const bool cut = text.size() > kMaxQuotedChars;
+  if (cut) text = text.substr(0, kMaxQuotedChars);
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    }
+  }
+  if (cut) out += "...";
+  return out;
 }
 
 // Parses a whole field as a decimal integer of type T; false if anything else is there.
@@ -194,20 +209,24 @@ absl::StatusOr<std::vector<TraceEvent>> ReadTraceFile(const std::string& path) {
 
   std::vector<TraceEvent> events;
   LineParser parser(path, &events);
+  // gzread and a split on '\n', not gzgets: a NUL byte inside a line must not end it (strlen
+  // would drop the rest and join it with the next line, blaming the wrong one).
   std::array<char, 1 << 16> buffer;
-  std::string line_text;
+  std::string text;  // read, not yet fed: at most one partial line
   int line = 0;
-  bool pending = false;  // line_text holds a line not yet fed
-  while (gzgets(file.get(), buffer.data(), static_cast<int>(buffer.size())) != nullptr) {
-    const std::size_t n = std::strlen(buffer.data());
-    line_text.append(buffer.data(), n);
-    pending = true;
-    if (n == 0 || buffer[n - 1] != '\n') continue;  // a longer line: keep reading it
-    line_text.pop_back();
-    ++line;
-    if (absl::Status s = parser.Feed(line_text, line); !s.ok()) return s;
-    line_text.clear();
-    pending = false;
+  for (;;) {
+    const int got = gzread(file.get(), buffer.data(), static_cast<unsigned>(buffer.size()));
+    if (got <= 0) break;  // end of input, or an error (gzerror below)
+    text.append(buffer.data(), static_cast<std::size_t>(got));
+    std::size_t pos = 0;
+    for (std::size_t end; (end = text.find('\n', pos)) != std::string::npos; pos = end + 1) {
+      ++line;
+      if (absl::Status s = parser.Feed(absl::string_view(text).substr(pos, end - pos), line);
+          !s.ok()) {
+        return s;
+      }
+    }
+    text.erase(0, pos);
   }
   int errnum = Z_OK;
   const char* message = gzerror(file.get(), &errnum);
@@ -217,9 +236,9 @@ absl::StatusOr<std::vector<TraceEvent>> ReadTraceFile(const std::string& path) {
     }
     return absl::DataLossError(absl::StrCat(path, ":", line + 1, ": corrupt gzip data: ", message));
   }
-  if (pending) {
+  if (!text.empty()) {  // a last line without '\n'
     ++line;
-    if (absl::Status s = parser.Feed(line_text, line); !s.ok()) return s;
+    if (absl::Status s = parser.Feed(text, line); !s.ok()) return s;
   }
   if (absl::Status s = parser.Finish(line); !s.ok()) return s;
   return events;
