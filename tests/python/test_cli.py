@@ -29,13 +29,21 @@ MAX_SPLIT_TRACE = ("action,addr,size,stream,time_us\n"
                    f"alloc,3221225472,{300 * MIB},0,4\n")
 
 
-def run_cli(*args, env_conf=None):
+def run_cli(*args, env_conf=None, cwd=None):
     env = dict(os.environ)
     env.pop("VRAMLEDGER_CONF", None)
     if env_conf is not None:
         env["VRAMLEDGER_CONF"] = env_conf
     return subprocess.run([sys.executable, "-m", "vramledger", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
+
+
+def assert_cli_error(proc, message):
+    """Exit status 2 and one `vramledger: error:` holding `message`, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("vramledger: error: "), proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def replay_json(*args, env_conf=None):
@@ -401,3 +409,89 @@ def test_empty_and_short_traces_are_replayed_with_a_warning(tmp_path):
     proc = run_cli("replay", bad)
     assert proc.returncode == 2
     assert "expected the header 'action,addr,size,stream,time_us'; missing stream" in proc.stderr
+
+
+# ---- bad input: flags beyond the binding's 64-bit types, snapshot entries, ignored options ----
+
+INT64_MAX = (1 << 63) - 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpu-lag-us", str(1 << 63)], "--gpu-lag-us must be a non-negative number of "
+                                     f"microseconds, at most {INT64_MAX}, got {1 << 63}"),
+    (["--gpu-lag-us", "99999999999999999999"], "got 99999999999999999999"),
+    (["--sample-every", "99999999999999999999"],  # without --timeline too
+     f"--sample-every must be a positive number of events, at most {INT64_MAX}, "
+     "got 99999999999999999999"),
+    (["--snapshot", "s.json", "--max-entries", "99999999999999999999"],
+     f"--max-entries must be >= 1 and at most {INT64_MAX}, got 99999999999999999999"),
+    (["--timeline", "tl.csv", "--snapshot", "s.json", "--max-entries", "0"],
+     "--max-entries must be >= 1"),
+    (["--timeline", "-"], "--timeline -: the timeline is not written to stdout"),
+    (["--snapshot", "-"], "--snapshot -: the snapshot is not written to stdout"),
+])
+def test_replay_flags_out_of_range_are_refused_before_the_replay(tmp_path, args, message):
+    trace = tmp_path / "split.csv"
+    trace.write_text(MAX_SPLIT_TRACE)
+    proc = run_cli("replay", trace, *args, cwd=tmp_path)
+    assert_cli_error(proc, message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["split.csv"]  # nothing written
+
+
+SNAPSHOT_ENTRY = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "time_us": 1}
+
+
+@pytest.mark.parametrize("traces, message", [
+    ([[dict(SNAPSHOT_ENTRY, size=-5)]], "entry 1: 'size' must be an integer from 0 to 2**64 - 1, "
+                                        "got -5"),
+    ([[dict(SNAPSHOT_ENTRY, addr=-1)]], "entry 1: 'addr' must be an integer from 0 to 2**64 - 1"),
+    ([[SNAPSHOT_ENTRY, dict(SNAPSHOT_ENTRY, stream=-1)]], "entry 2: 'stream' must be an integer "
+                                                         "from 0 to 2**64 - 1, got -1"),
+    ([[dict(SNAPSHOT_ENTRY, size=1 << 70)]], f"'size' must be an integer from 0 to 2**64 - 1, "
+                                             f"got {1 << 70}"),
+    ([[dict(SNAPSHOT_ENTRY, size=True)]], "'size' must be an integer from 0 to 2**64 - 1, got True"),
+    ([[dict(SNAPSHOT_ENTRY, time_us=1 << 63)]], "'time_us' must be a 64-bit signed integer"),
+    ([[dict(SNAPSHOT_ENTRY, time_us="now")]], "'time_us' must be a 64-bit signed integer"),
+    ([[{"action": "oom", "size": 5}]], "entry 1: an 'oom' entry without 'device_free'"),
+    ([[{"size": 5}]], "entry 1: no 'action'"),
+    ([[5]], "device_traces[0] entry 1: must be a dict, got 5"),
+    ([5], "device_traces[0] must be a list of trace entries (dicts), got 5"),
+])
+def test_snapshot_pickle_entries_are_checked_against_the_bindings_ranges(tmp_path, traces,
+                                                                         message):
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(pickle.dumps({"device_traces": traces, "segments": []}))
+    proc = run_cli("replay", path)
+    assert_cli_error(proc, f"{path}: device_traces[0]")
+    assert message in proc.stderr
+    assert_cli_error(run_cli("replay", path, "--snapshot", tmp_path / "s.json"), message)
+
+
+@pytest.mark.parametrize("segments, message", [
+    (5, "'segments' must be a list, got 5"),
+    ([5], "segments[0] must be a dict, got 5"),
+    ([{"device": 0, "total_size": "x"}], "segments[0]: 'total_size' must be a non-negative "
+                                         "integer, got 'x'"),
+    ([{"device": "gpu"}], "segments[0]: 'device' must be a non-negative integer, got 'gpu'"),
+])
+def test_snapshot_pickle_segments_are_checked(tmp_path, segments, message):
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(pickle.dumps({"device_traces": [[SNAPSHOT_ENTRY]], "segments": segments}))
+    assert_cli_error(run_cli("replay", path), f"{path}: {message}")
+
+
+def test_replay_warns_that_it_ignores_plan_and_step_log(tmp_path):
+    trace = tmp_path / "split.csv"
+    trace.write_text(MAX_SPLIT_TRACE)
+    proc = run_cli("replay", trace, "--conf", "plan:/nonexist.json,step_log:/proc/x")
+    assert proc.returncode == 0, proc.stderr
+    assert ("vramledger: warning: option plan:/nonexist.json is ignored by the replay: it neither "
+            "loads nor enforces plan files (the guard and the step logs run in the torch plugin"
+            in proc.stderr)
+    assert ("vramledger: warning: option step_log:/proc/x is ignored by the replay: it writes no "
+            "step logs" in proc.stderr)
+    assert "LD_PRELOAD shim" in proc.stderr
+    proc = run_cli("replay", trace, env_conf="plan:/from/env.json")  # VRAMLEDGER_CONF too
+    assert proc.returncode == 0, proc.stderr
+    assert "option plan:/from/env.json is ignored by the replay" in proc.stderr
+    assert "ignored by the replay" not in run_cli("replay", trace).stderr

@@ -154,6 +154,60 @@ def test_plan_errors_are_cli_errors(tmp_path):
     assert proc.returncode == 2 and "--params: expected a count" in proc.stderr
 
 
+def assert_cli_error(proc, message):
+    """Exit status 2 and one `vramledger: error:` holding `message`, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("vramledger: error: "), proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+GPT2M_FLAGS = ["--layers", "24", "--hidden", "1024", "--heads", "16", "--vocab", "50257"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--card-gib", "nan"], "--card-gib must be a positive number of GiB, at most 1000000, got nan"),
+    (["--card-gib", "inf"], "--card-gib must be a positive number of GiB"),
+    (["--card-gib", "0"], "--card-gib must be a positive number of GiB, at most 1000000, got 0.0"),
+    (["--card-gib", "-1"], "--card-gib must be a positive number of GiB"),
+    (["--params", "1e400"], "--params must be a finite count of at least 1, got '1e400'"),
+    (["--params", "0"], "--params must be a finite count of at least 1, got '0'"),
+    (["--seq", "0"], "--seq must be at least 1, got 0"),
+    (["--batch", "0"], "--batch must be at least 1, got 0"),
+    (["--heads", "0"], "--heads must be at least 1, got 0"),
+    (["--kv-heads", "0"], "--kv-heads must be at least 1, got 0"),
+    (["--kv-heads", "5"], "the key/value heads (--kv-heads, or num_key_value_heads in --config) "
+                          "must divide the 16 attention heads, got 5"),
+    (["--intermediate", "0"], "--intermediate must be at least 1, got 0"),
+    (["--lora-rank", "-1"], "--lora-rank must be at least 0, got -1"),
+    (["--headroom", "1.5"], "--headroom must be in [0, 1), got 1.5"),
+    (["--headroom", "nan"], "--headroom must be in [0, 1), got nan"),
+    (["--fragmentation", "nan"], "--fragmentation must be a finite number of at least 1, got nan"),
+    (["--fragmentation", "0"], "--fragmentation must be a finite number of at least 1, got 0.0"),
+    (["--warn-at", "5"], "--warn-at must be in (0, 1], got 5.0"),
+    (["--warn-at", "nan"], "--warn-at must be in (0, 1], got nan"),
+])
+@pytest.mark.parametrize("out", [False, True], ids=["no-out", "out"])
+def test_plan_refuses_bad_numbers_with_or_without_out(tmp_path, args, message, out):
+    plan_file = tmp_path / "p.json"
+    proc = run_cli("plan", *GPT2M_FLAGS, *args, *(["--out", plan_file] if out else []))
+    assert_cli_error(proc, message)
+    assert not plan_file.exists()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_hidden_layers", "x", "'num_hidden_layers' must be an integer of at least 1, got 'x'"),
+    ("n_embd", 0, "'n_embd' must be an integer of at least 1, got 0"),
+    ("n_head", True, "'n_head' must be an integer of at least 1, got True"),
+    ("n_positions", 1.5, "'n_positions' must be an integer of at least 0, got 1.5"),
+    ("num_key_value_heads", 5, "must divide the 16 attention heads, got 5"),
+])
+def test_plan_config_fields_must_be_integers(tmp_path, field, value, message):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(GPT2M_CONFIG, **{field: value})))
+    assert_cli_error(run_cli("plan", "--config", config), message)
+
+
 # ---- vramledger report ----
 
 def write_rank_log(directory, rank, peaks_gib, reserved_extra=1.1):
@@ -379,3 +433,28 @@ def test_refusal_from_python_lists_the_python_frames_innermost_first(tmp_path):
         assert frames[1].startswith("    <string>:") and frames[1].endswith(" in train_step")
         assert any(f.startswith("    [native] ") for f in frames)
         assert "forensic snapshot: " + str(tmp_path / "dumps") in text
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"peak_allocated_bytes": -5}, "field 'peak_allocated_bytes' must be a non-negative integer, "
+                                   "got -5"),
+    ({"peak_reserved_bytes": True}, "field 'peak_reserved_bytes' must be a non-negative integer, "
+                                    "got True"),
+    ({"peak_reserved_bytes": 1.5}, "field 'peak_reserved_bytes' must be a non-negative integer"),
+    ({"warnings": "x"}, "field 'warnings' must be a non-negative integer, got 'x'"),
+    ({"rank": -1}, "field 'rank' must be a non-negative integer, got -1"),
+])
+def test_report_refuses_negative_or_boolean_fields(tmp_path, record, message):
+    path = tmp_path / "vramledger-steps-rank0.jsonl"
+    path.write_text(json.dumps({"rank": 0, "peak_allocated_bytes": GIB,
+                                "peak_reserved_bytes": GIB, **record}) + "\n")
+    assert_cli_error(run_cli("report", tmp_path), f"{path}:1: {message}")
+
+
+@pytest.mark.parametrize("threshold", ["-1", "nan", "inf"])
+def test_report_refuses_a_bad_threshold(tmp_path, threshold):
+    write_rank_log(tmp_path, 0, [10.0])
+    assert_cli_error(run_cli("report", tmp_path, "--threshold", threshold),
+                     f"--threshold must be a non-negative fraction of the median (0.05: 5%), "
+                     f"got {float(threshold)}")
+    assert run_cli("report", tmp_path, "--threshold", "0").returncode == 0

@@ -151,6 +151,93 @@ def test_plot_of_a_snapshot_without_trace_says_so(tmp_path):
     assert proc.returncode == 2 and "no trace entries" in proc.stderr, proc.stderr
 
 
+def assert_cli_error(proc, message):
+    """Exit status 2 and one `vramledger: error:` holding `message`, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("vramledger: error: "), proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _set(path, value):
+    """A mutation of the native fixture: sets the key at `path` (keys and indices) to `value`."""
+    def apply(snap):
+        target = snap
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return apply
+
+
+@pytest.mark.parametrize("mutate, text, message", [
+    (_set(("segments", 0, "total_size"), "x"), None,
+     "segments[0]: 'total_size' must be a non-negative integer, got 'x'"),
+    (_set(("segments", 0, "total_size"), "x"), ('"x"', "NaN"),
+     "segments[0]: 'total_size' must be a non-negative integer, got nan"),
+    (_set(("segments", 0, "total_size"), "x"), ('"x"', "1e400"),
+     "segments[0]: 'total_size' must be a non-negative integer, got inf"),
+    (_set(("segments", 0, "address"), -4096), None,
+     "segments[0]: 'address' must be a non-negative integer, got -4096"),
+    (_set(("segments", 0, "blocks", 1, "size"), "big"), None,
+     "segments[0].blocks[1]: 'size' must be a non-negative integer, got 'big'"),
+    (_set(("segments", 0, "blocks"), None), None, "segments[0]: 'blocks' must be a list, got None"),
+    (_set(("segments", 0, "blocks", 0, "frames"), "abc"), None,
+     "segments[0].blocks[0]: 'frames' must be a list, got 'abc'"),
+    (_set(("segments", 0, "blocks", 0, "frames"), [5]), None,
+     "segments[0].blocks[0].frames[0] must be a dict, got 5"),
+    (_set(("segments", 0, "blocks", 0, "frames", 0, "line"), "x"), None,
+     "segments[0].blocks[0].frames[0]: 'line' must be an integer, got 'x'"),
+    (_set(("segments", 0, "device"), "gpu"), None,
+     "segments[0]: 'device' must be a non-negative integer, got 'gpu'"),
+    (_set(("device_traces", 0, 0, "size"), True), None,
+     "device_traces[0][0]: 'size' must be a non-negative integer, got True"),
+    (_set(("allocator_settings",), 5), None, "'allocator_settings' must be a dict, got 5"),
+], ids=["size-str", "size-nan", "size-1e400", "address-negative", "block-size", "blocks-null",
+        "frames-str", "frames-int", "frame-line", "device-str", "entry-size-bool", "settings"])
+def test_inspect_diff_convert_refuse_mistyped_fields(tmp_path, mutate, text, message):
+    snap = load_raw(FIXTURES / "snapshot-native.pickle")
+    mutate(snap)
+    encoded = json.dumps(snap)
+    if text is not None:  # what json.dumps cannot write: NaN and 1e400 as JSON numbers
+        encoded = encoded.replace(*text, 1)
+    path = tmp_path / "bad.json"
+    path.write_text(encoded)
+    out = tmp_path / "out.pickle"
+    good = FIXTURES / "snapshot-native.pickle"
+    for args in (["inspect", path], ["inspect", path, "--json"], ["diff", good, path],
+                 ["diff", path, good], ["convert", path, out]):
+        assert_cli_error(run_cli(*args), f"{path}: {message}")
+    assert not out.exists()
+
+
+def test_inspect_plot_names_a_bad_path_and_follows_the_extension(tmp_path):
+    snapshot = TORCH_SNAPSHOTS[2]
+    jpg = tmp_path / "x.jpg"
+    assert_cli_error(run_cli("inspect", snapshot, "--plot", jpg),
+                     f"{jpg}: --plot writes .png, .svg, .pdf files")  # as replay --plot
+    assert not jpg.exists()
+    pytest.importorskip("matplotlib")
+    missing = tmp_path / "no-such-dir" / "x.png"
+    assert_cli_error(run_cli("inspect", snapshot, "--plot", missing),
+                     f"{missing}: cannot write the plot: No such file or directory")
+    svg = tmp_path / "x.SVG"
+    proc = run_cli("inspect", snapshot, "--plot", svg)
+    assert proc.returncode == 0, proc.stderr
+    assert svg.read_bytes().startswith(b"<?xml")
+
+
+@pytest.mark.parametrize("device, message", [
+    ("-1", "--device must be a device index (0 or more), got -1"),
+    ("99", "--device 99: {path} has no segments or trace entries of device 99 (devices with "
+           "either: 0)"),
+])
+def test_inspect_names_a_device_the_snapshot_lacks(device, message):
+    path = TORCH_SNAPSHOTS[2]
+    proc = run_cli("inspect", path, "--device", device)
+    assert_cli_error(proc, message.format(path=path))
+    assert "the snapshot is empty" not in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("path", TORCH_SNAPSHOTS, ids=lambda p: p.name)
 def test_convert_pickle_json_pickle_round_trips_to_the_same_dict(tmp_path, path):
     original = load_raw(path)

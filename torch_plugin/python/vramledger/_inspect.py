@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
+from vramledger import _timeline
+
 _POOLS = ("all", "large_pool", "small_pool")
 _ACTIVE = ("active_allocated", "active_pending_free")
 # Library frames: torch itself, the Python standard library, and vramledger.
@@ -285,11 +287,14 @@ def downsample(values: list, width: int) -> list[tuple[int, int]]:
 
 def plot_png(snap: dict, path: str, title: str) -> list[int]:
     """Draws allocated and reserved over the trace, one panel per device with a trace, into a
-    PNG (matplotlib, Agg backend). Returns the devices drawn.
+    PNG, SVG or PDF by the name's extension (_timeline.plot_format; matplotlib, Agg backend).
+    Returns the devices drawn.
 
     Raises:
       ValueError: the snapshot has no trace entries. ImportError: matplotlib is missing.
+      OSError: the file cannot be written. _timeline.TimelineError: another extension.
     """
+    fmt = _timeline.plot_format(path)
     devices = [d for d in devices_of(snap) if timeline(snap, d)["entries"] > 0]
     if not devices:
         raise ValueError("the snapshot has no trace entries (device_traces is empty), so there "
@@ -312,9 +317,11 @@ def plot_png(snap: dict, path: str, title: str) -> list[int]:
         ax.set_ylabel("GiB")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110, format=fmt)
+    finally:
+        plt.close(fig)
     return devices
 
 

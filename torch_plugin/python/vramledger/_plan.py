@@ -98,14 +98,20 @@ class Model:
 
 
 def parse_count(text: str | int | float) -> int:
-    """"7B", "354.8M", "1.1e9", 7000000000 -> an integer count. PlanError otherwise."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*", str(text), re.I)
-    if not m:
-        raise PlanError(f"--params: expected a count such as 7B, 354.8M or 1.1e9, got {text!r}")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
-    return int(round(float(m.group(1)) * scale))
+    """"7B", "354.8M", "1.1e9", 7000000000 -> an integer count of at least 1. PlanError
+    otherwise (also for 0, NaN and counts too large for a float, such as 1e400)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*", str(text), re.I)
+        if not m:
+            raise PlanError(f"--params: expected a count such as 7B, 354.8M or 1.1e9, "
+                            f"got {text!r}")
+        value = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[
+            m.group(2).lower()]
+    if not (math.isfinite(value) and round(value) >= 1):
+        raise PlanError(f"--params must be a finite count of at least 1, got {text!r}")
+    return int(round(value))
 
 
 def model_from_config(path: str) -> Model:
@@ -123,9 +129,13 @@ def model_from_config(path: str) -> Model:
         raise PlanError(f"{path}: a config.json is a JSON object")
     kind = str(c.get("model_type", ""))
 
-    def first(*keys: str, default: Any = None) -> Any:
+    def first(*keys: str, default: Any = None, minimum: int = 1) -> Any:
+        """The first of `keys` the config sets: an integer of at least `minimum`."""
         for k in keys:
             if c.get(k) is not None:
+                if type(c[k]) is not int or c[k] < minimum:  # bool is no count
+                    raise PlanError(f"{path}: {k!r} must be an integer of at least {minimum}, "
+                                    f"got {c[k]!r:.60}")
                 return c[k]
         return default
 
@@ -136,11 +146,11 @@ def model_from_config(path: str) -> Model:
     m.kv_heads = first("num_key_value_heads", default=m.heads)
     m.vocab = first("vocab_size")
     m.intermediate = first("intermediate_size", "n_inner", "ffn_dim")
-    act = str(first("hidden_act", "activation_function", default=""))
+    act = str(c.get("hidden_act") or c.get("activation_function") or "")
     if kind in ("gpt2",):
         m.mlp = "gelu-tanh" if act in TANH_GELU or not act else "gelu"
         m.tied = bool(c.get("tie_word_embeddings", True))
-        m.positions = int(first("n_positions", "max_position_embeddings", default=0))
+        m.positions = first("n_positions", "max_position_embeddings", default=0, minimum=0)
         m.biases = True
     elif kind in GATED_TYPES or act in ("silu", "swish", "swiglu"):
         m.mlp = "gated"
@@ -363,17 +373,24 @@ def estimate(model: Model, setup: Setup) -> dict[str, Any]:
     return out
 
 
+def check_plan_fractions(headroom: float, fragmentation: float, warn_at: float) -> None:
+    """PlanError unless 0 <= headroom < 1, 1 <= fragmentation (finite) and 0 < warn_at <= 1;
+    NaN fails every comparison, so it is refused too."""
+    if not 0 <= headroom < 1:
+        raise PlanError(f"--headroom must be in [0, 1), got {headroom}")
+    if not (math.isfinite(fragmentation) and fragmentation >= 1):
+        raise PlanError(f"--fragmentation must be a finite number of at least 1, "
+                        f"got {fragmentation}")
+    if not 0 < warn_at <= 1:
+        raise PlanError(f"--warn-at must be in (0, 1], got {warn_at}")
+
+
 def plan_document(est: dict[str, Any], headroom: float, fragmentation: float, warn_at: float,
                   category_limits: bool, source: str) -> dict[str, Any]:
     """The plan file for an estimate: limit = peak x fragmentation / (1 - headroom), rounded up to
     256 MiB and capped at the card; headroom = that fraction of the limit; so the guard refuses
     at about peak x fragmentation. Category limits (optional) are each estimate x 1.25."""
-    if not 0 <= headroom < 1:
-        raise PlanError(f"--headroom must be in [0, 1), got {headroom}")
-    if fragmentation < 1:
-        raise PlanError(f"--fragmentation must be at least 1, got {fragmentation}")
-    if not 0 < warn_at <= 1:
-        raise PlanError(f"--warn-at must be in (0, 1], got {warn_at}")
+    check_plan_fractions(headroom, fragmentation, warn_at)
     card = est["card_bytes"]
     step = 256 * MIB
     limit = int(math.ceil(est["total_bytes"] * fragmentation / (1 - headroom) / step) * step)
@@ -462,9 +479,29 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+# Integer flags of `vramledger plan` and their least value; an explicit 0 is a value too.
+_INT_FLAGS = (("layers", 1), ("hidden", 1), ("heads", 1), ("kv_heads", 1), ("intermediate", 1),
+              ("vocab", 1), ("seq", 1), ("batch", 1), ("gpus", 1), ("lora_rank", 0))
+MAX_CARD_GIB = 1e6  # as replay --capacity-gib
+
+
+def check_flags(args) -> None:
+    """Refuses out-of-range numeric flags before any estimate, with or without --out."""
+    for flag, minimum in _INT_FLAGS:
+        value = getattr(args, flag)
+        if value is not None and value < minimum:
+            raise PlanError(f"--{flag.replace('_', '-')} must be at least {minimum}, got {value}")
+    if args.card_gib is not None and not (0 < args.card_gib <= MAX_CARD_GIB  # NaN fails too
+                                          and int(args.card_gib * GIB) > 0):
+        raise PlanError(f"--card-gib must be a positive number of GiB, at most "
+                        f"{MAX_CARD_GIB:.0f}, got {args.card_gib}")
+    check_plan_fractions(args.headroom, args.fragmentation, args.warn_at)
+
+
 def run(args, cli_error: type[Exception]) -> int:
     """Runs `vramledger plan` with parsed `args`; errors become `cli_error`."""
     try:
+        check_flags(args)
         model = model_from_config(args.config) if args.config else Model(name="model")
         for flag, attr in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"),
                            ("kv_heads", "kv_heads"), ("intermediate", "intermediate"),
@@ -477,8 +514,15 @@ def run(args, cli_error: type[Exception]) -> int:
             model.params = parse_count(args.params)
         if args.config is None and model.params is None and not model.has_shape():
             raise PlanError("give --config, or --params, or the shape (--layers, --hidden, --vocab)")
-        seq = args.seq or 1024
-        card = int(args.card_gib * GIB) if args.card_gib else H200_BYTES
+        if model.kv_heads and not model.heads:
+            raise PlanError(f"{model.kv_heads} key/value heads (--kv-heads) without the attention "
+                            "heads they share (--heads, or num_attention_heads in --config)")
+        if model.kv_heads and model.heads % model.kv_heads:
+            raise PlanError(f"the key/value heads (--kv-heads, or num_key_value_heads in "
+                            f"--config) must divide the {model.heads} attention heads, got "
+                            f"{model.kv_heads}")
+        seq = 1024 if args.seq is None else args.seq
+        card = H200_BYTES if args.card_gib is None else int(args.card_gib * GIB)
         setup = Setup(seq=seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
                       checkpointing=args.checkpointing, lora_rank=args.lora_rank,
                       lora_targets=args.lora_targets, qlora=args.qlora,

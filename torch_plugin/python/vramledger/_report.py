@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -40,7 +41,7 @@ def load_logs(directory: str) -> dict[int, list[dict[str, Any]]]:
     for path in files:
         m = _RANK_IN_NAME.search(os.path.basename(path))
         default_rank = int(m.group(1)) if m else None
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:  # bad bytes: not JSON
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -51,12 +52,20 @@ def load_logs(directory: str) -> dict[int, list[dict[str, Any]]]:
                 if not isinstance(record, dict):
                     raise ReportError(f"{path}:{number}: expected a JSON object")
                 for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
-                    if not isinstance(record.get(key), int):
+                    if key not in record:
                         raise ReportError(f"{path}:{number}: missing integer field '{key}'")
+                for key in ("peak_allocated_bytes", "peak_reserved_bytes", "warnings"):
+                    value = record.get(key, 0)
+                    if type(value) is not int or value < 0:  # bool is no count
+                        raise ReportError(f"{path}:{number}: field '{key}' must be a "
+                                          f"non-negative integer, got {value!r:.60}")
                 rank = record.get("rank", default_rank)
-                if not isinstance(rank, int):
+                if rank is None:
                     raise ReportError(f"{path}:{number}: no rank (field 'rank' or rankN in the "
                                       "file name)")
+                if type(rank) is not int or rank < 0:
+                    raise ReportError(f"{path}:{number}: field 'rank' must be a non-negative "
+                                      f"integer, got {rank!r:.60}")
                 ranks.setdefault(rank, []).append(record)
     return ranks
 
@@ -127,6 +136,9 @@ def add_arguments(p) -> None:
 
 def run(args, cli_error: type[Exception]) -> int:
     """Runs `vramledger report`; errors become `cli_error`."""
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):
+        raise cli_error(f"--threshold must be a non-negative fraction of the median (0.05: 5%), "
+                        f"got {args.threshold}")
     try:
         summary = summarise(load_logs(args.dir), args.threshold)
     except (ReportError, OSError) as e:

@@ -29,6 +29,11 @@ PICKLE_PROTOCOL = 4
 _JSON_SUFFIXES = (".json", ".json.gz")
 _SEGMENT_KEYS = ("address", "total_size", "stream", "blocks")
 _BLOCK_KEYS = ("size", "state")
+# Keys that hold non-negative integers (bytes, addresses, stream ids, device indices) where present.
+_SEGMENT_COUNTS = ("address", "total_size", "stream", "device", "allocated_size", "active_size",
+                   "requested_size")
+_BLOCK_COUNTS = ("address", "size", "requested_size")
+_ENTRY_COUNTS = ("addr", "size", "stream", "device_free")
 
 
 class SnapshotFormatError(ValueError):
@@ -261,8 +266,46 @@ def load_snapshot(path: str) -> dict:
     return normalize(data)
 
 
+def _at(where: str, key: str) -> str:
+    """Names d[key] in a message: "segments[0]: 'size'", or "'key'" at the top level."""
+    return f"{where}: {key!r}" if where else repr(key)
+
+
+def _count(path: str, d: dict, key: str, where: str) -> None:
+    """A non-negative integer (sizes, addresses, streams, devices) at d[key], where present."""
+    value = d.get(key, 0)
+    if type(value) is not int or value < 0:  # bool is no count; NaN and 1e400 are floats
+        raise _fail(path, f"{_at(where, key)} must be a non-negative integer, got {value!r:.60}")
+
+
+def _list(path: str, d: dict, key: str, where: str) -> list:
+    value = d.get(key, [])
+    if not isinstance(value, list):
+        raise _fail(path, f"{_at(where, key)} must be a list, got {value!r:.60}")
+    return value
+
+
+def _dict(path: str, d: dict, key: str, where: str) -> dict:
+    value = d.get(key, {})
+    if not isinstance(value, dict):
+        raise _fail(path, f"{_at(where, key)} must be a dict, got {value!r:.60}")
+    return value
+
+
+def _frames(path: str, d: dict, where: str) -> None:
+    """d['frames'], where present: a list of dicts whose 'line' is an integer."""
+    for k, frame in enumerate(_list(path, d, "frames", where)):
+        if not isinstance(frame, dict):
+            raise _fail(path, f"{where}.frames[{k}] must be a dict, got {frame!r:.60}")
+        if type(frame.get("line", 0)) is not int:
+            raise _fail(path, f"{where}.frames[{k}]: 'line' must be an integer, "
+                              f"got {frame['line']!r:.60}")
+
+
 def validate(data: Any, path: str = "<snapshot>") -> None:
-    """Checks the keys every reader relies on; raises SnapshotFormatError naming the first gap."""
+    """Checks the keys every reader relies on and their types (sizes and addresses are
+    non-negative integers, blocks and frames lists); raises SnapshotFormatError naming the first
+    segment, block, trace entry or key that is wrong."""
     if not isinstance(data, dict):
         raise _fail(path, f"the top level is a {type(data).__name__}, not a dict")
     segments = data.get("segments")
@@ -271,16 +314,40 @@ def validate(data: Any, path: str = "<snapshot>") -> None:
     traces = data.setdefault("device_traces", [])
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise _fail(path, "'device_traces' is not a list of lists")
+    _dict(path, data, "allocator_settings", "")
     for i, seg in enumerate(segments):
+        where = f"segments[{i}]"
         if not isinstance(seg, dict):
-            raise _fail(path, f"segments[{i}] is not a dict")
+            raise _fail(path, f"{where} is not a dict")
         for key in _SEGMENT_KEYS:
             if key not in seg:
-                raise _fail(path, f"segments[{i}] has no {key!r}")
-        for j, block in enumerate(seg["blocks"]):
+                raise _fail(path, f"{where} has no {key!r}")
+        for key in _SEGMENT_COUNTS:
+            _count(path, seg, key, where)
+        _frames(path, seg, where)
+        for j, block in enumerate(_list(path, seg, "blocks", where)):
+            at = f"{where}.blocks[{j}]"
             if not isinstance(block, dict) or any(k not in block for k in _BLOCK_KEYS):
-                raise _fail(path, f"segments[{i}].blocks[{j}] lacks 'size' or 'state'")
+                raise _fail(path, f"{at} lacks 'size' or 'state'")
+            for key in _BLOCK_COUNTS:
+                _count(path, block, key, at)
+            _frames(path, block, at)
     for d, entries in enumerate(traces):
         for i, e in enumerate(entries):
+            where = f"device_traces[{d}][{i}]"
             if not isinstance(e, dict) or "action" not in e:
-                raise _fail(path, f"device_traces[{d}][{i}] has no 'action'")
+                raise _fail(path, f"{where} has no 'action'")
+            for key in _ENTRY_COUNTS:
+                _count(path, e, key, where)
+            _frames(path, e, where)
+    extra = data.get("vramledger")
+    if isinstance(extra, dict):  # vramledger's own figures (inspect shows its peaks)
+        _dict(path, extra, "history", "vramledger")
+        for k, dev in enumerate(_list(path, extra, "devices", "vramledger")):
+            where = f"vramledger.devices[{k}]"
+            if not isinstance(dev, dict):
+                raise _fail(path, f"{where} must be a dict, got {dev!r:.60}")
+            for name, value in _dict(path, dev, "stats", where).items():
+                if type(value) not in (int, float):
+                    raise _fail(path, f"{where}.stats: {name!r} must be a number, "
+                                      f"got {value!r:.60}")

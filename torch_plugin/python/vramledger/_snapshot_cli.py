@@ -2,7 +2,7 @@
 # `replay --snapshot` option; registered by cli.py. Stateless; one call per process.
 """``vramledger inspect | convert | diff`` and ``vramledger replay TRACE --snapshot OUT``.
 
-inspect FILE [--top N] [--device N] [--plot out.png] [--html out.html] [--json]
+inspect FILE [--top N] [--device N] [--plot out.png|.svg|.pdf] [--html out.html] [--json]
     Totals like memory_summary, fragmentation, holes per stream, the largest free block and the
     top N live allocations by innermost user frame of a snapshot (vramledger's or torch's, pickle
     or JSON, plain or .gz).
@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from vramledger import _inspect, _snapshot
+from vramledger import _inspect, _snapshot, _timeline
 
 _error: Callable[[str], Exception] = RuntimeError  # replaced by register()
 
@@ -48,8 +48,20 @@ def _kind(path: str) -> str:
 def _inspect_cmd(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise _error(f"--top must be >= 0, got {args.top}")
+    if args.device is not None and args.device < 0:
+        raise _error(f"--device must be a device index (0 or more), got {args.device}")
+    if args.plot:  # before reading the snapshot, as replay --plot: .png, .svg or .pdf
+        try:
+            _timeline.plot_format(args.plot)
+        except _timeline.TimelineError as e:
+            raise _error(str(e)) from e
     snap = _load(args.file)
     if args.device is not None:
+        devices = _inspect.devices_of(snap)
+        if args.device not in devices:
+            raise _error(f"--device {args.device}: {args.file} has no segments or trace entries "
+                         f"of device {args.device} (devices with either: "
+                         f"{', '.join(map(str, devices)) or 'none'})")
         snap = dict(snap, segments=[s for s in snap["segments"]
                                     if int(s.get("device", 0)) == args.device])
         traces = snap.get("device_traces", [])
@@ -66,6 +78,8 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
             raise _error(f"--plot: {args.file}: {e}") from e
         except ImportError as e:
             raise _error(f"--plot needs matplotlib ({e}); pip install matplotlib") from e
+        except OSError as e:
+            raise _error(f"{args.plot}: cannot write the plot: {e.strerror or e}") from e
         print(f"vramledger: wrote {args.plot} (devices {', '.join(map(str, devices))})",
               file=sys.stderr)
     if args.html:
@@ -114,7 +128,9 @@ def register(commands: Any, error: Callable[[str], Exception]) -> None:
     p.add_argument("--top", type=int, default=10, metavar="N",
                    help="allocation groups to list (default 10)")
     p.add_argument("--device", type=int, default=None, metavar="N", help="only this device")
-    p.add_argument("--plot", metavar="OUT.png", help="draw allocated and reserved over the trace")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="draw allocated and reserved over the trace as a PNG (.svg and .pdf by "
+                        "the name; needs matplotlib)")
     p.add_argument("--html", metavar="OUT.html",
                    help="write a self-contained HTML page (no network needed)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -152,12 +168,20 @@ def add_replay_snapshot_args(replay: argparse.ArgumentParser) -> None:
                         help="trace entries the snapshot's history keeps (default: all)")
 
 
+def check_replay_snapshot_args(args: argparse.Namespace) -> None:
+    """Refuses a bad --max-entries or --snapshot before the replay runs (cli.py calls this)."""
+    if not 1 <= args.max_entries <= sys.maxsize:  # the binding takes a 64-bit count
+        raise _error(f"--max-entries must be >= 1 and at most {sys.maxsize}, "
+                     f"got {args.max_entries}")
+    if args.snapshot == "-":
+        raise _error("--snapshot -: the snapshot is not written to stdout; give a file name "
+                     "(OUT.json or OUT.pickle)")
+
+
 def write_replay_snapshot(args: argparse.Namespace, core: Any, capacity: int) -> dict:
     """Replays args.trace again with the history on (and args.gpu_lag_us, as the replay it
     accompanies), writes the snapshot at args.at to args.snapshot, and returns {path, at,
-    events_replayed, line, reserved_bytes}."""
-    if args.max_entries < 1:
-        raise _error(f"--max-entries must be >= 1, got {args.max_entries}")
+    events_replayed, line, reserved_bytes}. check_replay_snapshot_args has checked the flags."""
     path = args.trace
     try:
         if path.lower().endswith((".pickle", ".pkl", ".pickle.gz", ".pkl.gz")):

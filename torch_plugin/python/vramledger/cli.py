@@ -33,6 +33,17 @@ from vramledger import _timeline  # issue 3: replay --timeline / --plot
 _GIB = 1 << 30
 _H200_TOTAL_BYTES = 150109880320  # torch's total_memory of the H200 the bundled traces ran on
 _PICKLE_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
+_INT64_MAX = (1 << 63) - 1  # the C++ binding's std::int64_t (sample_every, gpu_lag_us)
+# The ranges of replay_events' (action, addr, size, stream, time_us) tuple (tools/python_module.cc:
+# std::uint64_t addr, size and stream; std::int64_t time_us), as [low, high).
+_EVENT_FIELDS = (("addr", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
+                 ("size", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
+                 ("stream", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
+                 ("time_us", -(1 << 63), 1 << 63, "a 64-bit signed integer (-2**63 to 2**63 - 1)"))
+# Options the replay parses but never acts on: the guard and the step logs run in the torch
+# plugin (vramledger.install) or the LD_PRELOAD shim (vramledger run), not in the simulation.
+_IGNORED_BY_REPLAY = {"plan": "it neither loads nor enforces plan files",
+                      "step_log": "it writes no step logs"}
 
 
 class CliError(Exception):
@@ -79,31 +90,54 @@ def _load_snapshot(path: str) -> dict:
 
 
 def _snapshot_events(path: str, snapshot: dict, device: int) -> list[tuple]:
-    """The trace entries of `device` as (action, addr, size, stream, time_us) tuples."""
+    """The trace entries of `device` as (action, addr, size, stream, time_us) tuples, each field
+    checked against the range the C++ binding takes (_EVENT_FIELDS)."""
     traces = snapshot["device_traces"]
     if not 0 <= device < len(traces):
         raise CliError(f"{path}: no device {device} in device_traces "
                        f"(it has {len(traces)} device(s))")
+    where = f"{path}: device_traces[{device}]"
+    if not isinstance(traces[device], list):
+        raise CliError(f"{where} must be a list of trace entries (dicts), "
+                       f"got {traces[device]!r:.60}")
     events = []
-    for i, entry in enumerate(traces[device]):
-        try:
+    for i, entry in enumerate(traces[device], 1):
+        if not isinstance(entry, dict):
+            raise CliError(f"{where} entry {i}: must be a dict, got {entry!r:.60}")
+        if "action" not in entry:
+            raise CliError(f"{where} entry {i}: no 'action'")
+        values = []
+        for key, low, high, what in _EVENT_FIELDS:
             # An `oom` entry carries the device's free bytes in `device_free` instead of `addr`.
-            addr = entry["device_free"] if entry["action"] == "oom" else entry.get("addr", 0)
-            events.append((str(entry["action"]), int(addr), int(entry.get("size", 0)),
-                           int(entry.get("stream", 0)), int(entry.get("time_us", 0))))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CliError(f"{path}: device_traces[{device}] entry {i + 1}: "
-                           f"malformed entry ({e!r})") from e
+            if key == "addr" and entry["action"] == "oom":
+                key = "device_free"
+                if key not in entry:
+                    raise CliError(f"{where} entry {i}: an 'oom' entry without 'device_free'")
+            value = entry.get(key, 0)
+            if type(value) is not int or not low <= value < high:  # bool is no integer here
+                raise CliError(f"{where} entry {i}: '{key}' must be {what}, got {value!r:.60}")
+            values.append(value)
+        events.append((str(entry["action"]), *values))
     return events
 
 
-def _snapshot_figures(snapshot: dict, device: int) -> dict:
+def _snapshot_figures(path: str, snapshot: dict, device: int) -> dict:
     """Reserved and allocated bytes of the snapshot's segments (the state when it was taken)."""
+    segments = snapshot.get("segments", [])
+    if not isinstance(segments, list):
+        raise CliError(f"{path}: 'segments' must be a list, got {segments!r:.60}")
     reserved = allocated = 0
-    for segment in snapshot.get("segments", []):
+    for i, segment in enumerate(segments):
+        if not isinstance(segment, dict):
+            raise CliError(f"{path}: segments[{i}] must be a dict, got {segment!r:.60}")
+        for key in ("device", "total_size", "allocated_size"):
+            value = segment.get(key, 0)
+            if type(value) is not int or value < 0:
+                raise CliError(f"{path}: segments[{i}]: '{key}' must be a non-negative integer, "
+                               f"got {value!r:.60}")
         if segment.get("device", 0) == device:
-            reserved += int(segment.get("total_size", 0))
-            allocated += int(segment.get("allocated_size", 0))
+            reserved += segment.get("total_size", 0)
+            allocated += segment.get("allocated_size", 0)
     return {"snapshot_reserved_bytes": reserved, "snapshot_allocated_bytes": allocated}
 
 
@@ -229,6 +263,12 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
                 note = (" (expected for a snapshot: its trace ring buffer starts mid-run, so "
                         "blocks allocated before it are unknown)")
             out.append(f"{r[key]:,} {what}{note}; at {places}{more}")
+    for item in r["conf"].split(","):  # VRAMLEDGER_CONF, then --conf
+        key, _, value = (part.strip() for part in item.partition(":"))
+        if key in _IGNORED_BY_REPLAY and value:
+            out.append(f"option {key}:{value} is ignored by the replay: "
+                       f"{_IGNORED_BY_REPLAY[key]} (the guard and the step logs run in the torch "
+                       "plugin, vramledger.install(), or the LD_PRELOAD shim, vramledger run)")
     if is_snapshot:
         out.append(f"a snapshot keeps only the last {r['trace_events']:,} trace entries; blocks "
                    "allocated before them are not replayed, so the peaks cover that window only")
@@ -265,12 +305,16 @@ def _replay(args: argparse.Namespace) -> int:
         raise CliError(f"--capacity-gib must be a positive number of GiB, got {args.capacity_gib}")
     capacity = (int(args.capacity_gib * _GIB) if args.capacity_gib is not None
                 else getattr(core, "H200_TOTAL_BYTES", _H200_TOTAL_BYTES))
-    if args.sample_every is not None and args.sample_every <= 0:
-        raise CliError(f"--sample-every must be a positive number of events, "
-                       f"got {args.sample_every}")
-    if args.gpu_lag_us < 0:
-        raise CliError(f"--gpu-lag-us must be a non-negative number of microseconds, "
-                       f"got {args.gpu_lag_us}")
+    if args.sample_every is not None and not 0 < args.sample_every <= _INT64_MAX:
+        raise CliError(f"--sample-every must be a positive number of events, at most "
+                       f"{_INT64_MAX}, got {args.sample_every}")
+    if not 0 <= args.gpu_lag_us <= _INT64_MAX:
+        raise CliError(f"--gpu-lag-us must be a non-negative number of microseconds, at most "
+                       f"{_INT64_MAX}, got {args.gpu_lag_us}")
+    if args.timeline == "-":
+        raise CliError("--timeline -: the timeline is not written to stdout; give a file name "
+                       "(OUT.csv)")
+    _snapshot_cli.check_replay_snapshot_args(args)  # before the replay, which --snapshot repeats
     if args.plot:  # before the replay, so a wrong name costs no replay
         try:
             _timeline.plot_format(args.plot)
@@ -289,10 +333,11 @@ def _replay(args: argparse.Namespace) -> int:
         if is_snapshot:
             snapshot = _load_snapshot(path)
             events = _snapshot_events(path, snapshot, args.device)
+            figures = _snapshot_figures(path, snapshot, args.device)
             result = core.replay_events(events, args.conf, capacity,
                                         source=f"{path}:device_traces[{args.device}]", **timeline)
             result["device"] = args.device
-            result.update(_snapshot_figures(snapshot, args.device))
+            result.update(figures)
         else:
             result = core.replay_file(path, args.conf, capacity, **timeline)
     except (ValueError, OSError, MemoryError, RuntimeError) as e:
