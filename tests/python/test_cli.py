@@ -361,18 +361,37 @@ def _run_with_fake_shim(tmp_path, *args):
 
 
 def test_run_sets_the_environment_and_names_a_missing_command(tmp_path):
+    plan = tmp_path / "p.json"
+    plan.write_text('{"limit": "40GiB"}\n')
     proc, fake = _run_with_fake_shim(tmp_path, "--conf", "expandable_segments:True", "--plan",
-                                     "p.json", "--", "sh", "-c",
+                                     plan, "--", "sh", "-c",
                                      'echo "$VRAMLEDGER_CONF"; echo "$LD_PRELOAD"')
     assert proc.returncode == 0, proc.stderr
     conf, preload = proc.stdout.splitlines()
-    assert conf == f"max_dumps:3,expandable_segments:True,plan:{os.path.abspath('p.json')}"
+    assert conf == f"max_dumps:3,expandable_segments:True,plan:{plan}"
     assert preload.split()[0] == str(fake)
     proc, _ = _run_with_fake_shim(tmp_path, "--", "no_such_cmd_xyz")
     assert proc.returncode != 0
     assert "vramledger: error: run: no_such_cmd_xyz: command not found on PATH" in proc.stderr
     proc, _ = _run_with_fake_shim(tmp_path, "--")
     assert proc.returncode != 0 and "give the command after --" in proc.stderr
+
+
+def test_run_blames_a_missing_or_bad_plan_on_the_flag(tmp_path):
+    """--plan is checked before the command runs and blamed on --plan, not on VRAMLEDGER_CONF
+    (where `run` passes it to the shim; a tester's finding)."""
+    marker = tmp_path / "ran"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"limit": "40GiB",\n "limit": "50GiB"}\n')
+    for plan, needle in ((tmp_path / "missing.json", "does not exist"),
+                         (tmp_path, "is a directory"),
+                         (bad, "bad.json:2: field 'limit': given twice")):
+        proc, _ = _run_with_fake_shim(tmp_path, "--plan", plan, "--", "touch", marker)
+        assert proc.returncode == 2, proc.stderr
+        assert "vramledger: error: run: --plan: " in proc.stderr and needle in proc.stderr, \
+            proc.stderr
+        assert "Traceback" not in proc.stderr and "VRAMLEDGER_CONF" not in proc.stderr
+        assert not marker.exists()
 
 
 def test_run_names_where_a_bad_option_came_from(tmp_path):

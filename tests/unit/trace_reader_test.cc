@@ -103,6 +103,15 @@ TEST(ParseTraceEventsTest, HeaderOnlyIsAnEmptyTrace) {
   EXPECT_TRUE(events->empty());
 }
 
+TEST(ParseTraceEventsTest, AByteOrderMarkBeforeTheHeaderIsSkipped) {
+  absl::StatusOr<std::vector<TraceEvent>> events =
+      ParseTraceEvents("\xEF\xBB\xBF" + WithHeader("alloc,1,512,0,3"), "t.csv");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].line, 2);
+  EXPECT_FALSE(ParseTraceEvents(WithHeader("\xEF\xBB\xBF" "alloc,1,512,0,3"), "t.csv").ok());
+}
+
 TEST(ParseTraceEventsTest, ErrorsNameFileLineWhatAndText) {
   EXPECT_EQ(ErrorOf(""),
             "t.csv:1: empty trace; expected the header "

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace vramledger {
 namespace {
@@ -73,6 +74,7 @@ class LineParser {
   absl::Status Feed(absl::string_view text, int line) {
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
     if (!header_seen_) {
+      if (line == 1) absl::ConsumePrefix(&text, "\xEF\xBB\xBF");  // a UTF-8 byte-order mark
       if (!IsHeader(text)) {
         return Error(line, absl::StrCat("expected the header '", kHeader, "'", HeaderDiff(text)),
                      text);

@@ -261,10 +261,12 @@ def check_plan(path: str, device_count: int = 0, card_bytes: int = 0) -> dict[st
     against `device_count` when > 0; sizes against a card of `card_bytes` when > 0.
 
     Raises:
-      ValueError: "<path>:<line>: field '<field>': ..." for a bad plan.
+      ValueError: "<path>:<line>: field '<field>': ..." for a bad plan, or a directory.
       FileNotFoundError: no such file. RuntimeError: the file cannot be read, or the plugin
         library is missing.
     """
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory; the plan is a JSON file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: the vramledger plan file does not exist")
     lib = library(required=True)

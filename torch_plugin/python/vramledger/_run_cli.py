@@ -38,6 +38,20 @@ def _check_conf(source: str, conf: str | None, cli_error: type[Exception]) -> No
         raise cli_error(f"run: {source}: {e}") from e
 
 
+def _check_plan(path: str, cli_error: type[Exception]) -> None:
+    """Raises `cli_error` naming --plan when the plan file is missing or does not parse (the
+    shim would refuse it too, but blaming VRAMLEDGER_CONF, where this command puts it). Skipped
+    when the plugin library, which holds the parser, is not there (the shim still checks)."""
+    from vramledger import _guard
+    try:
+        _guard.check_plan(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise cli_error(f"run: --plan: {e}") from e
+    except RuntimeError as e:
+        if _guard.library(required=False) is not None:  # the library is there: the file failed
+            raise cli_error(f"run: --plan: {e}") from e
+
+
 def run(args, cli_error: type[Exception]) -> int:
     """Sets LD_PRELOAD and VRAMLEDGER_CONF and execs the command (never returns on success)."""
     command = list(args.cmd)
@@ -51,6 +65,7 @@ def run(args, cli_error: type[Exception]) -> int:
     _check_conf("--conf", args.conf, cli_error)
     conf = [c for c in (env.get("VRAMLEDGER_CONF"), args.conf) if c]
     if args.plan:
+        _check_plan(args.plan, cli_error)
         conf.append(f"plan:{os.path.abspath(args.plan)}")
     if args.dump_dir:
         conf.append(f"dump_dir:{os.path.abspath(args.dump_dir)}")
