@@ -122,7 +122,7 @@ def child(workload: str, allocator: str) -> None:
         mem = torch.cuda
     torch.cuda.synchronize()
     mem.reset_peak_memory_stats()
-    times, losses, calls, driver = [], [], [], []
+    times, losses, calls, driver, peaks = [], [], [], [], []
     host = HostTimePerStep(allocator)  # vramledger's host time inside Malloc and Free, per step
     for _ in range(p["steps"]):
         torch.cuda.synchronize()
@@ -134,6 +134,7 @@ def child(workload: str, allocator: str) -> None:
         host.step_done()
         s = mem.memory_stats()
         calls.append(s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
+        peaks.append(s["allocated_bytes.all.peak"])  # the running peak: a step that raises it
         if allocator == "vramledger":  # every driver call, measured around the call
             f = mem.fragmentation()
             driver.append({k: (v["count"], round(v["time_us"])) for k, v in
@@ -151,6 +152,7 @@ def child(workload: str, allocator: str) -> None:
         median_step_s=statistics.median(times),
         peak_allocated=s["allocated_bytes.all.peak"], peak_reserved=s["reserved_bytes.all.peak"],
         driver_calls_last3=calls[-1] - calls[-4], num_alloc_retries=s["num_alloc_retries"],
+        peak_allocated_after_step=peaks,
         **extra)),
         flush=True)
 
@@ -294,6 +296,17 @@ def main() -> int:
                          f"[count, us]: {json.dumps(r['driver_last3'])}; driver us per step: "
                          f"{r['driver_us_per_step']}; median step per round (s): "
                          f"{[round(x, 4) for x in r['round_median_step_s']]}")
+    # Which steps raised the peak of allocated memory, and by how much (the running peak after
+    # each step over the one before): a step that raises it past 1.01 x cannot be served with no
+    # driver call at 1.01 (expandable-segments.md, "Session 11").
+    for r in rows:
+        peaks = r.get("peak_allocated_after_step")
+        if peaks and len(peaks) > 3:
+            raised = [f"{k + 1}: x{b / a:.4f}" for k, (a, b) in enumerate(zip(peaks, peaks[1:]), 1)
+                      if b > a]
+            lines.append(f"{r['workload']} {r['allocator']}: steps that raised peak allocated "
+                         f"[{', '.join(raised) or 'none after the first'}]; last 3 steps raise it "
+                         f"x{peaks[-1] / peaks[-4]:.4f}")
     table = "\n".join(lines)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
