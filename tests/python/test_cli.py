@@ -514,3 +514,19 @@ def test_replay_warns_that_it_ignores_plan_and_step_log(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "option plan:/from/env.json is ignored by the replay" in proc.stderr
     assert "ignored by the replay" not in run_cli("replay", trace).stderr
+
+
+def test_replay_of_an_expandable_recording_suggests_expandable_segments():
+    """A trace torch recorded with expandable segments, replayed with torch's defaults, compares
+    unlike things: the warning says so and how to compare like with like (a new user's finding)."""
+    trace = ROOT / "traces" / "trace-gpt2m-prefetch-expandable.csv.gz"
+    proc = run_cli("replay", trace, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["recorded_segment_maps"] > 0
+    assert "recorded with torch's expandable segments" in proc.stderr, proc.stderr
+    assert "--conf expandable_segments:True" in proc.stderr
+    proc = run_cli("replay", trace, "--json", "--conf", "expandable_segments:True")
+    assert proc.returncode == 0 and "recorded with torch's expandable" not in proc.stderr
+    native = run_cli("replay", ROOT / "traces" / "trace-gpt2m-native.csv.gz", "--json")
+    assert json.loads(native.stdout)["recorded_segment_maps"] == 0
+    assert "expandable segments" not in native.stderr

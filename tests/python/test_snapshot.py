@@ -520,3 +520,15 @@ def test_plugin_records_python_frames_and_dumps(tmp_path):
     assert lines[1].startswith("ValueError vramledger: record_memory_history: context='sometimes'")
     assert json.loads((tmp_path / "s.json").read_text())["device_traces"][0][-1]["action"] == \
         "snapshot"
+
+
+def test_inspect_header_writes_no_limit_and_no_context_in_words():
+    """A replay's snapshot keeps every entry (max_entries INT64_MAX) and records no stacks: the
+    header says so instead of printing the raw values (a new user's finding)."""
+    from vramledger import _inspect
+    text = _inspect.format_summary(
+        {"origin": "vramledger", "devices": [],
+         "history": {"enabled": True, "context": None, "stacks": "python",
+                     "max_entries": (1 << 63) - 1}}, "s.pickle")
+    assert "context=none (no stacks recorded)" in text and "max_entries=all" in text, text
+    assert "9223372036854775807" not in text

@@ -49,6 +49,7 @@ struct Tally {
   std::vector<LineAddress> reused_live_addresses;
   RecordedFigures recorded;
   std::int64_t recorded_segment_allocs = 0;
+  std::int64_t recorded_segment_maps = 0;
   std::int64_t recorded_segment_frees = 0;
   std::int64_t recorded_ooms = 0;
   std::int64_t step_marks = 0;
@@ -193,6 +194,7 @@ class Replayer {
       case TraceAction::kSegmentMap:
         recorded.Reserve(static_cast<std::int64_t>(event.size));
         ++tally->recorded_segment_allocs;
+        if (event.action == TraceAction::kSegmentMap) ++tally->recorded_segment_maps;
         tally->recorded_modeled_driver_us += RecordedEventMicros(event);
         return false;
       case TraceAction::kSegmentFree:
@@ -356,6 +358,7 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
   result.reused_live_addresses = std::move(tally.reused_live_addresses);
   result.recorded_events = result.events + static_cast<std::int64_t>(result.unknown_frees.size());
   result.recorded_segment_allocs = tally.recorded_segment_allocs;
+  result.recorded_segment_maps = tally.recorded_segment_maps;
   result.recorded_segment_frees = tally.recorded_segment_frees;
   result.recorded_ooms = tally.recorded_ooms;
   result.step_marks = tally.step_marks;

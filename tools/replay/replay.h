@@ -184,6 +184,7 @@ struct ReplayResult {
   /// GPT-2 run were 0.09% above requested (traces/README.md, reference/h200-baselines.jsonl).
   double recorded_utilization = 0.0;
   std::int64_t recorded_segment_allocs = 0;  // segment_alloc + segment_map events
+  std::int64_t recorded_segment_maps = 0;    // segment_map: torch ran with expandable segments
   std::int64_t recorded_segment_frees = 0;   // segment_free + segment_unmap events
   std::int64_t recorded_ooms = 0;            // oom events
   /// The trace's segment events priced with SimBackend's cost model: segment_alloc/free as one

@@ -177,6 +177,7 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["recorded_events"] = result.recorded_events;
   j["trace_peak_requested_bytes"] = result.trace_peak_requested_bytes;
   j["recorded_segment_allocs"] = result.recorded_segment_allocs;
+  j["recorded_segment_maps"] = result.recorded_segment_maps;
   j["recorded_segment_frees"] = result.recorded_segment_frees;
   j["recorded_ooms"] = result.recorded_ooms;
   j["unknown_frees"] = result.unknown_frees.size();

@@ -193,8 +193,12 @@ def format_summary(summary: dict, source: str) -> str:
     out = [f"vramledger inspect: {source} ({summary['origin']} snapshot)"]
     h = summary.get("history")
     if h:
-        out.append(f"history: enabled={h.get('enabled')} context={h.get('context')} "
-                   f"stacks={h.get('stacks')} max_entries={h.get('max_entries')}")
+        limit = h.get("max_entries")
+        # INT64_MAX is how a replay (and max_entries=None) writes "no limit".
+        limit = "all" if isinstance(limit, int) and limit >= (1 << 63) - 1 else limit
+        context = h.get("context") or "none (no stacks recorded)"
+        out.append(f"history: enabled={h.get('enabled')} context={context} "
+                   f"stacks={h.get('stacks')} max_entries={limit}")
     if not summary["devices"]:
         out.append("no segments and no trace: the snapshot is empty")
     for d in summary["devices"]:

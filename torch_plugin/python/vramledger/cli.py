@@ -269,6 +269,12 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
             out.append(f"option {key}:{value} is ignored by the replay: "
                        f"{_IGNORED_BY_REPLAY[key]} (the guard and the step logs run in the torch "
                        "plugin, vramledger.install(), or the LD_PRELOAD shim, vramledger run)")
+    conf_keys = dict((part.strip() for part in item.partition(":")[::2])
+                     for item in r["conf"].split(",") if item.strip())
+    if r.get("recorded_segment_maps") and conf_keys.get("expandable_segments") != "True":
+        out.append(f"{r['trace']} was recorded with torch's expandable segments "
+                   f"({r['recorded_segment_maps']:,} segment_map events) and is replayed without "
+                   "them: for a like-for-like comparison add --conf expandable_segments:True")
     if is_snapshot:
         out.append(f"a snapshot keeps only the last {r['trace_events']:,} trace entries; blocks "
                    "allocated before them are not replayed, so the peaks cover that window only")
