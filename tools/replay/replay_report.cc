@@ -235,7 +235,7 @@ std::string FormatFragmentation(const ReplayResult& r) {
     absl::StrAppend(&out, absl::StrFormat("  %-26s %-34s %s\n", label, a, b));
   };
   // Fragmentation::utilization is peak allocated / peak reserved at either point.
-  number_row("utilization (peak/peak)", absl::StrFormat("%.4f", p.utilization),
+  number_row("utilization, peaks so far", absl::StrFormat("%.4f", p.utilization),
              absl::StrFormat("%.4f", e.utilization));
   bytes_row("wasted then (res.-alloc.)", p.wasted_bytes, e.wasted_bytes);
   bytes_row("peak res. - peak alloc.", p.wasted_bytes_at_peak, e.wasted_bytes_at_peak);

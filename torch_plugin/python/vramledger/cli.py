@@ -170,11 +170,12 @@ def _format_driver_time(r: dict) -> list[str]:
 def _format_fragmentation(r: dict) -> list[str]:
     """Fragmentation at the moment reserved first reached its peak and at the end, side by side,
     with the C++ report's labels (tools/replay/replay_report.cc, FormatFragmentation): utilization
-    is peak allocated / peak reserved at either point; "wasted then" is reserved - allocated at
+    is peak allocated / peak reserved so far at either point (running peaks, so the two columns
+    differ when a later peak comes); "wasted then" is reserved - allocated at
     that moment, which differs from peak reserved - peak allocated when reserved reaches its peak
     late (a page created within recycle_slack of the peak while little is allocated)."""
     p, e = r["fragmentation_at_peak"], r["fragmentation_at_end"]
-    rows = [("utilization (peak/peak)", f"{p['utilization']:.4f}", f"{e['utilization']:.4f}")]
+    rows = [("utilization, peaks so far", f"{p['utilization']:.4f}", f"{e['utilization']:.4f}")]
     for label, key in (("wasted then (res.-alloc.)", "wasted_bytes"),
                        ("peak res. - peak alloc.", "wasted_bytes_at_peak"),
                        ("largest free block", "largest_free_block")):
