@@ -116,11 +116,15 @@ class DeviceAllocatorImpl {
   using PendingStreams = absl::InlinedVector<StreamId, 4>;
   // Best fit among the stream's free blocks, scored by their cheapest place (missing pages,
   // retiring ones weighing more, then the fewest pinned pages); `pending` as for RetireMappings.
+  // *start: the cheapest place it found in the block it returns, or 0 when it scored that block
+  // by its first bytes only (the tail), for PlaceOnMappedPages.
   core::Block* TakeExpandableBlock(core::BlockPool* pool, StreamId stream, std::size_t size,
-                                   PendingStreams* pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the start of free `block` to its cheapest place (as TakeExpandableBlock scored it); the
-  // bytes before it stay free as their own block. Returns the block.
-  core::Block* PlaceOnMappedPages(core::Block* block, std::size_t size)
+                                   PendingStreams* pending, DevicePtr* start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the start of free `block` to its cheapest place: `start` when TakeExpandableBlock found
+  // it (nothing has changed since), else its own search; the bytes before it stay free as their
+  // own block. Returns the block.
+  core::Block* PlaceOnMappedPages(core::Block* block, std::size_t size, DevicePtr start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves the virtual range of the (stream, pool) segment; its one free block joins the pool.
   absl::Status CreateExpandableSegment(core::BlockPool* pool, StreamId stream)

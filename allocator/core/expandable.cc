@@ -175,7 +175,8 @@ std::size_t DeviceAllocatorImpl::MappedRun(const Block* block) {
 }
 
 Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream, std::size_t size,
-                                                PendingStreams* pending) {
+                                                PendingStreams* pending, DevicePtr* start) {
+  *start = 0;
   Block key;
   key.stream = stream;
   key.size = size;
@@ -197,7 +198,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     std::size_t best_pinned = SIZE_MAX;
     bool saw_retiring = false;  // some cost counted a retiring page
     int seen = 0;
-    DevicePtr unused_start = 0;
+    DevicePtr unused_start = 0;  // each candidate's cheapest place (BestPlacement)
     // Among equal costs the candidate that pins the fewest pages wins; the search stops at one
     // on mapped pages that shares a page with a neighbour (BestPlacement's "good enough").
     for (auto c = it; c != pool->blocks.end() && (*c)->stream == stream && seen < kCandidates;
@@ -209,6 +210,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
         best = c;
         best_cost = cost;
         best_pinned = pinned;
+        *start = unused_start;  // where PlaceOnMappedPages will put it
         if (cost == 0 && pinned < pages) break;  // on mapped pages, sharing one: good enough
       }
     }
@@ -224,6 +226,7 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
       if ((*last)->stream == stream && (*last)->size >= size &&
           CostAt((*last)->segment, (*last)->ptr, size, cost_in(*last), &saw_retiring) < best_cost) {
         best = last;
+        *start = 0;  // scored by its first bytes: PlaceOnMappedPages searches it
       }
     }
     // A candidate was scored as mapping over a retiring address and none needs no page: drop
@@ -246,16 +249,17 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   return block;
 }
 
-Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size) {
+Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size, DevicePtr start) {
   Segment* seg = block->segment;
-  DevicePtr a = block->ptr;
-  bool unused_retiring = false;
-  std::size_t unused_pinned = 0;
-  auto cost_of = [this, block](const Segment* s, std::size_t i, bool* r) {
-    return PageCost(s, i, r, block);
-  };
-  BestPlacement(block, size, cost_of, &a, &unused_retiring,
-                &unused_pinned);  // as TakeExpandableBlock
+  DevicePtr a = start;
+  if (a == 0) {  // not searched yet (the tail): as TakeExpandableBlock scores its candidates
+    bool unused_retiring = false;
+    std::size_t unused_pinned = 0;
+    auto cost_of = [this, block](const Segment* s, std::size_t i, bool* r) {
+      return PageCost(s, i, r, block);
+    };
+    BestPlacement(block, size, cost_of, &a, &unused_retiring, &unused_pinned);
+  }
   if (a == block->ptr) return block;
   // Split off the front [block->ptr, a) as a free block of its own.
   Block* front = NewBlock();
@@ -648,13 +652,14 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
     PendingStreams pending;  // per attempt: fences found pending before may have completed since
     // Old mappings are not taken back during a capture (no fence can be recorded there).
     reuse_old_mappings_now_ = options_.keep_old_mappings && !CaptureUnderway();
-    Block* block = TakeExpandableBlock(pool, request.stream, size, &pending);
+    DevicePtr start = 0;
+    Block* block = TakeExpandableBlock(pool, request.stream, size, &pending, &start);
     if (block == nullptr && !exp_segments_.contains(std::make_pair(request.stream, pool))) {
       if (absl::Status s = CreateExpandableSegment(pool, request.stream); !s.ok()) return s;
-      block = TakeExpandableBlock(pool, request.stream, size, &pending);
+      block = TakeExpandableBlock(pool, request.stream, size, &pending, &start);
     }
     if (block != nullptr) {
-      block = PlaceOnMappedPages(block, size);
+      block = PlaceOnMappedPages(block, size, start);
       auto mapped = EnsureMapped(block, size, request, &pending);
       if (mapped.ok() && *mapped) return UseBlock(block, request, nullptr)->ptr;
       TryMerge(block, block->prev);  // undo PlaceOnMappedPages' split, if any
