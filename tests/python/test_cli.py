@@ -150,7 +150,9 @@ def test_simulated_oom_names_the_line(tmp_path):
     (["replay", "no-such-trace.csv"], "no-such-trace.csv: cannot open"),
     (["replay", str(GPT2_TRACE), "--conf", "foo:1"], "unknown option 'foo'"),
     (["replay", str(GPT2_TRACE), "--capacity-gib", "-3"],
-     "--capacity-gib must be a positive number of GiB"),
+     "--capacity-gib must be a number of GiB from 0.001953125 (2 MiB) to 1e6"),
+    (["replay", str(GPT2_TRACE), "--capacity-gib", "1e-12"],  # was a card of 0 bytes
+     "--capacity-gib must be a number of GiB from 0.001953125 (2 MiB) to 1e6"),
     (["replay"], "the following arguments are required: TRACE"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])

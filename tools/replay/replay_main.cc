@@ -1,10 +1,12 @@
 // `vramledger-replay TRACE [--capacity-gib N] [--json] [--conf S] [--timeline CSV]`: replays a
 // trace CSV on SimBackend, prints the table (or JSON). Single-threaded command-line entry point.
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -100,10 +102,16 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
     } else if (is_flag("--capacity-gib")) {
       absl::StatusOr<std::string> value = FlagValue("--capacity-gib", argc, argv, &i);
       if (!value.ok()) return value.status();
+      // Decimal only (std::from_chars' general format: SimpleAtod took "0x10" as 16), and at
+      // least one 2 MiB page, so that 1e-12 is not a card of 0 bytes.
       double gib = 0;
-      if (!absl::SimpleAtod(*value, &gib) || !std::isfinite(gib) || gib <= 0 || gib > 1e6) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--capacity-gib must be a positive number of GiB, got '", *value, "'"));
+      const char* end = value->data() + value->size();
+      const auto [ptr, ec] = std::from_chars(value->data(), end, gib, std::chars_format::general);
+      if (ec != std::errc() || ptr != end || !std::isfinite(gib) || gib > 1e6 ||
+          gib * static_cast<double>(kGiB) < static_cast<double>(2 * kMiB)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--capacity-gib must be a number of GiB from 0.001953125 (2 MiB) to 1e6, got '",
+            *value, "'"));
       }
       args.capacity_bytes = static_cast<std::size_t>(gib * static_cast<double>(kGiB));
     } else if (arg.size() > 1 && arg[0] == '-') {

@@ -226,6 +226,8 @@ def _device_index(device: Any) -> int:
         return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
     if isinstance(device, bool) or not isinstance(device, int):
         raise ValueError(f"Expected a cuda device (None, int, str or torch.device), got {device!r}")
+    if device < 0:  # the plugin reads -1 as "every device": never from a user's argument
+        raise ValueError(f"Expected a cuda device index >= 0, got {device}")
     return device
 
 

@@ -308,8 +308,9 @@ def _write_timeline(args: argparse.Namespace, result: dict) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     core = _core()
-    if args.capacity_gib is not None and not 0 < args.capacity_gib <= 1e6:
-        raise CliError(f"--capacity-gib must be a positive number of GiB, got {args.capacity_gib}")
+    if args.capacity_gib is not None and not 2 / 1024 <= args.capacity_gib <= 1e6:  # NaN too
+        raise CliError(f"--capacity-gib must be a number of GiB from 0.001953125 (2 MiB) to 1e6, "
+                       f"got {args.capacity_gib}")
     capacity = (int(args.capacity_gib * _GIB) if args.capacity_gib is not None
                 else getattr(core, "H200_TOTAL_BYTES", _H200_TOTAL_BYTES))
     if args.sample_every is not None and not 0 < args.sample_every <= _INT64_MAX:
