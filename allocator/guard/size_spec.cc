@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -77,9 +78,14 @@ absl::StatusOr<SizeSpec> ParseSizeString(std::string_view std_text) {
     std::string number(
         absl::StripAsciiWhitespace(lower.substr(0, lower.size() - unit.name.size())));
     double value = 0;
-    if (number.empty() || !absl::SimpleAtod(number, &value) || !(value >= 0.0) ||
-        !std::isfinite(value) || value * unit.scale >= 1.8e19) {
+    // Decimal only: SimpleAtod also reads "0x10" (a tester's finding: "0x10GiB" meant 16 GiB).
+    if (number.empty() || absl::StrContains(number, 'x') || !absl::SimpleAtod(number, &value) ||
+        !(value >= 0.0) || !std::isfinite(value) || value * unit.scale >= 1.8e19) {
       return Bad(absl::StrCat("\"", original, "\""));
+    }
+    if (unit.scale == 1.0 && value != std::floor(value)) {  // "1.5B": a typo for GB, not 2 bytes
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", original, "\": a number of bytes (B) is whole; for gigabytes write GB or GiB"));
     }
     SizeSpec s;
     s.kind = SizeSpec::Kind::kBytes;

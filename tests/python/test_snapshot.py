@@ -38,12 +38,12 @@ def core():
     return pytest.importorskip("vramledger._core")
 
 
-def run_cli(*args):
+def run_cli(*args, cwd=None):
     env = dict(os.environ)
     env.pop("VRAMLEDGER_CONF", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return subprocess.run([sys.executable, "-m", "vramledger", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=600, cwd=cwd)
 
 
 def load_raw(path: pathlib.Path) -> dict:
@@ -236,6 +236,15 @@ def test_inspect_names_a_device_the_snapshot_lacks(device, message):
     proc = run_cli("inspect", path, "--device", device)
     assert_cli_error(proc, message.format(path=path))
     assert "the snapshot is empty" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--html", "--plot"])
+def test_inspect_refuses_stdout_as_its_file(tmp_path, flag):
+    """`inspect --html -` wrote a file named '-' (a tester's finding); refused as replay's
+    --timeline - is."""
+    proc = run_cli("inspect", TORCH_SNAPSHOTS[2], flag, "-", cwd=tmp_path)
+    assert_cli_error(proc, f"{flag} -: the file is not written to stdout; give a file name")
+    assert not (tmp_path / "-").exists()
 
 
 @pytest.mark.parametrize("path", TORCH_SNAPSHOTS, ids=lambda p: p.name)

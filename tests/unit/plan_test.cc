@@ -51,9 +51,12 @@ TEST(SizeSpecTest, UnitsFractionsAndPercent) {
 }
 
 TEST(SizeSpecTest, RejectsWhatIsNotASize) {
-  for (const char* bad : {"40 GiBs", "GiB", "-1GiB", "lots", "150%", "0%", "1.5"}) {
+  for (const char* bad : {"40 GiBs", "GiB", "-1GiB", "lots", "150%", "0%", "1.5", "0x10GiB"}) {
     EXPECT_FALSE(ParseSizeString(bad).ok()) << bad;
   }
+  EXPECT_THAT(Message(ParseSizeString("1.5B").status()),
+              HasSubstr("a number of bytes (B) is whole; for gigabytes write GB or GiB"));
+  EXPECT_EQ(ParseSizeString("4096B")->bytes, 4096u);
   EXPECT_FALSE(ParseSize(nlohmann::json(-5)).ok());
   EXPECT_FALSE(ParseSize(nlohmann::json(1.5)).ok());
   EXPECT_FALSE(ParseSize(nlohmann::json(true)).ok());

@@ -50,6 +50,9 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
         raise _error(f"--top must be >= 0, got {args.top}")
     if args.device is not None and args.device < 0:
         raise _error(f"--device must be a device index (0 or more), got {args.device}")
+    for flag, value in (("--plot", args.plot), ("--html", args.html)):
+        if value == "-":  # as replay's --timeline and --snapshot
+            raise _error(f"{flag} -: the file is not written to stdout; give a file name")
     if args.plot:  # before reading the snapshot, as replay --plot: .png, .svg or .pdf
         try:
             _timeline.plot_format(args.plot)
