@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,20 +37,34 @@ const TraceOps& LoadWorkload() {
 // Replays the workload once per iteration on a fresh simulated H200 (construction and
 // destruction of the allocator are not timed). The time includes SimBackend's own bookkeeping
 // of each driver call; the modelled driver time is reported apart, never slept.
-void BM_ReplayGpt2(benchmark::State& state, const char* conf) {
+// The workload and the options `conf` for a benchmark, or nullopt after SkipWithError.
+std::optional<Options> WorkloadOptions(benchmark::State& state, const char* conf) {
   const TraceOps& w = LoadWorkload();
   if (!w.error.empty()) {
     state.SkipWithError(w.error.c_str());
-    return;
+    return std::nullopt;
   }
   absl::StatusOr<Options> options = ParseOptions(conf);
   if (!options.ok()) {
     state.SkipWithError(std::string(options.status().message()).c_str());
-    return;
+    return std::nullopt;
   }
-  SimBackend::Config sim_config;
-  sim_config.capacity = kH200TotalBytes;
-  sim_config.auto_complete_events = true;
+  return *options;
+}
+
+// A simulated H200 whose events complete at once.
+SimBackend::Config H200Config() {
+  SimBackend::Config config;
+  config.capacity = kH200TotalBytes;
+  config.auto_complete_events = true;
+  return config;
+}
+
+void BM_ReplayGpt2(benchmark::State& state, const char* conf) {
+  const std::optional<Options> options = WorkloadOptions(state, conf);
+  if (!options) return;
+  const TraceOps& w = LoadWorkload();
+  const SimBackend::Config sim_config = H200Config();
   std::vector<DevicePtr> slots(w.slots);
   double modeled_driver_us = 0;
   double utilization = 0;
@@ -96,20 +111,10 @@ void BM_ReplayGpt2(benchmark::State& state, const char* conf) {
 // after the first are timed, so memory is mapped already and the host cost per call is the
 // allocator's bookkeeping. ns per event; modelled driver time of the timed passes apart.
 void BM_ReplaySteady(benchmark::State& state, const char* conf) {
+  const std::optional<Options> options = WorkloadOptions(state, conf);
+  if (!options) return;
   const TraceOps& w = LoadWorkload();
-  if (!w.error.empty()) {
-    state.SkipWithError(w.error.c_str());
-    return;
-  }
-  absl::StatusOr<Options> options = ParseOptions(conf);
-  if (!options.ok()) {
-    state.SkipWithError(std::string(options.status().message()).c_str());
-    return;
-  }
-  SimBackend::Config sim_config;
-  sim_config.capacity = kH200TotalBytes;
-  sim_config.auto_complete_events = true;
-  SimBackend sim(sim_config);
+  SimBackend sim(H200Config());
   DeviceAllocator allocator(*options, &sim);
   std::vector<DevicePtr> slots(w.slots, 0);
   auto pass = [&]() -> bool {

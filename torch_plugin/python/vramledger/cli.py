@@ -264,15 +264,15 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
                 note = (" (expected for a snapshot: its trace ring buffer starts mid-run, so "
                         "blocks allocated before it are unknown)")
             out.append(f"{r[key]:,} {what}{note}; at {places}{more}")
-    for item in r["conf"].split(","):  # VRAMLEDGER_CONF, then --conf
-        key, _, value = (part.strip() for part in item.partition(":"))
+    # VRAMLEDGER_CONF, then --conf, as (key, value) pairs: a later pair wins, as in the allocator.
+    options = [tuple(part.strip() for part in item.partition(":")[::2])
+               for item in r["conf"].split(",") if item.strip()]
+    for key, value in options:
         if key in _IGNORED_BY_REPLAY and value:
             out.append(f"option {key}:{value} is ignored by the replay: "
                        f"{_IGNORED_BY_REPLAY[key]} (the guard and the step logs run in the torch "
                        "plugin, vramledger.install(), or the LD_PRELOAD shim, vramledger run)")
-    conf_keys = dict((part.strip() for part in item.partition(":")[::2])
-                     for item in r["conf"].split(",") if item.strip())
-    if r.get("recorded_segment_maps") and conf_keys.get("expandable_segments") != "True":
+    if r.get("recorded_segment_maps") and dict(options).get("expandable_segments") != "True":
         out.append(f"{r['trace']} was recorded with torch's expandable segments "
                    f"({r['recorded_segment_maps']:,} segment_map events) and is replayed without "
                    "them: for a like-for-like comparison add --conf expandable_segments:True")
