@@ -425,6 +425,19 @@ def test_empty_and_short_traces_are_replayed_with_a_warning(tmp_path):
     proc = run_cli("replay", short)
     assert proc.returncode == 0, proc.stderr
     assert f"warning: {short} spans only 10 us of trace time" in proc.stderr
+    backwards = tmp_path / "backwards.csv"
+    backwards.write_text("action,addr,size,stream,time_us\n"
+                         "alloc,1,1048576,0,100\nalloc,2097152,1048576,0,50\n"
+                         "free_completed,1,1048576,0,40\nfree_completed,2097152,1048576,0,60\n")
+    proc = run_cli("replay", backwards, "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["time_reversals"], result["first_time_reversal_line"],
+            result["first_time_reversal_us"]) == (2, 3, 50)
+    assert (f"warning: 2 events are earlier (time_us) than the event before them, the first at "
+            f"{backwards}:3 (50 us earlier): the trace is not in time order") in proc.stderr
+    assert "spans only" not in proc.stderr  # the span is -40 us: the time-order warning says why
+    assert result["peak_requested_bytes"] == 2 * 1048576  # the memory figures stand
     bad = tmp_path / "missing-column.csv"
     bad.write_text("action,addr,size,time_us\nalloc,1,2,3\n")
     proc = run_cli("replay", bad)

@@ -139,6 +139,33 @@ TEST(ReplayTest, UnknownFreesAreReportedNotIgnored) {
   EXPECT_EQ(ReplayResultToJson(r, 1)["unknown_frees_listed"].size(), 1u);
 }
 
+TEST(ReplayTest, EventsOutOfTimeOrderAreCountedAndWarned) {
+  const ReplayResult r = MustReplay(
+      "action,addr,size,stream,time_us\n"
+      "alloc,4096,1000,0,100\n"
+      "alloc,8192,1000,0,70\n"  // 30 us earlier than line 2
+      "free_completed,4096,1000,0,80\n"
+      "free_completed,8192,1000,0,75\n");  // 5 us earlier than line 4
+  EXPECT_EQ(r.time_reversals, 2);
+  EXPECT_EQ(r.first_time_reversal_line, 3);
+  EXPECT_EQ(r.first_time_reversal_us, 30);
+  EXPECT_EQ(r.events, 4);  // replayed all the same
+  const std::vector<std::string> warnings = ReplayWarnings(r);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "2 events are earlier (time_us) than the event before them, the first at tiny.csv:3 "
+            "(30 us earlier): the trace is not in time order, so its span and the driver-time "
+            "shares are not meaningful (the memory figures are)");
+  EXPECT_EQ(ReplayResultToJson(r)["time_reversals"], 2);
+  EXPECT_EQ(ReplayResultToJson(r)["first_time_reversal_line"], 3);
+  EXPECT_EQ(ReplayResultToJson(r)["first_time_reversal_us"], 30);
+  // Equal times are in order.
+  EXPECT_EQ(MustReplay("action,addr,size,stream,time_us\nalloc,4096,1000,0,5\n"
+                       "free_completed,4096,1000,0,5\n")
+                .time_reversals,
+            0);
+}
+
 TEST(ReplayTest, AllocOfALiveAddressFreesTheEarlierBlock) {
   const ReplayResult r = MustReplay(
       "action,addr,size,stream,time_us\n"

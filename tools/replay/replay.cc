@@ -306,6 +306,15 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
 
   for (std::int64_t index = 1; index <= total; ++index) {
     const TraceEvent& event = events[static_cast<std::size_t>(index - 1)];
+    if (index > 1) {
+      const std::int64_t before = events[static_cast<std::size_t>(index - 2)].time_us;
+      if (event.time_us < before) {
+        if (result.time_reversals++ == 0) {
+          result.first_time_reversal_line = event.line;
+          result.first_time_reversal_us = before - event.time_us;
+        }
+      }
+    }
     absl::StatusOr<bool> replayed = replayer.Apply(event, &tally);
     if (!replayed.ok()) return replayed.status();
 

@@ -202,6 +202,11 @@ struct ReplayResult {
   /// alloc events of an address that was still live; the earlier block was freed first
   /// (torch could only hand the address out again once it was free).
   std::vector<LineAddress> reused_live_addresses;
+  /// Events whose time_us is earlier than the event before them: the trace is not in time order,
+  /// so its span and the driver-time shares are not meaningful (the memory figures are).
+  std::int64_t time_reversals = 0;
+  int first_time_reversal_line = 0;          // the first such event's line (0: none)
+  std::int64_t first_time_reversal_us = 0;   // how much earlier than the event before it
   /// Blocks still live at the end (a trace may end with work in flight) and their requested bytes.
   std::int64_t live_at_end = 0;
   std::int64_t live_bytes_at_end = 0;

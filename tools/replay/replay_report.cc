@@ -180,6 +180,9 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["recorded_segment_maps"] = result.recorded_segment_maps;
   j["recorded_segment_frees"] = result.recorded_segment_frees;
   j["recorded_ooms"] = result.recorded_ooms;
+  j["time_reversals"] = result.time_reversals;
+  j["first_time_reversal_line"] = result.first_time_reversal_line;
+  j["first_time_reversal_us"] = result.first_time_reversal_us;
   j["unknown_frees"] = result.unknown_frees.size();
   j["unknown_frees_listed"] = ListLines(result.unknown_frees, max_listed);
   j["reused_live_addresses"] = result.reused_live_addresses.size();
@@ -338,6 +341,13 @@ std::vector<std::string> ReplayWarnings(const ReplayResult& result, std::size_t 
                                "alloc events of addresses still live (the trace lost their "
                                "free; the earlier block was freed first)",
                                max_lines));
+  }
+  if (result.time_reversals > 0) {
+    warnings.push_back(absl::StrCat(
+        result.time_reversals, " events are earlier (time_us) than the event before them, the "
+        "first at ", result.source, ":", result.first_time_reversal_line, " (",
+        result.first_time_reversal_us, " us earlier): the trace is not in time order, so its span "
+        "and the driver-time shares are not meaningful (the memory figures are)"));
   }
   return warnings;
 }

@@ -45,7 +45,8 @@ std::string TimelineCsv(const ReplayResult& result);
 std::string FormatReplayTable(const ReplayResult& result);
 
 /// One line per anomaly kind (frees of unknown addresses, allocs of live addresses), each naming
-/// the count and up to `max_lines` of its SOURCE:LINE places. Empty when there is none.
+/// the count and up to `max_lines` of its SOURCE:LINE places, and one for events out of time
+/// order (their count and the first one's SOURCE:LINE). Empty when there is none.
 std::vector<std::string> ReplayWarnings(const ReplayResult& result, std::size_t max_lines = 5);
 
 /// 27105552624 -> "27,105,552,624".

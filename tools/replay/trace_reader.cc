@@ -8,6 +8,8 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -174,8 +176,128 @@ class LineParser {
   bool header_seen_ = false;
 };
 
-struct GzCloser {
-  void operator()(gzFile_s* file) const { gzclose(file); }
+// Reads a file that is plain text or gzip (one member or several, as `cat a.gz b.gz` makes),
+// decompressed in chunks. After the last member only NUL padding may follow, as Python's gzip
+// module allows; anything else is an error (zlib's gzread ignores it silently, which lost the
+// fact that a file was corrupted or two files were joined wrongly: a tester's finding).
+class TraceInput {
+ public:
+  explicit TraceInput(std::string path) : path_(std::move(path)) {}
+  ~TraceInput() {
+    if (inflating_) inflateEnd(&zs_);
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  TraceInput(const TraceInput&) = delete;
+  TraceInput& operator=(const TraceInput&) = delete;
+
+  absl::Status Open() {
+    errno = 0;
+    file_ = std::fopen(path_.c_str(), "rb");
+    if (file_ == nullptr) {
+      return absl::ErrnoToStatus(errno != 0 ? errno : ENOMEM, absl::StrCat(path_, ": cannot open"));
+    }
+    if (absl::Status s = Fill(); !s.ok()) return s;
+    gzip_ = have_ >= 2 && static_cast<unsigned char>(raw_[0]) == 0x1f &&
+            static_cast<unsigned char>(raw_[1]) == 0x8b;
+    if (gzip_) {
+      zs_ = z_stream{};
+      if (inflateInit2(&zs_, 15 + 16) != Z_OK) return absl::ResourceExhaustedError("inflateInit2");
+      inflating_ = true;
+    }
+    return absl::OkStatus();
+  }
+
+  // Appends the next chunk of text to `out`; false at the end of the input. `line` (the lines
+  // read so far) places a corruption in errors.
+  absl::StatusOr<bool> Read(std::string* out, int line) {
+    if (!gzip_) {
+      if (have_ == 0 && !eof_) {
+        if (absl::Status s = Fill(); !s.ok()) return s;
+      }
+      if (have_ == 0) return false;
+      out->append(raw_.data() + pos_, have_);
+      pos_ = have_ = 0;
+      return true;
+    }
+    for (;;) {
+      if (have_ == 0 && !eof_) {
+        if (absl::Status s = Fill(); !s.ok()) return s;
+      }
+      if (member_done_) {  // between members: another member, NUL padding, or garbage
+        while (have_ > 0 && raw_[pos_] == '\0') {
+          ++pos_;
+          --have_;
+          ++consumed_;
+        }
+        if (have_ == 0) {
+          if (eof_) return false;
+          continue;
+        }
+        if (static_cast<unsigned char>(raw_[pos_]) != 0x1f) {
+          return absl::DataLossError(absl::StrCat(
+              path_, ": ", FileSize() - consumed_, " bytes after the end of the gzip data (at byte ",
+              consumed_, ") are neither gzip nor padding: a corrupted or wrongly joined file"));
+        }
+        inflateReset(&zs_);
+        member_done_ = false;
+      }
+      if (have_ == 0 && eof_) {
+        return absl::DataLossError(
+            absl::StrCat(path_, ":", line + 1, ": corrupt gzip data: unexpected end of file"));
+      }
+      std::array<char, 1 << 16> chunk;
+      zs_.next_in = reinterpret_cast<Bytef*>(raw_.data() + pos_);
+      zs_.avail_in = static_cast<uInt>(have_);
+      zs_.next_out = reinterpret_cast<Bytef*>(chunk.data());
+      zs_.avail_out = static_cast<uInt>(chunk.size());
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      const std::size_t used = have_ - zs_.avail_in;
+      pos_ += used;
+      have_ -= used;
+      consumed_ += used;
+      const std::size_t produced = chunk.size() - zs_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_done_ = true;
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        return absl::DataLossError(absl::StrCat(path_, ":", line + 1, ": corrupt gzip data: ",
+                                                zs_.msg != nullptr ? zs_.msg : "inflate failed"));
+      }
+      if (produced > 0) {
+        out->append(chunk.data(), produced);
+        return true;
+      }
+    }
+  }
+
+ private:
+  absl::Status Fill() {
+    pos_ = 0;
+    have_ = std::fread(raw_.data(), 1, raw_.size(), file_);
+    if (have_ < raw_.size()) {
+      if (std::ferror(file_) != 0) {
+        return absl::ErrnoToStatus(errno != 0 ? errno : EIO, absl::StrCat(path_, ": read failed"));
+      }
+      eof_ = true;
+    }
+    return absl::OkStatus();
+  }
+  std::size_t FileSize() const {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path_, ec);
+    return ec ? consumed_ : static_cast<std::size_t>(size);
+  }
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::array<char, 1 << 20> raw_;
+  std::size_t pos_ = 0;   // next unread byte of raw_
+  std::size_t have_ = 0;  // unread bytes in raw_ from pos_
+  std::size_t consumed_ = 0;  // compressed bytes consumed (gzip)
+  bool eof_ = false;
+  bool gzip_ = false;
+  bool inflating_ = false;
+  bool member_done_ = false;
+  z_stream zs_{};
 };
 
 }  // namespace
@@ -200,26 +322,20 @@ absl::StatusOr<std::vector<TraceEvent>> ParseTraceEvents(std::string_view text,
 }
 
 absl::StatusOr<std::vector<TraceEvent>> ReadTraceFile(const std::string& path) {
-  errno = 0;
-  // gzopen reads plain files transparently, so one path serves .csv and .csv.gz.
-  std::unique_ptr<gzFile_s, GzCloser> file(gzopen(path.c_str(), "rb"));
-  if (file == nullptr) {
-    const int err = errno != 0 ? errno : ENOMEM;
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot open"));
-  }
-  gzbuffer(file.get(), 1 << 20);
+  // Heap: TraceInput holds a 1 MiB read buffer.
+  auto input = std::make_unique<TraceInput>(path);
+  if (absl::Status s = input->Open(); !s.ok()) return s;
 
   std::vector<TraceEvent> events;
   LineParser parser(path, &events);
-  // gzread and a split on '\n', not gzgets: a NUL byte inside a line must not end it (strlen
-  // would drop the rest and join it with the next line, blaming the wrong one).
-  std::array<char, 1 << 16> buffer;
-  std::string text;  // read, not yet fed: at most one partial line
+  // A split on '\n' of what was read, not a line-reading call: a NUL byte inside a line must not
+  // end it (strlen would drop the rest and join it with the next line, blaming the wrong one).
+  std::string text;  // read, not yet fed: at most one partial line and the last chunk
   int line = 0;
   for (;;) {
-    const int got = gzread(file.get(), buffer.data(), static_cast<unsigned>(buffer.size()));
-    if (got <= 0) break;  // end of input, or an error (gzerror below)
-    text.append(buffer.data(), static_cast<std::size_t>(got));
+    absl::StatusOr<bool> more = input->Read(&text, line);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
     std::size_t pos = 0;
     for (std::size_t end; (end = text.find('\n', pos)) != std::string::npos; pos = end + 1) {
       ++line;
@@ -229,14 +345,6 @@ absl::StatusOr<std::vector<TraceEvent>> ReadTraceFile(const std::string& path) {
       }
     }
     text.erase(0, pos);
-  }
-  int errnum = Z_OK;
-  const char* message = gzerror(file.get(), &errnum);
-  if (errnum != Z_OK && errnum != Z_STREAM_END) {
-    if (errnum == Z_ERRNO) {
-      return absl::ErrnoToStatus(errno, absl::StrCat(path, ":", line + 1, ": read failed"));
-    }
-    return absl::DataLossError(absl::StrCat(path, ":", line + 1, ": corrupt gzip data: ", message));
   }
   if (!text.empty()) {  // a last line without '\n'
     ++line;

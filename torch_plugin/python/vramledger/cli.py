@@ -264,6 +264,12 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
                 note = (" (expected for a snapshot: its trace ring buffer starts mid-run, so "
                         "blocks allocated before it are unknown)")
             out.append(f"{r[key]:,} {what}{note}; at {places}{more}")
+    if r.get("time_reversals"):
+        out.append(f"{r['time_reversals']:,} events are earlier (time_us) than the event before "
+                   f"them, the first at {r['trace']}:{r['first_time_reversal_line']} "
+                   f"({r['first_time_reversal_us']:,} us earlier): the trace is not in time order, "
+                   "so its span and the driver-time shares are not meaningful (the memory figures "
+                   "are)")
     # VRAMLEDGER_CONF, then --conf, as (key, value) pairs: a later pair wins, as in the allocator.
     options = [tuple(part.strip() for part in item.partition(":")[::2])
                for item in r["conf"].split(",") if item.strip()]
@@ -281,7 +287,7 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
                    "allocated before them are not replayed, so the peaks cover that window only")
     if r["allocs"] == 0 and r["frees"] == 0:
         out.append(f"{r['trace']} holds no alloc or free event: nothing was replayed")
-    elif r["trace_span_us"] < 1_000_000:
+    elif 0 <= r["trace_span_us"] < 1_000_000:  # a negative span: time order, warned above
         out.append(f"{r['trace']} spans only {r['trace_span_us']:,} us of trace time: driver time "
                    "as a share of that span means little (the figure is for training runs)")
     return out
