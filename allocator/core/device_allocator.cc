@@ -65,7 +65,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
       b = next;
     }
   }
-  for (auto& [key, segment] : exp_segments_) {
+  for (auto& segment : exp_segments_) {
     for (std::size_t i = 0, j = 1; i < segment->pages.size(); i = j++) {
       if (segment->pages[i] == 0) continue;
       while (j < segment->pages.size() && segment->pages[j] == segment->pages[i]) ++j;  // a handle

@@ -126,8 +126,13 @@ class DeviceAllocatorImpl {
   // own block. Returns the block.
   core::Block* PlaceOnMappedPages(core::Block* block, std::size_t size, DevicePtr start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves the virtual range of the (stream, pool) segment; its one free block joins the pool.
+  // Reserves a virtual range for (stream, pool) (the first, or one more: MallocExpandable); its
+  // one free block joins the pool.
   absl::Status CreateExpandableSegment(core::BlockPool* pool, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes of one virtual range of `pool` (1.125 x the device's memory, page-rounded); SIZE_MAX
+  // before the first range was reserved.
+  std::size_t ExpandableRangeBytes(const core::BlockPool* pool) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Maps every unmapped page under [block->ptr, block->ptr + size): recycled pages first, then new
   // handles. false (OK) when out of memory or refused (growth_refusal_); nothing changed then.
@@ -297,9 +302,12 @@ class DeviceAllocatorImpl {
   core::BlockPool large_pool_ ABSL_GUARDED_BY(mu_){false};
   core::BlockPool exp_small_pool_ ABSL_GUARDED_BY(mu_){true, true, 2 * kMiB};
   core::BlockPool exp_large_pool_ ABSL_GUARDED_BY(mu_){false, true, options_.expandable_page_size};
-  // Expandable segments, one per (stream, pool).
-  absl::flat_hash_map<std::pair<StreamId, const core::BlockPool*>, std::unique_ptr<core::Segment>>
-      exp_segments_ ABSL_GUARDED_BY(mu_);
+  // Expandable segments (virtual ranges): one per (stream, pool), and a further one for that
+  // (stream, pool) when a request fits none of its ranges' free blocks (as torch's
+  // find_expandable_block: a range whose middle holds a live block may have no free run long
+  // enough while the device has the memory). A handful: scanned, not indexed.
+  std::vector<std::unique_ptr<core::Segment>> exp_segments_ ABSL_GUARDED_BY(mu_);
+  std::size_t device_total_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cudaMemGetInfo's total, once asked
   std::int64_t page_moves_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t reused_old_mappings_ ABSL_GUARDED_BY(mu_) = 0;  // moves with no driver call
   // Where each mapped handle of an expandable segment is: {segment, first page}.

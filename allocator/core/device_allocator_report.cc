@@ -230,7 +230,7 @@ std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
     out.push_back(std::move(info));
   }
   // Expandable segments: one SegmentInfo per contiguous mapped range, blocks clipped to it.
-  for (const auto& [key, seg] : exp_segments_) {
+  for (const auto& seg : exp_segments_) {
     const Block* b = seg->head;
     std::size_t i = 0;
     while (i < seg->page_limit) {
@@ -325,7 +325,7 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
     if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->size);
   }
-  for (const auto& [key, segment] : exp_segments_) {
+  for (const auto& segment : exp_segments_) {
     if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->mapped_pages * segment->page_size);
   }
@@ -385,7 +385,7 @@ absl::Status DeviceAllocatorImpl::CheckPageTables() const {
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   std::size_t handles = 0;
   std::size_t old_pages = 0;
-  for (const auto& [key, seg] : exp_segments_) {
+  for (const auto& seg : exp_segments_) {
     // Segment::use: the blocks not in the free index touching each page.
     std::vector<std::uint32_t> use(seg->pages.size(), 0);
     for (const Block* b = seg->head; b != nullptr; b = b->next) {

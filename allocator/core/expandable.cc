@@ -236,13 +236,12 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
     // same call in EnsureMapped.
     if (round == 1 || best_cost == 0 || !saw_retiring || retiring_.empty()) break;
     const std::size_t before = RetiringInUse();
-    const auto seg =
-        exp_segments_.find(std::make_pair(stream, static_cast<const BlockPool*>(pool)));
-    if (seg == exp_segments_.end()) break;
-    if (!RetireMappings(/*wait=*/false, seg->second.get(), pending).ok() ||
-        RetiringInUse() == before) {
-      break;
+    bool failed = false;
+    for (const auto& seg : exp_segments_) {
+      if (seg->stream != stream || seg->pool != pool) continue;
+      failed = failed || !RetireMappings(/*wait=*/false, seg.get(), pending).ok();
     }
+    if (failed || RetiringInUse() == before) break;
   }
   Block* block = *best;
   pool->blocks.erase(best);
@@ -282,13 +281,22 @@ Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size, D
   return block;
 }
 
+std::size_t DeviceAllocatorImpl::ExpandableRangeBytes(const BlockPool* pool) const {
+  // Before the first range the device's size is not known yet (CreateExpandableSegment asks
+  // the driver and sizes the range): no bound.
+  if (device_total_bytes_ == 0) return SIZE_MAX;
+  // torch reserves 1.125 x the device's memory per segment (PYTORCH-FACTS §3), page-rounded.
+  const std::size_t page = pool->page_size;
+  return (device_total_bytes_ + device_total_bytes_ / 8 + page - 1) / page * page;
+}
+
 absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, StreamId stream) {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
-  // torch reserves 1.125 x the device's memory per segment (PYTORCH-FACTS §3), page-rounded.
+  device_total_bytes_ = total_bytes;
   const std::size_t page = pool->page_size;
-  const std::size_t pages = (total_bytes + total_bytes / 8 + page - 1) / page;
+  const std::size_t pages = ExpandableRangeBytes(pool) / page;
   DevicePtr va = 0;
   {
     RelaxedCaptureScope relaxed(backend_);
@@ -314,7 +322,7 @@ absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, Strea
   block->segment = segment.get();
   segment->head = block;
   pool->blocks.insert(block);
-  exp_segments_.emplace(std::make_pair(stream, pool), std::move(segment));
+  exp_segments_.push_back(std::move(segment));
   return absl::OkStatus();
 }
 
@@ -654,7 +662,12 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
     reuse_old_mappings_now_ = options_.keep_old_mappings && !CaptureUnderway();
     DevicePtr start = 0;
     Block* block = TakeExpandableBlock(pool, request.stream, size, &pending, &start);
-    if (block == nullptr && !exp_segments_.contains(std::make_pair(request.stream, pool))) {
+    if (block == nullptr && size <= ExpandableRangeBytes(pool)) {
+      // No range of this (stream, pool) has a free run of `size` bytes (none yet, or live
+      // blocks split them): reserve one more, as torch's find_expandable_block does. A request
+      // a new range cannot hold gets the out-of-memory error without reserving anything, and a
+      // range stays until the allocator is destroyed (expandable-segments.md, "Releasing
+      // memory"), so a repeated failing request finds the empty one and reserves no more.
       if (absl::Status s = CreateExpandableSegment(pool, request.stream); !s.ok()) return s;
       block = TakeExpandableBlock(pool, request.stream, size, &pending, &start);
     }

@@ -33,6 +33,39 @@ TEST_F(ExpandableTest, MapsWholePagesAndFollowsTorchStats) {
   EXPECT_EQ(sim_->calls().count(DriverCall::kMalloc), 0);
 }
 
+// A live block in the middle of a stream's range can leave no free run long enough while the
+// card has the memory: a further range is reserved, as torch's find_expandable_block does (a
+// breaking helper's finding: this was an out-of-memory error with 922 MiB of a 1 GiB card free).
+TEST_F(ExpandableTest, AFragmentedRangeGetsAnotherRangeNotAnOutOfMemoryError) {
+  Make("expandable_segments:True,expandable_page_mb:2", 1 * kGiB);  // ranges of 1.125 GiB
+  const DevicePtr a = Alloc(450 * kMiB);
+  const DevicePtr b = Alloc(100 * kMiB);  // at 450-550 MiB: free runs of 450 and 602 MiB after
+  Free(a);
+  Free(Alloc(450 * kMiB));
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(100 * kMiB));
+  const auto reserves = sim_->calls().count(DriverCall::kAddressReserve);
+  const DevicePtr d = Alloc(620 * kMiB);  // fits neither run of the first range
+  EXPECT_EQ(sim_->calls().count(DriverCall::kAddressReserve), reserves + 1);
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(720 * kMiB));
+  Check();
+  // The new range serves later requests too; no third one is reserved while one fits.
+  const DevicePtr e = Alloc(200 * kMiB);
+  EXPECT_EQ(sim_->calls().count(DriverCall::kAddressReserve), reserves + 1);
+  // A request no range could hold is an out-of-memory error and reserves nothing.
+  EXPECT_FALSE(alloc_->Malloc(2 * kGiB, 0).ok());
+  EXPECT_EQ(sim_->calls().count(DriverCall::kAddressReserve), reserves + 1);
+  // Out of memory on a full card (the range has room): still no further range.
+  EXPECT_FALSE(alloc_->Malloc(300 * kMiB, 0).ok());
+  EXPECT_EQ(sim_->calls().count(DriverCall::kAddressReserve), reserves + 1);
+  Free(b);
+  Free(d);
+  Free(e);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+}
+
 TEST_F(ExpandableTest, ReuseAfterFreeNeedsNoDriverCall) {
   DevicePtr a = Alloc(100 * kMiB);
   Free(a);
