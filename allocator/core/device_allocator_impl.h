@@ -6,6 +6,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,7 @@ class DeviceAllocatorImpl {
     StreamFilter filter;
     std::vector<StreamId> streams;  // streams routed to it so far
     bool saw_capture = false;       // one of them was capturing when routed
+    std::thread::id owner;          // the thread that began it (torch's capturing thread)
   };
   // The pool for a request: an active private pool whose filter accepts the stream, else the
   // usual PoolFor. Only called while active_pools_ is not empty.
@@ -98,6 +100,10 @@ class DeviceAllocatorImpl {
   bool CaptureUnderway() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An active pool that served a capturing stream, none of whose streams capture any more, had
   // its capture fail (torch sends no End/Release then): it stops being active and loses a use.
+  // Only its owner thread decides so: torch calls endAllocateToPool after cudaStreamEndCapture,
+  // so on another thread an ended capture whose End has not come yet looks failed, and pruning
+  // it there let empty_cache free the graph's memory (a breaking helper's finding). On the owner
+  // thread, any call made after the capture stopped (End included) is past that window.
   void PruneFailedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records events for blocks whose frees were deferred during a capture.
   absl::Status FlushDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 // shared pools with use counts, release after the graph is gone, failed-capture cleanup.
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +41,7 @@ absl::Status DeviceAllocatorImpl::BeginAllocateToPool(MempoolId id, StreamFilter
   ActivePool active;
   active.id = id;
   active.filter = std::move(filter);
+  active.owner = std::this_thread::get_id();
   active_pools_.push_back(std::move(active));
   return absl::OkStatus();
 }
@@ -51,7 +53,8 @@ absl::Status DeviceAllocatorImpl::EndAllocateToPool(MempoolId id) {
   if (it != active_pools_.end()) {
     active_pools_.erase(it);
   } else {
-    // Pruned as failed by another thread between the end of its capture and this call: undo.
+    // Pruned as failed by a call of its own thread between the end of its capture and this one
+    // (not torch's order, which makes no call in between): undo the lost use.
     auto pruned = std::find(pruned_pools_.begin(), pruned_pools_.end(), id);
     auto pool = private_pools_.find(id);
     if (pruned == pruned_pools_.end() || pool == private_pools_.end()) {
@@ -100,8 +103,9 @@ BlockPool* DeviceAllocatorImpl::RoutePool(const AllocationRequest& request, bool
 void DeviceAllocatorImpl::PruneFailedCaptures() {
   for (auto it = active_pools_.begin(); it != active_pools_.end();) {
     const bool failed =
-        it->saw_capture && std::none_of(it->streams.begin(), it->streams.end(),
-                                        [&](StreamId s) { return backend_->IsCapturing(s); });
+        it->saw_capture && it->owner == std::this_thread::get_id() &&
+        std::none_of(it->streams.begin(), it->streams.end(),
+                     [&](StreamId s) { return backend_->IsCapturing(s); });
     if (!failed) {
       ++it;
       continue;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "device/sim_backend.h"
 #include "vramledger/device_allocator.h"
@@ -141,6 +142,67 @@ TEST_F(GraphPoolsTest, FailedCaptureLeaksNothing) {
   EndCapture(kPool);
   EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
   ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+}
+
+// torch's capture_end calls cudaStreamEndCapture, then endAllocateToPool. Another thread's
+// empty_cache (or out-of-memory retry) in between must not take the graph's memory: a block
+// freed during the capture is the graph's on every replay (a breaking helper's finding: the
+// pool's segment was freed and handed to another stream).
+TEST_F(GraphPoolsTest, AnotherThreadBetweenTheEndOfACaptureAndEndKeepsThePool) {
+  BeginCapture(kPool);
+  const DevicePtr temporary = Alloc(1000, kCapture);
+  Free(temporary);                                 // freed during the capture: the graph's still
+  const DevicePtr output = Alloc(4 * kMiB, kCapture);  // the graph's output, live
+  sim_->SetCapturing(kCapture, false);            // cudaStreamEndCapture
+  const std::int64_t reserved = Reserved();
+  std::thread other([this] {
+    EXPECT_TRUE(alloc_->EmptyCache().ok());
+    Free(Alloc(2 * kMiB, kEager));
+    EXPECT_TRUE(alloc_->EmptyCache().ok());  // returns the eager segment
+  });
+  other.join();
+  EXPECT_EQ(Reserved(), reserved);  // the pool's segments, the freed temporary's included
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  // The graph's freed temporary is not handed to eager work.
+  const DevicePtr eager = Alloc(1000, kEager);
+  EXPECT_NE(eager, temporary);
+  Free(eager);
+  Free(output);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+// The same with a capture that keeps no block: End and Release still find the pool.
+TEST_F(GraphPoolsTest, AnotherThreadBetweenTheEndOfAnEmptyCaptureAndEndKeepsThePool) {
+  BeginCapture(kPool);
+  Free(Alloc(1000, kCapture));
+  sim_->SetCapturing(kCapture, false);
+  std::thread other([this] { EXPECT_TRUE(alloc_->EmptyCache().ok()); });
+  other.join();
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+// A failed capture is still cleaned up by its own thread's next call (FailedCaptureLeaksNothing),
+// even when another thread called in between.
+TEST_F(GraphPoolsTest, AFailedCaptureIsPrunedByItsOwnThreadAfterOthersCalled) {
+  const std::int64_t before = Reserved();
+  BeginCapture(kPool);
+  const DevicePtr a = Alloc(16 * kMiB, kCapture);
+  sim_->SetCapturing(kCapture, false);  // the capture failed: no End, no Release
+  std::thread other([this] { EXPECT_TRUE(alloc_->EmptyCache().ok()); });
+  other.join();
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);  // not yet: only its thread can tell
+  Free(a);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
+  EXPECT_EQ(Reserved(), before);
 }
 
 TEST_F(GraphPoolsTest, NoEventQueryOrFreeWhileCapturing) {
