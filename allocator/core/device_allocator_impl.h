@@ -160,6 +160,16 @@ class DeviceAllocatorImpl {
   // Releases `handle` once no old mapping of it remains; one the driver refuses is kept in
   // unreleased_handles_ and tried again by ReleaseExpandablePages and the destructor.
   absl::Status ReleaseHandle(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReleaseHandle for a handle mapped nowhere in the page tables whose `bytes` are in reserved
+  // (`types`) and are to leave it: they do, unless a driver error kept the handle mapped at an
+  // old address; then it goes back there as a mapped free page (ReturnHome), still reserved
+  // (driver-errors.md, "Two failures").
+  absl::Status ReleaseCounted(PhysicalHandle handle, StatType types, std::int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts `handle`, mapped only at the old address of retiring_[index], back in that segment's
+  // page table there (no driver call: it is mapped, with access); its reserved bytes move from
+  // `types` to that segment's pool's.
+  void ReturnHome(std::size_t index, StatType types) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves without a stall (expandable-segments.md): a handle that moves within its stream is
   // taken out of the page table at once (counts, trace) but stays mapped at its old address until
   // `fence`, recorded on the stream at the move, has completed. RetireMapping starts that for the
@@ -332,6 +342,12 @@ class DeviceAllocatorImpl {
   std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);
   // Unmapped handles a driver error left unreleased (ReleaseHandle).
   std::vector<PhysicalHandle> unreleased_handles_ ABSL_GUARDED_BY(mu_);
+  // Set when a mapping without access could be neither unmapped nor given access (three driver
+  // failures in a row): no expandable allocation is served after it, since one could land on
+  // that page (driver-errors.md, "Two failures"), until an unmap of that page succeeds
+  // (empty_cache unmaps it: it lies in a free block).
+  absl::Status inaccessible_ ABSL_GUARDED_BY(mu_);
+  std::pair<const core::Segment*, std::size_t> inaccessible_page_ ABSL_GUARDED_BY(mu_){nullptr, 0};
   // Plain (cudaMalloc'd) segments by address.
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.

@@ -413,12 +413,34 @@ absl::Status DeviceAllocatorImpl::UnmapPage(Segment* seg, std::size_t page, bool
   seg->mapped_pages -= k;
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, va, bytes, seg->stream, 0, 0);
+  if (!inaccessible_.ok() && inaccessible_page_.first == seg && inaccessible_page_.second == page) {
+    inaccessible_ = absl::OkStatus();  // the mapping without access is gone
+  }
   if (release) {
-    // Reserved bytes are mapped bytes: the handle's go now, whatever happens to the handle.
-    UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool), -static_cast<std::int64_t>(bytes));
-    return ReleaseHandle(handle);
+    return ReleaseCounted(handle, StatTypesFor(seg->pool), static_cast<std::int64_t>(bytes));
   }
   return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::ReleaseCounted(PhysicalHandle handle, StatType types,
+                                                 std::int64_t bytes) {
+  absl::Status s = ReleaseHandle(handle);
+  // Reserved bytes are mapped bytes: the handle's leave reserved, unless a driver error kept it
+  // mapped at an old address (ReleaseHandle clears those before releasing): then it is a mapped
+  // free page there again, reserved, in the snapshot, and released by a later empty_cache
+  // (driver-errors.md, "Two failures"). Counting it nowhere put reserved under the mapped bytes.
+  const auto old = absl::c_find_if(retiring_, [&](const RetiringMapping& r) {
+    return r.handle == handle;
+  });
+  if (!s.ok() && old != retiring_.end()) {
+    if (auto u = absl::c_find(unreleased_handles_, handle); u != unreleased_handles_.end()) {
+      unreleased_handles_.erase(u);  // mapped again: not one to release
+    }
+    ReturnHome(static_cast<std::size_t>(old - retiring_.begin()), types);
+  } else {
+    UpdateStat(stats_.reserved_bytes, types, -bytes);
+  }
+  return s;
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseHandle(PhysicalHandle handle) {
@@ -575,13 +597,26 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
         fence != 0 &&
         absl::c_none_of(retiring_, [&](const RetiringMapping& r) { return r.fence == fence; });
     for (const Mapping& m : mappings) {
+      const auto bytes = static_cast<std::int64_t>(m.pages * page);
       if (m.mapped) {
-        (void)UnmapPage(seg, m.dst, /*release=*/true);  // counted in reserved: UnmapPage takes it
+        // Counted in reserved: UnmapPage takes it. When the unmap fails too, the mapping stays
+        // a mapped free page (still counted), which must then have access: a page mapped without
+        // access never holds a block, and this one may be under the next request.
+        if (!UnmapPage(seg, m.dst, /*release=*/true).ok() && seg->pages[m.dst] == m.handle) {
+          absl::Status access = backend_->SetAccess(seg->PageAddress(m.dst), m.pages * page);
+          if (!access.ok() && inaccessible_.ok()) {
+            inaccessible_page_ = {seg, m.dst};
+            inaccessible_ = absl::InternalError(absl::StrCat(
+                "vramledger: expandable memory at ", absl::Hex(seg->PageAddress(m.dst)),
+                " is mapped without access after driver failures (", error.message(),
+                "; then unmap and access failed: ", access.message(),
+                "); expandable allocations are refused from now on"));
+          }
+        }
       } else if (m.fresh && m.handle != 0) {
         (void)ReleaseHandle(m.handle);  // not counted yet
       } else if (m.detached) {          // mapped nowhere now, or only at its retiring old address
-        UpdateStat(stats_.reserved_bytes, types, -static_cast<std::int64_t>(m.pages * page));
-        (void)ReleaseHandle(m.handle);
+        (void)ReleaseCounted(m.handle, types, bytes);
       }
     }
     if (fence_unused) spare_events_.push_back(fence);
@@ -655,6 +690,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
 
 absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
                                                                 const AllocationRequest& request) {
+  if (!inaccessible_.ok()) return inaccessible_;
   const std::size_t size = request.rounded;
   for (int attempt = 0; attempt < 2; ++attempt) {
     PendingStreams pending;  // per attempt: fences found pending before may have completed since
@@ -697,10 +733,14 @@ absl::Status DeviceAllocatorImpl::ReleaseExpandablePages() {
   // Unmap only after the owning stream finished with the pages (cuMemUnmap does not wait).
   if (absl::Status s = RetireMappings(/*wait=*/true); !s.ok()) return s;
   // Handles a failed driver call left unreleased (ReleaseHandle): once more.
+  // Every one is tried: one that fails goes back to the list (ReleaseHandle), and returning at
+  // it dropped the rest, leaking their memory (found by RepeatedDriverErrorTest).
+  absl::Status first_error;
   for (std::vector<PhysicalHandle> again = std::exchange(unreleased_handles_, {});
        PhysicalHandle h : again) {
-    if (absl::Status s = ReleaseHandle(h); !s.ok()) return s;
+    first_error.Update(ReleaseHandle(h));
   }
+  if (!first_error.ok()) return first_error;
   std::vector<const Segment*> synced;
   for (BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
     for (const auto& [seg, i] : FreeMappedPages(pool->page_size, SIZE_MAX)) {

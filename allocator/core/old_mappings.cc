@@ -141,6 +141,27 @@ absl::Status DeviceAllocatorImpl::UnmapRetired(std::size_t index) {
   return absl::OkStatus();
 }
 
+void DeviceAllocatorImpl::ReturnHome(std::size_t index, StatType types) {
+  const RetiringMapping r = retiring_[index];
+  Segment* seg = r.segment;
+  const auto first = static_cast<std::ptrdiff_t>(r.first_page);
+  const auto n = static_cast<std::ptrdiff_t>(r.pages);
+  std::fill_n(seg->pages.begin() + first, n, r.handle);
+  std::fill_n(seg->retiring.begin() + first, n, std::uint8_t{0});
+  std::fill_n(seg->old_handle.begin() + first, n, PhysicalHandle{0});
+  handle_home_[r.handle] = {seg, r.first_page};
+  seg->mapped_pages += r.pages;
+  seg->page_limit = std::max(seg->page_limit, r.first_page + r.pages);
+  const auto bytes = static_cast<std::int64_t>(r.pages * seg->page_size);
+  if (StatTypesFor(seg->pool) != types) {
+    stats_.reserved_bytes.Move(types, StatTypesFor(seg->pool), bytes);
+  }
+  ++stats_.num_device_alloc;
+  Emit(TraceAction::kSegmentMap, seg->PageAddress(r.first_page), r.pages * seg->page_size,
+       seg->stream, 0, 0);
+  ForgetRetiring(index);
+}
+
 void DeviceAllocatorImpl::ForgetRetiring(std::size_t index) {
   const EventId fence = retiring_[index].fence;
   retiring_.erase(retiring_.begin() + static_cast<std::ptrdiff_t>(index));

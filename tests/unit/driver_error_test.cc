@@ -15,22 +15,28 @@
 #include "absl/strings/str_cat.h"
 
 #include "sim_allocator_fixture.h"
+#include "sim_forwarding_backend.h"
 
 namespace vramledger {
 namespace {
 
 constexpr StreamId kS1 = 0x33;
 
-class DriverErrorTest : public SimAllocatorTest,
-                        public ::testing::WithParamInterface<std::pair<DriverCall, std::string>> {
+class ChurnTest : public SimAllocatorTest {
  protected:
   // Runs `ops` random operations (a failure injected beforehand); returns how many operations
   // reported the injected error. `expandable`: every block must lie on accessible mapped pages.
-  int Churn(int ops, std::uint64_t seed, bool expandable) {
+  // `arm_every` > 0: before every arm_every-th operation one more failure is armed, of a random
+  // kind, due within the next three calls of that kind (failures in a row: a sick driver).
+  int Churn(int ops, std::uint64_t seed, bool expandable, int arm_every = 0) {
     std::mt19937_64 rng(seed);
     std::vector<std::pair<DevicePtr, StreamId>> live;
     int injected_seen = 0;
     for (int op = 0; op < ops; ++op) {
+      if (arm_every > 0 && op % arm_every == 0) {
+        sim_->FailCall(static_cast<DriverCall>(rng() % kNumDriverCalls), static_cast<int>(rng() % 3),
+                       absl::InternalError("injected driver error"));
+      }
       const int what = static_cast<int>(rng() % 100);
       absl::Status status;
       if (what < 50 || live.empty()) {
@@ -78,10 +84,19 @@ class DriverErrorTest : public SimAllocatorTest,
         break;
       }
     }
+    if (arm_every > 0) Disarm();  // the driver is well again: the clean-up below must work
     for (const auto& [p, s] : live) EXPECT_TRUE(alloc_->Free(p).ok());
     return injected_seen;
   }
+  void Disarm() {
+    for (int k = 0; k < kNumDriverCalls; ++k) {
+      sim_->FailCall(static_cast<DriverCall>(k), 1 << 30, absl::InternalError("never"));
+    }
+  }
 };
+
+class DriverErrorTest : public ChurnTest,
+                        public ::testing::WithParamInterface<std::pair<DriverCall, std::string>> {};
 
 TEST_P(DriverErrorTest, BooksStayExactAndNothingLeaks) {
   const auto& [call, conf] = GetParam();
@@ -113,6 +128,92 @@ TEST_P(DriverErrorTest, BooksStayExactAndNothingLeaks) {
   // The workload reaches the failing call in most runs (some kinds are rare: a handful of calls).
   EXPECT_GT(failures, 0);
 }
+
+// Several failures in a row (driver-errors.md, "Two failures"): a failed cuMemSetAccess whose
+// clean-up unmap fails too left a live block on a page without access; a moved handle whose old
+// mapping could not be cleared left reserved a page under the mapped bytes (a breaking helper's
+// findings). Failures of random kinds, one armed every 20 operations.
+class RepeatedDriverErrorTest : public ChurnTest,
+                                public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(RepeatedDriverErrorTest, BooksStayExactAndNoBlockLandsWithoutAccess) {
+  for (std::uint64_t seed = 1; seed < 60; ++seed) {
+    SCOPED_TRACE(absl::StrCat("seed ", seed));
+    Make(GetParam(), 1 * kGiB);
+    Churn(2500, seed, GetParam().find("True") != std::string::npos, /*arm_every=*/20);
+    sim_->CompleteAllEvents();
+    ASSERT_TRUE(alloc_->EmptyCache().ok());
+    Check();
+    EXPECT_EQ(Reserved(), 0) << "seed " << seed;
+    EXPECT_EQ(sim_->used_bytes(), 0u) << "seed " << seed << ": leaked physical memory";
+    EXPECT_EQ(sim_->mapped_bytes(), 0u) << "seed " << seed;
+    // Expandable allocations are served again once the page without access is gone.
+    Free(Alloc(8 * kMiB));
+  }
+}
+
+// cuMemSetAccess fails the next `access_failures` times (FailCall arms one failure per kind).
+class FlakyAccessBackend : public SimForwardingBackend {
+ public:
+  using SimForwardingBackend::SimForwardingBackend;
+  absl::Status SetAccess(DevicePtr va, std::size_t size) override {
+    if (access_failures > 0) {
+      --access_failures;
+      return absl::InternalError("injected cuMemSetAccess failure");
+    }
+    return SimForwardingBackend::SetAccess(va, size);
+  }
+  int access_failures = 0;
+};
+
+// A failed cuMemSetAccess whose clean-up cuMemUnmap fails too: the page stays mapped, is given
+// access, and serves the next request; when access fails again, expandable allocations are
+// refused (a block there could not be touched) until empty_cache unmaps the page.
+TEST_F(ChurnTest, AccessThenUnmapFailingLeavesNoPageWithoutAccessInUse) {
+  Make("expandable_segments:True");
+  FlakyAccessBackend flaky(sim_.get());
+  auto options = ParseOptions("expandable_segments:True");
+  ASSERT_TRUE(options.ok());
+  auto alloc = std::make_unique<DeviceAllocator>(*options, &flaky);
+  flaky.access_failures = 1;
+  sim_->FailCall(DriverCall::kMemUnmap, 0, absl::InternalError("injected cuMemUnmap failure"));
+  auto first = alloc->Malloc(6 * kMiB, 0);
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().message(), "injected cuMemSetAccess failure");
+  ASSERT_TRUE(alloc->CheckInvariants().ok()) << alloc->CheckInvariants();
+  EXPECT_EQ(alloc->GetStats().reserved_bytes[kAggregate].current, 6 * kMiB);  // still mapped
+  auto second = alloc->Malloc(6 * kMiB, 0);  // on that page: mapped, with access
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(sim_->IsAccessible(*second, 6 * kMiB));
+  ASSERT_TRUE(alloc->Free(*second).ok());
+
+  // Access fails twice (the request's and the retry's): refused until the page is unmapped.
+  flaky.access_failures = 2;
+  sim_->FailCall(DriverCall::kMemUnmap, 0, absl::InternalError("injected cuMemUnmap failure"));
+  ASSERT_FALSE(alloc->Malloc(12 * kMiB, 0).ok());  // one more page: mapped, without access
+  auto refused = alloc->Malloc(kMiB + 1, 0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(refused.status().message().find("is mapped without access after driver failures"),
+            std::string::npos)
+      << refused.status();
+  ASSERT_TRUE(alloc->EmptyCache().ok());  // unmaps the free pages, that one included
+  auto served = alloc->Malloc(12 * kMiB, 0);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE(sim_->IsAccessible(*served, 12 * kMiB));
+  ASSERT_TRUE(alloc->Free(*served).ok());
+  ASSERT_TRUE(alloc->EmptyCache().ok());
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+  alloc.reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, RepeatedDriverErrorTest,
+    ::testing::Values("expandable_segments:False", "expandable_segments:True",
+                      "expandable_segments:True,expandable_page_mb:2",
+                      "expandable_segments:True,page_recycling:False",
+                      "expandable_segments:True,keep_old_mappings:False",
+                      "expandable_segments:True,expandable_handle_mb:12,recycle_slack:0"));
 
 std::string Name(const ::testing::TestParamInfo<std::pair<DriverCall, std::string>>& info) {
   const std::string& conf = info.param.second;
