@@ -83,6 +83,9 @@ struct Block {
   std::uint64_t context = 0;          // AllocatorHooks::CaptureContext at allocation
   std::uint64_t free_context = 0;     // ... at the free request
   std::vector<StreamId> stream_uses;  // other streams that used it (record_stream)
+  // garbage_collection_threshold: the pool's free-block lookups (BlockPool::free_lookups) when it
+  // was last freed; its age is the lookups since.
+  std::uint64_t gc_base = 0;
   // Its node in the pool's FreeIndex while it is indexed (set by FreeIndex::insert; stale
   // otherwise): coalescing reaches a free neighbour's node without a search.
   FreeIndexSet::iterator index_pos;
@@ -100,6 +103,7 @@ struct Block {
     tag = 0;
     context = free_context = 0;
     stream_uses.clear();
+    gc_base = 0;
   }
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
@@ -184,6 +188,9 @@ struct BlockPool {
   Index blocks{BlockBestFitLess(), NodeRecycler<Block*>(&free_nodes)};
   const bool is_small;
   const bool expandable;        // blocks live in expandable segments
+  // Free-block lookups made in this pool while garbage_collection_threshold is on (torch's
+  // get_free_blocks_call_count): the clock of Block::gc_base.
+  std::uint64_t free_lookups = 0;
   const std::size_t page_size;  // expandable only: bytes per physical page
 };
 

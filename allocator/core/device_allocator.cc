@@ -120,10 +120,16 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
     growth_refusal_ = absl::OkStatus();
     return MallocExpandable(pool, request);
   }
+  const bool gc = fraction_set_ && options_.garbage_collection_threshold > 0;
+  if (gc) ++pool->free_lookups;
   auto found = FindFreeBlock(pool, stream, request.rounded);
   if (found != pool->blocks.end()) return UseBlock(*found, request, &found)->ptr;
   Block* block = nullptr;
   {
+    // torch's order: garbage collection once no cached block fits, before a new segment.
+    if (gc) {
+      if (absl::Status s = GarbageCollectCachedBlocks(); !s.ok()) return s;
+    }
     growth_refusal_ = absl::OkStatus();
     const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
     auto grown = AllocSegment(pool, request, alloc_size);
@@ -358,6 +364,9 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   std::int64_t split_blocks_change = 0;
   std::int64_t split_bytes_change = 0;
   Block* result = block;
+  block->gc_base = pool->free_lookups;  // a merge keeps the freed block's (the newest) age
+  if (prev != nullptr) prev->gc_base = pool->free_lookups;
+  if (next != nullptr) next->gc_base = pool->free_lookups;
   if (prev == nullptr && next == nullptr) {
     block->requested_size = 0;
     pool->blocks.insert(block);
@@ -460,7 +469,7 @@ absl::StatusOr<EventId> DeviceAllocatorImpl::GetEvent() {
 
 absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
   // Deferred: pending (not free, not mergeable) until FlushDeferredFrees records its events.
-  auto defer = [&] {
+  auto defer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     deferred_frees_.push_back(block);
     ++block->event_count;
     ++pending_events_;
@@ -525,6 +534,46 @@ absl::Status DeviceAllocatorImpl::SynchronizeAndFreeEvents() {
         live_blocks_.Erase(block->ptr);
         FreeBlock(block);
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAllocatorImpl::GarbageCollectCachedBlocks() {
+  // torch's garbage_collect_cached_blocks (CUDACachingAllocator.cpp): above threshold x the
+  // memory-fraction cap of reserved bytes, return whole cached segments of the large pool,
+  // the oldest first (unused for more free-block lookups than the average of the candidates),
+  // until reserved is back under the threshold or nothing more can go.
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
+  const auto threshold = static_cast<std::size_t>(options_.garbage_collection_threshold *
+                                                  static_cast<double>(allowed_bytes_));
+  if (reserved <= threshold) return absl::OkStatus();
+  const std::size_t target = reserved - threshold;
+  const std::uint64_t now = large_pool_.free_lookups;
+  auto age = [now](const Block* b) { return now - b->gc_base; };
+  BlockPool& pool = large_pool_;
+  std::uint64_t total_age = 0;
+  std::size_t candidates = 0;
+  for (const Block* b : pool.blocks) {
+    if (b->is_split()) continue;
+    total_age += age(b);
+    ++candidates;
+  }
+  std::size_t reclaimed = 0;
+  bool freed = true;
+  while (reclaimed < target && freed && candidates > 0) {
+    const double age_threshold = static_cast<double>(total_age) / static_cast<double>(candidates);
+    freed = false;
+    std::vector<Block*> old;  // not stopping at the target: a GC each malloc would cost more
+    for (Block* b : pool.blocks) {
+      if (!b->is_split() && static_cast<double>(age(b)) >= age_threshold) old.push_back(b);
+    }
+    for (Block* b : old) {
+      freed = true;
+      reclaimed += b->size;
+      total_age -= age(b);
+      --candidates;
+      if (absl::Status s = ReleaseSegment(b); !s.ok()) return s;
     }
   }
   return absl::OkStatus();

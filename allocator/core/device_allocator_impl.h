@@ -13,9 +13,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/block.h"
 #include "core/device_mutex.h"
 #include "core/live_block_map.h"
@@ -90,6 +93,9 @@ class DeviceAllocatorImpl {
     std::vector<StreamId> streams;  // streams routed to it so far
     bool saw_capture = false;       // one of them was capturing when routed
     std::thread::id owner;          // the thread that began it (torch's capturing thread)
+    // When another thread first found its capture over (InfiniteFuture: not found so): after
+    // kFailedCaptureGrace of that, any thread may prune it (PruneFailedCaptures).
+    absl::Time ended_seen = absl::InfiniteFuture();
   };
   // The pool for a request: an active private pool whose filter accepts the stream, else the
   // usual PoolFor. Only called while active_pools_ is not empty.
@@ -103,8 +109,13 @@ class DeviceAllocatorImpl {
   // Only its owner thread decides so: torch calls endAllocateToPool after cudaStreamEndCapture,
   // so on another thread an ended capture whose End has not come yet looks failed, and pruning
   // it there let empty_cache free the graph's memory (a breaking helper's finding). On the owner
-  // thread, any call made after the capture stopped (End included) is past that window.
+  // thread, any call made after the capture stopped (End included) is past that window. Another
+  // thread prunes it once it has looked over for kFailedCaptureGrace (the window is
+  // microseconds; a capturing thread that failed and never calls again must not hold the pool,
+  // its memory and the allocator's capture checks for the rest of the process: a reviewer's
+  // finding).
   void PruneFailedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr absl::Duration kFailedCaptureGrace = absl::Seconds(1);
   // Records events for blocks whose frees were deferred during a capture.
   absl::Status FlushDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns whole free segments of pools with no use left; forgets pools with no segment left.
@@ -287,6 +298,10 @@ class DeviceAllocatorImpl {
   // Waits for all events, then frees every fully free segment.
   absl::Status ReleaseCachedBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReleaseSegment(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // garbage_collection_threshold (with a memory fraction): returns the large pool's oldest whole
+  // cached segments while reserved is above threshold x the cap (torch's
+  // garbage_collect_cached_blocks). Errors: a failed cudaFree.
+  absl::Status GarbageCollectCachedBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status InsertEvents(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SynchronizeAndFreeEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -344,10 +359,12 @@ class DeviceAllocatorImpl {
   std::vector<PhysicalHandle> unreleased_handles_ ABSL_GUARDED_BY(mu_);
   // Set when a mapping without access could be neither unmapped nor given access (three driver
   // failures in a row): no expandable allocation is served after it, since one could land on
-  // that page (driver-errors.md, "Two failures"), until an unmap of that page succeeds
-  // (empty_cache unmaps it: it lies in a free block).
+  // that page (driver-errors.md, "Two failures"), until the unmaps of all such mappings
+  // succeed (empty_cache unmaps them: they lie in free blocks). The mappings: {segment, first
+  // page}.
   absl::Status inaccessible_ ABSL_GUARDED_BY(mu_);
-  std::pair<const core::Segment*, std::size_t> inaccessible_page_ ABSL_GUARDED_BY(mu_){nullptr, 0};
+  absl::flat_hash_set<std::pair<const core::Segment*, std::size_t>> inaccessible_pages_
+      ABSL_GUARDED_BY(mu_);
   // Plain (cudaMalloc'd) segments by address.
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.

@@ -1,6 +1,7 @@
-// Expandable segments: one reserved virtual range per (stream, pool), physical pages mapped on
-// demand, whole free pages moved (recycled) before new ones are created, and unmapped on
-// empty_cache / OOM retry. Design: docs/design/expandable-segments.md. Locking: locking.md.
+// Expandable segments: reserved virtual ranges per (stream, pool) (one, and more when a request
+// fits none), physical pages mapped on demand, whole free pages moved (recycled) before new ones
+// are created, and unmapped on empty_cache / OOM retry. Design: docs/design/expandable-segments.md.
+// Locking: locking.md.
 #include <algorithm>
 #include <utility>
 
@@ -189,7 +190,10 @@ Block* DeviceAllocatorImpl::TakeExpandableBlock(BlockPool* pool, StreamId stream
   // moves (2,600 -> 1,214) and the steady-state driver time (expandable-segments.md).
   constexpr int kCandidates = 8;
   auto cost_in = [this](const Block* b) {  // PageCost for placements inside free block b
-    return [this, b](const Segment* s, std::size_t i, bool* r) { return PageCost(s, i, r, b); };
+    // Called through the placement templates, which know nothing of mu_ (held by the caller).
+    return [this, b](const Segment* s, std::size_t i, bool* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return PageCost(s, i, r, b);
+    };
   };
   const std::size_t pages = (size + pool->page_size - 1) / pool->page_size;
   auto best = pool->blocks.end();
@@ -254,9 +258,8 @@ Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size, D
   if (a == 0) {  // not searched yet (the tail): as TakeExpandableBlock scores its candidates
     bool unused_retiring = false;
     std::size_t unused_pinned = 0;
-    auto cost_of = [this, block](const Segment* s, std::size_t i, bool* r) {
-      return PageCost(s, i, r, block);
-    };
+    auto cost_of = [this, block](const Segment* s, std::size_t i, bool* r)
+                       ABSL_NO_THREAD_SAFETY_ANALYSIS { return PageCost(s, i, r, block); };
     BestPlacement(block, size, cost_of, &a, &unused_retiring, &unused_pinned);
   }
   if (a == block->ptr) return block;
@@ -413,8 +416,9 @@ absl::Status DeviceAllocatorImpl::UnmapPage(Segment* seg, std::size_t page, bool
   seg->mapped_pages -= k;
   ++stats_.num_device_free;
   Emit(TraceAction::kSegmentUnmap, va, bytes, seg->stream, 0, 0);
-  if (!inaccessible_.ok() && inaccessible_page_.first == seg && inaccessible_page_.second == page) {
-    inaccessible_ = absl::OkStatus();  // the mapping without access is gone
+  if (!inaccessible_pages_.empty() && inaccessible_pages_.erase({seg, page}) > 0 &&
+      inaccessible_pages_.empty()) {
+    inaccessible_ = absl::OkStatus();  // no mapping without access is left
   }
   if (release) {
     return ReleaseCounted(handle, StatTypesFor(seg->pool), static_cast<std::int64_t>(bytes));
@@ -429,10 +433,10 @@ absl::Status DeviceAllocatorImpl::ReleaseCounted(PhysicalHandle handle, StatType
   // mapped at an old address (ReleaseHandle clears those before releasing): then it is a mapped
   // free page there again, reserved, in the snapshot, and released by a later empty_cache
   // (driver-errors.md, "Two failures"). Counting it nowhere put reserved under the mapped bytes.
-  const auto old = absl::c_find_if(retiring_, [&](const RetiringMapping& r) {
+  const auto old = s.ok() ? retiring_.end() : absl::c_find_if(retiring_, [&](const auto& r) {
     return r.handle == handle;
   });
-  if (!s.ok() && old != retiring_.end()) {
+  if (old != retiring_.end()) {
     if (auto u = absl::c_find(unreleased_handles_, handle); u != unreleased_handles_.end()) {
       unreleased_handles_.erase(u);  // mapped again: not one to release
     }
@@ -588,7 +592,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   // driver-errors.md): every handle this call holds that is not mapped and accessible where
   // planned is released.
   EventId fence = 0;
-  auto abandon = [&](absl::Status error) -> absl::Status {
+  auto abandon = [&](absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     const StatType types = StatTypesFor(seg->pool);
     // Decided before the releases below: they forget the fence's entries and give it back to the
     // pool themselves (ForgetRetiring); giving it back twice let two later users share one event
@@ -602,15 +606,18 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
         // Counted in reserved: UnmapPage takes it. When the unmap fails too, the mapping stays
         // a mapped free page (still counted), which must then have access: a page mapped without
         // access never holds a block, and this one may be under the next request.
-        if (!UnmapPage(seg, m.dst, /*release=*/true).ok() && seg->pages[m.dst] == m.handle) {
+        const absl::Status unmapped = UnmapPage(seg, m.dst, /*release=*/true);
+        if (!unmapped.ok() && seg->pages[m.dst] == m.handle) {
           absl::Status access = backend_->SetAccess(seg->PageAddress(m.dst), m.pages * page);
-          if (!access.ok() && inaccessible_.ok()) {
-            inaccessible_page_ = {seg, m.dst};
-            inaccessible_ = absl::InternalError(absl::StrCat(
-                "vramledger: expandable memory at ", absl::Hex(seg->PageAddress(m.dst)),
-                " is mapped without access after driver failures (", error.message(),
-                "; then unmap and access failed: ", access.message(),
-                "); expandable allocations are refused from now on"));
+          if (!access.ok()) {
+            inaccessible_pages_.insert({seg, m.dst});
+            if (inaccessible_.ok()) {
+              inaccessible_ = absl::InternalError(absl::StrCat(
+                  "vramledger: expandable memory at ", absl::Hex(seg->PageAddress(m.dst)),
+                  " is mapped without access after driver failures (", error.message(),
+                  "; its unmap: ", unmapped.message(), "; access again: ", access.message(),
+                  "); expandable allocations are refused until empty_cache() unmaps it"));
+            }
           }
         }
       } else if (m.fresh && m.handle != 0) {
@@ -730,29 +737,35 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseExpandablePages() {
-  // Unmap only after the owning stream finished with the pages (cuMemUnmap does not wait).
-  if (absl::Status s = RetireMappings(/*wait=*/true); !s.ok()) return s;
-  // Handles a failed driver call left unreleased (ReleaseHandle): once more.
-  // Every one is tried: one that fails goes back to the list (ReleaseHandle), and returning at
-  // it dropped the rest, leaking their memory (found by RepeatedDriverErrorTest).
+  // A failing driver call does not stop the rest: each step goes on past it and the first error
+  // is returned at the end. Stopping at a handle that would not release left every free page
+  // mapped, a mapping without access among them, refusing expandable allocations for good (a
+  // reviewer's finding); stopping in the middle of the retries leaked the rest.
   absl::Status first_error;
+  // Unmap only after the owning stream finished with the pages (cuMemUnmap does not wait).
+  first_error.Update(RetireMappings(/*wait=*/true));
+  // Handles a failed driver call left unreleased (ReleaseHandle): once more.
   for (std::vector<PhysicalHandle> again = std::exchange(unreleased_handles_, {});
        PhysicalHandle h : again) {
     first_error.Update(ReleaseHandle(h));
   }
-  if (!first_error.ok()) return first_error;
-  std::vector<const Segment*> synced;
+  std::vector<StreamId> synced;  // one wait per stream, for all its ranges
+  std::vector<StreamId> failed;  // streams that could not be waited for: their pages stay
   for (BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
     for (const auto& [seg, i] : FreeMappedPages(pool->page_size, SIZE_MAX)) {
-      if (seg->pool != pool) continue;
-      if (std::find(synced.begin(), synced.end(), seg) == synced.end()) {
-        if (absl::Status s = backend_->SynchronizeStream(seg->stream); !s.ok()) return s;
-        synced.push_back(seg);
+      if (seg->pool != pool || absl::c_linear_search(failed, seg->stream)) continue;
+      if (!absl::c_linear_search(synced, seg->stream)) {
+        if (absl::Status s = backend_->SynchronizeStream(seg->stream); !s.ok()) {
+          first_error.Update(s);
+          failed.push_back(seg->stream);
+          continue;
+        }
+        synced.push_back(seg->stream);
       }
-      if (absl::Status s = UnmapPage(seg, i, /*release=*/true); !s.ok()) return s;
+      first_error.Update(UnmapPage(seg, i, /*release=*/true));
     }
   }
-  return absl::OkStatus();
+  return first_error;
 }
 
 }  // namespace vramledger

@@ -102,13 +102,22 @@ BlockPool* DeviceAllocatorImpl::RoutePool(const AllocationRequest& request, bool
 
 void DeviceAllocatorImpl::PruneFailedCaptures() {
   for (auto it = active_pools_.begin(); it != active_pools_.end();) {
-    const bool failed =
-        it->saw_capture && it->owner == std::this_thread::get_id() &&
-        std::none_of(it->streams.begin(), it->streams.end(),
-                     [&](StreamId s) { return backend_->IsCapturing(s); });
-    if (!failed) {
+    const bool over = it->saw_capture && std::none_of(it->streams.begin(), it->streams.end(),
+                                                      [&](StreamId s) {
+                                                        return backend_->IsCapturing(s);
+                                                      });
+    if (!over) {
+      it->ended_seen = absl::InfiniteFuture();
       ++it;
       continue;
+    }
+    if (it->owner != std::this_thread::get_id()) {  // maybe between EndCapture and End
+      const absl::Time now = absl::Now();
+      if (it->ended_seen == absl::InfiniteFuture()) it->ended_seen = now;
+      if (now - it->ended_seen < kFailedCaptureGrace) {
+        ++it;
+        continue;
+      }
     }
     if (auto pool = private_pools_.find(it->id); pool != private_pools_.end()) {
       --pool->second->use_count;  // no End and no Release will come for this capture

@@ -15,6 +15,7 @@ constexpr StreamId kSide = 0x5151;
 class AllocatorTest : public ::testing::Test {
  protected:
   void Make(const std::string& conf = "", std::size_t capacity = 64 * kGiB) {
+    alloc_.reset();  // before its backend goes
     SimBackend::Config config;
     config.capacity = capacity;
     sim_ = std::make_unique<SimBackend>(config);
@@ -338,6 +339,64 @@ TEST_F(AllocatorTest, SegmentAllocationRunsInRelaxedCaptureMode) {
   EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
   EXPECT_GE(sim_->calls_during_capture_relaxed(), 1);
   sim_->SetCapturing(kSide, false);
+}
+
+}  // namespace
+}  // namespace vramledger
+
+namespace vramledger {
+namespace {
+
+// garbage_collection_threshold with a memory fraction (torch's garbage_collect_cached_blocks):
+// once no cached block fits and reserved is above threshold x the cap, the whole cached
+// segments unused for longer than the candidates' average go back, oldest first, before a new
+// segment is made.
+class GarbageCollectionTest : public AllocatorTest {
+ protected:
+  // 16 GiB card, cap 8 GiB. a = 1.5 GiB freed first (the oldest), b = 1.5 GiB, c = 1 GiB freed
+  // later, with free-block lookups between them on another stream (one 20 MiB segment, reused),
+  // then 2 GiB, which no cached block fits. Reserved stays at or under 4 GiB (0.5 x the cap)
+  // until the 20 MiB segment, so nothing is collected before. Returns reserved after it.
+  std::int64_t Run(const std::string& gc) {
+    Make("per_process_memory_fraction:0.5" + gc, 16 * kGiB);
+    const DevicePtr a = Alloc(3 * kGiB / 2);
+    const DevicePtr b = Alloc(3 * kGiB / 2);
+    const DevicePtr c = Alloc(1 * kGiB);
+    Free(a);
+    for (int i = 0; i < 11; ++i) Free(Alloc(2 * kMiB, kStream + 1));
+    Free(b);
+    for (int i = 0; i < 4; ++i) Free(Alloc(2 * kMiB, kStream + 1));
+    Free(c);
+    frees_before_ = sim_->calls().count(DriverCall::kFree);
+    EXPECT_EQ(frees_before_, 0);
+    Free(Alloc(2 * kGiB));
+    return Reserved();
+  }
+  std::int64_t frees_before_ = 0;
+};
+
+TEST_F(GarbageCollectionTest, ReturnsTheOldestCachedSegmentsAboveTheThreshold) {
+  // Reserved 4 GiB + 20 MiB > 0.5 x 8 GiB. Ages in lookups: a 16, b 5, c 1, the 20 MiB segment
+  // 1; average 5.75: a goes (1.5 GiB >= the 20 MiB over), then the 2 GiB segment comes.
+  EXPECT_EQ(Run(",garbage_collection_threshold:0.5"),
+            static_cast<std::int64_t>(9 * kGiB / 2 + 20 * kMiB));
+  EXPECT_EQ(sim_->calls().count(DriverCall::kFree) - frees_before_, 1);
+  EXPECT_EQ(alloc_->GetStats().num_alloc_retries, 0);
+}
+
+TEST_F(GarbageCollectionTest, OffOrBelowTheThresholdNothingIsCollected) {
+  for (const char* gc : {"", ",garbage_collection_threshold:0.9"}) {  // 0.9: at 7.2 GiB
+    EXPECT_EQ(Run(gc), static_cast<std::int64_t>(6 * kGiB + 20 * kMiB)) << gc;
+    EXPECT_EQ(sim_->calls().count(DriverCall::kFree) - frees_before_, 0) << gc;
+  }
+}
+
+TEST_F(GarbageCollectionTest, NeedsAMemoryFraction) {
+  Make("garbage_collection_threshold:0.1", 16 * kGiB);  // torch: no cap, no collection
+  Free(Alloc(3 * kGiB));
+  Free(Alloc(4 * kGiB));
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(7 * kGiB));
+  EXPECT_EQ(sim_->calls().count(DriverCall::kFree), 0);
 }
 
 }  // namespace

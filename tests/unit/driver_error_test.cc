@@ -152,8 +152,10 @@ TEST_P(RepeatedDriverErrorTest, BooksStayExactAndNoBlockLandsWithoutAccess) {
   }
 }
 
-// cuMemSetAccess fails the next `access_failures` times (FailCall arms one failure per kind).
-class FlakyAccessBackend : public SimForwardingBackend {
+// A backend whose cuMemSetAccess / cuMemUnmap fail the next N times, cuMemUnmap at one address,
+// and cuMemRelease of one handle for good after a first failure (FailCall arms one failure per
+// kind at a time; these tests need several in a row).
+class FlakyBackend : public SimForwardingBackend {
  public:
   using SimForwardingBackend::SimForwardingBackend;
   absl::Status SetAccess(DevicePtr va, std::size_t size) override {
@@ -163,20 +165,60 @@ class FlakyAccessBackend : public SimForwardingBackend {
     }
     return SimForwardingBackend::SetAccess(va, size);
   }
+  absl::Status Map(DevicePtr va, std::size_t size, PhysicalHandle handle) override {
+    mapped_at.push_back(va);
+    return SimForwardingBackend::Map(va, size, handle);
+  }
+  absl::Status Unmap(DevicePtr va, std::size_t size) override {
+    if (unmap_failures > 0) {
+      --unmap_failures;
+      return absl::InternalError("injected cuMemUnmap failure");
+    }
+    if (va == fail_unmap_at) return absl::InternalError("injected cuMemUnmap failure at va");
+    return SimForwardingBackend::Unmap(va, size);
+  }
+  absl::Status ReleasePhysical(PhysicalHandle handle) override {
+    if (handle == stuck_handle) return absl::InternalError("injected cuMemRelease failure");
+    if (release_failures > 0) {
+      --release_failures;
+      stuck_handle = handle;
+      return absl::InternalError("injected cuMemRelease failure");
+    }
+    return SimForwardingBackend::ReleasePhysical(handle);
+  }
   int access_failures = 0;
+  int unmap_failures = 0;
+  int release_failures = 0;
+  DevicePtr fail_unmap_at = 0;
+  PhysicalHandle stuck_handle = 0;
+  std::vector<DevicePtr> mapped_at;
+};
+
+class FlakyDriverTest : public SimAllocatorTest {
+ protected:
+  void MakeFlaky() {
+    Make("expandable_segments:True", 3 * kGiB);  // 6 MiB pages, one handle each
+    flaky_ = std::make_unique<FlakyBackend>(sim_.get());
+    auto options = ParseOptions("expandable_segments:True");
+    ASSERT_TRUE(options.ok());
+    flaky_alloc_ = std::make_unique<DeviceAllocator>(*options, flaky_.get());
+  }
+  void TearDown() override {
+    flaky_alloc_.reset();
+    SimAllocatorTest::TearDown();
+  }
+  std::unique_ptr<FlakyBackend> flaky_;
+  std::unique_ptr<DeviceAllocator> flaky_alloc_;
 };
 
 // A failed cuMemSetAccess whose clean-up cuMemUnmap fails too: the page stays mapped, is given
 // access, and serves the next request; when access fails again, expandable allocations are
 // refused (a block there could not be touched) until empty_cache unmaps the page.
-TEST_F(ChurnTest, AccessThenUnmapFailingLeavesNoPageWithoutAccessInUse) {
-  Make("expandable_segments:True");
-  FlakyAccessBackend flaky(sim_.get());
-  auto options = ParseOptions("expandable_segments:True");
-  ASSERT_TRUE(options.ok());
-  auto alloc = std::make_unique<DeviceAllocator>(*options, &flaky);
-  flaky.access_failures = 1;
-  sim_->FailCall(DriverCall::kMemUnmap, 0, absl::InternalError("injected cuMemUnmap failure"));
+TEST_F(FlakyDriverTest, AccessThenUnmapFailingLeavesNoPageWithoutAccessInUse) {
+  MakeFlaky();
+  DeviceAllocator* alloc = flaky_alloc_.get();
+  flaky_->access_failures = 1;
+  flaky_->unmap_failures = 1;
   auto first = alloc->Malloc(6 * kMiB, 0);
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().message(), "injected cuMemSetAccess failure");
@@ -188,8 +230,8 @@ TEST_F(ChurnTest, AccessThenUnmapFailingLeavesNoPageWithoutAccessInUse) {
   ASSERT_TRUE(alloc->Free(*second).ok());
 
   // Access fails twice (the request's and the retry's): refused until the page is unmapped.
-  flaky.access_failures = 2;
-  sim_->FailCall(DriverCall::kMemUnmap, 0, absl::InternalError("injected cuMemUnmap failure"));
+  flaky_->access_failures = 2;
+  flaky_->unmap_failures = 1;
   ASSERT_FALSE(alloc->Malloc(12 * kMiB, 0).ok());  // one more page: mapped, without access
   auto refused = alloc->Malloc(kMiB + 1, 0);
   ASSERT_FALSE(refused.ok());
@@ -204,7 +246,59 @@ TEST_F(ChurnTest, AccessThenUnmapFailingLeavesNoPageWithoutAccessInUse) {
   ASSERT_TRUE(alloc->Free(*served).ok());
   ASSERT_TRUE(alloc->EmptyCache().ok());
   EXPECT_EQ(sim_->used_bytes(), 0u);
-  alloc.reset();
+}
+
+// Two mappings of one request both left without access: the refusal lasts until both are
+// unmapped, not only the first (a reviewer's finding).
+TEST_F(FlakyDriverTest, EveryMappingWithoutAccessIsRemembered) {
+  MakeFlaky();
+  DeviceAllocator* alloc = flaky_alloc_.get();
+  flaky_->access_failures = 3;  // the run's, then each mapping's retry
+  flaky_->unmap_failures = 2;   // each mapping's clean-up unmap
+  ASSERT_FALSE(alloc->Malloc(12 * kMiB, 0).ok());
+  ASSERT_EQ(flaky_->mapped_at.size(), 2u);
+  ASSERT_FALSE(alloc->Malloc(6 * kMiB, 0).ok());   // refused
+  flaky_->fail_unmap_at = flaky_->mapped_at[1];     // the second page's unmap fails once more
+  EXPECT_FALSE(alloc->EmptyCache().ok());           // the first page goes, the second stays
+  flaky_->fail_unmap_at = 0;
+  auto still = alloc->Malloc(6 * kMiB, 0);
+  ASSERT_FALSE(still.ok());                          // still refused: one is left
+  EXPECT_NE(still.status().message().find("without access"), std::string::npos);
+  ASSERT_TRUE(alloc->EmptyCache().ok());
+  auto p = alloc->Malloc(6 * kMiB, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(sim_->IsAccessible(*p, 6 * kMiB));
+  ASSERT_TRUE(alloc->Free(*p).ok());
+  ASSERT_TRUE(alloc->EmptyCache().ok());
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+}
+
+// A handle the driver will not release does not stop empty_cache from unmapping the free pages
+// (a page without access among them): expandable allocations are served again (a reviewer's
+// finding: empty_cache returned at the stuck handle, refusing them for good).
+TEST_F(FlakyDriverTest, AStuckReleaseDoesNotKeepTheFreePagesMapped) {
+  MakeFlaky();
+  DeviceAllocator* alloc = flaky_alloc_.get();
+  auto a = alloc->Malloc(6 * kMiB, 0);
+  ASSERT_TRUE(a.ok());
+  auto keep = alloc->Malloc(6 * kMiB, 0);
+  ASSERT_TRUE(keep.ok());
+  ASSERT_TRUE(alloc->Free(*a).ok());
+  flaky_->release_failures = 1;
+  EXPECT_FALSE(alloc->EmptyCache().ok());  // a's handle: unmapped, not released, kept
+  flaky_->access_failures = 2;
+  flaky_->unmap_failures = 1;
+  ASSERT_FALSE(alloc->Malloc(6 * kMiB, 0).ok());  // a page mapped without access
+  ASSERT_FALSE(alloc->Malloc(6 * kMiB, 0).ok());  // refused
+  EXPECT_FALSE(alloc->EmptyCache().ok());         // the stuck handle again, the page unmapped
+  auto p = alloc->Malloc(6 * kMiB, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(sim_->IsAccessible(*p, 6 * kMiB));
+  ASSERT_TRUE(alloc->Free(*p).ok());
+  ASSERT_TRUE(alloc->Free(*keep).ok());
+  flaky_->stuck_handle = 0;  // the driver is well again
+  ASSERT_TRUE(alloc->EmptyCache().ok());
+  EXPECT_EQ(sim_->used_bytes(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -2,6 +2,7 @@
 // filter, shared pools and use counts, release only after the blocks are free, failed captures.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -203,6 +204,30 @@ TEST_F(GraphPoolsTest, AFailedCaptureIsPrunedByItsOwnThreadAfterOthersCalled) {
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
   EXPECT_EQ(Reserved(), before);
+}
+
+// A failed capture whose thread never calls again: another thread prunes it once it has looked
+// over for a second (kFailedCaptureGrace), not before (a reviewer's finding: it held its pool,
+// memory and the capture checks for good).
+TEST_F(GraphPoolsTest, AFailedCaptureOfAThreadThatExitsIsPrunedAfterTheGrace) {
+  std::thread capturing([this] {
+    BeginCapture(kPool);
+    const DevicePtr p = Alloc(16 * kMiB, kCapture);
+    sim_->SetCapturing(kCapture, false);  // the capture failed: no End, no Release
+    Free(p);
+  });
+  capturing.join();
+  ASSERT_TRUE(alloc_->EmptyCache().ok());  // sees it over: the grace starts
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
+  EXPECT_GT(Reserved(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
+  EXPECT_EQ(Reserved(), 0);
+  BeginCapture(kPool);  // the id is free again
+  Free(Alloc(kMiB, kCapture));
+  EndCapture(kPool);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
 }
 
 TEST_F(GraphPoolsTest, NoEventQueryOrFreeWhileCapturing) {

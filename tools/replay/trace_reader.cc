@@ -234,9 +234,12 @@ class TraceInput {
           continue;
         }
         if (static_cast<unsigned char>(raw_[pos_]) != 0x1f) {
+          const std::optional<std::size_t> size = FileSize();  // none for a pipe
           return absl::DataLossError(absl::StrCat(
-              path_, ": ", FileSize() - consumed_, " bytes after the end of the gzip data (at byte ",
-              consumed_, ") are neither gzip nor padding: a corrupted or wrongly joined file"));
+              path_, ": ",
+              size.has_value() ? absl::StrCat(*size - consumed_, " bytes") : "the data",
+              " after the end of the gzip data (at byte ", consumed_,
+              ") are neither gzip nor padding: a corrupted or wrongly joined file"));
         }
         inflateReset(&zs_);
         member_done_ = false;
@@ -281,10 +284,11 @@ class TraceInput {
     }
     return absl::OkStatus();
   }
-  std::size_t FileSize() const {
+  std::optional<std::size_t> FileSize() const {
     std::error_code ec;
     const auto size = std::filesystem::file_size(path_, ec);
-    return ec ? consumed_ : static_cast<std::size_t>(size);
+    if (ec || size < consumed_) return std::nullopt;
+    return static_cast<std::size_t>(size);
   }
 
   std::string path_;

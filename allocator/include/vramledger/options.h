@@ -25,7 +25,9 @@ struct Options {
   /// `max_non_split_rounding_mb`: an oversize request may take a cached oversize block only if
   /// the block is smaller than request + this.
   std::size_t max_non_split_rounding = 20 * kMiB;
-  /// `garbage_collection_threshold` in (0, 1); 0 = off. Only active with a memory fraction.
+  /// `garbage_collection_threshold` in (0, 1); 0 = off. Only active with a memory fraction:
+  /// before a new plain segment, above threshold x the cap, the large pool's oldest whole cached
+  /// segments are returned (torch's garbage_collect_cached_blocks; not expandable memory).
   double garbage_collection_threshold = 0.0;
   /// `expandable_segments` (torch's key).
   bool expandable_segments = false;
