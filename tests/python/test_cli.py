@@ -484,8 +484,10 @@ SNAPSHOT_ENTRY = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "ti
     ([[dict(SNAPSHOT_ENTRY, size=1 << 70)]], f"'size' must be an integer from 0 to 2**64 - 1, "
                                              f"got {1 << 70}"),
     ([[dict(SNAPSHOT_ENTRY, size=True)]], "'size' must be an integer from 0 to 2**64 - 1, got True"),
-    ([[dict(SNAPSHOT_ENTRY, time_us=1 << 63)]], "'time_us' must be a 64-bit signed integer"),
-    ([[dict(SNAPSHOT_ENTRY, time_us="now")]], "'time_us' must be a 64-bit signed integer"),
+    ([[dict(SNAPSHOT_ENTRY, time_us=1 << 62)]],
+     "'time_us' must be an integer strictly between -2**62"),
+    ([[dict(SNAPSHOT_ENTRY, time_us="now")]],
+     "'time_us' must be an integer strictly between -2**62"),
     ([[{"action": "oom", "size": 5}]], "entry 1: an 'oom' entry without 'device_free'"),
     ([[{"size": 5}]], "entry 1: no 'action'"),
     ([[5]], "device_traces[0] entry 1: must be a dict, got 5"),

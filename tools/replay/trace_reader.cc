@@ -34,6 +34,9 @@ constexpr absl::string_view Absl(std::string_view s) {
 
 constexpr absl::string_view kHeader = Absl(kTraceHeader);
 
+// time_us bound (exclusive, both signs): any two such times differ by less than 2**63.
+constexpr std::int64_t kMaxTimeUs = std::int64_t{1} << 62;
+
 // Lines longer than this are cut in error messages.
 constexpr std::size_t kMaxQuotedChars = 160;
 
@@ -109,6 +112,14 @@ class LineParser {
     if (!ParseInteger(fields[3], &stream)) return NotNumber(line, "stream", fields[3], text);
     if (!ParseInteger(fields[4], &event.time_us)) {
       return Error(line, absl::StrCat("time_us is not an integer: '", Quote(fields[4]), "'"), text);
+    }
+    // Within +-2**62, so that the difference of any two fits in 64 bits (the span, time order):
+    // a breaking helper's trace at the int64 limits overflowed them.
+    if (event.time_us <= -kMaxTimeUs || event.time_us >= kMaxTimeUs) {
+      return Error(line,
+                   absl::StrCat("time_us ", event.time_us,
+                                " is out of range: it must lie strictly between -2**62 and 2**62"),
+                   text);
     }
     event.addr = static_cast<DevicePtr>(addr);
     event.size = static_cast<std::size_t>(size);

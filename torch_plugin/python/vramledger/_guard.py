@@ -163,6 +163,8 @@ def tag_id(name: str) -> int:
     """
     if not isinstance(name, str):
         raise ValueError(f"a tag name must be a str, got {name!r}")
+    if "\0" in name:  # ctypes would cut the name there
+        raise ValueError(f"a tag name cannot hold a NUL byte, got {name!r}")
     if name in _tag_ids:
         return _tag_ids[name]
     lib = library(required=False)

@@ -24,7 +24,10 @@ NO_STACK = ("<no stack recorded>", 0, "")
 
 
 def fmt_bytes(n: float) -> str:
-    """torch's format_size: 'N bytes' below 1 KiB, else 'x.xx KiB/MiB/GiB/TiB'."""
+    """torch's format_size: 'N bytes' below 1 KiB, else 'x.xx KiB/MiB/GiB/TiB'; 'n/a' for a
+    figure that is not a finite number (a malformed snapshot's NaN or Infinity)."""
+    if n != n or n in (float("inf"), float("-inf")):
+        return "n/a"
     n = int(n)
     if abs(n) < 1024:
         return f"{n} bytes"

@@ -235,6 +235,10 @@ def estimate(model: Model, setup: Setup) -> dict[str, Any]:
         if s.lora_targets == "all":
             per_layer += rank * (h + f) * (3 if model.mlp == "gated" else 2)
         Pt = model.layers * per_layer
+        if Pt >= P:  # a rank as large as the model's dimensions: not an adapter any more
+            raise PlanError(f"--lora-rank {rank}: the adapters would hold {Pt:,} parameters, as "
+                            f"many as the model's {P:,} or more; a LoRA rank is far below "
+                            f"--hidden ({h})")
     else:
         Pt = P
 

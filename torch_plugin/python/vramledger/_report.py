@@ -54,7 +54,8 @@ def load_logs(directory: str) -> dict[int, list[dict[str, Any]]]:
                 for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
                     if key not in record:
                         raise ReportError(f"{path}:{number}: missing integer field '{key}'")
-                for key in ("peak_allocated_bytes", "peak_reserved_bytes", "warnings"):
+                for key in ("peak_allocated_bytes", "peak_reserved_bytes", "warnings", "step",
+                            "device"):
                     value = record.get(key, 0)
                     if type(value) is not int or value < 0:  # bool is no count
                         raise ReportError(f"{path}:{number}: field '{key}' must be a "

@@ -29,6 +29,10 @@ def _check_conf(source: str, conf: str | None, cli_error: type[Exception]) -> No
     if not conf:
         return
     try:
+        conf.encode("utf-8")
+    except UnicodeEncodeError as e:  # a byte that is not UTF-8 (surrogate-escaped by Python)
+        raise cli_error(f"run: {source}: not valid UTF-8 at character {e.start + 1}") from e
+    try:
         from vramledger import _core  # the C++ extension (tools/python_module.cc)
     except ImportError:
         return

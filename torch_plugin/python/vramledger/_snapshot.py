@@ -79,7 +79,11 @@ def _check(rc: int) -> None:
 
 
 def _opt(value: str | None) -> bytes | None:
-    return None if value is None else str(value).encode()
+    if value is None:
+        return None
+    if "\0" in str(value):  # ctypes would cut the value there
+        raise ValueError(f"record_memory_history: {value!r} holds a NUL byte")
+    return str(value).encode()
 
 
 def record_memory_history(enabled: str | None = "all", context: str | None = "all",
@@ -143,6 +147,8 @@ def dump_snapshot(filename: str = "dump_snapshot.pickle") -> str:
       OSError: the file cannot be written. RuntimeError: the plugin fails.
     """
     path = os.fspath(filename)
+    if "\0" in path:  # ctypes would cut the name there and write another file
+        raise ValueError(f"dump_snapshot: {path!r}: a file name cannot hold a NUL byte")
     if path.endswith(".json"):
         _check(_lib().vramledger_dump_snapshot_json(path.encode()))
         return path
@@ -199,7 +205,26 @@ def write_snapshot(snap: dict, path: str) -> str:
       OSError: the file cannot be written.
     """
     path = os.fspath(path)
-    data = _encode(snap, path)
+    write_atomically(_encode(snap, path), path)
+    return path
+
+
+def write_atomically(data: bytes, path: str) -> None:
+    """Writes `data` to `path` whole or not at all: a temporary file beside it, then os.replace.
+    A symbolic link is written through (its target is replaced), and a path that is not a regular
+    file (/dev/null, a FIFO) is written directly: replacing it would put a regular file where a
+    device node was (a breaking helper's finding, as root).
+
+    Raises:
+      OSError: the file cannot be written. ValueError: a NUL byte in `path`.
+    """
+    if "\0" in path:
+        raise ValueError(f"{path!r}: a file name cannot hold a NUL byte")
+    path = os.path.realpath(path) if os.path.islink(path) else path
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        with open(path, "wb") as f:
+            f.write(data)
+        return
     temp = f"{os.path.abspath(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     # 0o666 less the umask, like any new file (mkstemp would make it private).
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -215,7 +240,6 @@ def write_snapshot(snap: dict, path: str) -> str:
         except OSError:
             pass
         raise
-    return path
 
 
 def _fail(path: str, what: str) -> SnapshotFormatError:

@@ -37,8 +37,10 @@ def _load(path: str) -> dict:
 def _write(snap: dict, path: str) -> None:
     try:
         _snapshot.write_snapshot(snap, path)
-    except (OSError, TypeError) as e:
+    except (OSError, TypeError, ValueError) as e:
         raise _error(f"{path}: cannot write the snapshot: {e}") from e
+    except RecursionError as e:
+        raise _error(f"{path}: cannot write the snapshot: a value is nested too deeply") from e
 
 
 def _kind(path: str) -> str:
@@ -90,11 +92,8 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
 
         page = _inspect_html.render(snap, summary, os.path.basename(args.file))
         try:
-            tmp = args.html + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(page)
-            os.replace(tmp, args.html)
-        except OSError as e:
+            _snapshot.write_atomically(page.encode("utf-8"), args.html)  # no stray .tmp file
+        except (OSError, ValueError) as e:
             raise _error(f"{args.html}: cannot write: {e.strerror or e}") from e
         print(f"vramledger: wrote {args.html}", file=sys.stderr)
     return 0

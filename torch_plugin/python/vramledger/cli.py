@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import pickle
 import sys
 from typing import Any, Sequence
@@ -39,7 +40,9 @@ _INT64_MAX = (1 << 63) - 1  # the C++ binding's std::int64_t (sample_every, gpu_
 _EVENT_FIELDS = (("addr", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
                  ("size", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
                  ("stream", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
-                 ("time_us", -(1 << 63), 1 << 63, "a 64-bit signed integer (-2**63 to 2**63 - 1)"))
+                 ("time_us", -(1 << 62) + 1, 1 << 62,
+                  "an integer strictly between -2**62 and 2**62 (two such times differ by less "
+                  "than 2**63)"))
 # Options the replay parses but never acts on: the guard and the step logs run in the torch
 # plugin (vramledger.install) or the LD_PRELOAD shim (vramledger run), not in the simulation.
 _IGNORED_BY_REPLAY = {"plan": "it neither loads nor enforces plan files",
@@ -73,6 +76,16 @@ def _core():
     return core
 
 
+def _utf8(value: str, what: str) -> str:
+    """`value` if it is valid UTF-8 (the C++ side takes UTF-8 strings), else CliError naming
+    `what`: a byte that is not UTF-8 reaches Python surrogate-escaped."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise CliError(f"{what} is not valid UTF-8 at character {e.start + 1}: {value!r}") from e
+    return value
+
+
 def _is_pickle(path: str) -> bool:
     return path.lower().endswith(_PICKLE_SUFFIXES)
 
@@ -82,8 +95,9 @@ def _load_snapshot(path: str) -> dict:
     try:
         with opener(path, "rb") as f:
             snapshot = _SnapshotUnpickler(f).load()
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError) as e:
-        raise CliError(f"{path}: cannot read the snapshot pickle: {e}") from e
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, IndexError,
+            AttributeError, KeyError, RecursionError) as e:  # a malformed pickle: any of these
+        raise CliError(f"{path}: cannot read the snapshot pickle: {e!s:.200}") from e
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
         raise CliError(f"{path}: not a torch memory snapshot (no 'device_traces' list)")
     return snapshot
@@ -301,6 +315,7 @@ def _write_timeline(args: argparse.Namespace, result: dict) -> None:
     conf = result["conf"] or "(defaults)"
     title = (f"{result['trace']}\nconf: {conf}; utilization {result['utilization']:.4f} "
              f"(recorded {result['recorded_utilization']:.4f})")
+    title = title.replace("$", r"\$")  # a file name is not mathtext (matplotlib's $...$)
     try:
         if args.timeline:
             _timeline.write_csv(text, args.timeline)
@@ -336,7 +351,10 @@ def _replay(args: argparse.Namespace) -> int:
             raise CliError(str(e)) from e
     timeline = {"timeline": bool(args.timeline or args.plot),
                 "sample_every": args.sample_every or 0, "gpu_lag_us": args.gpu_lag_us}
-    path = args.trace
+    path = _utf8(args.trace, "TRACE")
+    _utf8(args.conf, "--conf")
+    env_conf = os.environ.get("VRAMLEDGER_CONF", "")
+    _utf8(env_conf, "VRAMLEDGER_CONF")
     is_snapshot = _is_pickle(path)
     if args.device < 0:
         raise CliError(f"--device must be a device index (0 or more), got {args.device}")
@@ -426,6 +444,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `vramledger replay ... | head`
         sys.stderr.close()
         return 0
+    # Safety nets for what a command did not turn into a CliError itself (a breaking helper's
+    # findings: tracebacks on a 100,000-deep JSON file, a 1e308 parameter count, a full disk).
+    except RecursionError:
+        print("vramledger: error: the input is nested too deeply to read or write",
+              file=sys.stderr)
+        return 2
+    except OverflowError as e:
+        print(f"vramledger: error: a number is out of range: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"vramledger: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

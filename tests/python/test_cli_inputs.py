@@ -1,0 +1,123 @@
+"""Bad inputs to the CLI and the Python API that used to end in a traceback, a wrong file or a
+wrong figure (a breaking helper's findings, session 12): each now gives a clear error or the
+right output."""
+
+import gzip
+import json
+import os
+import pickle
+
+import pytest
+
+from test_cli import GPT2_SNAPSHOT, GPT2_TRACE, assert_cli_error, run_cli
+
+TRACE_HEAD = "action,addr,size,stream,time_us\n"
+
+
+def test_a_path_or_conf_that_is_not_utf8_is_an_error(tmp_path):
+    bad = os.path.join(tmp_path, os.fsdecode(b"\xff.csv"))
+    with open(bad, "w") as f:
+        f.write(TRACE_HEAD + "alloc,4096,100,0,1\n")
+    assert_cli_error(run_cli("replay", bad), "TRACE is not valid UTF-8 at character")
+    assert_cli_error(run_cli("replay", GPT2_TRACE, "--conf", os.fsdecode(b"\xff")),
+                     "--conf is not valid UTF-8")
+    assert_cli_error(run_cli("run", "--conf", os.fsdecode(b"\xff"), "--", "true"),
+                     "run: --conf: not valid UTF-8")
+
+
+@pytest.mark.parametrize("payload", [b"K\x01K\x02a.", b"K\x01K\x02K\x03s.", b"}]K\x01s."])
+def test_a_malformed_pickle_is_an_error_in_replay(tmp_path, payload):
+    path = tmp_path / "p.pickle"
+    path.write_bytes(payload)
+    assert_cli_error(run_cli("replay", path), "cannot read the snapshot pickle")
+
+
+def test_json_nested_too_deeply_is_an_error(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    for args in (("inspect", deep), ("diff", deep, deep), ("convert", deep, tmp_path / "x.pickle")):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith("vramledger: error: "), proc.stderr
+
+
+def test_a_dollar_in_the_trace_name_is_not_mathtext(tmp_path):
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "tr$\\foo$.csv"
+    trace.write_text(TRACE_HEAD + "alloc,4096,1048576,0,1\nfree_completed,4096,1048576,0,2\n")
+    plot = tmp_path / "p.png"
+    proc = run_cli("replay", trace, "--plot", plot)
+    assert proc.returncode == 0, proc.stderr
+    assert plot.stat().st_size > 0
+
+
+def test_inspect_html_leaves_no_temporary_file_behind(tmp_path):
+    target = tmp_path / "dir"
+    target.mkdir()
+    proc = run_cli("inspect", GPT2_SNAPSHOT, "--html", target)
+    assert proc.returncode == 2, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]
+
+
+def test_a_snapshot_written_through_a_symlink_keeps_the_link(tmp_path):
+    real = tmp_path / "real.pickle"
+    link = tmp_path / "link.pickle"
+    link.symlink_to(real)
+    proc = run_cli("convert", GPT2_SNAPSHOT, link)
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink()
+    with open(real, "rb") as f:
+        assert "device_traces" in pickle.load(f)
+
+
+def test_a_snapshot_written_to_dev_null_leaves_it_a_device():
+    proc = run_cli("convert", GPT2_SNAPSHOT, os.devnull)
+    assert proc.returncode == 0, proc.stderr
+    assert not os.path.isfile(os.devnull)  # still the character device, not replaced
+
+
+def test_nul_bytes_in_names_are_refused():
+    import vramledger
+
+    with pytest.raises(ValueError, match="NUL"):
+        vramledger.dump_snapshot("/tmp/a\0b.json")
+    with pytest.raises(ValueError, match="NUL"):
+        vramledger.record_memory_history(enabled="all\0x")
+    with pytest.raises(ValueError, match="NUL"):
+        with vramledger.tag("a\0b"):
+            pass
+
+
+def test_plan_numbers_too_large_and_a_lora_rank_past_the_model(tmp_path):
+    proc = run_cli("plan", "--params", "1e308")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert_cli_error(run_cli("plan", "--layers", "2", "--hidden", "64", "--vocab", "100",
+                             "--lora-rank", "256"),
+                     "--lora-rank 256: the adapters would hold")
+
+
+def test_report_fields_of_the_wrong_type_are_errors(tmp_path):
+    (tmp_path / "rank0.jsonl").write_text(
+        json.dumps({"peak_allocated_bytes": 1, "peak_reserved_bytes": 1, "step": [1]}) + "\n")
+    assert_cli_error(run_cli("report", tmp_path), "field 'step' must be a non-negative integer")
+
+
+def test_times_at_the_int64_limits_are_refused(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE_HEAD + "alloc,4096,100,0,-9223372036854775808\n"
+                     "alloc,8192,100,0,9223372036854775807\n")
+    assert_cli_error(run_cli("replay", trace), "is out of range: it must lie strictly between "
+                                               "-2**62 and 2**62")
+
+
+def test_inspect_shows_a_nan_figure_as_na(tmp_path):
+    with gzip.open(GPT2_SNAPSHOT, "rb") as f:
+        snap = pickle.load(f)
+    snap["vramledger"] = {"devices": [{"device": 0,
+                                       "stats": {"allocated_bytes.all.peak": float("nan")}}]}
+    path = tmp_path / "s.pickle"
+    with open(path, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    proc = run_cli("inspect", path)
+    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
