@@ -121,3 +121,28 @@ def test_inspect_shows_a_nan_figure_as_na(tmp_path):
         pickle.dump(snap, f, protocol=4)
     proc = run_cli("inspect", path)
     assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_replay_reads_a_json_snapshot_as_its_pickle(tmp_path):
+    as_json = tmp_path / "s.json.gz"
+    assert run_cli("convert", GPT2_SNAPSHOT, as_json).returncode == 0
+    from_pickle = run_cli("replay", GPT2_SNAPSHOT, "--json")
+    from_json = run_cli("replay", as_json, "--json")
+    assert from_pickle.returncode == 0 and from_json.returncode == 0, from_json.stderr
+    a, b = json.loads(from_pickle.stdout), json.loads(from_json.stdout)
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "events", "unknown_frees"):
+        assert a[key] == b[key], key
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"segments\": 3}")
+    assert_cli_error(run_cli("replay", bad), "cannot read the snapshot")
+
+
+def test_flags_that_change_nothing_are_warned(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE_HEAD + "alloc,4096,1048576,0,1\nfree_completed,4096,1048576,0,2\n")
+    proc = run_cli("replay", trace, "--sample-every", "10", "--gpu-lag-us", "5000")
+    assert proc.returncode == 0, proc.stderr
+    assert "--sample-every applies to --timeline and --plot" in proc.stderr
+    assert "without expandable_segments:True it changes nothing" in proc.stderr
+    proc = run_cli("replay", trace, "--gpu-lag-us", "5000", "--conf", "expandable_segments:True")
+    assert "changes nothing" not in proc.stderr, proc.stderr

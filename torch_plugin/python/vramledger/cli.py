@@ -6,7 +6,8 @@ Subcommands:
   replay TRACE [--capacity-gib N] [--json] [--conf key:value,...] [--device N]
                [--timeline OUT.csv] [--plot OUT.png] [--sample-every N] [--gpu-lag-us N]
       TRACE is a trace CSV (``action,addr,size,stream,time_us``, plain or .gz) or a torch memory
-      snapshot pickle (``torch.cuda.memory._snapshot()``, ``.pickle`` / ``.pickle.gz``), whose
+      snapshot pickle (``torch.cuda.memory._snapshot()``, ``.pickle`` / ``.pickle.gz``, or its JSON
+      form, ``.json`` / ``.json.gz``), whose
       ``device_traces[N]`` is replayed. Sizes are bytes, times microseconds. A ``snapshot`` event
       ends a training step (utilization_at_each_step). --timeline writes allocated, reserved and
       wasted bytes over the trace with the trace's own reserved bytes as CSV; --plot draws them.
@@ -34,6 +35,7 @@ from vramledger import _timeline  # issue 3: replay --timeline / --plot
 _GIB = 1 << 30
 _H200_TOTAL_BYTES = 150109880320  # torch's total_memory of the H200 the bundled traces ran on
 _PICKLE_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
+_JSON_SUFFIXES = (".json", ".json.gz")  # a snapshot as JSON (replay --snapshot, convert write it)
 _INT64_MAX = (1 << 63) - 1  # the C++ binding's std::int64_t (sample_every, gpu_lag_us)
 # The ranges of replay_events' (action, addr, size, stream, time_us) tuple (tools/python_module.cc:
 # std::uint64_t addr, size and stream; std::int64_t time_us), as [low, high).
@@ -86,11 +88,19 @@ def _utf8(value: str, what: str) -> str:
     return value
 
 
-def _is_pickle(path: str) -> bool:
-    return path.lower().endswith(_PICKLE_SUFFIXES)
+def _is_snapshot(path: str) -> bool:
+    """A torch memory snapshot (pickle or JSON) by its name; anything else is a trace CSV."""
+    return path.lower().endswith(_PICKLE_SUFFIXES + _JSON_SUFFIXES)
 
 
 def _load_snapshot(path: str) -> dict:
+    if path.lower().endswith(_JSON_SUFFIXES):
+        from vramledger import _snapshot
+
+        try:
+            return _snapshot.load_snapshot(path)  # validated: segments and device_traces lists
+        except (ValueError, OSError, RecursionError) as e:
+            raise CliError(f"{path}: cannot read the snapshot: {e!s:.300}") from e
     opener = gzip.open if path.lower().endswith(".gz") else open
     try:
         with opener(path, "rb") as f:
@@ -355,12 +365,12 @@ def _replay(args: argparse.Namespace) -> int:
     _utf8(args.conf, "--conf")
     env_conf = os.environ.get("VRAMLEDGER_CONF", "")
     _utf8(env_conf, "VRAMLEDGER_CONF")
-    is_snapshot = _is_pickle(path)
+    is_snapshot = _is_snapshot(path)
     if args.device < 0:
         raise CliError(f"--device must be a device index (0 or more), got {args.device}")
     if args.device != 0 and not is_snapshot:
         raise CliError(f"--device {args.device}: a trace CSV holds one device's events; --device "
-                       "selects a device only in a torch snapshot pickle")
+                       "selects a device only in a torch snapshot")
     try:
         if is_snapshot:
             snapshot = _load_snapshot(path)
@@ -378,6 +388,16 @@ def _replay(args: argparse.Namespace) -> int:
 
     if args.snapshot:  # issue 5: the replayed allocator's snapshot at peak or end
         result["snapshot"] = _snapshot_cli.write_replay_snapshot(args, core, capacity)
+    if args.sample_every and not (args.timeline or args.plot):
+        print("vramledger: warning: --sample-every applies to --timeline and --plot, neither "
+              "given: it is ignored", file=sys.stderr)
+    conf_pairs = dict(tuple(part.strip() for part in item.partition(":")[::2])
+                      for item in (os.environ.get("VRAMLEDGER_CONF", "") + "," + args.conf)
+                      .split(",") if item.strip())
+    if args.gpu_lag_us and conf_pairs.get("expandable_segments") != "True":
+        print("vramledger: warning: --gpu-lag-us delays the completion of the allocator's events, "
+              "which only expandable segments record in a replay (a trace holds no record_stream "
+              "uses): without expandable_segments:True it changes nothing", file=sys.stderr)
     for warning in _warnings(result, is_snapshot):
         print(f"vramledger: warning: {warning}", file=sys.stderr)
     if args.json:
@@ -404,7 +424,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Replays alloc / free_completed events of a trace through vramledger on the "
                     "simulated device (SimBackend) and prints its peaks beside the trace's own.")
     replay.add_argument("trace", metavar="TRACE",
-                        help="trace CSV (plain or .gz) or torch snapshot pickle (.pickle[.gz])")
+                        help="trace CSV (plain or .gz) or torch snapshot: pickle (.pickle[.gz]) "
+                             "or JSON (.json[.gz])")
     replay.add_argument("--capacity-gib", type=float, default=None, metavar="N",
                         help="simulated device capacity in GiB (default: the H200's 139.80)")
     replay.add_argument("--json", action="store_true", help="print one JSON object")
