@@ -146,3 +146,12 @@ def test_flags_that_change_nothing_are_warned(tmp_path):
     assert "without expandable_segments:True it changes nothing" in proc.stderr
     proc = run_cli("replay", trace, "--gpu-lag-us", "5000", "--conf", "expandable_segments:True")
     assert "changes nothing" not in proc.stderr, proc.stderr
+
+
+def test_a_config_boolean_given_as_a_string_is_an_error(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                  "num_attention_heads": 4, "vocab_size": 100,
+                                  "intermediate_size": 128, "tie_word_embeddings": "false"}))
+    assert_cli_error(run_cli("plan", "--config", config),
+                     "'tie_word_embeddings' must be true or false, got 'false'")

@@ -140,6 +140,15 @@ def model_from_config(path: str) -> Model:
                 return c[k]
         return default
 
+    def flag(key: str, default: bool) -> bool:
+        """A JSON boolean of the config: the string "false" is not False (bool() made it True)."""
+        value = c.get(key, default)
+        if value is None:
+            return default
+        if type(value) is not bool:
+            raise PlanError(f"{path}: {key!r} must be true or false, got {value!r:.60}")
+        return value
+
     m = Model(name=kind or os.path.basename(path))
     m.layers = first("num_hidden_layers", "n_layer", "num_layers")
     m.hidden = first("hidden_size", "n_embd", "d_model")
@@ -150,16 +159,16 @@ def model_from_config(path: str) -> Model:
     act = str(c.get("hidden_act") or c.get("activation_function") or "")
     if kind in ("gpt2",):
         m.mlp = "gelu-tanh" if act in TANH_GELU or not act else "gelu"
-        m.tied = bool(c.get("tie_word_embeddings", True))
+        m.tied = flag("tie_word_embeddings", True)
         m.positions = first("n_positions", "max_position_embeddings", default=0, minimum=0)
         m.biases = True
     elif kind in GATED_TYPES or act in ("silu", "swish", "swiglu"):
         m.mlp = "gated"
-        m.tied = bool(c.get("tie_word_embeddings", False))
+        m.tied = flag("tie_word_embeddings", False)
         m.biases = False
     else:  # GPT-NeoX, Falcon, ...: plain GELU MLP, biases, rotary positions
         m.mlp = "gelu-tanh" if act in TANH_GELU else "gelu"
-        m.tied = bool(c.get("tie_word_embeddings", False))
+        m.tied = flag("tie_word_embeddings", False)
         m.biases = True
     if not (m.layers and m.hidden and m.vocab):
         raise PlanError(f"{path}: the config lacks the layer count, hidden size or vocabulary "
