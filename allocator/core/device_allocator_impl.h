@@ -370,7 +370,10 @@ class DeviceAllocatorImpl {
   // Allocated and pending-free blocks by address.
   core::LiveBlockMap live_blocks_ ABSL_GUARDED_BY(mu_);
   // record_stream events, one FIFO per stream so a slow stream never blocks another.
-  absl::flat_hash_map<StreamId, std::deque<std::pair<EventId, core::Block*>>> events_
+  // Ordered by stream (a btree, not a hash map): events are processed, blocks freed and trace
+  // entries emitted in the same order in every process (a hash map's order varies with its seed,
+  // which made runs with record_stream differ where a driver failure fell).
+  absl::btree_map<StreamId, std::deque<std::pair<EventId, core::Block*>>> events_
       ABSL_GUARDED_BY(mu_);
   std::int64_t pending_events_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<EventId> spare_events_ ABSL_GUARDED_BY(mu_);
@@ -381,7 +384,8 @@ class DeviceAllocatorImpl {
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
   // CUDA graph private pools by id, the active ones, ids pruned as failed captures, and blocks
   // whose record_stream events wait for the end of a capture.
-  absl::flat_hash_map<MempoolId, std::unique_ptr<PrivatePool>> private_pools_ ABSL_GUARDED_BY(mu_);
+  // Ordered (a btree): released in the same order in every process (trace entries included).
+  absl::btree_map<MempoolId, std::unique_ptr<PrivatePool>> private_pools_ ABSL_GUARDED_BY(mu_);
   std::vector<ActivePool> active_pools_ ABSL_GUARDED_BY(mu_);
   std::vector<MempoolId> pruned_pools_ ABSL_GUARDED_BY(mu_);
   std::vector<core::Block*> deferred_frees_ ABSL_GUARDED_BY(mu_);

@@ -180,7 +180,7 @@ absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools() {
     if (has_segments) {
       ++it;
     } else {
-      private_pools_.erase(it++);
+      it = private_pools_.erase(it);
     }
   }
   return absl::OkStatus();
