@@ -155,3 +155,29 @@ def test_a_config_boolean_given_as_a_string_is_an_error(tmp_path):
                                   "intermediate_size": 128, "tie_word_embeddings": "false"}))
     assert_cli_error(run_cli("plan", "--config", config),
                      "'tie_word_embeddings' must be true or false, got 'false'")
+
+
+def test_outputs_in_a_missing_directory_are_refused_before_the_replay(tmp_path):
+    timeline = tmp_path / "t.csv"
+    proc = run_cli("replay", GPT2_TRACE, "--timeline", timeline,
+                   "--snapshot", tmp_path / "no" / "s.json")
+    assert_cli_error(proc, "--snapshot")
+    assert "no such directory" in proc.stderr
+    assert not timeline.exists()  # nothing half-written
+    assert_cli_error(run_cli("replay", GPT2_TRACE, "--timeline", tmp_path), "is a directory")
+
+
+def test_conf_given_twice_applies_both(tmp_path):
+    proc = run_cli("replay", GPT2_TRACE, "--json", "--conf", "expandable_segments:True",
+                   "--conf", "expandable_page_mb:2")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["conf"] == "expandable_segments:True,expandable_page_mb:2"
+
+
+def test_a_json_snapshot_replays_with_its_own_snapshot(tmp_path):
+    as_json = tmp_path / "s.json"
+    assert run_cli("convert", GPT2_SNAPSHOT, as_json).returncode == 0
+    out = tmp_path / "out.json"
+    proc = run_cli("replay", as_json, "--snapshot", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "device_traces" in json.loads(out.read_text())

@@ -66,6 +66,7 @@ def run(args, cli_error: type[Exception]) -> int:
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [preload_path(cli_error), env.get("LD_PRELOAD")]))
     _check_conf("VRAMLEDGER_CONF", env.get("VRAMLEDGER_CONF"), cli_error)
+    args.conf = ",".join(c for c in args.conf if c)  # every --conf, in order
     _check_conf("--conf", args.conf, cli_error)
     conf = [c for c in (env.get("VRAMLEDGER_CONF"), args.conf) if c]
     if args.plan:
@@ -92,8 +93,9 @@ def register(commands, cli_error: type[Exception]) -> None:
                     "so its cudaMalloc/cudaMallocAsync (and torch's tensors, through "
                     "backend:cudaMallocAsync) are served by vramledger. A snapshot and summary "
                     "are written to the dump directory at exit and on SIGUSR1.")
-    p.add_argument("--conf", default="", help="allocator options (key:value,...), appended to "
-                                              "VRAMLEDGER_CONF")
+    p.add_argument("--conf", action="append", default=[],
+                   help="allocator options (key:value,...), appended to VRAMLEDGER_CONF; given "
+                        "twice, both apply")
     p.add_argument("--plan", help="plan file the guard enforces")
     p.add_argument("--dump-dir", help="where snapshots, summaries and OOM dumps go")
     p.add_argument("cmd", nargs="...", metavar="-- COMMAND", help="the program and its arguments")

@@ -186,8 +186,9 @@ def write_replay_snapshot(args: argparse.Namespace, core: Any, capacity: int) ->
     events_replayed, line, reserved_bytes}. check_replay_snapshot_args has checked the flags."""
     path = args.trace
     try:
-        if path.lower().endswith((".pickle", ".pkl", ".pickle.gz", ".pkl.gz")):
-            from vramledger import cli
+        from vramledger import cli
+
+        if cli._is_snapshot(path):  # a snapshot, pickle or JSON: its device's trace
 
             events = cli._snapshot_events(path, cli._load_snapshot(path), args.device)
             snap = core.replay_snapshot_events(

@@ -338,6 +338,7 @@ def _write_timeline(args: argparse.Namespace, result: dict) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    args.conf = ",".join(c for c in args.conf if c)  # every --conf, in order
     core = _core()
     if args.capacity_gib is not None and not 2 / 1024 <= args.capacity_gib <= 1e6:  # NaN too
         raise CliError(f"--capacity-gib must be a number of GiB from 0.001953125 (2 MiB) to 1e6, "
@@ -354,6 +355,14 @@ def _replay(args: argparse.Namespace) -> int:
         raise CliError("--timeline -: the timeline is not written to stdout; give a file name "
                        "(OUT.csv)")
     _snapshot_cli.check_replay_snapshot_args(args)  # before the replay, which --snapshot repeats
+    for flag, out in (("--timeline", args.timeline), ("--plot", args.plot),
+                      ("--snapshot", args.snapshot)):
+        # Before the replay: a bad one found after it left the others written (a breaker's find).
+        if out and os.path.isdir(out):
+            raise CliError(f"{flag} {out}: is a directory; give a file name")
+        parent = os.path.dirname(os.path.abspath(out)) if out else ""
+        if out and not os.path.isdir(parent):
+            raise CliError(f"{flag} {out}: no such directory: {parent}")
     if args.plot:  # before the replay, so a wrong name costs no replay
         try:
             _timeline.plot_format(args.plot)
@@ -429,9 +438,10 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--capacity-gib", type=float, default=None, metavar="N",
                         help="simulated device capacity in GiB (default: the H200's 139.80)")
     replay.add_argument("--json", action="store_true", help="print one JSON object")
-    replay.add_argument("--conf", default="", metavar="key:value,...",
+    replay.add_argument("--conf", action="append", default=[], metavar="key:value,...",
                         help="allocator options (PYTORCH_CUDA_ALLOC_CONF syntax), applied after "
-                             "VRAMLEDGER_CONF from the environment")
+                             "VRAMLEDGER_CONF from the environment; given twice, both apply (the "
+                             "later wins for a key given in both)")
     replay.add_argument("--device", type=int, default=0, metavar="N",
                         help="device whose trace a snapshot pickle replays (default 0)")
     replay.add_argument("--timeline", default=None, metavar="OUT.csv",
