@@ -181,3 +181,13 @@ def test_a_json_snapshot_replays_with_its_own_snapshot(tmp_path):
     proc = run_cli("replay", as_json, "--snapshot", out)
     assert proc.returncode == 0, proc.stderr
     assert "device_traces" in json.loads(out.read_text())
+
+
+def test_dump_snapshot_names_a_missing_directory_as_oserror(tmp_path):
+    import vramledger
+
+    for name in ("x.json", "x.pickle"):
+        with pytest.raises(FileNotFoundError):
+            vramledger.dump_snapshot(str(tmp_path / "no" / name))
+    with pytest.raises(ValueError, match="give a file name"):
+        vramledger.dump_snapshot("")

@@ -13,6 +13,7 @@ half a file.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gzip
 import io
 import json
@@ -149,6 +150,11 @@ def dump_snapshot(filename: str = "dump_snapshot.pickle") -> str:
     path = os.fspath(filename)
     if "\0" in path:  # ctypes would cut the name there and write another file
         raise ValueError(f"dump_snapshot: {path!r}: a file name cannot hold a NUL byte")
+    if not path or path.endswith(os.sep):
+        raise ValueError(f"dump_snapshot: {path!r}: give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):  # the JSON writer (C++) would say only "cannot open"
+        raise FileNotFoundError(errno.ENOENT, "no such directory", parent)
     if path.endswith(".json"):
         _check(_lib().vramledger_dump_snapshot_json(path.encode()))
         return path
