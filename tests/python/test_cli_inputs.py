@@ -134,7 +134,7 @@ def test_replay_reads_a_json_snapshot_as_its_pickle(tmp_path):
         assert a[key] == b[key], key
     bad = tmp_path / "bad.json"
     bad.write_text("{\"segments\": 3}")
-    assert_cli_error(run_cli("replay", bad), "cannot read the snapshot")
+    assert_cli_error(run_cli("replay", bad), "no 'segments' list")
 
 
 def test_flags_that_change_nothing_are_warned(tmp_path):
@@ -191,3 +191,68 @@ def test_dump_snapshot_names_a_missing_directory_as_oserror(tmp_path):
             vramledger.dump_snapshot(str(tmp_path / "no" / name))
     with pytest.raises(ValueError, match="give a file name"):
         vramledger.dump_snapshot("")
+
+
+def test_a_corrupt_gzip_snapshot_is_an_error(tmp_path):
+    data = gzip.compress(b"x" * 1000)
+    for name in ("z.pickle.gz", "z.json.gz"):
+        path = tmp_path / name
+        path.write_bytes(data[:10] + b"\xff" * 20 + data[30:])
+        for command in ("replay", "inspect"):
+            proc = run_cli(command, path)
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, proc.stderr)
+
+
+def test_inspect_plot_and_html_with_awkward_names(tmp_path):
+    pytest.importorskip("matplotlib")
+    odd = tmp_path / "tr$\\foo$.pickle.gz"
+    odd.write_bytes(GPT2_SNAPSHOT.read_bytes())
+    proc = run_cli("inspect", odd, "--plot", tmp_path / "p.png")
+    assert proc.returncode == 0, proc.stderr
+    with gzip.open(GPT2_SNAPSHOT, "rb") as f:
+        snap = pickle.load(f)
+    for segment in snap["segments"]:
+        for block in segment.get("blocks", []):
+            for frame in block.get("frames", []):
+                frame["filename"] = "\udcffx.py"  # a lone surrogate (a non-UTF-8 byte)
+    surrogate = tmp_path / "s.pickle"
+    with open(surrogate, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    import subprocess
+    import sys
+
+    # The table on stdout holds the byte as it came (surrogate-escaped): read it as bytes.
+    proc = subprocess.run([sys.executable, "-m", "vramledger", "inspect", str(surrogate),
+                           "--html", str(tmp_path / "h.html")], capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "h.html").stat().st_size > 0
+
+
+def test_a_dangling_link_into_a_missing_directory_is_refused_before_the_replay(tmp_path):
+    link = tmp_path / "d.json"
+    link.symlink_to(tmp_path / "nodir" / "missing.json")
+    timeline = tmp_path / "tl.csv"
+    assert_cli_error(run_cli("replay", GPT2_TRACE, "--timeline", timeline, "--snapshot", link),
+                     "no such directory")
+    assert not timeline.exists()
+    assert_cli_error(run_cli("replay", GPT2_TRACE, "--timeline", str(tmp_path / "new") + "/"),
+                     "is a directory")
+
+
+def test_a_snapshot_action_that_is_not_a_name_is_an_error(tmp_path):
+    snap = {"segments": [], "device_traces": [[{"action": "\udcff", "addr": 1, "size": 512,
+                                                "stream": 0, "time_us": 1}]]}
+    path = tmp_path / "a.pickle"
+    with open(path, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    assert_cli_error(run_cli("replay", path), "'action' must be a trace action name")
+
+
+def test_a_snapshot_goes_through_a_pipe():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m vramledger convert {GPT2_SNAPSHOT} /dev/stdout | wc -c",
+                          shell=True, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) > 1000

@@ -344,8 +344,10 @@ std::vector<std::string> ReplayWarnings(const ReplayResult& result, std::size_t 
   }
   if (result.time_reversals > 0) {
     warnings.push_back(absl::StrCat(
-        result.time_reversals, " events are earlier (time_us) than the event before them, the "
-        "first at ", result.source, ":", result.first_time_reversal_line, " (",
+        result.time_reversals,
+        result.time_reversals == 1 ? " event is earlier (time_us) than the event before it, at "
+                                   : " events are earlier (time_us) than the event before them, "
+                                     "the first at ", result.source, ":", result.first_time_reversal_line, " (",
         result.first_time_reversal_us, " us earlier): the trace is not in time order, so its span "
         "and the driver-time shares are not meaningful (the memory figures are)"));
   }

@@ -319,7 +319,7 @@ def plot_png(snap: dict, path: str, title: str) -> list[int]:
         ax.plot(x, [v / gib for v in t["reserved"]], label="reserved", color="#d62728")
         ax.plot(x, [v / gib for v in t["allocated"]], label="allocated (live requested)",
                 color="#1f77b4")
-        ax.set_title(f"{title}: device {d}")
+        ax.set_title(f"{title}: device {d}".replace("$", r"\$"))  # a name is not mathtext
         ax.set_xlabel("trace entry")
         ax.set_ylabel("GiB")
         ax.grid(alpha=0.3)

@@ -246,8 +246,8 @@ def estimate(model: Model, setup: Setup) -> dict[str, Any]:
         Pt = model.layers * per_layer
         if Pt >= P:  # a rank as large as the model's dimensions: not an adapter any more
             raise PlanError(f"--lora-rank {rank}: the adapters would hold {Pt:,} parameters, as "
-                            f"many as the model's {P:,} or more; a LoRA rank is far below "
-                            f"--hidden ({h})")
+                            f"many as the model's {P:,} or more (its shape: {model.layers} layers "
+                            f"of hidden size {h}; check the rank, and --params if given)")
     else:
         Pt = P
 

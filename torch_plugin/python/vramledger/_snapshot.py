@@ -20,7 +20,9 @@ import json
 import os
 import pickle
 import secrets
+import stat
 import sys
+import zlib
 from typing import Any
 
 __all__ = ["record_memory_history", "snapshot", "dump_snapshot", "load_snapshot",
@@ -226,11 +228,15 @@ def write_atomically(data: bytes, path: str) -> None:
     """
     if "\0" in path:
         raise ValueError(f"{path!r}: a file name cannot hold a NUL byte")
-    path = os.path.realpath(path) if os.path.islink(path) else path
-    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
-        with open(path, "wb") as f:
+    try:
+        mode = os.stat(path).st_mode  # follows links: /dev/stdout of a pipe is a pipe
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        with open(path, "wb") as f:  # the path as given: /proc/self/fd links open so
             f.write(data)
         return
+    path = os.path.realpath(path) if os.path.islink(path) else path
     temp = f"{os.path.abspath(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     # 0o666 less the umask, like any new file (mkstemp would make it private).
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -271,7 +277,7 @@ def load_snapshot(path: str) -> dict:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise _fail(path, f"corrupt or truncated gzip data ({e})") from e
     if not raw:
         raise _fail(path, "the file is empty")
@@ -281,7 +287,7 @@ def load_snapshot(path: str) -> dict:
         try:
             data = _PlainUnpickler(io.BytesIO(raw)).load()
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-                AttributeError, KeyError) as e:
+                AttributeError, KeyError, MemoryError, OverflowError, RecursionError) as e:
             raise _fail(path, f"truncated or corrupt pickle ({type(e).__name__}: {e})") from e
     elif raw.lstrip()[:1] in (b"{", b"["):
         try:

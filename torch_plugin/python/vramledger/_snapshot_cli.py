@@ -38,7 +38,8 @@ def _write(snap: dict, path: str) -> None:
     try:
         _snapshot.write_snapshot(snap, path)
     except (OSError, TypeError, ValueError) as e:
-        raise _error(f"{path}: cannot write the snapshot: {e}") from e
+        raise _error(f"{path}: cannot write the snapshot: "
+                     f"{getattr(e, 'strerror', None) or e}") from e
     except RecursionError as e:
         raise _error(f"{path}: cannot write the snapshot: a value is nested too deeply") from e
 
@@ -92,9 +93,11 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
 
         page = _inspect_html.render(snap, summary, os.path.basename(args.file))
         try:
-            _snapshot.write_atomically(page.encode("utf-8"), args.html)  # no stray .tmp file
+            # A lone surrogate in a frame's file name: escaped, not an error.
+            data = page.encode("utf-8", errors="backslashreplace")
+            _snapshot.write_atomically(data, args.html)  # no stray .tmp file
         except (OSError, ValueError) as e:
-            raise _error(f"{args.html}: cannot write: {e.strerror or e}") from e
+            raise _error(f"{args.html}: cannot write: {getattr(e, 'strerror', None) or e}") from e
         print(f"vramledger: wrote {args.html}", file=sys.stderr)
     return 0
 

@@ -25,6 +25,7 @@ import json
 import os
 import pickle
 import sys
+import zlib
 from typing import Any, Sequence
 
 from vramledger import _snapshot_cli  # issue 5: inspect, convert, diff, replay --snapshot
@@ -99,6 +100,8 @@ def _load_snapshot(path: str) -> dict:
 
         try:
             return _snapshot.load_snapshot(path)  # validated: segments and device_traces lists
+        except _snapshot.SnapshotFormatError as e:
+            raise CliError(f"{e!s:.300}") from e  # names the file itself
         except (ValueError, OSError, RecursionError) as e:
             raise CliError(f"{path}: cannot read the snapshot: {e!s:.300}") from e
     opener = gzip.open if path.lower().endswith(".gz") else open
@@ -106,7 +109,8 @@ def _load_snapshot(path: str) -> dict:
         with opener(path, "rb") as f:
             snapshot = _SnapshotUnpickler(f).load()
     except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, IndexError,
-            AttributeError, KeyError, RecursionError) as e:  # a malformed pickle: any of these
+            AttributeError, KeyError, RecursionError, MemoryError, OverflowError,
+            zlib.error) as e:  # a malformed pickle or gzip stream: any of these
         raise CliError(f"{path}: cannot read the snapshot pickle: {e!s:.200}") from e
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
         raise CliError(f"{path}: not a torch memory snapshot (no 'device_traces' list)")
@@ -130,6 +134,10 @@ def _snapshot_events(path: str, snapshot: dict, device: int) -> list[tuple]:
             raise CliError(f"{where} entry {i}: must be a dict, got {entry!r:.60}")
         if "action" not in entry:
             raise CliError(f"{where} entry {i}: no 'action'")
+        action = entry["action"]
+        if not isinstance(action, str) or not action.isascii():  # the binding takes a UTF-8 str
+            raise CliError(f"{where} entry {i}: 'action' must be a trace action name, "
+                           f"got {action!r:.60}")
         values = []
         for key, low, high, what in _EVENT_FIELDS:
             # An `oom` entry carries the device's free bytes in `device_free` instead of `addr`.
@@ -289,8 +297,10 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
                         "blocks allocated before it are unknown)")
             out.append(f"{r[key]:,} {what}{note}; at {places}{more}")
     if r.get("time_reversals"):
-        out.append(f"{r['time_reversals']:,} events are earlier (time_us) than the event before "
-                   f"them, the first at {r['trace']}:{r['first_time_reversal_line']} "
+        what = ("event is earlier (time_us) than the event before it, at"
+                if r["time_reversals"] == 1 else
+                "events are earlier (time_us) than the event before them, the first at")
+        out.append(f"{r['time_reversals']:,} {what} {r['trace']}:{r['first_time_reversal_line']} "
                    f"({r['first_time_reversal_us']:,} us earlier): the trace is not in time order, "
                    "so its span and the driver-time shares are not meaningful (the memory figures "
                    "are)")
@@ -358,10 +368,13 @@ def _replay(args: argparse.Namespace) -> int:
     for flag, out in (("--timeline", args.timeline), ("--plot", args.plot),
                       ("--snapshot", args.snapshot)):
         # Before the replay: a bad one found after it left the others written (a breaker's find).
-        if out and os.path.isdir(out):
+        if not out:
+            continue
+        target = os.path.realpath(out)  # a link's target (which may not exist yet)
+        if os.path.isdir(target) or out.endswith(os.sep):
             raise CliError(f"{flag} {out}: is a directory; give a file name")
-        parent = os.path.dirname(os.path.abspath(out)) if out else ""
-        if out and not os.path.isdir(parent):
+        parent = os.path.dirname(target)
+        if not os.path.isdir(parent):
             raise CliError(f"{flag} {out}: no such directory: {parent}")
     if args.plot:  # before the replay, so a wrong name costs no replay
         try:
@@ -443,7 +456,7 @@ def _parser() -> argparse.ArgumentParser:
                              "VRAMLEDGER_CONF from the environment; given twice, both apply (the "
                              "later wins for a key given in both)")
     replay.add_argument("--device", type=int, default=0, metavar="N",
-                        help="device whose trace a snapshot pickle replays (default 0)")
+                        help="device whose trace a snapshot replays (default 0)")
     replay.add_argument("--timeline", default=None, metavar="OUT.csv",
                         help="write allocated, reserved and wasted bytes over the trace, with the "
                              "trace's own reserved bytes, as CSV")
