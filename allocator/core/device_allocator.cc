@@ -364,9 +364,6 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   std::int64_t split_blocks_change = 0;
   std::int64_t split_bytes_change = 0;
   Block* result = block;
-  block->gc_base = pool->free_lookups;  // a merge keeps the freed block's (the newest) age
-  if (prev != nullptr) prev->gc_base = pool->free_lookups;
-  if (next != nullptr) next->gc_base = pool->free_lookups;
   if (prev == nullptr && next == nullptr) {
     block->requested_size = 0;
     pool->blocks.insert(block);
@@ -405,6 +402,7 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
     result = keep;
     RepositionGrown(pool, it);
   }
+  result->gc_base = pool->free_lookups;  // freed now: a merge takes the newest age
   if (result->is_split()) {
     split_blocks_change += 1;
     split_bytes_change += static_cast<std::int64_t>(result->size);

@@ -280,7 +280,7 @@ def _format_table(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _warnings(r: dict, is_snapshot: bool) -> list[str]:
+def _warnings(r: dict, is_snapshot: bool, args: argparse.Namespace) -> list[str]:
     out = []
     kinds = (("unknown_frees", "free_completed events of addresses not live in the trace (never "
                                "allocated in it, or freed twice) were not replayed"),
@@ -312,6 +312,12 @@ def _warnings(r: dict, is_snapshot: bool) -> list[str]:
             out.append(f"option {key}:{value} is ignored by the replay: "
                        f"{_IGNORED_BY_REPLAY[key]} (the guard and the step logs run in the torch "
                        "plugin, vramledger.install(), or the LD_PRELOAD shim, vramledger run)")
+    if args.sample_every and not (args.timeline or args.plot):
+        out.append("--sample-every applies to --timeline and --plot, neither given: it is ignored")
+    if args.gpu_lag_us and dict(options).get("expandable_segments") != "True":
+        out.append("--gpu-lag-us delays the completion of the allocator's events, which only "
+                   "expandable segments record in a replay (a trace holds no record_stream uses): "
+                   "without expandable_segments:True it changes nothing")
     if r.get("recorded_segment_maps") and dict(options).get("expandable_segments") != "True":
         out.append(f"{r['trace']} was recorded with torch's expandable segments "
                    f"({r['recorded_segment_maps']:,} segment_map events) and is replayed without "
@@ -385,8 +391,7 @@ def _replay(args: argparse.Namespace) -> int:
                 "sample_every": args.sample_every or 0, "gpu_lag_us": args.gpu_lag_us}
     path = _utf8(args.trace, "TRACE")
     _utf8(args.conf, "--conf")
-    env_conf = os.environ.get("VRAMLEDGER_CONF", "")
-    _utf8(env_conf, "VRAMLEDGER_CONF")
+    _utf8(os.environ.get("VRAMLEDGER_CONF", ""), "VRAMLEDGER_CONF")
     is_snapshot = _is_snapshot(path)
     if args.device < 0:
         raise CliError(f"--device must be a device index (0 or more), got {args.device}")
@@ -410,17 +415,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     if args.snapshot:  # issue 5: the replayed allocator's snapshot at peak or end
         result["snapshot"] = _snapshot_cli.write_replay_snapshot(args, core, capacity)
-    if args.sample_every and not (args.timeline or args.plot):
-        print("vramledger: warning: --sample-every applies to --timeline and --plot, neither "
-              "given: it is ignored", file=sys.stderr)
-    conf_pairs = dict(tuple(part.strip() for part in item.partition(":")[::2])
-                      for item in (os.environ.get("VRAMLEDGER_CONF", "") + "," + args.conf)
-                      .split(",") if item.strip())
-    if args.gpu_lag_us and conf_pairs.get("expandable_segments") != "True":
-        print("vramledger: warning: --gpu-lag-us delays the completion of the allocator's events, "
-              "which only expandable segments record in a replay (a trace holds no record_stream "
-              "uses): without expandable_segments:True it changes nothing", file=sys.stderr)
-    for warning in _warnings(result, is_snapshot):
+    for warning in _warnings(result, is_snapshot, args):
         print(f"vramledger: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
