@@ -214,8 +214,13 @@ Json HistoryJson(const History* history) {
   if (history == nullptr) return nullptr;
   const HistorySettings s = history->settings();
   Json j = Json::object();
-  j["enabled"] = std::string(HistoryEnabledName(s.enabled));
-  j["context"] = std::string(HistoryContextName(s.context));
+  // Off is null (Python's None, the value record_memory_history takes), not the word "None".
+  j["enabled"] = s.enabled == HistoryEnabled::kNone
+                     ? Json(nullptr)
+                     : Json(std::string(HistoryEnabledName(s.enabled)));
+  j["context"] = s.context == HistoryContext::kNone
+                     ? Json(nullptr)
+                     : Json(std::string(HistoryContextName(s.context)));
   j["stacks"] = std::string(HistoryStacksName(s.stacks));
   j["max_entries"] =
       std::min<std::uint64_t>(s.max_entries, std::numeric_limits<std::int64_t>::max());

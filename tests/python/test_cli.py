@@ -394,6 +394,13 @@ def test_run_blames_a_missing_or_bad_plan_on_the_flag(tmp_path):
             proc.stderr
         assert "Traceback" not in proc.stderr and "VRAMLEDGER_CONF" not in proc.stderr
         assert not marker.exists()
+        # The same plan given as a --conf option is blamed on --conf (it was blamed on
+        # VRAMLEDGER_CONF by the shim, a breaker's finding).
+        proc, _ = _run_with_fake_shim(tmp_path, "--conf", f"plan:{plan}", "--", "touch", marker)
+        assert proc.returncode == 2, proc.stderr
+        assert "vramledger: error: run: --conf: option 'plan': " in proc.stderr, proc.stderr
+        assert needle in proc.stderr and "VRAMLEDGER_CONF" not in proc.stderr, proc.stderr
+        assert not marker.exists()
 
 
 def test_run_names_where_a_bad_option_came_from(tmp_path):

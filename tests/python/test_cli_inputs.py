@@ -256,3 +256,17 @@ def test_a_snapshot_goes_through_a_pipe():
                           shell=True, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.strip()) > 1000
+
+
+def test_an_empty_output_name_is_an_error(tmp_path):
+    """`--timeline ''` and the like were taken as no flag and wrote nothing; convert to '' said
+    "No such file" (a breaker's finding)."""
+    for args, flag in ((("replay", GPT2_TRACE, "--timeline", ""), "--timeline"),
+                       (("replay", GPT2_TRACE, "--plot", ""), "--plot"),
+                       (("replay", GPT2_TRACE, "--snapshot", ""), "--snapshot"),
+                       (("inspect", GPT2_SNAPSHOT, "--html", ""), "--html"),
+                       (("inspect", GPT2_SNAPSHOT, "--plot", ""), "--plot"),
+                       (("plan", "--params", "1e9", "--out", ""), "--out"),
+                       (("convert", GPT2_SNAPSHOT, ""), "OUT")):
+        assert_cli_error(run_cli(*args, cwd=tmp_path), f"{flag} '': give a file name")
+    assert list(tmp_path.iterdir()) == []

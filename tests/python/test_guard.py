@@ -210,14 +210,14 @@ def test_plan_config_fields_must_be_integers(tmp_path, field, value, message):
 
 # ---- vramledger report ----
 
-def write_rank_log(directory, rank, peaks_gib, reserved_extra=1.1):
+def write_rank_log(directory, rank, peaks_gib, reserved_extra=1.1, warnings=0):
     path = directory / f"vramledger-steps-rank{rank}.jsonl"
     with open(path, "w") as f:
         for step, peak in enumerate(peaks_gib):
             f.write(json.dumps({"step": step, "rank": rank, "device": 0,
                                 "peak_allocated_bytes": int(peak * GIB),
                                 "peak_reserved_bytes": int(peak * reserved_extra * GIB),
-                                "allocated_bytes": 0, "reserved_bytes": 0, "warnings": 0,
+                                "allocated_bytes": 0, "reserved_bytes": 0, "warnings": warnings,
                                 "tags": {}}) + "\n")
     return path
 
@@ -240,6 +240,19 @@ def test_report_flags_the_rank_8_percent_above_the_median(tmp_path):
     assert "flagged: rank(s) 3 more than 5% above the median" in text.stdout
     assert "+8.0%" in text.stdout
     assert run_cli("report", tmp_path, "--fail-on-flag").returncode == 1
+    assert "guard warnings" not in text.stdout
+
+
+def test_report_table_shows_each_ranks_guard_warnings(tmp_path):
+    write_rank_log(tmp_path, 0, [10.0, 10.0])
+    write_rank_log(tmp_path, 1, [10.0, 10.0], warnings=1)
+    proc = run_cli("report", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("     ")]
+    assert [row[0] for row in rows] == ["0", "1"]
+    assert [row[-1] for row in rows] == ["0", "2"]  # two steps with a warning each
+    assert ("guard warnings (the plan's warn_at crossed, at most one a step): 2 in all, on "
+            "rank(s) 1") in proc.stdout
 
 
 def test_report_without_flags_and_errors(tmp_path):

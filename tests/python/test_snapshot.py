@@ -261,6 +261,20 @@ def test_convert_pickle_json_pickle_round_trips_to_the_same_dict(tmp_path, path)
     assert {op.name for op, _, _ in pickletools.genops(raw)} <= VIEWER_OPCODES
 
 
+def test_convert_reads_suffixes_in_any_case(tmp_path):
+    """OUT.JSON was written as a pickle and OUT.JSON.GZ as an uncompressed one (a breaker's
+    finding): the format follows the suffix whatever its case, as replay's input does."""
+    original = load_raw(TORCH_SNAPSHOTS[0])
+    upper, upper_gz = tmp_path / "S.JSON", tmp_path / "S.Json.GZ"
+    assert run_cli("convert", TORCH_SNAPSHOTS[0], upper).returncode == 0
+    assert run_cli("convert", TORCH_SNAPSHOTS[0], upper_gz).returncode == 0
+    assert json.loads(upper.read_text())["segments"][0]["segment_pool_id"] == [0, 0]
+    assert json.loads(gzip.decompress(upper_gz.read_bytes())) == json.loads(upper.read_text())
+    back = tmp_path / "S.PICKLE.GZ"
+    assert run_cli("convert", upper_gz, back).returncode == 0
+    assert pickle.loads(gzip.decompress(back.read_bytes())) == original
+
+
 def test_write_snapshot_is_atomic_and_refuses_non_plain_values(tmp_path):
     path = tmp_path / "s.pickle"
     path.write_bytes(b"old")

@@ -241,6 +241,14 @@ TEST(ReplayReportTest, NumbersAndJsonKeys) {
   const std::string table = FormatReplayTable(r);
   EXPECT_THAT(table, HasSubstr("peak requested      3,001,000 B (0.00 GiB)"));
   EXPECT_THAT(table, HasSubstr("cudaMalloc"));
+
+  ReplayResult retried = r;
+  retried.alloc_retries = 1234;
+  retried.recorded_ooms = 2;
+  const std::string retried_table = FormatReplayTable(retried);
+  EXPECT_THAT(retried_table, HasSubstr("num_alloc_retries   1,234"));
+  EXPECT_THAT(retried_table,
+              HasSubstr("num_ooms            0 (a replay stops at one)            2\n"));
 }
 
 Options MustParse(std::string_view conf) {

@@ -224,6 +224,10 @@ TEST_F(SnapshotTest, HistoryOffStillHasSegmentsAndAnEmptyTrace) {
   EXPECT_EQ(doc["segments"][0]["blocks"][0]["state"], "active_allocated");
   EXPECT_EQ(doc["segments"][0]["blocks"][0]["frames"], Json::array());
   EXPECT_EQ(doc["device_traces"], Json::array({Json::array()}));
+  // Recording off is null, Python's None (it was the word "None").
+  EXPECT_TRUE(doc["vramledger"]["history"]["enabled"].is_null());
+  EXPECT_TRUE(doc["vramledger"]["history"]["context"].is_null());
+  EXPECT_EQ(doc["vramledger"]["history"]["stacks"], "python");
   // No history object at all: the same.
   const Json bare = BuildSnapshot({alloc_.get()}, nullptr);
   EXPECT_EQ(bare["device_traces"], Json::array({Json::array()}));

@@ -304,6 +304,11 @@ std::string FormatReplayTable(const ReplayResult& result) {
                             WithThousands(result.recorded_segment_allocs)));
   absl::StrAppend(&out, Row("num_device_free", WithThousands(result.device_frees),
                             WithThousands(result.recorded_segment_frees)));
+  // torch's num_alloc_retries: a request that freed cached memory and tried again. The trace's
+  // oom events are torch's refusals; a replay that refuses stops with an error instead.
+  absl::StrAppend(&out, Row("num_alloc_retries", WithThousands(result.alloc_retries), "n/a"));
+  absl::StrAppend(&out, Row("num_ooms", "0 (a replay stops at one)",
+                            WithThousands(result.recorded_ooms)));
 
   absl::StrAppend(&out, absl::StrFormat("\n  %-24s %12s %16s\n", "driver calls (modelled)", "count",
                                         "time (us)"));

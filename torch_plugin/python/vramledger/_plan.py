@@ -500,7 +500,10 @@ MAX_CARD_GIB = 1e6  # as replay --capacity-gib
 
 
 def check_flags(args) -> None:
-    """Refuses out-of-range numeric flags before any estimate, with or without --out."""
+    """Refuses out-of-range numeric flags before any estimate, with or without --out, and an
+    empty --out (it was taken as no --out and wrote nothing)."""
+    if args.out == "":
+        raise PlanError("--out '': give a file name")
     for flag, minimum in _INT_FLAGS:
         value = getattr(args, flag)
         if value is not None and value < minimum:

@@ -106,18 +106,23 @@ def format_report(directory: str, s: dict[str, Any]) -> str:
 
     lines = [f"vramledger report of {directory}: {len(s['ranks'])} rank(s)", "",
              f"  {'rank':>4} {'steps':>6} {'peak allocated':>16} {'vs median':>10} "
-             f"{'peak reserved':>16} {'vs median':>10}  flag"]
+             f"{'peak reserved':>16} {'vs median':>10} {'warnings':>8}  flag"]
     for r in s["ranks"]:
         flag = f"> {s['threshold']:.0%} above the median ({', '.join(r['flags'])})" if r.get("flags") else ""
         lines.append(f"  {r['rank']:>4} {r['steps']:>6} {gib(r['peak_allocated_bytes']):>16} "
                      f"{r['peak_allocated_vs_median']:>+10.1%} {gib(r['peak_reserved_bytes']):>16} "
-                     f"{r['peak_reserved_vs_median']:>+10.1%}  {flag}".rstrip())
+                     f"{r['peak_reserved_vs_median']:>+10.1%} {r['warnings']:>8}  {flag}".rstrip())
     lines.append("")
     for key, name in (("peak_allocated_bytes", "allocated"), ("peak_reserved_bytes", "reserved")):
         v = s[key]
         lines.append(f"  peak {name}: median {gib(v['median'])}, min {gib(v['min'])}, max "
                      f"{gib(v['max'])}, spread {gib(v['spread'])} ({v['spread_fraction']:.1%} of "
                      "the median)")
+    warned = [r for r in s["ranks"] if r["warnings"]]
+    if warned:
+        lines.append(f"  guard warnings (the plan's warn_at crossed, at most one a step): "
+                     f"{sum(r['warnings'] for r in warned)} in all, on rank(s) "
+                     f"{', '.join(str(r['rank']) for r in warned)}")
     if s["flagged_ranks"]:
         lines.append(f"  flagged: rank(s) {', '.join(map(str, s['flagged_ranks']))} more than "
                      f"{s['threshold']:.0%} above the median")

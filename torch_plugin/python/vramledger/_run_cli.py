@@ -21,7 +21,8 @@ def preload_path(cli_error: type[Exception]) -> str:
 
 
 def _check_conf(source: str, conf: str | None, cli_error: type[Exception]) -> None:
-    """Raises `cli_error` naming `source` (the flag or the variable) when `conf` does not parse.
+    """Raises `cli_error` naming `source` (the flag or the variable) when `conf` does not parse,
+    or when its `plan:` file is missing or does not parse.
 
     The shim would refuse the same value at the program's start, but it sees only the joined
     VRAMLEDGER_CONF and cannot tell the user which of the two held the bad key. Skipped when
@@ -37,23 +38,26 @@ def _check_conf(source: str, conf: str | None, cli_error: type[Exception]) -> No
     except ImportError:
         return
     try:
-        _core.parse_options(conf)
+        options = _core.parse_options(conf)
     except ValueError as e:
         raise cli_error(f"run: {source}: {e}") from e
+    if options.get("plan"):
+        _check_plan(options["plan"], f"{source}: option 'plan'", cli_error)
 
 
-def _check_plan(path: str, cli_error: type[Exception]) -> None:
-    """Raises `cli_error` naming --plan when the plan file is missing or does not parse (the
-    shim would refuse it too, but blaming VRAMLEDGER_CONF, where this command puts it). Skipped
-    when the plugin library, which holds the parser, is not there (the shim still checks)."""
+def _check_plan(path: str, source: str, cli_error: type[Exception]) -> None:
+    """Raises `cli_error` naming `source` (--plan, or the conf that set plan:) when the plan
+    file is missing or does not parse (the shim would refuse it too, but blaming
+    VRAMLEDGER_CONF, where this command puts it). Skipped when the plugin library, which holds
+    the parser, is not there (the shim still checks)."""
     from vramledger import _guard
     try:
         _guard.check_plan(path)
     except (FileNotFoundError, ValueError) as e:
-        raise cli_error(f"run: --plan: {e}") from e
+        raise cli_error(f"run: {source}: {e}") from e
     except RuntimeError as e:
         if _guard.library(required=False) is not None:  # the library is there: the file failed
-            raise cli_error(f"run: --plan: {e}") from e
+            raise cli_error(f"run: {source}: {e}") from e
 
 
 def run(args, cli_error: type[Exception]) -> int:
@@ -70,7 +74,7 @@ def run(args, cli_error: type[Exception]) -> int:
     _check_conf("--conf", args.conf, cli_error)
     conf = [c for c in (env.get("VRAMLEDGER_CONF"), args.conf) if c]
     if args.plan:
-        _check_plan(args.plan, cli_error)
+        _check_plan(args.plan, "--plan", cli_error)
         conf.append(f"plan:{os.path.abspath(args.plan)}")
     if args.dump_dir:
         conf.append(f"dump_dir:{os.path.abspath(args.dump_dir)}")

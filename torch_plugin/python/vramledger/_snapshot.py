@@ -157,7 +157,7 @@ def dump_snapshot(filename: str = "dump_snapshot.pickle") -> str:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):  # the JSON writer (C++) would say only "cannot open"
         raise FileNotFoundError(errno.ENOENT, "no such directory", parent)
-    if path.endswith(".json"):
+    if path.lower().endswith(".json"):  # suffixes in any case, as the readers take them
         _check(_lib().vramledger_dump_snapshot_json(path.encode()))
         return path
     write_snapshot(snapshot(), path)
@@ -194,12 +194,12 @@ def _plain(value: Any, where: str) -> None:
 
 
 def _encode(snap: dict, path: str) -> bytes:
-    if path.endswith(_JSON_SUFFIXES):
+    if path.lower().endswith(_JSON_SUFFIXES):
         data = json.dumps(snap, separators=(",", ":")).encode()
     else:
         _plain(snap, "snapshot")
         data = pickle.dumps(snap, protocol=PICKLE_PROTOCOL)
-    if path.endswith(".gz"):
+    if path.lower().endswith(".gz"):
         data = gzip.compress(data, mtime=0)
     return data
 

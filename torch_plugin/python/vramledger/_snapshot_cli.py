@@ -45,7 +45,7 @@ def _write(snap: dict, path: str) -> None:
 
 
 def _kind(path: str) -> str:
-    return "JSON" if path.endswith((".json", ".json.gz")) else "pickle (protocol 4)"
+    return "JSON" if path.lower().endswith((".json", ".json.gz")) else "pickle (protocol 4)"
 
 
 def _inspect_cmd(args: argparse.Namespace) -> int:
@@ -56,6 +56,8 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value == "-":  # as replay's --timeline and --snapshot
             raise _error(f"{flag} -: the file is not written to stdout; give a file name")
+        if value == "":  # was taken as no flag and wrote nothing
+            raise _error(f"{flag} '': give a file name")
     if args.plot:  # before reading the snapshot, as replay --plot: .png, .svg or .pdf
         try:
             _timeline.plot_format(args.plot)
@@ -103,6 +105,8 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
 
 
 def _convert_cmd(args: argparse.Namespace) -> int:
+    if not args.output:  # before reading: the error was "cannot write the snapshot: No such file"
+        raise _error("OUT '': give a file name")
     snap = _load(args.input)
     _write(snap, args.output)
     print(f"vramledger: wrote {args.output} ({_kind(args.output)})", file=sys.stderr)

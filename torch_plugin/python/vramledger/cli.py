@@ -374,8 +374,10 @@ def _replay(args: argparse.Namespace) -> int:
     for flag, out in (("--timeline", args.timeline), ("--plot", args.plot),
                       ("--snapshot", args.snapshot)):
         # Before the replay: a bad one found after it left the others written (a breaker's find).
-        if not out:
+        if out is None:
             continue
+        if not out:  # `--timeline ''` was taken as no --timeline and wrote nothing
+            raise CliError(f"{flag} '': give a file name")
         target = os.path.realpath(out)  # a link's target (which may not exist yet)
         if os.path.isdir(target) or out.endswith(os.sep):
             raise CliError(f"{flag} {out}: is a directory; give a file name")
