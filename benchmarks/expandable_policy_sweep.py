@@ -98,6 +98,7 @@ def figures(report: dict) -> dict:
         "pct": report["driver_time_pct_of_span"],
         "steady_pct": steady.get("driver_time_pct_of_span", float("nan")),
         "last3": sum(s["driver_calls"] for s in steps[-3:]),
+        "last3_mem": sum(s.get("memory_calls", 0) for s in steps[-3:]),  # cuMem*, cudaMalloc/Free
         "moves": report.get("page_moves", 0),
         "steps": len(steps),
         "calls": sum(report["driver_calls"].values()),
@@ -113,14 +114,15 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="vramledger-steps-")
     traces = [mark_steps(t, tmp) for t in TRACES]
     print("| conf | util gpt2 / llama | driver % span gpt2 / llama | steady % gpt2 / llama "
-          "| calls in last 3 steps gpt2 / llama | page moves gpt2 / llama |")
+          "| calls in last 3 steps gpt2 / llama (memory calls) | page moves gpt2 / llama |")
     print("|---|---|---|---|---|---|")
     for conf in args.conf or DEFAULT_CONFS:
         f = [figures(replay(binary, t, conf)) for t in traces]
         print(f"| `{conf}` | {f[0]['util']:.4f} / {f[1]['util']:.4f} "
               f"| {f[0]['pct']:.2f} / {f[1]['pct']:.2f} "
               f"| {f[0]['steady_pct']:.2f} / {f[1]['steady_pct']:.2f} "
-              f"| {f[0]['last3']} / {f[1]['last3']} | {f[0]['moves']} / {f[1]['moves']} |",
+              f"| {f[0]['last3']} / {f[1]['last3']} ({f[0]['last3_mem']} / {f[1]['last3_mem']}) "
+              f"| {f[0]['moves']} / {f[1]['moves']} |",
               flush=True)
     return 0
 

@@ -353,6 +353,21 @@ constexpr char kSteps[] =
     "snapshot,0,1000,0,50\n"                    // line 6: ends step 2
     "alloc,3000000000,500,0,60\n";              // line 7: unfinished step 3
 
+TEST(LedgerTotalsTest, MemoryCallsLeaveOutEventsAndQueries) {
+  DriverCallLedger ledger;
+  ledger.Record(DriverCall::kMalloc, 1.0);
+  ledger.Record(DriverCall::kMemMap, 1.0);
+  ledger.Record(DriverCall::kMemUnmap, 1.0);
+  ledger.Record(DriverCall::kMemSetAccess, 1.0);
+  ledger.Record(DriverCall::kEventRecord, 1.0);
+  ledger.Record(DriverCall::kEventQuery, 1.0);
+  ledger.Record(DriverCall::kStreamSynchronize, 1.0);
+  ledger.Record(DriverCall::kMemGetInfo, 1.0);
+  const LedgerTotals totals = LedgerTotals::Of(ledger);
+  EXPECT_EQ(totals.calls(), 8);
+  EXPECT_EQ(totals.memory_calls(), 4);
+}
+
 TEST(ReplayStepsTest, SnapshotEventsEndSteps) {
   const ReplayResult r = MustReplay(kSteps);
   EXPECT_EQ(r.step_marks, 2);
@@ -366,6 +381,7 @@ TEST(ReplayStepsTest, SnapshotEventsEndSteps) {
   EXPECT_EQ(one.peak_reserved_bytes, 20 * kMiB);
   EXPECT_DOUBLE_EQ(one.utilization, 3000320.0 / (20.0 * kMiB));
   EXPECT_EQ(one.driver_calls, 1);  // one cudaMalloc
+  EXPECT_EQ(one.memory_calls, 1);
   EXPECT_GT(one.modeled_driver_us, 0.0);
   const StepFigures& two = r.steps[1];
   EXPECT_EQ(two.end_line, 6);
@@ -389,7 +405,9 @@ TEST(ReplayStepsTest, SnapshotEventsEndSteps) {
   EXPECT_EQ(j["utilization_at_each_step"][1]["step"], 2);
   EXPECT_EQ(j["utilization_at_each_step"][1]["peak_reserved_bytes"], 22 * kMiB);
   EXPECT_EQ(j["utilization_at_each_step"][2]["complete"], false);
+  EXPECT_EQ(j["utilization_at_each_step"][0]["memory_calls"], 1);
   EXPECT_THAT(FormatReplayTable(r), HasSubstr("* events after the last step mark"));
+  EXPECT_THAT(FormatReplayTable(r), HasSubstr(" mem calls "));
 
   // Without marks there are no steps.
   EXPECT_TRUE(MustReplay(kTiny).steps.empty());

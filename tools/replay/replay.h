@@ -76,6 +76,10 @@ struct StepFigures {
   double utilization = 0.0;
   /// Driver calls the replay made during the step, and their modelled time.
   std::int64_t driver_calls = 0;
+  /// Of driver_calls, those that allocate, map, grant access to, unmap or free device memory
+  /// (cudaMalloc / cudaFree, cuMem*; LedgerTotals::memory_calls); the rest are events, waits
+  /// and queries (a moved page's fence is a cudaEventRecord and a later cudaEventQuery).
+  std::int64_t memory_calls = 0;
   double modeled_driver_us = 0.0;
 };
 

@@ -30,6 +30,15 @@ std::int64_t LedgerTotals::calls() const {
   return n;
 }
 
+std::int64_t LedgerTotals::memory_calls() const {
+  std::int64_t n = 0;
+  for (int i = static_cast<int>(DriverCall::kMalloc); i <= static_cast<int>(DriverCall::kMemSetAccess);
+       ++i) {
+    n += counts[i];
+  }
+  return n;
+}
+
 double LedgerTotals::total_micros() const {
   double us = 0;
   for (double m : micros) us += m;
@@ -57,6 +66,7 @@ void StepTracker::Open(const ReplayState& state, const LedgerTotals& ledger) {
   step_.peak_allocated_bytes = state.allocated;
   step_.peak_reserved_bytes = state.reserved;
   start_calls_ = ledger.calls();
+  start_memory_calls_ = ledger.memory_calls();
   start_us_ = ledger.total_micros();
 }
 
@@ -76,6 +86,7 @@ void StepTracker::Close(const TraceEvent& event, bool complete, const ReplayStat
                                 static_cast<double>(step_.peak_reserved_bytes)
                           : 0.0;
   step_.driver_calls = ledger.calls() - start_calls_;
+  step_.memory_calls = ledger.memory_calls() - start_memory_calls_;
   step_.modeled_driver_us = ledger.total_micros() - start_us_;
   out_->push_back(step_);
   Open(state, ledger);

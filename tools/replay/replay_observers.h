@@ -26,6 +26,9 @@ struct LedgerTotals {
   /// this - earlier, kind by kind.
   LedgerTotals Minus(const LedgerTotals& earlier) const;
   std::int64_t calls() const;
+  /// Calls that allocate, map, grant access to, unmap or free device memory: cudaMalloc,
+  /// cudaFree and the cuMem* calls (DriverCall::kMalloc through kMemSetAccess).
+  std::int64_t memory_calls() const;
   double total_micros() const;
   /// Keyed by CUDA API name, every kind.
   std::map<std::string, std::int64_t> CountsByName() const;
@@ -60,6 +63,7 @@ class StepTracker {
   std::vector<StepFigures>* out_;
   StepFigures step_;
   std::int64_t start_calls_ = 0;
+  std::int64_t start_memory_calls_ = 0;
   double start_us_ = 0.0;
 };
 

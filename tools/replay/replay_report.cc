@@ -50,6 +50,7 @@ nlohmann::json StepToJson(std::size_t index, const StepFigures& step) {
           {"peak_reserved_bytes", step.peak_reserved_bytes},
           {"utilization", step.utilization},
           {"driver_calls", step.driver_calls},
+          {"memory_calls", step.memory_calls},
           {"modeled_driver_us", step.modeled_driver_us}};
 }
 
@@ -256,19 +257,22 @@ std::string FormatFragmentation(const ReplayResult& r) {
 std::string FormatSteps(const ReplayResult& r) {
   if (r.steps.empty()) return "";
   std::string out =
-      absl::StrFormat("\n  %-6s %10s %9s %18s %18s %11s %8s %14s\n", "step", "end line", "events",
-                      "peak allocated", "peak reserved", "utilization", "calls", "driver (us)");
+      absl::StrFormat("\n  %-6s %10s %9s %18s %18s %11s %8s %9s %14s\n", "step", "end line",
+                      "events", "peak allocated", "peak reserved", "utilization", "calls",
+                      "mem calls", "driver (us)");
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     const StepFigures& s = r.steps[i];
     absl::StrAppend(
         &out,
-        absl::StrFormat("  %-6s %10s %9s %18s %18s %11.4f %8s %14s\n",
+        absl::StrFormat("  %-6s %10s %9s %18s %18s %11.4f %8s %9s %14s\n",
                         absl::StrCat(i + 1, s.complete ? "" : "*"),
                         s.complete ? WithThousands(s.end_line) : "end", WithThousands(s.events),
                         WithThousands(s.peak_allocated_bytes), WithThousands(s.peak_reserved_bytes),
                         s.utilization, WithThousands(s.driver_calls),
-                        MicrosWithThousands(s.modeled_driver_us)));
+                        WithThousands(s.memory_calls), MicrosWithThousands(s.modeled_driver_us)));
   }
+  absl::StrAppend(&out, "  mem calls: the calls that map, unmap, create or free device memory "
+                        "(cuMem*, cudaMalloc, cudaFree); the others are events and queries\n");
   if (!r.steps.back().complete) {
     absl::StrAppend(&out, "  * events after the last step mark (an unfinished step)\n");
   }
