@@ -32,8 +32,8 @@ std::int64_t LedgerTotals::calls() const {
 
 std::int64_t LedgerTotals::memory_calls() const {
   std::int64_t n = 0;
-  for (int i = static_cast<int>(DriverCall::kMalloc); i <= static_cast<int>(DriverCall::kMemSetAccess);
-       ++i) {
+  for (int i = static_cast<int>(DriverCall::kMalloc);
+       i <= static_cast<int>(DriverCall::kMemSetAccess); ++i) {
     n += counts[i];
   }
   return n;

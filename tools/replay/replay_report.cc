@@ -256,10 +256,9 @@ std::string FormatFragmentation(const ReplayResult& r) {
 // One row per step; empty when the trace marks no steps.
 std::string FormatSteps(const ReplayResult& r) {
   if (r.steps.empty()) return "";
-  std::string out =
-      absl::StrFormat("\n  %-6s %10s %9s %18s %18s %11s %8s %9s %14s\n", "step", "end line",
-                      "events", "peak allocated", "peak reserved", "utilization", "calls",
-                      "mem calls", "driver (us)");
+  std::string out = absl::StrFormat("\n  %-6s %10s %9s %18s %18s %11s %8s %9s %14s\n", "step",
+                                    "end line", "events", "peak allocated", "peak reserved",
+                                    "utilization", "calls", "mem calls", "driver (us)");
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     const StepFigures& s = r.steps[i];
     absl::StrAppend(
@@ -268,11 +267,12 @@ std::string FormatSteps(const ReplayResult& r) {
                         absl::StrCat(i + 1, s.complete ? "" : "*"),
                         s.complete ? WithThousands(s.end_line) : "end", WithThousands(s.events),
                         WithThousands(s.peak_allocated_bytes), WithThousands(s.peak_reserved_bytes),
-                        s.utilization, WithThousands(s.driver_calls),
-                        WithThousands(s.memory_calls), MicrosWithThousands(s.modeled_driver_us)));
+                        s.utilization, WithThousands(s.driver_calls), WithThousands(s.memory_calls),
+                        MicrosWithThousands(s.modeled_driver_us)));
   }
-  absl::StrAppend(&out, "  mem calls: the calls that map, unmap, create or free device memory "
-                        "(cuMem*, cudaMalloc, cudaFree); the others are events and queries\n");
+  absl::StrAppend(&out,
+                  "  mem calls: the calls that map, unmap, create or free device memory "
+                  "(cuMem*, cudaMalloc, cudaFree); the others are events and queries\n");
   if (!r.steps.back().complete) {
     absl::StrAppend(&out, "  * events after the last step mark (an unfinished step)\n");
   }
@@ -311,8 +311,8 @@ std::string FormatReplayTable(const ReplayResult& result) {
   // torch's num_alloc_retries: a request that freed cached memory and tried again. The trace's
   // oom events are torch's refusals; a replay that refuses stops with an error instead.
   absl::StrAppend(&out, Row("num_alloc_retries", WithThousands(result.alloc_retries), "n/a"));
-  absl::StrAppend(&out, Row("num_ooms", "0 (a replay stops at one)",
-                            WithThousands(result.recorded_ooms)));
+  absl::StrAppend(
+      &out, Row("num_ooms", "0 (a replay stops at one)", WithThousands(result.recorded_ooms)));
 
   absl::StrAppend(&out, absl::StrFormat("\n  %-24s %12s %16s\n", "driver calls (modelled)", "count",
                                         "time (us)"));
@@ -356,8 +356,9 @@ std::vector<std::string> ReplayWarnings(const ReplayResult& result, std::size_t 
         result.time_reversals,
         result.time_reversals == 1 ? " event is earlier (time_us) than the event before it, at "
                                    : " events are earlier (time_us) than the event before them, "
-                                     "the first at ", result.source, ":", result.first_time_reversal_line, " (",
-        result.first_time_reversal_us, " us earlier): the trace is not in time order, so its span "
+                                     "the first at ",
+        result.source, ":", result.first_time_reversal_line, " (", result.first_time_reversal_us,
+        " us earlier): the trace is not in time order, so its span "
         "and the driver-time shares are not meaningful (the memory figures are)"));
   }
   return warnings;
