@@ -32,6 +32,7 @@ MAX_SPLIT_TRACE = ("action,addr,size,stream,time_us\n"
 def run_cli(*args, env_conf=None, cwd=None):
     env = dict(os.environ)
     env.pop("VRAMLEDGER_CONF", None)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # the replay warns that it does not read it
     if env_conf is not None:
         env["VRAMLEDGER_CONF"] = env_conf
     return subprocess.run([sys.executable, "-m", "vramledger", *map(str, args)],
@@ -529,7 +530,7 @@ def test_replay_warns_that_it_ignores_plan_and_step_log(tmp_path):
     proc = run_cli("replay", trace, "--conf", "plan:/nonexist.json,step_log:/proc/x")
     assert proc.returncode == 0, proc.stderr
     assert ("vramledger: warning: option plan:/nonexist.json is ignored by the replay: it neither "
-            "loads nor enforces plan files (the guard and the step logs run in the torch plugin"
+            "loads nor enforces plan files (it takes effect in the torch plugin"
             in proc.stderr)
     assert ("vramledger: warning: option step_log:/proc/x is ignored by the replay: it writes no "
             "step logs" in proc.stderr)
@@ -538,6 +539,36 @@ def test_replay_warns_that_it_ignores_plan_and_step_log(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "option plan:/from/env.json is ignored by the replay" in proc.stderr
     assert "ignored by the replay" not in run_cli("replay", trace).stderr
+
+
+def test_replay_warns_of_flags_and_settings_it_does_not_use(tmp_path):
+    """dump_dir, --at / --max-entries without --snapshot and PYTORCH_CUDA_ALLOC_CONF were
+    ignored without a word (a new user's finding)."""
+    trace = tmp_path / "split.csv"
+    trace.write_text(MAX_SPLIT_TRACE)
+    proc = run_cli("replay", trace, "--conf", "dump_dir:/x,max_dumps:2", "--at", "end",
+                   "--max-entries", "10")
+    assert proc.returncode == 0, proc.stderr
+    assert ("option dump_dir:/x is ignored by the replay: it writes no out-of-memory dumps"
+            in proc.stderr)
+    assert "option max_dumps:2 is ignored by the replay" in proc.stderr
+    assert "--at and --max-entries apply to --snapshot, not given: ignored" in proc.stderr
+    proc = run_cli("replay", trace, "--at", "end", "--snapshot", tmp_path / "s.pickle")
+    assert proc.returncode == 0 and "--at" not in proc.stderr, proc.stderr
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    env.pop("VRAMLEDGER_CONF", None)
+    proc = subprocess.run([sys.executable, "-m", "vramledger", "replay", str(trace)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is not read by the replay"
+            in proc.stderr)
+    assert "is not read" not in run_cli("replay", trace).stderr
+
+
+def test_replay_out_of_memory_names_the_flag_to_try():
+    proc = run_cli("replay", GPT2_TRACE, "--capacity-gib", "20")
+    assert_cli_error(proc, "VRAMLEDGER_CONF=expandable_segments:True to avoid fragmentation. "
+                           "(Here: --conf expandable_segments:True.)")
 
 
 def test_replay_of_an_expandable_recording_suggests_expandable_segments():

@@ -165,6 +165,21 @@ def assert_cli_error(proc, message):
 GPT2M_FLAGS = ["--layers", "24", "--hidden", "1024", "--heads", "16", "--vocab", "50257"]
 
 
+def test_a_plan_that_does_not_fit_exits_1_and_still_writes(tmp_path, gpt2_config):
+    """`plan` said DOES NOT FIT and exited 0, so `vramledger plan ... && train` went on (a new
+    user's finding)."""
+    out = tmp_path / "p.json"
+    proc = run_cli("plan", "--config", gpt2_config, "--batch", 8, "--seq", 1024,
+                   "--card-gib", 8, "--out", out)
+    assert proc.returncode == 1, proc.stderr
+    assert "DOES NOT FIT" in proc.stdout
+    assert "vramledger: plan: the planned peak does not fit the card" in proc.stderr
+    assert json.loads(out.read_text())["limit"] == 8 * GIB  # capped at the card
+    proc = run_cli("plan", "--config", gpt2_config, "--batch", 8, "--card-gib", 8, "--json")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["fits"] is False
+    assert run_cli("plan", "--config", gpt2_config, "--batch", 1, "--seq", 128).returncode == 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--card-gib", "nan"], "--card-gib must be a positive number of GiB, at most 1000000, got nan"),
     (["--card-gib", "inf"], "--card-gib must be a positive number of GiB"),

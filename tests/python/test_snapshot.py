@@ -219,7 +219,11 @@ def test_inspect_plot_names_a_bad_path_and_follows_the_extension(tmp_path):
     pytest.importorskip("matplotlib")
     missing = tmp_path / "no-such-dir" / "x.png"
     assert_cli_error(run_cli("inspect", snapshot, "--plot", missing),
-                     f"{missing}: cannot write the plot: No such file or directory")
+                     f"--plot {missing}: no such directory: {missing.parent}")
+    # --html too, before the report is printed (it was refused after it, exit 1).
+    proc = run_cli("inspect", snapshot, "--html", missing.with_suffix(".html"))
+    assert_cli_error(proc, f"--html {missing.with_suffix('.html')}: no such directory")
+    assert proc.stdout == ""
     svg = tmp_path / "x.SVG"
     proc = run_cli("inspect", snapshot, "--plot", svg)
     assert proc.returncode == 0, proc.stderr
@@ -553,5 +557,25 @@ def test_inspect_header_writes_no_limit_and_no_context_in_words():
         {"origin": "vramledger", "devices": [],
          "history": {"enabled": True, "context": None, "stacks": "python",
                      "max_entries": (1 << 63) - 1}}, "s.pickle")
-    assert "context=none (no stacks recorded)" in text and "max_entries=all" in text, text
-    assert "9223372036854775807" not in text
+    assert "context=None (no stacks recorded) max_entries=all" in text, text
+    assert "9223372036854775807" not in text and "stacks=" not in text
+
+
+def test_inspect_marks_the_stats_torch_does_not_keep_with_expandable_segments(tmp_path):
+    """An expandable replay's snapshot showed 'GPU reserved segments' 23 now and 0 at peak (a new
+    user's finding): torch keeps segment and inactive_split at 0 there, so the peak is n/a."""
+    core()
+    snap = tmp_path / "e.pickle"
+    proc = run_cli("replay", GPT2_TRACE, "--conf", "expandable_segments:True", "--snapshot", snap)
+    assert proc.returncode == 0, proc.stderr
+    text = run_cli("inspect", snap).stdout
+    rows = {line[:30].strip(): line[30:].split() for line in text.splitlines()
+            if line.startswith("  ") and not line.startswith("    ")}
+    assert rows["GPU reserved segments"][-2:] == ["n/a", "*"], text
+    assert rows["Non-releasable memory"][-2:] == ["n/a", "*"], text
+    assert int(rows["GPU reserved segments"][0].replace(",", "")) > 0
+    assert rows["Allocated memory"][-1] not in ("*", "n/a")  # kept: a figure
+    assert "* expandable segments: torch keeps no segment or inactive_split stats" in text
+    plain = tmp_path / "p.pickle"
+    assert run_cli("replay", GPT2_TRACE, "--snapshot", plain).returncode == 0
+    assert "n/a *" not in run_cli("inspect", plain).stdout

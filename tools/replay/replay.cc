@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "device/sim_backend.h"
@@ -164,10 +165,14 @@ class Replayer {
         }
         absl::StatusOr<DevicePtr> ptr = allocator_.Malloc(event.size, event.stream);
         if (!ptr.ok()) {
+          const absl::string_view message = ptr.status().message();
+          // The allocator's hint names the variable; a replay's user types --conf.
+          const bool hint = absl::StrContains(message, "VRAMLEDGER_CONF=expandable_segments:True");
           return AtLine(config_, event, ptr.status().code(),
                         absl::StrCat("alloc of ", event.size, " bytes on stream ", event.stream,
                                      " failed (simulated capacity ", config_.capacity_bytes,
-                                     " bytes): ", ptr.status().message()));
+                                     " bytes): ", message,
+                                     hint ? " (Here: --conf expandable_segments:True.)" : ""));
         }
         live_.emplace(event.addr, LiveBlock{*ptr, event.size});
         recorded.live += static_cast<std::int64_t>(event.size);

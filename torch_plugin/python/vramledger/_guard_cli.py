@@ -13,7 +13,9 @@ def register(commands, cli_error: type[Exception]) -> None:
         description="Estimates a training job's GPU memory per GPU by category (weights, "
                     "gradients, optimizer, activations, workspace, communication) from a Hugging "
                     "Face config.json or flags, beside the card's capacity, and writes a plan "
-                    "file the guard enforces. Formulas: docs/design/memory-planner.md.")
+                    "file the guard enforces. Exit status 1 when the planned peak does not "
+                    "fit the card (the table, JSON and plan file are written all the same). "
+                    "Formulas: docs/design/memory-planner.md.")
     _plan.add_arguments(plan)
     plan.set_defaults(run=lambda args: _plan.run(args, cli_error))
     report = commands.add_parser(

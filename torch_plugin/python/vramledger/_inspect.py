@@ -157,6 +157,7 @@ def device_summary(snap: dict, device: int, top: int = 10) -> dict:
             for k, v in top_groups],
         "live_allocations": sum(g["count"] for g in groups.values()),
         "stats": _vramledger_stats(snap, device),
+        "expandable": any(bool(s.get("is_expandable")) for s in segments),
     }
 
 
@@ -191,6 +192,10 @@ _ROWS = (("Allocated memory", "allocated_bytes", True), ("Active memory", "activ
          ("Non-releasable allocs", "inactive_split", False))
 
 
+# Stats torch leaves at 0 with expandable segments (PYTORCH-FACTS §3), so their peak is unknown.
+_NOT_KEPT_WITH_EXPANDABLE = ("segment", "inactive_split", "inactive_split_bytes")
+
+
 def format_summary(summary: dict, source: str) -> str:
     """The text report of `vramledger inspect`."""
     out = [f"vramledger inspect: {source} ({summary['origin']} snapshot)"]
@@ -199,9 +204,11 @@ def format_summary(summary: dict, source: str) -> str:
         limit = h.get("max_entries")
         # INT64_MAX is how a replay (and max_entries=None) writes "no limit".
         limit = "all" if isinstance(limit, int) and limit >= (1 << 63) - 1 else limit
-        context = h.get("context") or "none (no stacks recorded)"
-        out.append(f"history: enabled={h.get('enabled')} context={context} "
-                   f"stacks={h.get('stacks')} max_entries={limit}")
+        if h.get("context"):
+            context = f"context={h['context']} stacks={h.get('stacks')}"
+        else:  # `stacks` says which frames a context would record: beside None it misled
+            context = "context=None (no stacks recorded)"
+        out.append(f"history: enabled={h.get('enabled')} {context} max_entries={limit}")
     if not summary["devices"]:
         out.append("no segments and no trace: the snapshot is empty")
     for d in summary["devices"]:
@@ -216,8 +223,15 @@ def format_summary(summary: dict, source: str) -> str:
                 cur = d["pools"][pool][key]
                 peak = stats.get(f"{key}.{pool}.peak")
                 show = fmt_bytes if is_bytes else (lambda v: f"{v:,}")
-                out.append(f"  {name:<28} {show(cur):>14} "
-                           f"{show(peak) if peak is not None else 'n/a':>14}")
+                if d.get("expandable") and key in _NOT_KEPT_WITH_EXPANDABLE:
+                    peak_text = "n/a *"  # torch's stat stays 0 there; a 0 peak under Cur misled
+                else:
+                    peak_text = show(peak) if peak is not None else "n/a"
+                out.append(f"  {name:<28} {show(cur):>14} {peak_text:>14}")
+        if d.get("expandable"):
+            out.append("  * expandable segments: torch keeps no segment or inactive_split stats "
+                       "(they stay 0); Cur counts the snapshot's mapped ranges and the free "
+                       "pieces beside live blocks in them")
         f = d["fragmentation"]
         out += ["", "  fragmentation:",
                 f"    utilization (allocated / reserved, now): {f['utilization']:.2%}",

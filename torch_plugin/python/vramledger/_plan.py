@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import sys
 from typing import Any
 
 GB = 1e9
@@ -572,4 +573,10 @@ def run(args, cli_error: type[Exception]) -> int:
             text += (f"  plan file {args.out}: limit {gb(doc['limit'])}, headroom "
                      f"{gb(doc['headroom'])}, warn_at {doc['warn_at']:g}\n")
         print(text, end="")
+    if not est["fits"]:  # a script's `vramledger plan ... && train` stops here (a user's finding)
+        print(f"vramledger: plan: the planned peak does not fit the card "
+              f"({gb(est['total_bytes'] - est['card_bytes'])} over); exit status 1"
+              + (f" (the plan file {args.out} is capped at the card)" if doc is not None else ""),
+              file=sys.stderr)
+        return 1
     return 0

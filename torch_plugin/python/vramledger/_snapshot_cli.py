@@ -44,6 +44,20 @@ def _write(snap: dict, path: str) -> None:
         raise _error(f"{path}: cannot write the snapshot: a value is nested too deeply") from e
 
 
+def check_output(flag: str, out: str) -> None:
+    """Raises the CLI error naming `flag` when `out` cannot be the name of a file to write: empty
+    (it was taken as no flag), a directory, or in a directory that does not exist (through a
+    link's target). Called before any work, so a bad name costs no replay or report."""
+    if not out:
+        raise _error(f"{flag} '': give a file name")
+    target = os.path.realpath(out)  # a link's target (which may not exist yet)
+    if os.path.isdir(target) or out.endswith(os.sep):
+        raise _error(f"{flag} {out}: is a directory; give a file name")
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise _error(f"{flag} {out}: no such directory: {parent}")
+
+
 def _kind(path: str) -> str:
     return "JSON" if path.lower().endswith((".json", ".json.gz")) else "pickle (protocol 4)"
 
@@ -56,8 +70,8 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value == "-":  # as replay's --timeline and --snapshot
             raise _error(f"{flag} -: the file is not written to stdout; give a file name")
-        if value == "":  # was taken as no flag and wrote nothing
-            raise _error(f"{flag} '': give a file name")
+        if value is not None:  # before reading: --html's bad name was found after the report
+            check_output(flag, value)
     if args.plot:  # before reading the snapshot, as replay --plot: .png, .svg or .pdf
         try:
             _timeline.plot_format(args.plot)
@@ -105,8 +119,7 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
 
 
 def _convert_cmd(args: argparse.Namespace) -> int:
-    if not args.output:  # before reading: the error was "cannot write the snapshot: No such file"
-        raise _error("OUT '': give a file name")
+    check_output("OUT", args.output)  # before reading: '' said "cannot write: No such file"
     snap = _load(args.input)
     _write(snap, args.output)
     print(f"vramledger: wrote {args.output} ({_kind(args.output)})", file=sys.stderr)

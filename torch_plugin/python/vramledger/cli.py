@@ -49,7 +49,9 @@ _EVENT_FIELDS = (("addr", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
 # Options the replay parses but never acts on: the guard and the step logs run in the torch
 # plugin (vramledger.install) or the LD_PRELOAD shim (vramledger run), not in the simulation.
 _IGNORED_BY_REPLAY = {"plan": "it neither loads nor enforces plan files",
-                      "step_log": "it writes no step logs"}
+                      "step_log": "it writes no step logs",
+                      "dump_dir": "it writes no out-of-memory dumps (it stops at the error)",
+                      "max_dumps": "it writes no out-of-memory dumps (it stops at the error)"}
 
 
 class CliError(Exception):
@@ -310,10 +312,22 @@ def _warnings(r: dict, is_snapshot: bool, args: argparse.Namespace) -> list[str]
     for key, value in options:
         if key in _IGNORED_BY_REPLAY and value:
             out.append(f"option {key}:{value} is ignored by the replay: "
-                       f"{_IGNORED_BY_REPLAY[key]} (the guard and the step logs run in the torch "
-                       "plugin, vramledger.install(), or the LD_PRELOAD shim, vramledger run)")
+                       f"{_IGNORED_BY_REPLAY[key]} (it takes effect in the torch plugin, "
+                       "vramledger.install(), or the LD_PRELOAD shim, vramledger run)")
     if args.sample_every and not (args.timeline or args.plot):
         out.append("--sample-every applies to --timeline and --plot, neither given: it is ignored")
+    if not args.snapshot:
+        given = [flag for flag, value, default in (("--at", args.at, "peak"),
+                                                   ("--max-entries", args.max_entries,
+                                                    sys.maxsize))
+                 if value != default]
+        if given:
+            out.append(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to "
+                       "--snapshot, not given: ignored")
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        out.append(f"PYTORCH_CUDA_ALLOC_CONF={os.environ['PYTORCH_CUDA_ALLOC_CONF']} is not read "
+                   "by the replay (it is torch's, for torch's allocator); vramledger's options "
+                   "come from VRAMLEDGER_CONF and --conf, with torch's keys")
     if args.gpu_lag_us and dict(options).get("expandable_segments") != "True":
         out.append("--gpu-lag-us delays the completion of the allocator's events, which only "
                    "expandable segments record in a replay (a trace holds no record_stream uses): "
@@ -374,16 +388,8 @@ def _replay(args: argparse.Namespace) -> int:
     for flag, out in (("--timeline", args.timeline), ("--plot", args.plot),
                       ("--snapshot", args.snapshot)):
         # Before the replay: a bad one found after it left the others written (a breaker's find).
-        if out is None:
-            continue
-        if not out:  # `--timeline ''` was taken as no --timeline and wrote nothing
-            raise CliError(f"{flag} '': give a file name")
-        target = os.path.realpath(out)  # a link's target (which may not exist yet)
-        if os.path.isdir(target) or out.endswith(os.sep):
-            raise CliError(f"{flag} {out}: is a directory; give a file name")
-        parent = os.path.dirname(target)
-        if not os.path.isdir(parent):
-            raise CliError(f"{flag} {out}: no such directory: {parent}")
+        if out is not None:
+            _snapshot_cli.check_output(flag, out)
     if args.plot:  # before the replay, so a wrong name costs no replay
         try:
             _timeline.plot_format(args.plot)
