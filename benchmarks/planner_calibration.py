@@ -14,7 +14,8 @@ of the per-step peak live (requested) bytes against the step's tokens:
 Steps shorter than 512 tokens per sequence are left out of the fit: their peak is the optimizer
 step's, not the forward pass's. It then runs the planner (vramledger._plan) with the same shapes and prints both side by side,
 plus the total peak against reference/h200-baselines.jsonl (including Llama-1B with
-checkpointing, for which no trace is bundled).
+checkpointing: its bundled trace is not fitted, every step of it peaks in the optimizer step at
+the same bytes, so the per-step peaks carry no per-token slope).
 """
 
 from __future__ import annotations
@@ -147,7 +148,11 @@ def main() -> int:
             print(f"  {'  textbook (Korthikanti 34 h L + 10 V)':<46} {'':>33}          "
                   f"{r['textbook_per_token']:>16,.0f}  {r['textbook_per_token'] / r['per_token'] - 1:+.1%}")
             print(f"  (fit over {r['steps']} steps; longest sequence {r['max_seq']})")
-        if r.get("measured_total"):
+        if not r.get("measured_total"):
+            print(f"  {'peak allocated (' + r['estimate_phase'] + ')':<46} planned "
+                  f"{r['estimate_total']:>16,} B (no measured peak: {args.baselines} "
+                  f"{'has no ' + r['run'] + ' row' if baselines else 'not found'})")
+        else:
             print(f"  {'peak allocated (' + r['estimate_phase'] + ')':<46} measured "
                   f"{r['measured_total']:>16,} B       planned {r['estimate_total']:>16,}  "
                   f"{r['total_error']:+.1%}")

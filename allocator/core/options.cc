@@ -2,6 +2,7 @@
 // table of accepted keys. Pure functions; thread-safe.
 #include "vramledger/options.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -19,6 +20,38 @@ namespace {
 
 // Debian's Abseil 20220623 has its own string_view type, distinct from string_view.
 using absl::string_view;
+
+// Edits (insert, delete, substitute one character) between a and b: Levenshtein's distance.
+std::size_t EditDistance(string_view a, string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The accepted key nearest to a mistyped one (at most a quarter of its letters, and 2 or
+// more, changed), or "" when none is that near: the "did you mean" of the error.
+std::string NearestKey(string_view key, const std::vector<std::string>& names) {
+  const std::size_t allowed = std::max<std::size_t>(2, key.size() / 4);
+  std::string best;
+  std::size_t best_distance = allowed + 1;
+  for (const std::string& name : names) {
+    const std::size_t d = EditDistance(absl::AsciiStrToLower(key), name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = name;
+    }
+  }
+  return best;
+}
 
 absl::Status Bad(string_view key, string_view value, string_view expected) {
   return absl::InvalidArgumentError(
@@ -180,8 +213,11 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
   } else {
     std::vector<std::string> names;
     for (const OptionDoc& d : OptionTable()) names.emplace_back(d.name);
+    const std::string nearest = NearestKey(key, names);
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown option '", key, "'; accepted keys: ", absl::StrJoin(names, ", ")));
+        absl::StrCat("unknown option '", key, "'",
+                     nearest.empty() ? "" : absl::StrCat(" (did you mean '", nearest, "'?)"),
+                     "; accepted keys: ", absl::StrJoin(names, ", ")));
   }
   return absl::OkStatus();
 }

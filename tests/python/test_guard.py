@@ -146,6 +146,10 @@ def test_plan_errors_are_cli_errors(tmp_path):
     proc = run_cli("plan")
     assert proc.returncode == 2
     assert "give --config, or --params" in proc.stderr
+    proc = run_cli("plan", "--layers", 24, "--hidden", 1024)  # says which one is missing
+    assert "(--layers, --hidden, --vocab; missing: --vocab)" in proc.stderr, proc.stderr
+    proc = run_cli("report", "/nonexistent-dir")
+    assert "vramledger: error: /nonexistent-dir: no such directory" in proc.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     proc = run_cli("plan", "--config", bad)

@@ -2,6 +2,9 @@
 #include "vramledger/options.h"
 
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -84,6 +87,24 @@ TEST(Options, UnknownKeyNamesTheKeyAndTheAcceptedOnes) {
   EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(o.status().message().find("unknown option 'bogus_key'"), std::string::npos);
   EXPECT_NE(o.status().message().find("max_split_size_mb"), std::string::npos);
+  EXPECT_EQ(o.status().message().find("did you mean"), std::string::npos);  // nothing near
+}
+
+TEST(Options, AMistypedKeyGetsTheNearestAcceptedOne) {
+  for (const auto& [typed, meant] : std::vector<std::pair<std::string, std::string>>{
+           {"expandable_segment", "expandable_segments"},
+           {"Expandable_Segments", "expandable_segments"},
+           {"max_split_size", "max_split_size_mb"},
+           {"garbage_collection_treshold", "garbage_collection_threshold"},
+           {"keep_old_mapping", "keep_old_mappings"},
+           {"dumpdir", "dump_dir"}}) {
+    auto o = ParseOptions(typed + ":1");
+    ASSERT_FALSE(o.ok()) << typed;
+    EXPECT_NE(o.status().message().find("unknown option '" + typed + "' (did you mean '" + meant +
+                                        "'?); accepted keys: "),
+              std::string::npos)
+        << o.status().message();
+  }
 }
 
 TEST(Options, BadValuesNameKeyAndExpectation) {
@@ -99,10 +120,12 @@ TEST(Options, BadValuesNameKeyAndExpectation) {
         Case{"per_process_memory_fraction:-0.1", "[0, 1]"},
         Case{"roundup_power2_divisions:3", "power of two"},
         Case{"roundup_power2_divisions:[300:2]", "power of two"},
-        Case{"backend:cudaMallocAsync", "native"}, Case{"max_dumps:-1", ">= 0"},
+        Case{"backend:cudaMallocAsync", "native"},
+        Case{"max_dumps:-1", ">= 0"},
         Case{"recycle_slack:abc", "[0, 1]"},
         Case{"recycle_slack:nan", "[0, 1]"},  // SimpleAtod parses "nan"
-        Case{"recycle_slack:-nan", "[0, 1]"}, Case{"per_process_memory_fraction:nan", "[0, 1]"},
+        Case{"recycle_slack:-nan", "[0, 1]"},
+        Case{"per_process_memory_fraction:nan", "[0, 1]"},
         Case{"garbage_collection_threshold:nan", "(0, 1)"},
         Case{"expandable_handle_mb:-3", "multiple of 2"},
         Case{"expandable_handle_mb:8", "not a multiple of expandable_page_mb:6"},

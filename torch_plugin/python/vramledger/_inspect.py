@@ -395,7 +395,8 @@ def format_diff(d: dict, a_name: str, b_name: str, stack_depth: int = 4) -> str:
         before, after = d["before"][key], d["after"][key]
         out.append(f"  {label:<10} {fmt_bytes(before):>12} -> {fmt_bytes(after):>12} "
                    f"({'+' if after >= before else '-'}{fmt_bytes(abs(after - before))})")
-    out += [f"  live bytes grew by {fmt_bytes(d['bytes_grew'])} over {d['stacks_grew']} stacks "
+    stacks = "stack" if d["stacks_grew"] == 1 else "stacks"
+    out += [f"  live bytes grew by {fmt_bytes(d['bytes_grew'])} over {d['stacks_grew']} {stacks} "
             f"and shrank by {fmt_bytes(d['bytes_shrank'])}", ""]
     if not d["grew"]:
         out.append("  nothing grew")

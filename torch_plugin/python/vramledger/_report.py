@@ -31,6 +31,8 @@ def load_logs(directory: str) -> dict[int, list[dict[str, Any]]]:
       ReportError: no logs in `directory`, a line that is not a JSON object, or a record without
         peak_allocated_bytes / peak_reserved_bytes.
     """
+    if not os.path.exists(directory):
+        raise ReportError(f"{directory}: no such directory")
     if not os.path.isdir(directory):
         raise ReportError(f"{directory}: not a directory")
     files = sorted(glob.glob(os.path.join(directory, "*.jsonl")))
@@ -104,7 +106,8 @@ def format_report(directory: str, s: dict[str, Any]) -> str:
     def gib(n: float) -> str:
         return f"{n / GIB:.2f} GiB"
 
-    lines = [f"vramledger report of {directory}: {len(s['ranks'])} rank(s)", "",
+    n = len(s["ranks"])
+    lines = [f"vramledger report of {directory}: {n} rank{'' if n == 1 else 's'}", "",
              f"  {'rank':>4} {'steps':>6} {'peak allocated':>16} {'vs median':>10} "
              f"{'peak reserved':>16} {'vs median':>10} {'warnings':>8}  flag"]
     for r in s["ranks"]:
