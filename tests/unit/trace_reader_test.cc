@@ -57,6 +57,22 @@ void WriteGzip(const std::string& path, const std::string& text) {
   ASSERT_EQ(gzclose(f), Z_OK);
 }
 
+TEST(TraceReaderTest, AddressesMayBeHexAfter0x) {
+  // The replay's warnings and torch's viewers show addresses in hex; a trace may hold them so.
+  absl::StatusOr<std::vector<TraceEvent>> events =
+      ParseTraceEvents(WithHeader("alloc,0x7f1A00000000,512,0,1\nfree_completed,"
+                                  "139749645877248,512,0,2\nalloc,0XFFFFFFFFFFFFFFFF,512,0,3"),
+                       "t.csv");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[0].addr, DevicePtr{0x7f1a00000000});
+  EXPECT_EQ((*events)[1].addr, (*events)[0].addr);  // the same address in decimal
+  EXPECT_EQ((*events)[2].addr, DevicePtr{0xffffffffffffffff});
+  EXPECT_EQ(ErrorOf(WithHeader("alloc,0x10000000000000000,2,0,3")),
+            "t.csv:2: addr is not an unsigned integer (decimal, or hex after 0x): "
+            "'0x10000000000000000' (alloc,0x10000000000000000,2,0,3)");
+}
+
 TEST(TraceActionTest, NamesRoundTrip) {
   const std::vector<std::string> names = {"alloc",         "free_requested", "free_completed",
                                           "segment_alloc", "segment_free",   "segment_map",
@@ -110,7 +126,10 @@ TEST(ParseTraceEventsTest, AByteOrderMarkBeforeTheHeaderIsSkipped) {
   ASSERT_TRUE(events.ok()) << events.status();
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ((*events)[0].line, 2);
-  EXPECT_FALSE(ParseTraceEvents(WithHeader("\xEF\xBB\xBF" "alloc,1,512,0,3"), "t.csv").ok());
+  EXPECT_FALSE(ParseTraceEvents(WithHeader("\xEF\xBB\xBF"
+                                           "alloc,1,512,0,3"),
+                                "t.csv")
+                   .ok());
 }
 
 TEST(ParseTraceEventsTest, ErrorsNameFileLineWhatAndText) {
@@ -141,9 +160,17 @@ TEST(ParseTraceEventsTest, ErrorsNameFileLineWhatAndText) {
   EXPECT_EQ(ErrorOf(WithHeader("alloc,1,-5,0,3")),
             "t.csv:2: size is not an unsigned integer: '-5' (alloc,1,-5,0,3)");
   EXPECT_EQ(ErrorOf(WithHeader("alloc,,2,0,3")),
-            "t.csv:2: addr is not an unsigned integer: '' (alloc,,2,0,3)");
-  EXPECT_EQ(ErrorOf(WithHeader("alloc,0x10,2,0,3")),
-            "t.csv:2: addr is not an unsigned integer: '0x10' (alloc,0x10,2,0,3)");
+            "t.csv:2: addr is not an unsigned integer (decimal, or hex after 0x): '' "
+            "(alloc,,2,0,3)");
+  EXPECT_EQ(ErrorOf(WithHeader("alloc,0x1g,2,0,3")),
+            "t.csv:2: addr is not an unsigned integer (decimal, or hex after 0x): '0x1g' "
+            "(alloc,0x1g,2,0,3)");
+  EXPECT_EQ(ErrorOf(WithHeader("alloc,0x,2,0,3")),
+            "t.csv:2: addr is not an unsigned integer (decimal, or hex after 0x): '0x' "
+            "(alloc,0x,2,0,3)");
+  EXPECT_EQ(ErrorOf(WithHeader("alloc,0x-1,2,0,3")),
+            "t.csv:2: addr is not an unsigned integer (decimal, or hex after 0x): '0x-1' "
+            "(alloc,0x-1,2,0,3)");
   EXPECT_EQ(ErrorOf(WithHeader("alloc,1,2,s1,3")),
             "t.csv:2: stream is not an unsigned integer: 's1' (alloc,1,2,s1,3)");
   EXPECT_EQ(ErrorOf(WithHeader("alloc,1,2,0,1.5")),
@@ -202,12 +229,14 @@ TEST(ReadTraceFileTest, ErrorsNameThePath) {
 TEST(ReadTraceFileTest, NulAndNonAsciiBytesAreBlamedOnTheirLineAndEscaped) {
   const std::string nul = TempPath("trace_reader_test_nul.csv");
   using std::string_literals::operator""s;  // keeps the NUL inside the literal
-  std::ofstream(nul, std::ios::binary)
-      << "action,addr,size,stream,time_us\nalloc,4\0" "96,100,0,2\nalloc,9000,100,0,3\n"s;
+  std::ofstream(nul, std::ios::binary) << "action,addr,size,stream,time_us\nalloc,4\0"
+                                          "96,100,0,2\nalloc,9000,100,0,3\n"s;
   absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(nul);
   ASSERT_FALSE(events.ok());
-  EXPECT_EQ(events.status().message(),
-            nul + R"(:2: addr is not an unsigned integer: '4\x0096' (alloc,4\x0096,100,0,2))");
+  EXPECT_EQ(
+      events.status().message(),
+      nul +
+          R"(:2: addr is not an unsigned integer (decimal, or hex after 0x): '4\x0096' (alloc,4\x0096,100,0,2))");
 
   const std::string latin = TempPath("trace_reader_test_latin.csv.gz");
   WriteGzip(latin, WithHeader("alloc\xe9,4096,100,0,1"));
@@ -265,10 +294,11 @@ TEST(ReadTraceFileTest, GzipMembersPaddingAndTrailingGarbage) {
   events = ReadTraceFile(garbage);
   ASSERT_FALSE(events.ok());
   EXPECT_EQ(events.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(events.status().message(),
-            absl::StrCat(garbage, ": 14 bytes after the end of the gzip data (at byte ",
-                         bytes.size(), ") are neither gzip nor padding: a corrupted or wrongly "
-                         "joined file"));
+  EXPECT_EQ(
+      events.status().message(),
+      absl::StrCat(garbage, ": 14 bytes after the end of the gzip data (at byte ", bytes.size(),
+                   ") are neither gzip nor padding: a corrupted or wrongly "
+                   "joined file"));
 }
 
 TEST(ReadTraceFileTest, ReadsTheBundledGpt2Trace) {

@@ -70,6 +70,18 @@ bool ParseInteger(absl::string_view field, T* out) {
   return ec == std::errc() && ptr == end;
 }
 
+// An address: decimal, as the bundled traces write it, or 0x-prefixed hex, as torch's viewers and
+// the replay's own warnings show one (a new user pasted a warning's address into a trace).
+bool ParseAddress(absl::string_view field, std::uint64_t* out) {
+  if (field.size() > 2 && field[0] == '0' && (field[1] == 'x' || field[1] == 'X')) {
+    field.remove_prefix(2);
+    const char* end = field.data() + field.size();
+    const auto [ptr, ec] = std::from_chars(field.data(), end, *out, 16);
+    return ec == std::errc() && ptr == end;
+  }
+  return ParseInteger(field, out);
+}
+
 // Feeds lines one at a time; remembers whether the header was seen.
 class LineParser {
  public:
@@ -107,7 +119,12 @@ class LineParser {
     }
     event.action = *action;
     std::uint64_t addr = 0, size = 0, stream = 0;
-    if (!ParseInteger(fields[1], &addr)) return NotNumber(line, "addr", fields[1], text);
+    if (!ParseAddress(fields[1], &addr)) {
+      return Error(line,
+                   absl::StrCat("addr is not an unsigned integer (decimal, or hex after 0x): '",
+                                Quote(fields[1]), "'"),
+                   text);
+    }
     if (!ParseInteger(fields[2], &size)) return NotNumber(line, "size", fields[2], text);
     if (!ParseInteger(fields[3], &stream)) return NotNumber(line, "stream", fields[3], text);
     if (!ParseInteger(fields[4], &event.time_us)) {
@@ -305,8 +322,8 @@ class TraceInput {
   std::string path_;
   std::FILE* file_ = nullptr;
   std::array<char, 1 << 20> raw_;
-  std::size_t pos_ = 0;   // next unread byte of raw_
-  std::size_t have_ = 0;  // unread bytes in raw_ from pos_
+  std::size_t pos_ = 0;       // next unread byte of raw_
+  std::size_t have_ = 0;      // unread bytes in raw_ from pos_
   std::size_t consumed_ = 0;  // compressed bytes consumed (gzip)
   bool eof_ = false;
   bool gzip_ = false;
