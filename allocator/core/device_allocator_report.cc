@@ -54,11 +54,15 @@ Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) con
   f.free_space_fragmentation =
       f.free_bytes > 0 ? 1.0 - static_cast<double>(f.largest_free_block) / f.free_bytes : 0.0;
   f.holes = CountHoles();
+  // FreeMappedPages lists each whole free handle once, by its first page, across every pool of
+  // that page size: pages, not handles, are counted (expandable_handle_mb puts several pages in
+  // a handle; a breaker's finding), and one page size is listed once.
   for (const BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
-    f.mapped_free_pages +=
-        static_cast<std::int64_t>(FreeMappedPages(pool->page_size, SIZE_MAX).size());
+    if (pool == &exp_large_pool_ && exp_small_pool_.page_size == exp_large_pool_.page_size) break;
+    for (const auto& [segment, first] : FreeMappedPages(pool->page_size, SIZE_MAX)) {
+      f.mapped_free_pages += static_cast<std::int64_t>(segment->HandleEnd(first) - first);
+    }
   }
-  if (exp_small_pool_.page_size == exp_large_pool_.page_size) f.mapped_free_pages /= 2;
   for (const RetiringMapping& r : retiring_) {
     f.retiring_bytes += static_cast<std::int64_t>(r.pages * r.segment->page_size);
   }

@@ -3,6 +3,7 @@
 #ifndef VRAMLEDGER_CORE_SIZE_POLICY_H_
 #define VRAMLEDGER_CORE_SIZE_POLICY_H_
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -58,8 +59,11 @@ constexpr bool IsSmallRequest(std::size_t rounded_size) { return rounded_size <=
 /// The segment size cudaMalloc'd for a rounded request (torch's get_allocation_size).
 constexpr std::size_t AllocationSize(std::size_t rounded_size, std::size_t large_segment_size) {
   if (rounded_size <= kSmallSize) return kSmallBuffer;
-  if (rounded_size < kMinLargeAlloc) return large_segment_size;
-  return kRoundLarge * ((rounded_size + kRoundLarge - 1) / kRoundLarge);
+  const std::size_t rounded_up = kRoundLarge * ((rounded_size + kRoundLarge - 1) / kRoundLarge);
+  // Never below the request: large_segment_size_mb under 10 takes sizes from 2 MiB, and a
+  // 4 MiB request in a 2 MiB segment wrapped the split's remainder around (a breaker's finding).
+  if (rounded_size < kMinLargeAlloc) return std::max(large_segment_size, rounded_up);
+  return rounded_up;
 }
 
 }  // namespace vramledger::size_policy

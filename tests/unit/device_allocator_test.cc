@@ -2,6 +2,10 @@
 // empty_cache, the OOM path, max_split_size, memory fraction, and the stats identities.
 #include "vramledger/device_allocator.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "device/sim_backend.h"
@@ -397,6 +401,37 @@ TEST_F(GarbageCollectionTest, NeedsAMemoryFraction) {
   Free(Alloc(4 * kGiB));
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(7 * kGiB));
   EXPECT_EQ(sim_->calls().count(DriverCall::kFree), 0);
+}
+
+// large_segment_size_mb under a 1-10 MiB request: the segment is the request rounded up to
+// 2 MiB. A 4 MiB request got a 2 MiB segment, allocated exceeded reserved, and the split's
+// wrapped remainder handed out memory past the segment (a breaking helper's finding).
+TEST_F(AllocatorTest, ALargeSegmentSizeUnderTheRequestStillHoldsIt) {
+  Make("large_segment_size_mb:2");
+  const DevicePtr p = Alloc(4 * kMiB);
+  EXPECT_EQ(Stat(alloc_->GetStats().allocated_bytes), 4 * kMiB);
+  EXPECT_EQ(Reserved(), 4 * kMiB);
+  const DevicePtr q = Alloc(3 * kMiB + 1);  // a 4 MiB segment
+  EXPECT_EQ(Reserved(), 8 * kMiB);
+  const DevicePtr r = Alloc(kMiB + 1);  // large_segment_size itself when it is enough
+  EXPECT_EQ(Reserved(), 10 * kMiB);
+  const std::vector<SegmentInfo> segments = alloc_->Snapshot();
+  for (const SegmentInfo& s : segments) {
+    std::size_t sum = 0;
+    for (const BlockInfo& b : s.blocks) sum += b.size;
+    EXPECT_EQ(sum, s.total_size);
+  }
+  for (const auto& [x, size] : {std::pair{p, 4 * kMiB}, {q, 3 * kMiB + 1}, {r, kMiB + 1}}) {
+    EXPECT_TRUE(std::any_of(segments.begin(), segments.end(), [&](const SegmentInfo& s) {
+      return x >= s.address && x + size <= s.address + s.total_size;
+    })) << "a block outside every segment";
+  }
+  const Fragmentation f = alloc_->GetFragmentation();
+  EXPECT_GE(f.largest_free_block, 0);
+  EXPECT_LE(f.free_space_fragmentation, 1.0);
+  Free(p);
+  Free(q);
+  Free(r);
 }
 
 }  // namespace

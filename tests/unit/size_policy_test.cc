@@ -38,6 +38,10 @@ TEST(SizePolicy, SegmentSizesFollowTorch) {
   EXPECT_EQ(AllocationSize(RoundSize(kMiB + 1, kNoDivisions), 20 * kMiB), 20 * kMiB);
   EXPECT_EQ(AllocationSize(RoundSize(10 * kMiB - 513, kNoDivisions), 20 * kMiB), 20 * kMiB);
   EXPECT_EQ(AllocationSize(RoundSize(10 * kMiB - 1, kNoDivisions), 20 * kMiB), 10 * kMiB);
+  // A large_segment_size under the request: the request, rounded up to 2 MiB.
+  EXPECT_EQ(AllocationSize(RoundSize(4 * kMiB, kNoDivisions), 2 * kMiB), 4 * kMiB);
+  EXPECT_EQ(AllocationSize(RoundSize(3 * kMiB + 1, kNoDivisions), 2 * kMiB), 4 * kMiB);
+  EXPECT_EQ(AllocationSize(RoundSize(kMiB + 1, kNoDivisions), 2 * kMiB), 2 * kMiB);
   EXPECT_EQ(AllocationSize(10 * kMiB, 20 * kMiB), 10 * kMiB);
   EXPECT_EQ(RoundSize(30 * kMiB + 1, kNoDivisions), 31457792u);
   EXPECT_EQ(AllocationSize(31457792u, 20 * kMiB), 32 * kMiB);

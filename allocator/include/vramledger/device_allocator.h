@@ -83,7 +83,7 @@ struct Fragmentation {
   std::int64_t largest_free_block = 0;    // largest request servable without growing
   double free_space_fragmentation = 0;    // 1 - largest_free_block / free_bytes (0 if none free)
   std::int64_t holes = 0;                 // free blocks between live blocks
-  std::int64_t mapped_free_pages = 0;     // whole mapped pages inside free blocks (expandable)
+  std::int64_t mapped_free_pages = 0;     // pages of the handles wholly inside free blocks (exp.)
   std::int64_t other_stream_cached_bytes = 0;  // free bytes cached for streams != `stream`
   std::int64_t page_moves = 0;                 // pages recycled (unmapped here, mapped there)
   // Bytes of moved handles still mapped at the address they left: until work queued there before

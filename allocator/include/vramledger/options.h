@@ -31,7 +31,8 @@ struct Options {
   double garbage_collection_threshold = 0.0;
   /// `expandable_segments` (torch's key).
   bool expandable_segments = false;
-  /// `large_segment_size_mb`: the segment size for 1-10 MiB requests.
+  /// `large_segment_size_mb`: the segment size for 1-10 MiB requests (the request rounded up to
+  /// 2 MiB when that is larger).
   std::size_t large_segment_size = 20 * kMiB;
   /// `roundup_power2_divisions`: divisions per power-of-two interval starting at 1 MiB.
   std::array<std::size_t, kRoundupPower2Intervals> roundup_power2_divisions{};
