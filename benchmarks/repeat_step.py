@@ -48,6 +48,11 @@ def repeat_step_trace(lines: list[str], step: int, repeats: int) -> list[str]:
     rows = []
     for n, line in enumerate(lines[1:], start=2):
         r = line.split(",")
+        if len(r) == 5 and r[1][:2].lower() == "0x":  # hex addresses, as the replay reads them
+            try:
+                r[1] = str(int(r[1], 16))
+            except ValueError:
+                pass  # refused below
         if len(r) != 5 or not all(x.lstrip("-").isdigit() for x in r[1:]):
             raise ValueError(f"line {n}: not action,addr,size,stream,time_us: {line[:80]!r}")
         rows.append(r)

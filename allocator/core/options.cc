@@ -2,7 +2,6 @@
 // table of accepted keys. Pure functions; thread-safe.
 #include "vramledger/options.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -14,44 +13,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/nearest_name.h"
 
 namespace vramledger {
 namespace {
 
 // Debian's Abseil 20220623 has its own string_view type, distinct from string_view.
 using absl::string_view;
-
-// Edits (insert, delete, substitute one character) between a and b: Levenshtein's distance.
-std::size_t EditDistance(string_view a, string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// The accepted key nearest to a mistyped one (at most a quarter of its letters, and 2 or
-// more, changed), or "" when none is that near: the "did you mean" of the error.
-std::string NearestKey(string_view key, const std::vector<std::string>& names) {
-  const std::size_t allowed = std::max<std::size_t>(2, key.size() / 4);
-  std::string best;
-  std::size_t best_distance = allowed + 1;
-  for (const std::string& name : names) {
-    const std::size_t d = EditDistance(absl::AsciiStrToLower(key), name);
-    if (d < best_distance) {
-      best_distance = d;
-      best = name;
-    }
-  }
-  return best;
-}
 
 absl::Status Bad(string_view key, string_view value, string_view expected) {
   return absl::InvalidArgumentError(
@@ -213,10 +181,8 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
   } else {
     std::vector<std::string> names;
     for (const OptionDoc& d : OptionTable()) names.emplace_back(d.name);
-    const std::string nearest = NearestKey(key, names);
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown option '", key, "'",
-                     nearest.empty() ? "" : absl::StrCat(" (did you mean '", nearest, "'?)"),
+        absl::StrCat("unknown option '", key, "'", DidYouMean(key, names),
                      "; accepted keys: ", absl::StrJoin(names, ", ")));
   }
   return absl::OkStatus();
@@ -248,7 +214,8 @@ const std::vector<OptionDoc>& OptionTable() {
       {"garbage_collection_threshold", "0",
        "free old cached blocks above this fraction of the cap"},
       {"expandable_segments", "False", "grow segments by mapping pages (torch's key)"},
-      {"large_segment_size_mb", "20", "segment size for 1-10 MiB requests"},
+      {"large_segment_size_mb", "20",
+       "segment size for 1-10 MiB requests (at least the request rounded up to 2 MiB)"},
       {"roundup_power2_divisions", "0", "N or [MiB:N,...,>:N]: round requests to power-2 steps"},
       {"release_lock_on_cudamalloc", "False", "accepted for torch compatibility"},
       {"per_process_memory_fraction", "0", "cap on reserved bytes as a fraction of the card"},

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "core/nearest_name.h"
 #include "guard/json_lines.h"
 #include "nlohmann/json.hpp"
 
@@ -73,8 +74,8 @@ absl::Status CheckKeys(const Reporter& r, const Json& object, std::string_view p
     if (std::find(std::begin(allowed), std::end(allowed), key) == std::end(allowed)) {
       std::vector<std::string> names(std::begin(allowed), std::end(allowed));
       return r.Error(Join(prefix, key),
-                     absl::StrCat("unknown key '", key,
-                                  "'; accepted keys here: ", absl::StrJoin(names, ", ")));
+                     absl::StrCat("unknown key '", key, "'", DidYouMean(key, names),
+                                  "; accepted keys here: ", absl::StrJoin(names, ", ")));
     }
   }
   return absl::OkStatus();

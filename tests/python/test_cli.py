@@ -296,9 +296,13 @@ def test_snapshot_rows_mark_steps(tmp_path):
     assert steps[0]["utilization"] == pytest.approx(3_000_320 / (20 * MIB))
     assert [s["driver_calls"] for s in steps] == [1, 1]
     assert result["step_marks"] == 2
+    assert [s["memory_calls"] for s in steps] == [1, 1]  # one cudaMalloc each
     proc = run_cli("replay", trace)
     assert "\n  step     end line    events     peak allocated      peak reserved utilization" \
-        in proc.stdout
+        "    calls mem calls    driver (us)" in proc.stdout
+    assert "  mem calls: the calls that map, unmap, create or free device memory" in proc.stdout
+    assert "\n  num_alloc_retries 0 " in proc.stdout
+    assert "\n  num_ooms          0 (a replay stops at one)" in proc.stdout
     assert "\n  2               6         1              1,024         23,068,672      0.0000" \
         in proc.stdout
 

@@ -177,7 +177,9 @@ def test_a_plan_that_does_not_fit_exits_1_and_still_writes(tmp_path, gpt2_config
                    "--card-gib", 8, "--out", out)
     assert proc.returncode == 1, proc.stderr
     assert "DOES NOT FIT" in proc.stdout
-    assert "vramledger: plan: the planned peak does not fit the card" in proc.stderr
+    assert "vramledger: warning: the planned peak does not fit the card" in proc.stderr
+    assert_cli_error(run_cli("plan", "--config", gpt2_config, "--out", tmp_path / "no" / "p.json"),
+                     f"--out {tmp_path / 'no' / 'p.json'}: no such directory: {tmp_path / 'no'}")
     assert json.loads(out.read_text())["limit"] == 8 * GIB  # capped at the card
     proc = run_cli("plan", "--config", gpt2_config, "--batch", 8, "--card-gib", 8, "--json")
     assert proc.returncode == 1 and json.loads(proc.stdout)["fits"] is False

@@ -203,6 +203,9 @@ def test_options_become_a_sorted_settings_string(options, expected):
 def test_unknown_key_is_a_value_error_naming_it():
     with pytest.raises(ValueError, match="unknown vramledger option 'max_split_mb'"):
         _options.to_conf_string({"max_split_mb": 200})
+    with pytest.raises(ValueError, match=r"'expandable_segment' \(did you mean "
+                                         r"'expandable_segments'\?\); accepted keys: "):
+        _options.to_conf_string({"expandable_segment": True})
     # install() checks keys before it touches torch or the plugin.
     with pytest.raises(ValueError, match=r"^vramledger\.install\(\): unknown vramledger option "
                                          r"'no_such_option'"):

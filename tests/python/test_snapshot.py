@@ -559,6 +559,11 @@ def test_inspect_header_writes_no_limit_and_no_context_in_words():
                      "max_entries": (1 << 63) - 1}}, "s.pickle")
     assert "context=None (no stacks recorded) max_entries=all" in text, text
     assert "9223372036854775807" not in text and "stacks=" not in text
+    older = _inspect.format_summary(  # older vramledger snapshots wrote the word "None"
+        {"origin": "vramledger", "devices": [],
+         "history": {"enabled": "all", "context": "None", "stacks": "python", "max_entries": 1}},
+        "s.pickle")
+    assert "context=None (no stacks recorded) max_entries=1" in older, older
 
 
 def test_inspect_marks_the_stats_torch_does_not_keep_with_expandable_segments(tmp_path):
@@ -576,6 +581,24 @@ def test_inspect_marks_the_stats_torch_does_not_keep_with_expandable_segments(tm
     assert int(rows["GPU reserved segments"][0].replace(",", "")) > 0
     assert rows["Allocated memory"][-1] not in ("*", "n/a")  # kept: a figure
     assert "* expandable segments: torch keeps no segment or inactive_split stats" in text
+    page = tmp_path / "e.html"  # the HTML report's totals say the same
+    assert run_cli("inspect", snap, "--html", page).returncode == 0
+    html = page.read_text()
+    assert "n/a *" in html and "torch keeps no segment or inactive_split stats" in html
     plain = tmp_path / "p.pickle"
     assert run_cli("replay", GPT2_TRACE, "--snapshot", plain).returncode == 0
     assert "n/a *" not in run_cli("inspect", plain).stdout
+
+
+def test_inspect_keeps_the_plain_segments_peak_beside_expandable_ones():
+    """Beside contiguous (plain) segments the stat's peak is real: shown, marked, not n/a (a
+    reviewer's finding)."""
+    d = {"expandable": "some", "stats": {"segment.all.peak": 3}}
+    assert _inspect.peak_text(d, "segment", "all", str) == "3 *"
+    assert _inspect.peak_text(d, "allocated_bytes", "all", str) == "n/a"  # not in the stats
+    assert "Peak the plain (contiguous) segments only" in _inspect.expandable_note(d)
+    assert _inspect.peak_text({"expandable": "all", "stats": {"segment.all.peak": 0}},
+                              "segment", "all", str) == "n/a *"
+    assert _inspect.peak_text({"expandable": "none", "stats": {"segment.all.peak": 0}},
+                              "segment", "all", str) == "0"
+    assert _inspect.expandable_note({"expandable": "none"}) is None

@@ -165,7 +165,8 @@ TEST(PlanErrorTest, SyntaxErrorNamesFileAndLine) {
 
 TEST(PlanErrorTest, UnknownKeyNamesFieldAndLine) {
   EXPECT_THAT(Message(ParseError("{\n  \"limit\": 1,\n  \"limt\": 2\n}")),
-              StartsWith("plan.json:3: field 'limt': unknown key 'limt'; accepted keys here: "));
+              StartsWith("plan.json:3: field 'limt': unknown key 'limt' (did you mean 'limit'?); "
+                         "accepted keys here: "));
   EXPECT_THAT(Message(ParseError("{\"devices\": {\n \"0\": {\"categories\": []}}}")),
               StartsWith("plan.json:2: field 'devices.0.categories': unknown key"));
 }

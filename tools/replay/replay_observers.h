@@ -27,7 +27,7 @@ struct LedgerTotals {
   LedgerTotals Minus(const LedgerTotals& earlier) const;
   std::int64_t calls() const;
   /// Calls that allocate, map, grant access to, unmap or free device memory: cudaMalloc,
-  /// cudaFree and the cuMem* calls (DriverCall::kMalloc through kMemSetAccess).
+  /// cudaFree and the cuMem* calls (address reservations included).
   std::int64_t memory_calls() const;
   double total_micros() const;
   /// Keyed by CUDA API name, every kind.

@@ -157,7 +157,9 @@ def device_summary(snap: dict, device: int, top: int = 10) -> dict:
             for k, v in top_groups],
         "live_allocations": sum(g["count"] for g in groups.values()),
         "stats": _vramledger_stats(snap, device),
-        "expandable": any(bool(s.get("is_expandable")) for s in segments),
+        # "all", "some" or "none" of the segments: torch keeps no segment counts for them.
+        "expandable": ("none" if not any(s.get("is_expandable") for s in segments) else
+                       "all" if all(s.get("is_expandable") for s in segments) else "some"),
     }
 
 
@@ -196,6 +198,30 @@ _ROWS = (("Allocated memory", "allocated_bytes", True), ("Active memory", "activ
 _NOT_KEPT_WITH_EXPANDABLE = ("segment", "inactive_split", "inactive_split_bytes")
 
 
+def peak_text(d: dict, key: str, pool: str, show) -> str:
+    """The Peak cell of `key` in `pool` for device summary `d` (text and HTML reports): the
+    stat's peak; "n/a *" where torch keeps the stat at 0 because every segment is expandable;
+    the peak marked "*" where only the plain segments count (some are expandable)."""
+    peak = (d["stats"] or {}).get(f"{key}.{pool}.peak")
+    kind = d.get("expandable", "none")
+    if key in _NOT_KEPT_WITH_EXPANDABLE and kind == "all":
+        return "n/a *"  # a 0 peak under a nonzero Cur misled (a new user's finding)
+    if peak is None:
+        return "n/a"
+    return f"{show(peak)} *" if key in _NOT_KEPT_WITH_EXPANDABLE and kind == "some" else show(peak)
+
+
+def expandable_note(d: dict) -> str | None:
+    """The footnote for peak_text's "*", or None when no segment is expandable."""
+    kind = d.get("expandable", "none")
+    if kind == "none":
+        return None
+    return ("* expandable segments: torch keeps no segment or inactive_split stats for them "
+            "(they stay 0); Cur counts the snapshot's mapped ranges and the free pieces beside "
+            "live blocks in them" + ("" if kind == "all" else
+                                     ", Peak the plain (contiguous) segments only"))
+
+
 def format_summary(summary: dict, source: str) -> str:
     """The text report of `vramledger inspect`."""
     out = [f"vramledger inspect: {source} ({summary['origin']} snapshot)"]
@@ -204,7 +230,7 @@ def format_summary(summary: dict, source: str) -> str:
         limit = h.get("max_entries")
         # INT64_MAX is how a replay (and max_entries=None) writes "no limit".
         limit = "all" if isinstance(limit, int) and limit >= (1 << 63) - 1 else limit
-        if h.get("context"):
+        if h.get("context") and h["context"] != "None":  # older snapshots wrote the word
             context = f"context={h['context']} stacks={h.get('stacks')}"
         else:  # `stacks` says which frames a context would record: beside None it misled
             context = "context=None (no stacks recorded)"
@@ -221,17 +247,10 @@ def format_summary(summary: dict, source: str) -> str:
             for pool in _POOLS:
                 name = label if pool == "all" else f"    from {pool.replace('_', ' ')}"
                 cur = d["pools"][pool][key]
-                peak = stats.get(f"{key}.{pool}.peak")
                 show = fmt_bytes if is_bytes else (lambda v: f"{v:,}")
-                if d.get("expandable") and key in _NOT_KEPT_WITH_EXPANDABLE:
-                    peak_text = "n/a *"  # torch's stat stays 0 there; a 0 peak under Cur misled
-                else:
-                    peak_text = show(peak) if peak is not None else "n/a"
-                out.append(f"  {name:<28} {show(cur):>14} {peak_text:>14}")
-        if d.get("expandable"):
-            out.append("  * expandable segments: torch keeps no segment or inactive_split stats "
-                       "(they stay 0); Cur counts the snapshot's mapped ranges and the free "
-                       "pieces beside live blocks in them")
+                out.append(f"  {name:<28} {show(cur):>14} {peak_text(d, key, pool, show):>14}")
+        if expandable_note(d):
+            out.append(f"  {expandable_note(d)}")
         f = d["fragmentation"]
         out += ["", "  fragmentation:",
                 f"    utilization (allocated / reserved, now): {f['utilization']:.2%}",

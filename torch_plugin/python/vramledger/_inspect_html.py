@@ -75,7 +75,6 @@ def render(snap: dict, summary: dict, source: str) -> str:
             ["key", "value"], [[_e(k), _e(v)] for k, v in settings.items()]) + "</details>")
     for d in summary["devices"]:
         dev = d["device"]
-        stats = d["stats"] or {}
         parts.append(f"<h2>device {dev}</h2><p>{d['segments']} segments, {d['blocks']} blocks, "
                      f"{d['live_allocations']} live allocations, {d['trace_entries']} trace "
                      f"entries</p>")
@@ -84,11 +83,12 @@ def render(snap: dict, summary: dict, source: str) -> str:
         for label, key, is_bytes in _inspect._ROWS:
             for pool in _inspect._POOLS:
                 show = _inspect.fmt_bytes if is_bytes else (lambda v: f"{v:,}")
-                peak = stats.get(f"{key}.{pool}.peak")
                 name = label if pool == "all" else f"&nbsp;&nbsp;from {pool.replace('_', ' ')}"
                 rows.append([name, show(d["pools"][pool][key]),
-                             show(peak) if peak is not None else "n/a"])
+                             _inspect.peak_text(d, key, pool, show)])
         parts.append("<h3>totals</h3>" + _table(["metric", "current", "peak"], rows, {1, 2}))
+        if _inspect.expandable_note(d):
+            parts.append(f"<p>{_e(_inspect.expandable_note(d))}</p>")
         f = d["fragmentation"]
         parts.append("<h3>fragmentation</h3>" + _table(["figure", "value"], [
             ["utilization (allocated / reserved, now)", f"{f['utilization']:.2%}"],

@@ -6,6 +6,7 @@ tests/python/test_package.py checks the two agree whenever the plugin library is
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Mapping
 
 # Torch's PYTORCH_CUDA_ALLOC_CONF keys (same meaning), then vramledger's own.
@@ -82,6 +83,8 @@ def to_conf_string(options: Mapping[str, Any]) -> str:
     """
     unknown = sorted(k for k in options if k not in KNOWN_KEYS)
     if unknown:
-        raise ValueError(f"unknown vramledger option {unknown[0]!r}; accepted keys: "
+        near = difflib.get_close_matches(unknown[0].lower(), KNOWN_KEYS, n=1, cutoff=0.8)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""  # as the C++ parser's
+        raise ValueError(f"unknown vramledger option {unknown[0]!r}{hint}; accepted keys: "
                          + ", ".join(KNOWN_KEYS))
     return ",".join(f"{k}:{_format_value(k, options[k])}" for k in sorted(options))

@@ -504,9 +504,10 @@ MAX_CARD_GIB = 1e6  # as replay --capacity-gib
 
 def check_flags(args) -> None:
     """Refuses out-of-range numeric flags before any estimate, with or without --out, and an
-    empty --out (it was taken as no --out and wrote nothing)."""
-    if args.out == "":
-        raise PlanError("--out '': give a file name")
+    --out that cannot be written (empty, a directory, in a missing directory)."""
+    if args.out is not None:
+        from vramledger import _snapshot_cli  # the output checks of replay, inspect, convert
+        _snapshot_cli.check_output("--out", args.out, PlanError)
     for flag, minimum in _INT_FLAGS:
         value = getattr(args, flag)
         if value is not None and value < minimum:
@@ -578,7 +579,7 @@ def run(args, cli_error: type[Exception]) -> int:
                      f"{gb(doc['headroom'])}, warn_at {doc['warn_at']:g}\n")
         print(text, end="")
     if not est["fits"]:  # a script's `vramledger plan ... && train` stops here (a user's finding)
-        print(f"vramledger: plan: the planned peak does not fit the card "
+        print(f"vramledger: warning: the planned peak does not fit the card "
               f"({gb(est['total_bytes'] - est['card_bytes'])} over); exit status 1"
               + (f" (the plan file {args.out} is capped at the card)" if doc is not None else ""),
               file=sys.stderr)

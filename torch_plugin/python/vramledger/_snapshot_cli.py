@@ -44,18 +44,20 @@ def _write(snap: dict, path: str) -> None:
         raise _error(f"{path}: cannot write the snapshot: a value is nested too deeply") from e
 
 
-def check_output(flag: str, out: str) -> None:
-    """Raises the CLI error naming `flag` when `out` cannot be the name of a file to write: empty
-    (it was taken as no flag), a directory, or in a directory that does not exist (through a
-    link's target). Called before any work, so a bad name costs no replay or report."""
+def check_output(flag: str, out: str, error: Callable[[str], Exception] | None = None) -> None:
+    """Raises `error` (default: the CLI error) naming `flag` when `out` cannot be the name of a
+    file to write: empty (it was taken as no flag), a directory, or in a directory that does not
+    exist (through a link's target). Called before any work, so a bad name costs no replay,
+    report or plan (replay, inspect, convert, plan)."""
+    error = error or _error
     if not out:
-        raise _error(f"{flag} '': give a file name")
+        raise error(f"{flag} '': give a file name")
     target = os.path.realpath(out)  # a link's target (which may not exist yet)
     if os.path.isdir(target) or out.endswith(os.sep):
-        raise _error(f"{flag} {out}: is a directory; give a file name")
+        raise error(f"{flag} {out}: is a directory; give a file name")
     parent = os.path.dirname(target)
     if not os.path.isdir(parent):
-        raise _error(f"{flag} {out}: no such directory: {parent}")
+        raise error(f"{flag} {out}: no such directory: {parent}")
 
 
 def _kind(path: str) -> str:

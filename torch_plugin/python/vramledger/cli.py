@@ -14,7 +14,8 @@ Subcommands:
       --gpu-lag-us N: the simulated GPU finishes work N microseconds of trace time after the
       host queued it (fences complete late, as on a real GPU; default 0: at once).
 
-Errors print ``vramledger: error: ...`` on stderr and exit with status 2.
+Errors print ``vramledger: error: ...`` on stderr and exit with status 2; ``plan`` exits with 1
+when the planned peak does not fit the card, ``report --fail-on-flag`` when a rank is flagged.
 """
 
 from __future__ import annotations
@@ -230,13 +231,17 @@ def _format_steps(r: dict) -> list[str]:
     if not steps:
         return []
     lines = ["", f"  {'step':<6} {'end line':>10} {'events':>9} {'peak allocated':>18} "
-                 f"{'peak reserved':>18} {'utilization':>11} {'calls':>8} {'driver (us)':>14}"]
+                 f"{'peak reserved':>18} {'utilization':>11} {'calls':>8} {'mem calls':>9} "
+                 f"{'driver (us)':>14}"]
     for s in steps:
         name = f"{s['step']}{'' if s['complete'] else '*'}"
         end = f"{s['end_line']:,}" if s["complete"] else "end"
         lines.append(f"  {name:<6} {end:>10} {s['events']:>9,} {s['peak_allocated_bytes']:>18,} "
                      f"{s['peak_reserved_bytes']:>18,} {s['utilization']:>11.4f} "
-                     f"{s['driver_calls']:>8,} {s['modeled_driver_us']:>14,.1f}")
+                     f"{s['driver_calls']:>8,} {s['memory_calls']:>9,} "
+                     f"{s['modeled_driver_us']:>14,.1f}")
+    lines.append("  mem calls: the calls that map, unmap, create or free device memory (cuMem*, "
+                 "cudaMalloc, cudaFree); the others are events and queries")
     if not steps[-1]["complete"]:
         lines.append("  * events after the last step mark (an unfinished step)")
     return lines
@@ -259,6 +264,9 @@ def _format_table(r: dict) -> str:
          if r["recorded_peak_reserved_bytes"] > 0 else "n/a"),
         ("segment allocs", f"{r['device_allocs']:,}", f"{r['recorded_segment_allocs']:,}"),
         ("segment frees", f"{r['device_frees']:,}", f"{r['recorded_segment_frees']:,}"),
+        # torch's names; the trace's oom events are torch's refusals, a replay stops at one.
+        ("num_alloc_retries", f"{r['alloc_retries']:,}", "n/a"),
+        ("num_ooms", "0 (a replay stops at one)", f"{r['recorded_ooms']:,}"),
     ]
     if "snapshot_reserved_bytes" in r:
         rows.append(("at snapshot", "", f"reserved {_bytes(r['snapshot_reserved_bytes'])}, "
@@ -267,7 +275,7 @@ def _format_table(r: dict) -> str:
     lines = [f"vramledger replay of {r['trace']}",
              f"  {r['trace_events']:,} trace events; simulated capacity "
              f"{_bytes(r['capacity_bytes'])}; conf: {conf}", ""]
-    lines += [f"  {a:<16} {b:<36} {c}".rstrip() for a, b, c in rows]
+    lines += [f"  {a:<17} {b:<36} {c}".rstrip() for a, b, c in rows]
     lines += ["", f"  {'driver calls (modelled)':<24} {'count':>12} {'time (us)':>16}"]
     total = 0
     for name, count in sorted(r["driver_calls"].items()):
@@ -481,7 +489,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the command line; returns the exit status (0, or 2 after printing an error)."""
+    """Runs the command line; returns the exit status (0; 1 from plan when the peak does not fit
+    or from report --fail-on-flag; 2 after printing an error)."""
     try:
         args = _parser().parse_args(argv)
         return args.run(args)
