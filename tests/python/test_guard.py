@@ -5,6 +5,7 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import pytest
 
 from vramledger import _guard, _plan, _plugin, _report
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 GB = 1e9
 GIB = 1 << 30
 # Measured on the H200 (shared reference/h200-baselines.jsonl, native allocator, bf16 autocast,
@@ -167,6 +169,18 @@ def assert_cli_error(proc, message):
 
 
 GPT2M_FLAGS = ["--layers", "24", "--hidden", "1024", "--heads", "16", "--vocab", "50257"]
+
+
+@pytest.mark.parametrize("config, args, peak", [
+    ("gpt2-medium.json", ["--seq", 977, "--batch", 8], 27_306_934_864),
+    ("llama-1b.json", ["--seq", 1955, "--batch", 4], 36_820_264_960),
+    ("llama-1b.json", ["--seq", 1955, "--batch", 4, "--checkpointing"], 22_068_076_544),
+])
+def test_the_bundled_configs_plan_the_traced_runs(config, args, peak):
+    """traces/configs/ (the README's plan example) gives memory-planner.md's planned peaks."""
+    path = ROOT / "traces" / "configs" / config
+    assert plan_json("--config", path, *args)["total_bytes"] == peak
+    assert json.loads(path.read_text()) == (GPT2M_CONFIG if "gpt2" in config else LLAMA1B_CONFIG)
 
 
 def test_a_plan_that_does_not_fit_exits_1_and_still_writes(tmp_path, gpt2_config):
