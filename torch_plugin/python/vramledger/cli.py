@@ -253,7 +253,7 @@ def _format_table(r: dict) -> str:
         recorded_reserved = _bytes(r["recorded_peak_reserved_bytes"])
     rows = [
         ("", "vramledger (replay)", "recorded (trace, torch)"),
-        ("events", f"{r['events']:,}", f"{r['recorded_events']:,}"),
+        ("alloc+free events", f"{r['events']:,}", f"{r['recorded_events']:,}"),
         ("peak allocated", _bytes(r["peak_allocated_bytes"]),
          "n/a (the trace has requested sizes only)"),
         ("peak requested", _bytes(r["peak_requested_bytes"]),
