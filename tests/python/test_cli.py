@@ -73,7 +73,8 @@ def test_bundled_trace_table_shows_both_columns():
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "vramledger (replay)" in out and "recorded (trace, torch)" in out
-    for row in ("alloc+free events", "peak allocated", "peak requested", "peak reserved", "utilization"):
+    for row in ("alloc+free events", "peak allocated", "peak requested", "peak reserved",
+                "utilization"):
         assert f"\n  {row} " in out
     assert "27,105,552,624 B (25.24 GiB)" in out
     assert "39,151,730,688 B (36.46 GiB)" in out

@@ -145,8 +145,8 @@ def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str,
       free_bytes: reserved - active, the cache. largest_free_block: the largest request served
         without growing. free_space_fragmentation: 1 - largest_free_block / free_bytes.
       holes: free blocks between live ones. mapped_free_pages: the pages of the physical handles
-        that lie wholly inside free blocks (expandable segments). page_moves: pages recycled. retiring_bytes: recycled
-        pages still mapped at the address they left until the stream's earlier work there has
+        that lie wholly inside free blocks (expandable segments). page_moves: pages recycled.
+        retiring_bytes: recycled pages still mapped at the address they left until the stream's earlier work there has
         finished (counted once in reserved), or kept there (keep_old_mappings).
       reused_old_mappings: page moves back onto an address that still mapped the handle (no
         driver call; keep_old_mappings).

@@ -249,8 +249,9 @@ def format_summary(summary: dict, source: str) -> str:
                 cur = d["pools"][pool][key]
                 show = fmt_bytes if is_bytes else (lambda v: f"{v:,}")
                 out.append(f"  {name:<28} {show(cur):>14} {peak_text(d, key, pool, show):>14}")
-        if expandable_note(d):
-            out.append(f"  {expandable_note(d)}")
+        note = expandable_note(d)
+        if note:
+            out.append(f"  {note}")
         f = d["fragmentation"]
         out += ["", "  fragmentation:",
                 f"    utilization (allocated / reserved, now): {f['utilization']:.2%}",

@@ -87,8 +87,9 @@ def render(snap: dict, summary: dict, source: str) -> str:
                 rows.append([name, show(d["pools"][pool][key]),
                              _inspect.peak_text(d, key, pool, show)])
         parts.append("<h3>totals</h3>" + _table(["metric", "current", "peak"], rows, {1, 2}))
-        if _inspect.expandable_note(d):
-            parts.append(f"<p>{_e(_inspect.expandable_note(d))}</p>")
+        note = _inspect.expandable_note(d)
+        if note:
+            parts.append(f"<p>{_e(note)}</p>")
         f = d["fragmentation"]
         parts.append("<h3>fragmentation</h3>" + _table(["figure", "value"], [
             ["utilization (allocated / reserved, now)", f"{f['utilization']:.2%}"],

@@ -469,10 +469,10 @@ def add_arguments(p) -> None:
     p.add_argument("--vocab", type=int)
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024)")
     p.add_argument("--batch", type=int, default=1, help="micro-batch per GPU (default 1)")
-    p.add_argument("--precision", default="bf16-mixed", choices=("fp32", "bf16-mixed", "fp16-mixed"),
-                   help="default bf16-mixed")
-    p.add_argument("--optimizer", default="adamw", choices=("adamw", "adamw-8bit", "sgd", "adafactor"),
-                   help="default adamw")
+    p.add_argument("--precision", default="bf16-mixed",
+                   choices=("fp32", "bf16-mixed", "fp16-mixed"), help="default bf16-mixed")
+    p.add_argument("--optimizer", default="adamw",
+                   choices=("adamw", "adamw-8bit", "sgd", "adafactor"), help="default adamw")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per layer")
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     p.add_argument("--lora-targets", default="attn", choices=("attn", "all"))

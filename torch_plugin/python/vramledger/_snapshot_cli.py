@@ -61,7 +61,7 @@ def check_output(flag: str, out: str, error: Callable[[str], Exception] | None =
 
 
 def _kind(path: str) -> str:
-    return "JSON" if path.lower().endswith((".json", ".json.gz")) else "pickle (protocol 4)"
+    return "JSON" if path.lower().endswith(_snapshot._JSON_SUFFIXES) else "pickle (protocol 4)"
 
 
 def _inspect_cmd(args: argparse.Namespace) -> int:
