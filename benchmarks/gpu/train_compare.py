@@ -167,17 +167,18 @@ def host_share_over_rounds(rounds: list[tuple[list[float], list[float] | None]],
 
 
 # docs/design/step-time-measurement.md, "Divide out the process's own speed".
-def calibrate(torch) -> dict:
+def calibrate(torch, n: int = 2048) -> dict:
     """How fast this process runs fixed work that allocates nothing while timed.
 
     Step time moves by up to 15% between processes of the same script on the H200, every step
     alike (step_ab.py's A/A control); these two figures let step_ab.py divide a process's own
-    speed out of its step time: gpu_ms, one bf16 2048^3 matmul into a preallocated output (CUDA
+    speed out of its step time: gpu_ms, one bf16 n^3 matmul into a preallocated output (CUDA
     events, mean of 100); launch_us, host time per launch of a one-element add_ (2,000 launches,
-    then one synchronize), the launch-bound part of a step.
+    then one synchronize), the launch-bound part of a step. n: the matmul's side (2048 on the
+    GPU; the CPU test passes a small one, bf16 matmuls of 2048 take minutes on some CPUs).
     """
-    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     c = torch.empty_like(a)
     tiny = torch.zeros(1, device="cuda")
     for _ in range(10):

@@ -267,7 +267,7 @@ def test_calibrate_runs_on_a_stand_in_for_cuda():
         randn=on_cpu(torch.randn), zeros=on_cpu(torch.zeros), empty_like=torch.empty_like,
         mm=torch.mm, bfloat16=torch.bfloat16,
         cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
-    cal = tc.calibrate(fake)
+    cal = tc.calibrate(fake, n=64)
     assert set(cal) == {"gpu_ms", "launch_us"}
     assert cal["gpu_ms"] > 0 and cal["launch_us"] > 0
 
