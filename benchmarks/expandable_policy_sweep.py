@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 # Steady-state measurement for expandable segments: replays the two single-stream training traces on
 # the simulated H200 under several option strings and prints the issue-3 figures side by side.
-"""Replays ``trace-gpt2m-native`` and ``trace-llama1b-native`` on SimBackend for each ``--conf``
+"""Replays bundled traces (default ``trace-gpt2m-native`` and ``trace-llama1b-native``; ``--trace``
+names others, e.g. ``llama1b-ckpt`` or ``gpt2m-prefetch``) on SimBackend for each ``--conf``
 (default: a small set of expandable-segment configurations) and prints one Markdown row per
 configuration: utilization (peak allocated / peak reserved) per trace, modelled driver time as a
 share of the trace's time span (overall, and after the first 25% of the events), driver calls in
-the last three marked steps, and page moves. Times are modelled (device/sim_cost_model.cc, H200
-medians), not measured.
+the last three marked steps (memory calls in brackets), and page moves, the traces' figures
+separated by " / " in the order given. Times are modelled (device/sim_cost_model.cc, H200
+medians), not measured. ``--gpu-lag-us`` passes the replay's simulated GPU lag (microseconds).
 
     python benchmarks/expandable_policy_sweep.py [--binary build-exp/tools/vramledger-replay]
+        [--trace gpt2m --trace llama1b-ckpt ...] [--gpu-lag-us 5000]
         [--conf "expandable_segments:True" --conf "..."]
 """
 
@@ -25,7 +28,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TRACES = ("trace-gpt2m-native.csv.gz", "trace-llama1b-native.csv.gz")
+TRACES = ("gpt2m", "llama1b")  # traces/trace-NAME-native.csv.gz
 DEFAULT_CONFS = (
     "expandable_segments:True,page_recycling:False",
     "expandable_segments:True",
@@ -82,9 +85,11 @@ def mark_steps(trace: str, out_dir: str) -> str:
     return path
 
 
-def replay(binary: str, trace_path: str, conf: str) -> dict:
-    """The replay's --json report for one trace under `conf` (VRAMLEDGER_CONF is not read)."""
-    out = subprocess.run([binary, trace_path, "--json", "--conf", conf],
+def replay(binary: str, trace_path: str, conf: str, gpu_lag_us: int = 0) -> dict:
+    """The replay's --json report for one trace under `conf` (VRAMLEDGER_CONF is not read), with
+    the simulated GPU `gpu_lag_us` microseconds behind the host when nonzero."""
+    lag = ["--gpu-lag-us", str(gpu_lag_us)] if gpu_lag_us else []
+    out = subprocess.run([binary, trace_path, "--json", "--conf", conf, *lag],
                          check=True, capture_output=True, text=True, env={})
     return json.loads(out.stdout)
 
@@ -105,24 +110,46 @@ def figures(report: dict) -> dict:
     }
 
 
+def trace_file(name: str) -> str:
+    """The bundled trace's file name for `name` (gpt2m, llama1b, llama1b-ckpt, gpt2m-prefetch);
+    exits naming the bundled ones when there is no such trace."""
+    file = f"trace-{name}-native.csv.gz"
+    if not (ROOT / "traces" / file).is_file():
+        known = sorted(p.name[len("trace-"):-len("-native.csv.gz")]
+                       for p in (ROOT / "traces").glob("trace-*-native.csv.gz"))
+        sys.exit(f"no bundled trace '{name}' (traces/{file}); bundled: {', '.join(known)}")
+    return file
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary")
     parser.add_argument("--conf", action="append")
+    parser.add_argument("--trace", action="append",
+                        help=f"a bundled trace's name, repeatable (default: {', '.join(TRACES)})")
+    parser.add_argument("--gpu-lag-us", type=int, default=0,
+                        help="simulated GPU lag behind the host, microseconds (default 0)")
     args = parser.parse_args()
+    if args.gpu_lag_us < 0:
+        parser.error("--gpu-lag-us must be 0 or more")
+    names = args.trace or list(TRACES)
+    files = [trace_file(n) for n in names]
     binary = find_binary(args.binary)
     tmp = tempfile.mkdtemp(prefix="vramledger-steps-")
-    traces = [mark_steps(t, tmp) for t in TRACES]
-    print("| conf | util gpt2 / llama | driver % span gpt2 / llama | steady % gpt2 / llama "
-          "| calls in last 3 steps gpt2 / llama (memory calls) | page moves gpt2 / llama |")
+    traces = [mark_steps(t, tmp) for t in files]
+    who = " / ".join(names)
+    print(f"| conf | util {who} | driver % span | steady % | calls in last 3 steps (memory calls) "
+          f"| page moves |")
     print("|---|---|---|---|---|---|")
     for conf in args.conf or DEFAULT_CONFS:
-        f = [figures(replay(binary, t, conf)) for t in traces]
-        print(f"| `{conf}` | {f[0]['util']:.4f} / {f[1]['util']:.4f} "
-              f"| {f[0]['pct']:.2f} / {f[1]['pct']:.2f} "
-              f"| {f[0]['steady_pct']:.2f} / {f[1]['steady_pct']:.2f} "
-              f"| {f[0]['last3']} / {f[1]['last3']} ({f[0]['last3_mem']} / {f[1]['last3_mem']}) "
-              f"| {f[0]['moves']} / {f[1]['moves']} |",
+        f = [figures(replay(binary, t, conf, args.gpu_lag_us)) for t in traces]
+
+        def cell(fmt: str, key: str) -> str:
+            return " / ".join(format(x[key], fmt) for x in f)
+
+        print(f"| `{conf}` | {cell('.4f', 'util')} | {cell('.2f', 'pct')} "
+              f"| {cell('.2f', 'steady_pct')} | {cell('d', 'last3')} ({cell('d', 'last3_mem')}) "
+              f"| {cell('d', 'moves')} |",
               flush=True)
     return 0
 

@@ -61,3 +61,26 @@ def test_bad_requests_name_what_was_wrong():
         repeat_step.repeat_step_trace(_trace(), step=1, repeats=0)
     with pytest.raises(ValueError, match="line 3: not action,addr,size,stream,time_us"):
         repeat_step.repeat_step_trace([HEADER, "alloc,1,2,0,5", "alloc,x,2,0,6"], 1, 1)
+
+
+def test_policy_sweep_names_the_bundled_traces_and_refuses_others():
+    assert sweep.trace_file("llama1b-ckpt") == "trace-llama1b-ckpt-native.csv.gz"
+    with pytest.raises(SystemExit) as e:
+        sweep.trace_file("gpt3")
+    assert "no bundled trace 'gpt3'" in str(e.value)
+    assert "gpt2m, gpt2m-prefetch, llama1b, llama1b-ckpt" in str(e.value)
+
+
+def test_policy_sweep_passes_the_gpu_lag_to_the_replay(monkeypatch):
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        return type("Done", (), {"stdout": "{}"})()
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    sweep.replay("bin", "t.csv", "expandable_segments:True", gpu_lag_us=5000)
+    sweep.replay("bin", "t.csv", "expandable_segments:True")
+    assert seen == [["bin", "t.csv", "--json", "--conf", "expandable_segments:True",
+                     "--gpu-lag-us", "5000"],
+                    ["bin", "t.csv", "--json", "--conf", "expandable_segments:True"]]
