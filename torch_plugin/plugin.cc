@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "device/cuda_backend.h"
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/guard_api.h"      // issue 6: budget guard
 #include "torch_plugin/oom_observers.h"  // issue 4
@@ -449,7 +450,7 @@ bool vramledger_device_stats(int device, vramledger::DeviceStats* out) {
 bool vramledger_device_segments(int device, std::vector<vramledger::SegmentInfo>* segments,
                                 vramledger::Options* options) {
   return vramledger::ReadExisting(device, "segments", [&](const DeviceAllocator& a) {
-    *segments = a.Snapshot();
+    *segments = SegmentsOf(a);
     *options = a.options();
   });
 }
@@ -599,7 +600,7 @@ int vramledger_fragmentation_json(int device, cudaStream_t current_stream, char*
     vramledger::Fragmentation f;        // zeros until the device allocates
     vramledger::DriverCallLedger none;  // no call made yet
     DeviceAllocator* a = state.Existing(device);
-    if (a != nullptr) f = a->GetFragmentation(stream);
+    if (a != nullptr) f = FragmentationOf(*a, stream);
     nlohmann::json json = vramledger::FragmentationJson(
         f, a != nullptr ? a->backend()->calls() : none, state.simulated());
     // Host time inside the allocator's Malloc and Free, zeros unless host_timing is on

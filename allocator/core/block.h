@@ -122,19 +122,19 @@ struct Segment {
   bool expandable = false;
   std::size_t page_size = 0;
   std::vector<PhysicalHandle> pages;
-  // Pages whose address still maps a handle that moved away (DeviceAllocatorImpl::RetireMapping);
+  // Pages whose address still maps a handle that moved away (an old mapping: core/old_mappings.h);
   // pages[i] is 0 there. kOldMappingInUse until its fence completes; kOldMappingIdle after, when
   // keep_old_mappings keeps it.
   static constexpr std::uint8_t kOldMappingInUse = 1;
   static constexpr std::uint8_t kOldMappingIdle = 2;
-  std::vector<std::uint8_t> retiring;
+  std::vector<std::uint8_t> old_mapping;
   // The handle of the old mapping at each page (0 = none), and the allocated or pending-free
-  // blocks touching each page (0: the page is free; DeviceAllocatorImpl::CountUse).
+  // blocks touching each page (0: the page is free; PageTable::CountUse).
   std::vector<PhysicalHandle> old_handle;
   std::vector<std::uint32_t> use;
   // Per page with an old mapping: the first page where its handle was last found mapped in this
-  // segment, or kNoHomeHint. A cache for DeviceAllocatorImpl::OldMappingReusable, which checks
-  // it against `pages` on every use (a stale hint costs only the handle_home_ lookup it saves).
+  // segment, or kNoHomeHint. A cache for OldMappings::Reusable, which checks it against
+  // `pages` on every use (a stale hint costs only the page-table home lookup it saves).
   static constexpr std::uint32_t kNoHomeHint = UINT32_MAX;
   mutable std::vector<std::uint32_t> old_home_hint;
   std::size_t mapped_pages = 0;

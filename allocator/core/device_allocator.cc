@@ -52,11 +52,7 @@ DeviceAllocatorImpl::DeviceAllocatorImpl(const Options& options, DeviceBackend* 
 DeviceAllocatorImpl::~DeviceAllocatorImpl() {
   core::DeviceMutexLock lock(&mu_);
   (void)SynchronizeAndFreeEvents();
-  while (!retiring_.empty()) {  // old addresses of moved handles
-    if (retiring_.front().fence != 0) (void)backend_->SynchronizeEvent(retiring_.front().fence);
-    if (!UnmapRetired(0).ok()) retiring_.erase(retiring_.begin());
-  }
-  for (PhysicalHandle h : unreleased_handles_) (void)backend_->ReleasePhysical(h);
+  ReleaseExpandableAtExit();  // old mappings, unreleased handles (expandable.cc)
   for (auto& [ptr, segment] : segments_) {
     (void)backend_->Free(ptr);
     for (Block* b = segment->head; b != nullptr;) {
@@ -65,20 +61,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
       b = next;
     }
   }
-  for (auto& segment : exp_segments_) {
-    for (std::size_t i = 0, j = 1; i < segment->pages.size(); i = j++) {
-      if (segment->pages[i] == 0) continue;
-      while (j < segment->pages.size() && segment->pages[j] == segment->pages[i]) ++j;  // a handle
-      (void)backend_->Unmap(segment->PageAddress(i), (j - i) * segment->page_size);
-      (void)backend_->ReleasePhysical(segment->pages[i]);
-    }
-    (void)backend_->ReleaseAddress(segment->ptr, segment->size);
-    for (Block* b = segment->head; b != nullptr;) {
-      Block* next = b->next;
-      delete b;
-      b = next;
-    }
-  }
+  ReleaseExpandableSegmentsAtExit();
   for (EventId e : spare_events_) (void)backend_->DestroyEvent(e);
   for (Block* b : spare_blocks_) delete b;
 }

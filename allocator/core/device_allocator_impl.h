@@ -20,8 +20,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block.h"
+#include "core/core_view.h"
 #include "core/device_mutex.h"
 #include "core/live_block_map.h"
+#include "core/old_mappings.h"
+#include "core/page_table.h"
+#include "core/placement.h"
 #include "core/pool_stats.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/hooks.h"
@@ -41,8 +45,8 @@ class DeviceAllocatorImpl {
   DeviceStats GetStats() const ABSL_LOCKS_EXCLUDED(mu_);
   void ResetPeakStats() ABSL_LOCKS_EXCLUDED(mu_);
   void ResetAccumulatedStats() ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<SegmentInfo> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
-  Fragmentation GetFragmentation(StreamId current_stream) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls `reader` with a view of the core, under the lock (core/core_view.h).
+  void Read(absl::FunctionRef<void(const core::CoreView&)> reader) const ABSL_LOCKS_EXCLUDED(mu_);
   OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckSegmentChain(const core::Segment& segment, std::int64_t* counts) const
@@ -123,53 +127,77 @@ class DeviceAllocatorImpl {
   // Free blocks indexed in private pools (for CheckInvariants).
   std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // ---- Expandable segments (expandable.cc; old mappings: old_mappings.cc;
-  //      docs/design/expandable-segments.md) ----
+  // ---- Expandable segments: expandable.cc composes the parts (page_table_, old_mappings_,
+  //      placement_) with driver calls, stats and trace; ensure_mapped.cc maps a block's pages;
+  //      docs/design/expandable-segments.md ----
+  using PendingStreams = core::PendingStreams;
   absl::StatusOr<DevicePtr> MallocExpandable(core::BlockPool* pool,
                                              const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Streams whose oldest retiring fence one allocation found pending (RetireMappings): their
-  // later fences are not queried again during that allocation.
-  using PendingStreams = absl::InlinedVector<StreamId, 4>;
-  // Best fit among the stream's free blocks, scored by their cheapest place (missing pages,
-  // retiring ones weighing more, then the fewest pinned pages); `pending` as for RetireMappings.
-  // *start: the cheapest place it found in the block it returns, or 0 when it scored that block
-  // by its first bytes only (the tail), for PlaceOnMappedPages.
+  // Placement::TakeBlock, settling this stream's old mappings of `pool` when it asks
+  // (`pending` as for SettleOldMappings).
   core::Block* TakeExpandableBlock(core::BlockPool* pool, StreamId stream, std::size_t size,
                                    PendingStreams* pending, DevicePtr* start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the start of free `block` to its cheapest place: `start` when TakeExpandableBlock found
-  // it (nothing has changed since), else its own search; the bytes before it stay free as their
-  // own block. Returns the block.
+  // Moves the start of free `block` to Placement::StartFor's place; the bytes before it stay
+  // free as their own block. Returns the block.
   core::Block* PlaceOnMappedPages(core::Block* block, std::size_t size, DevicePtr start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves a virtual range for (stream, pool) (the first, or one more: MallocExpandable); its
   // one free block joins the pool.
   absl::Status CreateExpandableSegment(core::BlockPool* pool, StreamId stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Bytes of one virtual range of `pool` (1.125 x the device's memory, page-rounded); SIZE_MAX
-  // before the first range was reserved.
-  std::size_t ExpandableRangeBytes(const core::BlockPool* pool) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Maps every unmapped page under [block->ptr, block->ptr + size): recycled pages first, then new
   // handles. false (OK) when out of memory or refused (growth_refusal_); nothing changed then.
+  // Its steps (ensure_mapped.cc) share one MappingPlan.
   absl::StatusOr<bool> EnsureMapped(core::Block* block, std::size_t size,
                                     const AllocationRequest& request, PendingStreams* pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whole mapped pages strictly inside free blocks of pools with `page_size` (up to `limit`), in
-  // the order they are taken: `also`'s, then the free blocks smallest first; with
-  // recycle_tails_first, each segment's free tail (highest first) before the holes
-  // (expandable-segments.md, "Steady-state churn").
-  // `also` (optional): a free block taken out of the index, whose pages from `also_from` on count.
-  std::vector<std::pair<core::Segment*, std::size_t>> FreeMappedPages(
-      std::size_t page_size, std::size_t limit, const core::Block* also = nullptr,
-      DevicePtr also_from = 0) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct MappingPlan;
+  // Settles old mappings (no wait), then with keep_old_mappings takes back those under the
+  // request whose handle lies free (ReuseOldMappings).
+  absl::Status TakeBackOldMappings(core::Block* block, std::size_t size,
+                                   const AllocationRequest& request, PendingStreams* pending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The runs of unmapped pages in [first_page, last_page] of plan->seg, and their count.
+  static void FindMissingPages(std::size_t first_page, std::size_t last_page, MappingPlan* plan);
+  // Mapped free pages to move under the request (Placement::FreeMappedPages), when growing
+  // instead would take reserved past (1 + recycle_slack) x the peak of allocated memory.
+  std::vector<std::pair<core::Segment*, std::size_t>> RecyclablePages(const core::Block* block,
+                                                                      std::size_t size,
+                                                                      const MappingPlan& plan) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where each recycled handle goes, which are released, and the new handles to create.
+  void PlanMappings(const core::Block* block, std::size_t size,
+                    const std::vector<std::pair<core::Segment*, std::size_t>>& recycled,
+                    MappingPlan* plan) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The memory fraction and the hooks allow the plan's growth (a refusal: growth_refusal_).
+  bool GrowthAllowed(const MappingPlan& plan, const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the streams of the handles to be unmapped from them (not those left as old
+  // mappings).
+  absl::Status WaitForSourceStreams(const MappingPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseUnplacedHandles(const MappingPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // false (OK) when the device is out of memory.
+  absl::StatusOr<bool> CreateHandles(MappingPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the recycled handles from their places: an old mapping (fenced) within the stream,
+  // else unmapped.
+  absl::Status DetachMovedHandles(MappingPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MapAndGrantAccess(MappingPlan* plan, const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Undoes a plan after a failed driver call: every handle it holds that is not mapped and
+  // accessible where planned is released, the books staying exact. Returns `error`.
+  absl::Status AbandonPlan(MappingPlan* plan, absl::Status error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps and releases every whole free page of every expandable segment.
   absl::Status ReleaseExpandablePages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At destruction: old mappings and unreleased handles, then the segments themselves.
+  void ReleaseExpandableAtExit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseExpandableSegmentsAtExit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapPage(core::Segment* segment, std::size_t page, bool release)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Releases `handle` once no old mapping of it remains; one the driver refuses is kept in
-  // unreleased_handles_ and tried again by ReleaseExpandablePages and the destructor.
+  // Releases `handle` once no old mapping of it remains; one the driver refuses is kept
+  // (PageTable::unreleased) and tried again by ReleaseExpandablePages and the destructor.
   absl::Status ReleaseHandle(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReleaseHandle for a handle mapped nowhere in the page tables whose `bytes` are in reserved
   // (`types`) and are to leave it: they do, unless a driver error kept the handle mapped at an
@@ -177,30 +205,24 @@ class DeviceAllocatorImpl {
   // (driver-errors.md, "Two failures").
   absl::Status ReleaseCounted(PhysicalHandle handle, StatType types, std::int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts `handle`, mapped only at the old address of retiring_[index], back in that segment's
-  // page table there (no driver call: it is mapped, with access); its reserved bytes move from
-  // `types` to that segment's pool's.
-  void ReturnHome(std::size_t index, StatType types) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves without a stall (expandable-segments.md): a handle that moves within its stream is
-  // taken out of the page table at once (counts, trace) but stays mapped at its old address until
-  // `fence`, recorded on the stream at the move, has completed. RetireMapping starts that for the
-  // handle at `page`; RetireMappings unmaps those whose fence completed (all of them, after
-  // waiting, when `wait`); ClearRetiring unmaps the entries `which` selects, waiting for their
-  // fence if need be (before something is mapped over an old address, or before a handle is
-  // released); UnmapRetired unmaps entry `index` and returns its fence to the pool when no other
-  // entry shares it.
-  absl::Status RetireMapping(core::Segment* segment, std::size_t page, EventId fence)
+  // Old mappings (expandable-segments.md, "Moves without a stall"): a handle that moves within
+  // its stream is taken out of the page table at once (counts, trace) but stays mapped at its
+  // old address until `fence`, recorded on the stream at the move, has completed.
+  // LeaveOldMapping starts that for the handle at `page`.
+  absl::Status LeaveOldMapping(core::Segment* segment, std::size_t page, EventId fence)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status UnmapRetired(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `only`: that segment's entries alone (nullptr: all). `pending` (optional, not waiting): streams
-  // already found pending, extended by this call.
-  absl::Status RetireMappings(bool wait, const core::Segment* only = nullptr,
-                              PendingStreams* pending = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct RetiringMapping;
-  // Erases retiring_[index]; its fence goes back to the pool when no other entry shares it.
-  void ForgetRetiring(std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Entries of retiring_ whose fence has not been seen complete (fence != 0).
-  std::size_t RetiringInUse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts the handle of old mapping `index`, mapped only there, back in that segment's page
+  // table (no driver call: it is mapped, with access); its reserved bytes move from `types` to
+  // that segment's pool's.
+  void ReturnHome(std::size_t index, StatType types) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OldMappings::Settle, unless none exists or a capture is under way. `only`: that segment's
+  // entries alone (nullptr: all); `pending` (optional, not waiting): streams already found
+  // pending, extended by this call.
+  absl::Status SettleOldMappings(bool wait, const core::Segment* only = nullptr,
+                                 PendingStreams* pending = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ClearOldMappings(absl::FunctionRef<bool(const core::OldMapping&)> which)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // keep_old_mappings: the old mappings wholly under [block->ptr, block->ptr + size) whose handle
   // now lies free (whole, inside a free block of the same stream; `block`'s own pages past the
   // request count) are taken back: the handle's page-table entry returns to the old address,
@@ -210,39 +232,13 @@ class DeviceAllocatorImpl {
   absl::Status ReuseOldMappings(core::Block* block, std::size_t size,
                                 const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ClearRetiring(absl::FunctionRef<bool(const RetiringMapping&)> which)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CheckInvariants' part for expandable segments: Segment::use against the blocks, old-mapping
-  // flags and handles against retiring_, handle_home_ against the page tables.
-  absl::Status CheckPageTables() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What mapping page i of `seg` costs a placement (expandable.cc, kRetiringPageCost): the two
-  // common answers (mapped; unmapped with no old mapping) in PageCost, which the placement
-  // templates inline, the old-mapping cases in OldMappingPageCost.
-  // `within`: the free block being placed in (a page there whose old mapping's handle is mapped
-  // in that same block is not counted as reusable: ReuseOldMappings leaves a handle whose home
-  // lies under the request where it is, so such a page is mapped over).
-  std::size_t PageCost(const core::Segment* seg, std::size_t i, bool* retiring,
-                       const core::Block* within) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::size_t OldMappingPageCost(const core::Segment* seg, std::size_t i, bool* retiring,
-                                 const core::Block* within) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The old mapping at `page` holds a handle that could go back there now: it is mapped in a
-  // segment of the same stream, all of its pages there free (Segment::use), not inside free
-  // block `within` when given, and no capture is under way (keep_old_mappings).
-  bool OldMappingReusable(const core::Segment* seg, std::size_t page,
-                          const core::Block* within = nullptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `delta` to Segment::use of each page under an expandable block (allocated: +1; its free
-  // completes: -1).
-  static void CountUse(const core::Block* block, std::int32_t delta) {
-    core::Segment* seg = block->segment;
-    const std::size_t last = seg->PageOf(block->ptr + block->size - 1);
-    for (std::size_t i = seg->PageOf(block->ptr); i <= last; ++i) {
-      seg->use[i] = static_cast<std::uint32_t>(static_cast<std::int64_t>(seg->use[i]) + delta);
-    }
+  // Where the parts hand back fences they no longer need: the event pool.
+  auto GiveBackFence() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return [this](EventId e) ABSL_NO_THREAD_SAFETY_ANALYSIS { spare_events_.push_back(e); };
   }
-  // Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
-  static std::size_t MappedRun(const core::Block* block);
+  static void CountUse(const core::Block* block, std::int32_t delta) {
+    core::PageTable::CountUse(block, delta);
+  }
   std::array<core::BlockPool*, 4> AllPools() {
     return {&small_pool_, &large_pool_, &exp_small_pool_, &exp_large_pool_};
   }
@@ -308,8 +304,6 @@ class DeviceAllocatorImpl {
   absl::StatusOr<EventId> GetEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OutOfMemory(const AllocationRequest& request, std::size_t alloc_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::size_t LargestFreeBlock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::int64_t CountHoles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (spare_blocks_.empty()) return new core::Block();
     core::Block* b = spare_blocks_.back();
@@ -333,38 +327,14 @@ class DeviceAllocatorImpl {
   core::BlockPool large_pool_ ABSL_GUARDED_BY(mu_){false};
   core::BlockPool exp_small_pool_ ABSL_GUARDED_BY(mu_){true, true, 2 * kMiB};
   core::BlockPool exp_large_pool_ ABSL_GUARDED_BY(mu_){false, true, options_.expandable_page_size};
-  // Expandable segments (virtual ranges): one per (stream, pool), and a further one for that
-  // (stream, pool) when a request fits none of its ranges' free blocks (as torch's
-  // find_expandable_block: a range whose middle holds a live block may have no free run long
-  // enough while the device has the memory). A handful: scanned, not indexed.
-  std::vector<std::unique_ptr<core::Segment>> exp_segments_ ABSL_GUARDED_BY(mu_);
-  std::size_t device_total_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cudaMemGetInfo's total, once asked
-  std::int64_t page_moves_ ABSL_GUARDED_BY(mu_) = 0;
-  std::int64_t reused_old_mappings_ ABSL_GUARDED_BY(mu_) = 0;  // moves with no driver call
-  // Where each mapped handle of an expandable segment is: {segment, first page}.
-  absl::flat_hash_map<PhysicalHandle, std::pair<core::Segment*, std::size_t>> handle_home_
-      ABSL_GUARDED_BY(mu_);
-  // keep_old_mappings and no capture under way, for the allocation in progress (MallocExpandable).
-  bool reuse_old_mappings_now_ ABSL_GUARDED_BY(mu_) = false;
-  // Handles moved within their stream, still mapped at the old address until `fence` completes.
-  struct RetiringMapping {
-    core::Segment* segment;
-    std::size_t first_page;
-    std::size_t pages;
-    PhysicalHandle handle;  // now mapped elsewhere too; released only after this entry is gone
-    EventId fence;          // 0 once seen complete (kept: keep_old_mappings)
-  };
-  std::vector<RetiringMapping> retiring_ ABSL_GUARDED_BY(mu_);
-  // Unmapped handles a driver error left unreleased (ReleaseHandle).
-  std::vector<PhysicalHandle> unreleased_handles_ ABSL_GUARDED_BY(mu_);
-  // Set when a mapping without access could be neither unmapped nor given access (three driver
-  // failures in a row): no expandable allocation is served after it, since one could land on
-  // that page (driver-errors.md, "Two failures"), until the unmaps of all such mappings
-  // succeed (empty_cache unmaps them: they lie in free blocks). The mappings: {segment, first
-  // page}.
-  absl::Status inaccessible_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::pair<const core::Segment*, std::size_t>> inaccessible_pages_
-      ABSL_GUARDED_BY(mu_);
+  // Expandable segments: their page tables, the old mappings of moved handles, and the
+  // placement that reads both (declared after the pools it reads).
+  core::PageTable page_table_ ABSL_GUARDED_BY(mu_);
+  core::OldMappings old_mappings_ ABSL_GUARDED_BY(mu_);
+  core::Placement placement_ ABSL_GUARDED_BY(mu_){&page_table_,
+                                                  &old_mappings_,
+                                                  {&exp_small_pool_, &exp_large_pool_},
+                                                  options_.recycle_tails_first};
   // Plain (cudaMalloc'd) segments by address.
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.

@@ -1,5 +1,6 @@
-// The read side of one device's allocator: stats copies, snapshots, the out-of-memory report
-// and invariant checks, plus the public DeviceAllocator facade. Locking: docs/design/locking.md.
+// The read side of one device's allocator: stats copies, the out-of-memory report, the core view
+// the ledger's reports read (core_view.h), and invariant checks composed from the parts' own;
+// plus the public DeviceAllocator facade. Locking: docs/design/locking.md.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/core_view.h"
 #include "core/device_allocator_impl.h"
 
 namespace vramledger {
@@ -16,24 +18,24 @@ using core::Block;
 using core::BlockPool;
 using core::Segment;
 
-std::size_t DeviceAllocatorImpl::LargestFreeBlock() const {
+namespace core {
+
+std::size_t LargestFreeBlock(const std::array<const BlockPool*, 4>& pools) {
   // Largest blocks first (the index is ordered by stream, then size): a block no larger than
   // the best run so far cannot hold a larger one, so its pages are not walked (MappedRun walks
   // an expandable block page by page; the replay of a step-marked trace asks after every event).
   std::size_t largest = 0;
-  for (const BlockPool* pool : AllPools()) {
+  for (const BlockPool* pool : pools) {
     for (auto it = pool->blocks.rbegin(); it != pool->blocks.rend(); ++it) {
-      if ((*it)->size > largest) largest = std::max(largest, MappedRun(*it));
+      if ((*it)->size > largest) largest = std::max(largest, Placement::MappedRun(*it));
     }
   }
   return largest;
 }
 
-std::int64_t DeviceAllocatorImpl::CountHoles() const {
-  // A hole: a free block with live neighbours, inside a segment that also holds live blocks
-  // (for expandable segments: not the free tail after the last live block).
+std::int64_t CountHoles(const std::array<const BlockPool*, 4>& pools) {
   std::int64_t holes = 0;
-  for (const BlockPool* pool : AllPools()) {
+  for (const BlockPool* pool : pools) {
     for (const Block* b : pool->blocks) {
       holes += pool->expandable ? (b->prev != nullptr && b->next != nullptr) : b->is_split();
     }
@@ -41,52 +43,7 @@ std::int64_t DeviceAllocatorImpl::CountHoles() const {
   return holes;
 }
 
-Fragmentation DeviceAllocatorImpl::GetFragmentation(StreamId current_stream) const {
-  core::DeviceMutexLock lock(&mu_);
-  Fragmentation f;
-  f.utilization = stats_.utilization();
-  const auto& reserved = stats_.reserved_bytes;
-  const auto& allocated = stats_.allocated_bytes;
-  f.wasted_bytes = reserved.current(kAggregate) - allocated.current(kAggregate);
-  f.wasted_bytes_at_peak = reserved.peak(kAggregate) - allocated.peak(kAggregate);
-  f.free_bytes = reserved.current(kAggregate) - stats_.active_bytes.current(kAggregate);
-  f.largest_free_block = static_cast<std::int64_t>(LargestFreeBlock());
-  f.free_space_fragmentation =
-      f.free_bytes > 0 ? 1.0 - static_cast<double>(f.largest_free_block) / f.free_bytes : 0.0;
-  f.holes = CountHoles();
-  // FreeMappedPages lists each whole free handle once, by its first page, across every pool of
-  // that page size: pages, not handles, are counted (expandable_handle_mb puts several pages in
-  // a handle; a breaker's finding), and one page size is listed once.
-  for (const BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
-    if (pool == &exp_large_pool_ && exp_small_pool_.page_size == exp_large_pool_.page_size) break;
-    for (const auto& [segment, first] : FreeMappedPages(pool->page_size, SIZE_MAX)) {
-      f.mapped_free_pages += static_cast<std::int64_t>(segment->HandleEnd(first) - first);
-    }
-  }
-  for (const RetiringMapping& r : retiring_) {
-    f.retiring_bytes += static_cast<std::int64_t>(r.pages * r.segment->page_size);
-  }
-  for (const BlockPool* pool : AllPools()) {
-    for (const Block* b : pool->blocks) {
-      if (b->stream == current_stream) continue;
-      const Segment* seg = b->segment;
-      if (!seg->expandable) {
-        f.other_stream_cached_bytes += static_cast<std::int64_t>(b->size);
-        continue;
-      }
-      const std::size_t last = std::min(seg->PageOf(b->ptr + b->size - 1) + 1, seg->page_limit);
-      for (std::size_t i = seg->PageOf(b->ptr); i < last; ++i) {
-        if (seg->pages[i] == 0) continue;
-        const DevicePtr lo = std::max(b->ptr, seg->PageAddress(i));
-        const DevicePtr hi = std::min(b->ptr + b->size, seg->PageAddress(i) + seg->page_size);
-        f.other_stream_cached_bytes += static_cast<std::int64_t>(hi - lo);
-      }
-    }
-  }
-  f.page_moves = page_moves_;
-  f.reused_old_mappings = reused_old_mappings_;
-  return f;
-}
+}  // namespace core
 
 namespace {
 
@@ -122,9 +79,10 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
   o.allowed = fraction_set_ ? allowed_bytes_ : 0;
   o.allocated = static_cast<std::size_t>(stats_.allocated_bytes.current(kAggregate));
   o.reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
-  o.largest_free_block = LargestFreeBlock();
-  o.holes = CountHoles();
-  // torch 2.11's text (PYTORCH-FACTS §2 "OOM"), with vramledger's own figures appended.
+  o.largest_free_block = core::LargestFreeBlock(std::as_const(*this).AllPools());
+  o.holes = core::CountHoles(std::as_const(*this).AllPools());
+  // torch 2.11's out-of-memory text (its CUDACachingAllocator), with vramledger's own figures
+  // appended.
   o.message = absl::StrCat(
       "CUDA out of memory. Tried to allocate ", FormatSize(alloc_size), ". GPU ", o.device,
       " has a total capacity of ", FormatSize(total_bytes), " of which ", FormatSize(free_bytes),
@@ -147,7 +105,7 @@ absl::Status DeviceAllocatorImpl::OutOfMemory(const AllocationRequest& request,
 DeviceStats DeviceAllocatorImpl::GetStats() const {
   core::DeviceMutexLock lock(&mu_);
   DeviceStats copy = stats_.ToDeviceStats();
-  copy.largest_free_block_bytes = static_cast<std::int64_t>(LargestFreeBlock());
+  copy.largest_free_block_bytes = static_cast<std::int64_t>(core::LargestFreeBlock(AllPools()));
   return copy;
 }
 
@@ -166,105 +124,21 @@ OutOfMemoryInfo DeviceAllocatorImpl::last_oom() const {
   return last_oom_;
 }
 
-namespace {
-
-// Physical handles mapped over pages [first, end) of an expandable segment: one per run of
-// pages carrying the same handle (a handle of expandable_handle_mb spans several pages); the
-// unmapped pages under a free block count none.
-std::size_t HandlesIn(const core::Segment* seg, std::size_t first, std::size_t end) {
-  std::size_t n = 0;
-  for (std::size_t k = first; k < end && k < seg->page_limit; ++k) {
-    if (seg->pages[k] != 0 && (k == first || seg->pages[k] != seg->pages[k - 1])) ++n;
-  }
-  return n;
-}
-
-BlockInfo DescribeBlock(const Block* b, DevicePtr lo, DevicePtr hi) {
-  BlockInfo bi;
-  bi.address = lo;
-  bi.size = hi - lo;
-  if (b->allocated) {
-    bi.state = "active_allocated";
-  } else if (b->event_count > 0) {
-    bi.state = "active_pending_free";
-  } else {
-    bi.state = "inactive";
-  }
-  const bool live = !b->is_free();
-  bi.requested_size = live ? b->requested_size : 0;
-  bi.tag = live ? b->tag : 0;
-  bi.context = live ? b->context : 0;
-  const core::Segment* seg = b->segment;
-  bi.handles = seg->expandable ? HandlesIn(seg, seg->PageOf(lo), seg->PageOf(hi - 1) + 1) : 1;
-  return bi;
-}
-
-void AddBlock(SegmentInfo& info, const Block* b, const BlockInfo& bi) {
-  if (b->allocated) info.allocated_size += bi.size;
-  if (!b->is_free()) {
-    info.active_size += bi.size;
-    info.requested_size += bi.requested_size;
-  }
-  info.blocks.push_back(bi);
-}
-
-}  // namespace
-
-std::vector<SegmentInfo> DeviceAllocatorImpl::Snapshot() const {
+void DeviceAllocatorImpl::Read(absl::FunctionRef<void(const core::CoreView&)> reader) const {
   core::DeviceMutexLock lock(&mu_);
-  // Private pools own plain segments only (PrivatePool), so only those need a pool id.
-  absl::flat_hash_map<const core::BlockPool*, MempoolId> owner;
+  core::CoreView view;
+  view.device = device_;
+  view.stats = &stats_;
+  view.plain_segments = &segments_;
   for (const auto& [id, pool] : private_pools_) {
-    owner[&pool->small] = id;
-    owner[&pool->large] = id;
+    view.private_pools.emplace_back(&pool->small, id);
+    view.private_pools.emplace_back(&pool->large, id);
   }
-  std::vector<SegmentInfo> out;
-  out.reserve(segments_.size());
-  for (const auto& [ptr, segment] : segments_) {
-    SegmentInfo info;
-    info.device = backend_->device();
-    info.address = ptr;
-    info.total_size = segment->size;
-    info.stream = segment->stream;
-    info.is_small = segment->pool->is_small;
-    if (auto it = owner.find(segment->pool); it != owner.end()) info.pool_id = it->second;
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      AddBlock(info, b, DescribeBlock(b, b->ptr, b->ptr + b->size));
-    }
-    out.push_back(std::move(info));
-  }
-  // Expandable segments: one SegmentInfo per contiguous mapped range, blocks clipped to it.
-  for (const auto& seg : exp_segments_) {
-    const Block* b = seg->head;
-    std::size_t i = 0;
-    while (i < seg->page_limit) {
-      if (seg->pages[i] == 0) {
-        ++i;
-        continue;
-      }
-      std::size_t j = i;
-      while (j < seg->page_limit && seg->pages[j] != 0) ++j;
-      SegmentInfo info;
-      info.device = backend_->device();
-      info.address = seg->PageAddress(i);
-      info.total_size = (j - i) * seg->page_size;
-      info.stream = seg->stream;
-      info.is_small = seg->pool->is_small;
-      info.is_expandable = true;
-      info.handles = HandlesIn(seg.get(), i, j);
-      const DevicePtr lo = info.address;
-      const DevicePtr hi = lo + info.total_size;
-      while (b != nullptr && b->ptr + b->size <= lo) b = b->next;
-      for (const Block* c = b; c != nullptr && c->ptr < hi; c = c->next) {
-        AddBlock(info, c, DescribeBlock(c, std::max(c->ptr, lo), std::min(c->ptr + c->size, hi)));
-      }
-      out.push_back(std::move(info));
-      i = j;
-    }
-  }
-  std::sort(out.begin(), out.end(),
-            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
-  return out;
+  view.pools = AllPools();
+  view.page_table = &page_table_;
+  view.old_mappings = &old_mappings_;
+  view.placement = &placement_;
+  reader(view);
 }
 
 // counts: [allocated, active, requested, n_alloc, n_active, n_split, split_bytes, n_free]
@@ -329,7 +203,7 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
     if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->size);
   }
-  for (const auto& segment : exp_segments_) {
+  for (const auto& segment : page_table_.segments()) {
     if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->mapped_pages * segment->page_size);
   }
@@ -382,56 +256,8 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   }
   if (!(allocated <= active && active <= reserved))
     return fail("allocated <= active <= reserved broken");
-  return CheckPageTables();
-}
-
-absl::Status DeviceAllocatorImpl::CheckPageTables() const {
-  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
-  std::size_t handles = 0;
-  std::size_t old_pages = 0;
-  for (const auto& seg : exp_segments_) {
-    // Segment::use: the blocks not in the free index touching each page.
-    std::vector<std::uint32_t> use(seg->pages.size(), 0);
-    for (const Block* b = seg->head; b != nullptr; b = b->next) {
-      if (b->pool->blocks.contains(const_cast<Block*>(b))) continue;
-      for (std::size_t i = seg->PageOf(b->ptr); i <= seg->PageOf(b->ptr + b->size - 1); ++i) {
-        ++use[i];
-      }
-    }
-    for (std::size_t i = 0; i < use.size(); ++i) {
-      if (use[i] != seg->use[i]) {
-        return fail("page ", i, " of the segment at 0x", absl::Hex(seg->ptr), " is used by ",
-                    use[i], " blocks but counted ", seg->use[i]);
-      }
-    }
-    for (std::size_t i = 0; i < seg->page_limit; ++i) {
-      if (seg->old_handle[i] != 0) ++old_pages;
-      if ((seg->old_handle[i] != 0) != (seg->retiring[i] != 0)) {
-        return fail("page ", i, ": old-mapping flag and handle disagree");
-      }
-      const PhysicalHandle h = seg->pages[i];
-      if (h == 0 || (i > 0 && seg->pages[i - 1] == h)) continue;
-      ++handles;
-      const auto home = handle_home_.find(h);
-      if (home == handle_home_.end() || home->second.first != seg.get() ||
-          home->second.second != i) {
-        return fail("handle mapped at page ", i, " has no or another home");
-      }
-    }
-  }
-  if (handles != handle_home_.size()) {
-    return fail(handle_home_.size(), " homes for ", handles, " mapped handles");
-  }
-  std::size_t entry_pages = 0;
-  for (const RetiringMapping& r : retiring_) {
-    entry_pages += r.pages;
-    for (std::size_t i = r.first_page; i < r.first_page + r.pages; ++i) {
-      if (r.segment->old_handle[i] != r.handle) return fail("old mapping at page ", i, " lost");
-    }
-  }
-  if (entry_pages != old_pages)
-    return fail(old_pages, " old-mapping pages, ", entry_pages, " listed");
-  return absl::OkStatus();
+  if (absl::Status s = page_table_.CheckInvariants(); !s.ok()) return s;
+  return old_mappings_.CheckInvariants(page_table_);
 }
 
 // ---- Public facade ----
@@ -482,14 +308,13 @@ absl::Status DeviceAllocator::SetMemoryFraction(double fraction) {
 DeviceStats DeviceAllocator::GetStats() const { return impl_->GetStats(); }
 void DeviceAllocator::ResetPeakStats() { impl_->ResetPeakStats(); }
 void DeviceAllocator::ResetAccumulatedStats() { impl_->ResetAccumulatedStats(); }
-std::vector<SegmentInfo> DeviceAllocator::Snapshot() const { return impl_->Snapshot(); }
+void DeviceAllocator::Read(absl::FunctionRef<void(const core::CoreView&)> reader) const {
+  impl_->Read(reader);
+}
 OutOfMemoryInfo DeviceAllocator::last_oom() const { return impl_->last_oom(); }
 absl::Status DeviceAllocator::CheckInvariants() const { return impl_->CheckInvariants(); }
 const Options& DeviceAllocator::options() const { return impl_->options(); }
 DeviceBackend* DeviceAllocator::backend() const { return impl_->backend(); }
 void DeviceAllocator::SetHooks(AllocatorHooks* hooks) { impl_->SetHooks(hooks); }
-Fragmentation DeviceAllocator::GetFragmentation(StreamId current_stream) const {
-  return impl_->GetFragmentation(current_stream);
-}
 
 }  // namespace vramledger

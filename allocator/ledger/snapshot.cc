@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "ledger/atomic_file.h"
+#include "ledger/device_report.h"
 #include "vramledger/stats.h"
 
 #ifndef VRAMLEDGER_VERSION
@@ -45,7 +46,7 @@ Capture Take(const std::vector<const DeviceAllocator*>& allocators, History* his
     DeviceCapture d;
     d.allocator = a;
     d.device = a->backend()->device();
-    d.segments = a->Snapshot();
+    d.segments = SegmentsOf(*a);
     d.stats = a->GetStats();
     max_device = std::max(max_device, d.device);
     if (history != nullptr && record_snapshot_entry) {
@@ -106,7 +107,7 @@ Json SegmentJson(const SegmentInfo& s, const History* history, FrameCache& frame
   j["segment_type"] = s.is_small ? "small" : "large";
   j["segment_pool_id"] = Json::array({s.pool_id.first, s.pool_id.second});
   j["is_expandable"] = s.is_expandable;
-  j["handles"] = s.handles;  // vramledger's: physical handles backing the segment (issue 3)
+  j["handles"] = s.handles;  // vramledger's: physical handles backing the segment
   j["frames"] =
       history != nullptr ? frames.Get(history->SegmentStack(s.device, s.address)) : Json::array();
   Json blocks = Json::array();
@@ -117,7 +118,7 @@ Json SegmentJson(const SegmentInfo& s, const History* history, FrameCache& frame
     block["requested_size"] = b.requested_size;
     block["state"] = b.state;
     block["frames"] = frames.Get(b.context);
-    block["handles"] = b.handles;  // vramledger's: physical handles under the block (issue 3)
+    block["handles"] = b.handles;  // vramledger's: physical handles under the block
     blocks.push_back(std::move(block));
   }
   j["blocks"] = std::move(blocks);

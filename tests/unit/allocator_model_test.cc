@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/size_policy.h"
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -118,7 +119,7 @@ TEST(AllocatorModel, RandomSequencesKeepStatsAndNoOverlap) {
       // at least its rounded size, and the block sums are the stats.
       std::map<DevicePtr, BlockInfo> blocks;
       std::int64_t snap_allocated = 0, snap_requested = 0;
-      for (const SegmentInfo& seg : alloc.Snapshot()) {
+      for (const SegmentInfo& seg : SegmentsOf(alloc)) {
         for (const BlockInfo& b : seg.blocks) {
           if (std::string_view(b.state) == "active_allocated") {
             blocks[b.address] = b;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -90,7 +91,7 @@ TEST(ContiguousScopeDepthTest, AllocationsInsideComeFromAPlainSingleHandleSegmen
   absl::StatusOr<DevicePtr> after = alloc.Malloc(6 * kMiB, 0);
   ASSERT_TRUE(after.ok()) << after.status();
 
-  const std::vector<SegmentInfo> segments = alloc.Snapshot();
+  const std::vector<SegmentInfo> segments = SegmentsOf(alloc);
   const SegmentInfo* in = SegmentOf(segments, *inside);
   const SegmentInfo* out = SegmentOf(segments, *outside);
   const SegmentInfo* late = SegmentOf(segments, *after);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 
 namespace vramledger {
 namespace {
@@ -149,7 +150,7 @@ TEST_F(AllocatorTest, SplitThenCoalesceRestoresOneFreeBlock) {
   EXPECT_EQ(s.inactive_split[kAggregate].current, 0);
   EXPECT_EQ(s.inactive_split_bytes[kAggregate].current, 0);
   EXPECT_EQ(s.largest_free_block_bytes, static_cast<std::int64_t>(20 * kMiB));
-  auto snap = alloc_->Snapshot();
+  auto snap = SegmentsOf(*alloc_);
   ASSERT_EQ(snap.size(), 1u);
   ASSERT_EQ(snap[0].blocks.size(), 1u);
   EXPECT_STREQ(snap[0].blocks[0].state, "inactive");
@@ -171,7 +172,7 @@ TEST_F(AllocatorTest, StreamsNeverShareCachedBlocks) {
   EXPECT_EQ(alloc_->GetStats().segment[kAggregate].current, 2);
   DevicePtr c = Alloc(4096, kStream);
   EXPECT_EQ(c, a);  // reused at once by its own stream
-  auto snap = alloc_->Snapshot();
+  auto snap = SegmentsOf(*alloc_);
   for (const auto& seg : snap) {
     for (const auto& blk : seg.blocks) {
       if (blk.address == b) {
@@ -191,7 +192,7 @@ TEST_F(AllocatorTest, RecordStreamDefersReuseUntilEventCompletes) {
   DeviceStats s = alloc_->GetStats();
   EXPECT_EQ(s.allocated_bytes[kAggregate].current, 0);
   EXPECT_EQ(s.active_bytes[kAggregate].current, static_cast<std::int64_t>(8 * kMiB));
-  auto snap = alloc_->Snapshot();
+  auto snap = SegmentsOf(*alloc_);
   ASSERT_EQ(snap.size(), 1u);
   EXPECT_STREQ(snap[0].blocks[0].state, "active_pending_free");
   DevicePtr b = Alloc(8 * kMiB);  // event not complete: must not reuse a
@@ -415,7 +416,7 @@ TEST_F(AllocatorTest, ALargeSegmentSizeUnderTheRequestStillHoldsIt) {
   EXPECT_EQ(Reserved(), 8 * kMiB);
   const DevicePtr r = Alloc(kMiB + 1);  // large_segment_size itself when it is enough
   EXPECT_EQ(Reserved(), 10 * kMiB);
-  const std::vector<SegmentInfo> segments = alloc_->Snapshot();
+  const std::vector<SegmentInfo> segments = SegmentsOf(*alloc_);
   for (const SegmentInfo& s : segments) {
     std::size_t sum = 0;
     for (const BlockInfo& b : s.blocks) sum += b.size;
@@ -426,7 +427,7 @@ TEST_F(AllocatorTest, ALargeSegmentSizeUnderTheRequestStillHoldsIt) {
       return x >= s.address && x + size <= s.address + s.total_size;
     })) << "a block outside every segment";
   }
-  const Fragmentation f = alloc_->GetFragmentation();
+  const Fragmentation f = FragmentationOf(*alloc_);
   EXPECT_GE(f.largest_free_block, 0);
   EXPECT_LE(f.free_space_fragmentation, 1.0);
   Free(p);

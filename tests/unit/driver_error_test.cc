@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "ledger/device_report.h"
 #include "sim_allocator_fixture.h"
 #include "sim_forwarding_backend.h"
 
@@ -75,7 +76,7 @@ class ChurnTest : public SimAllocatorTest {
         break;
       }
       std::size_t plain = 0;
-      for (const auto& seg : alloc_->Snapshot()) plain += seg.is_expandable ? 0 : seg.total_size;
+      for (const auto& seg : SegmentsOf(*alloc_)) plain += seg.is_expandable ? 0 : seg.total_size;
       if (static_cast<std::size_t>(Reserved()) !=
           sim_->mapped_bytes() - sim_->aliased_bytes() + plain) {
         ADD_FAILURE() << "op " << op << ": reserved " << Reserved() << " != mapped "
@@ -131,8 +132,8 @@ TEST_P(DriverErrorTest, BooksStayExactAndNothingLeaks) {
 
 // Several failures in a row (driver-errors.md, "Two failures"): a failed cuMemSetAccess whose
 // clean-up unmap fails too left a live block on a page without access; a moved handle whose old
-// mapping could not be cleared left reserved a page under the mapped bytes (a breaking helper's
-// findings). Failures of random kinds, one armed every 20 operations.
+// mapping could not be cleared left reserved a page under the mapped bytes. Failures of random
+// kinds, one armed every 20 operations.
 class RepeatedDriverErrorTest : public ChurnTest,
                                 public ::testing::WithParamInterface<std::string> {};
 
@@ -249,7 +250,7 @@ TEST_F(FlakyDriverTest, AccessThenUnmapFailingLeavesNoPageWithoutAccessInUse) {
 }
 
 // Two mappings of one request both left without access: the refusal lasts until both are
-// unmapped, not only the first (a reviewer's finding).
+// unmapped, not only the first.
 TEST_F(FlakyDriverTest, EveryMappingWithoutAccessIsRemembered) {
   MakeFlaky();
   DeviceAllocator* alloc = flaky_alloc_.get();
@@ -274,8 +275,8 @@ TEST_F(FlakyDriverTest, EveryMappingWithoutAccessIsRemembered) {
 }
 
 // A handle the driver will not release does not stop empty_cache from unmapping the free pages
-// (a page without access among them): expandable allocations are served again (a reviewer's
-// finding: empty_cache returned at the stuck handle, refusing them for good).
+// (a page without access among them): expandable allocations are served again (an empty_cache
+// that returned at the stuck handle would refuse them for good).
 TEST_F(FlakyDriverTest, AStuckReleaseDoesNotKeepTheFreePagesMapped) {
   MakeFlaky();
   DeviceAllocator* alloc = flaky_alloc_.get();

@@ -1,5 +1,5 @@
 // Expandable segments on SimBackend: whole-page mapping, page recycling, empty_cache, the
-// issue's scenarios with exact figures, handles per block, contiguous_segments(), and a
+// design's scenarios with exact figures, handles per block, contiguous_segments(), and a
 // randomized run checking that no live block ever sits on an unmapped page.
 #include <algorithm>
 #include <cmath>
@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "ledger/device_report.h"
 #include "sim_allocator_fixture.h"
 
 namespace vramledger {
@@ -37,8 +38,8 @@ TEST_F(ExpandableTest, MapsWholePagesAndFollowsTorchStats) {
 }
 
 // A live block in the middle of a stream's range can leave no free run long enough while the
-// card has the memory: a further range is reserved, as torch's find_expandable_block does (a
-// breaking helper's finding: this was an out-of-memory error with 922 MiB of a 1 GiB card free).
+// card has the memory: a further range is reserved, as torch's find_expandable_block does (not
+// an out-of-memory error with 922 MiB of a 1 GiB card free).
 TEST_F(ExpandableTest, AFragmentedRangeGetsAnotherRangeNotAnOutOfMemoryError) {
   Make("expandable_segments:True,expandable_page_mb:2", 1 * kGiB);  // ranges of 1.125 GiB
   const DevicePtr a = Alloc(450 * kMiB);
@@ -70,7 +71,7 @@ TEST_F(ExpandableTest, AFragmentedRangeGetsAnotherRangeNotAnOutOfMemoryError) {
 }
 
 // With a second range, the snapshot shows both ranges' mapped bytes, and recycling moves the
-// first range's cached pages to the second instead of going past the card (a reviewer's tests).
+// first range's cached pages to the second instead of going past the card.
 TEST_F(ExpandableTest, ASecondRangeIsInTheSnapshotAndRecyclesTheFirstRangesPages) {
   Make("expandable_segments:True,expandable_page_mb:2", 1 * kGiB);
   const DevicePtr a = Alloc(450 * kMiB);
@@ -82,7 +83,7 @@ TEST_F(ExpandableTest, ASecondRangeIsInTheSnapshotAndRecyclesTheFirstRangesPages
   EXPECT_EQ(Calls(DriverCall::kAddressReserve), 2);
   EXPECT_LE(Reserved(), static_cast<std::int64_t>(1 * kGiB));
   std::size_t total = 0;
-  for (const auto& seg : alloc_->Snapshot()) total += seg.total_size;
+  for (const auto& seg : SegmentsOf(*alloc_)) total += seg.total_size;
   EXPECT_EQ(total, static_cast<std::size_t>(Reserved()));
   Free(b);
   Free(d);
@@ -184,7 +185,7 @@ TEST_F(ExpandableTest, RecyclesFreePagesBeforeCreatingNewOnes) {
   DevicePtr big = Alloc(10 * kMiB);  // does not fit the hole: 5 pages at the tail
   EXPECT_EQ(big, b + 8 * kMiB);
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate) - creates, 1);  // 4 moved, 1 created
-  EXPECT_EQ(alloc_->GetFragmentation().page_moves, 4);
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 4);
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(26 * kMiB));  // not 34 MiB
   EXPECT_EQ(Allocated(), static_cast<std::int64_t>(26 * kMiB));
 }
@@ -217,10 +218,10 @@ TEST_F(ExpandableTest, RecyclingTakesHolesFirstOrTailsFirst) {
     const DevicePtr x = Alloc(4 * kMiB);
     EXPECT_EQ(x, h1);
     EXPECT_EQ(Calls(DriverCall::kMemCreate) - creates, 0);
-    EXPECT_EQ(alloc_->GetFragmentation().page_moves, 2);
+    EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 2);
     using Ranges = std::vector<std::pair<std::int64_t, std::size_t>>;  // MiB: start, size
     Ranges stream0, stream1;
-    for (const SegmentInfo& seg : alloc_->Snapshot()) {
+    for (const SegmentInfo& seg : SegmentsOf(*alloc_)) {
       const DevicePtr base = seg.stream == 0 ? a : u;
       (seg.stream == 0 ? stream0 : stream1)
           .emplace_back(static_cast<std::int64_t>(seg.address - base) / std::int64_t{kMiB},
@@ -251,7 +252,7 @@ TEST_F(ExpandableTest, MovesWithinAStreamDoNotWait) {
   const DriverCallLedger& calls = sim_->calls();
   DevicePtr big = Alloc(10 * kMiB);  // 4 pages move from the hole, 1 is created
   EXPECT_EQ(big, b + 8 * kMiB);
-  EXPECT_EQ(alloc_->GetFragmentation().page_moves, 4);
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 4);
   EXPECT_EQ(calls.count(DriverCall::kStreamSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kMemUnmap), 0);
@@ -288,7 +289,7 @@ TEST_F(ExpandableTest, OldMappingsAreKeptAndTakenBackWithoutDriverCalls) {
   ASSERT_EQ(big, b + 8 * kMiB);
   DevicePtr after = Alloc(2 * kMiB);  // page 16's free half and one new page
   ASSERT_EQ(after, big + 10 * kMiB);
-  EXPECT_EQ(alloc_->GetFragmentation().page_moves, 4);
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 4);
   EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
   sim_->CompleteStream(0);
   // `big` goes. 4 MiB: the hole is the best fit, and its pages cost what mapped ones do (old
@@ -305,7 +306,7 @@ TEST_F(ExpandableTest, OldMappingsAreKeptAndTakenBackWithoutDriverCalls) {
   EXPECT_EQ(calls.count(DriverCall::kMemCreate), creates);
   EXPECT_EQ(calls.count(DriverCall::kMemUnmap), 0);  // the work there finished: kept anyway
   EXPECT_EQ(calls.count(DriverCall::kEventRecord) - records, 1);
-  Fragmentation f = alloc_->GetFragmentation();
+  Fragmentation f = FragmentationOf(*alloc_);
   EXPECT_EQ(f.page_moves, 6);
   EXPECT_EQ(f.reused_old_mappings, 2);
   EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));  // pages 6, 7, 12, 13
@@ -323,7 +324,7 @@ TEST_F(ExpandableTest, OldMappingsAreKeptAndTakenBackWithoutDriverCalls) {
   EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kStreamSynchronize), 0);
   EXPECT_EQ(Reserved() - reserved, static_cast<std::int64_t>(2 * kMiB));
-  f = alloc_->GetFragmentation();
+  f = FragmentationOf(*alloc_);
   EXPECT_EQ(f.reused_old_mappings, 2);
   // Old mappings now: h6, h7 at pages 6-7 and h4 at page 12.
   EXPECT_EQ(Retiring(), static_cast<std::int64_t>(6 * kMiB));
@@ -377,7 +378,7 @@ TEST_F(ExpandableTest, RetiringAddressIsAvoidedWhileInUseAndOtherStreamsWait) {
   auto other = alloc_->Malloc(8 * kMiB, 0x33);
   ASSERT_TRUE(other.ok()) << other.status();
   Check();
-  EXPECT_EQ(alloc_->GetFragmentation().page_moves, 4);
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 4);
   EXPECT_EQ(fresh.count(DriverCall::kStreamSynchronize), 1);
   EXPECT_EQ(fresh.count(DriverCall::kMemUnmap), 4);
   EXPECT_EQ(Retiring(), 0);
@@ -455,7 +456,7 @@ TEST_F(ExpandableTest, HandlesPerBlockAndContiguousScope) {
   DevicePtr a = Alloc(8 * kMiB);
   DevicePtr b = Alloc(30 * kMiB);
   std::size_t handles_of_b = 0;
-  for (const auto& seg : alloc_->Snapshot()) {
+  for (const auto& seg : SegmentsOf(*alloc_)) {
     EXPECT_TRUE(seg.is_expandable);
     EXPECT_EQ(seg.handles, 2u);  // 40 MiB mapped in two 20 MiB handles
     for (const auto& blk : seg.blocks) {
@@ -473,7 +474,7 @@ TEST_F(ExpandableTest, HandlesPerBlockAndContiguousScope) {
     c = Alloc(1024 * kMiB);
   }
   bool found = false;
-  for (const auto& seg : alloc_->Snapshot()) {
+  for (const auto& seg : SegmentsOf(*alloc_)) {
     if (seg.address == c) {
       found = true;
       EXPECT_FALSE(seg.is_expandable);
@@ -493,14 +494,14 @@ TEST_F(ExpandableTest, FragmentationFigures) {
   Free(b);
   (void)a;
   (void)c;
-  Fragmentation f = alloc_->GetFragmentation(0);
+  Fragmentation f = FragmentationOf(*alloc_, 0);
   EXPECT_EQ(f.wasted_bytes, static_cast<std::int64_t>(6 * kMiB));
   EXPECT_EQ(f.free_bytes, static_cast<std::int64_t>(6 * kMiB));
   EXPECT_EQ(f.largest_free_block, static_cast<std::int64_t>(6 * kMiB));
   EXPECT_DOUBLE_EQ(f.free_space_fragmentation, 0.0);
   EXPECT_EQ(f.holes, 1);
   EXPECT_EQ(f.mapped_free_pages, 3);
-  EXPECT_EQ(alloc_->GetFragmentation(0x77).other_stream_cached_bytes,
+  EXPECT_EQ(FragmentationOf(*alloc_, 0x77).other_stream_cached_bytes,
             static_cast<std::int64_t>(6 * kMiB));
 }
 
@@ -550,8 +551,8 @@ TEST_F(ExpandableTest, RepeatedStepPatternMakesNoPageTableCallAfterWarmup) {
     const std::int64_t calls = ledger.total_count();
     const std::int64_t events = event_calls();
     const std::int64_t records = ledger.count(DriverCall::kEventRecord);
-    const std::int64_t moves = alloc_->GetFragmentation().page_moves;
-    const std::int64_t reused = alloc_->GetFragmentation().reused_old_mappings;
+    const std::int64_t moves = FragmentationOf(*alloc_).page_moves;
+    const std::int64_t reused = FragmentationOf(*alloc_).reused_old_mappings;
     const std::int64_t reserved = Reserved();
     std::vector<std::int64_t> records_per_round;
     for (int round = 0; round < 3; ++round) {
@@ -569,7 +570,7 @@ TEST_F(ExpandableTest, RepeatedStepPatternMakesNoPageTableCallAfterWarmup) {
     // Every call after the warm-up is an event call (no wait among them), one record per reuse
     // at most, and every page move is a reuse.
     EXPECT_EQ(ledger.total_count() - calls, event_calls() - events);
-    const Fragmentation f = alloc_->GetFragmentation();
+    const Fragmentation f = FragmentationOf(*alloc_);
     EXPECT_EQ(f.page_moves - moves, f.reused_old_mappings - reused);
     EXPECT_LE(ledger.count(DriverCall::kEventRecord) - records, f.reused_old_mappings - reused);
     EXPECT_EQ(Reserved(), reserved);
@@ -586,11 +587,11 @@ TEST_F(ExpandableTest, VariableSizeHandlesCoverRunsAndMoveWhole) {
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate), 2);
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemMap), 2);
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemSetAccess), 1);
-  ASSERT_EQ(alloc_->Snapshot().size(), 1u);
-  EXPECT_EQ(alloc_->Snapshot()[0].total_size, 100 * kMiB);
-  EXPECT_EQ(alloc_->Snapshot()[0].handles, 2u);  // handles, not its 50 pages
-  ASSERT_EQ(alloc_->Snapshot()[0].blocks.size(), 1u);
-  EXPECT_EQ(alloc_->Snapshot()[0].blocks[0].handles, 2u);
+  ASSERT_EQ(SegmentsOf(*alloc_).size(), 1u);
+  EXPECT_EQ(SegmentsOf(*alloc_)[0].total_size, 100 * kMiB);
+  EXPECT_EQ(SegmentsOf(*alloc_)[0].handles, 2u);  // handles, not its 50 pages
+  ASSERT_EQ(SegmentsOf(*alloc_)[0].blocks.size(), 1u);
+  EXPECT_EQ(SegmentsOf(*alloc_)[0].blocks[0].handles, 2u);
   DevicePtr b = Alloc(10 * kMiB);  // the tail: one 10 MiB handle
   EXPECT_EQ(b, a + 100 * kMiB);
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate), 3);
@@ -598,7 +599,7 @@ TEST_F(ExpandableTest, VariableSizeHandlesCoverRunsAndMoveWhole) {
   const std::int64_t creates = sim_->calls().count(DriverCall::kMemCreate);
   DevicePtr c = Alloc(120 * kMiB);  // does not fit the hole: 60 pages at the tail
   EXPECT_EQ(c, b + 10 * kMiB);
-  EXPECT_EQ(alloc_->GetFragmentation().page_moves, 2);  // the two handles, whole
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 2);  // the two handles, whole
   // Same stream: the handles stay mapped at their old address until the stream's work queued
   // before the move has finished (nothing waited), then empty_cache unmaps them.
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemUnmap), 0);
@@ -677,7 +678,7 @@ void ExpandableTest::Randomized(const std::string& conf, int ops) {
     }
   }
   EXPECT_GT(ooms, 0);
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, 0);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
   for (auto [p, s] : live) ASSERT_TRUE(alloc_->Free(p).ok());
   sim_->CompleteAllEvents();
   ASSERT_TRUE(alloc_->EmptyCache().ok());
@@ -685,21 +686,21 @@ void ExpandableTest::Randomized(const std::string& conf, int ops) {
 }
 
 // mapped_free_pages counts pages, not handles: with expandable_handle_mb a handle holds several
-// (a breaking helper's finding: 8 MiB of free 2 MiB pages in one handle counted 1).
+// (8 MiB of free 2 MiB pages in one handle count 4, not 1).
 TEST_F(ExpandableTest, MappedFreePagesCountsThePagesOfEachFreeHandle) {
   Make("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", 1 * kGiB);
   const DevicePtr p = Alloc(8 * kMiB);
   Free(p);
   EXPECT_EQ(Reserved(), 8 * kMiB);
-  EXPECT_EQ(alloc_->GetFragmentation().mapped_free_pages, 4);
+  EXPECT_EQ(FragmentationOf(*alloc_).mapped_free_pages, 4);
   Make("expandable_segments:True,expandable_page_mb:2", 1 * kGiB);  // one page per handle
   Free(Alloc(8 * kMiB));
-  EXPECT_EQ(alloc_->GetFragmentation().mapped_free_pages, 4);
+  EXPECT_EQ(FragmentationOf(*alloc_).mapped_free_pages, 4);
   Make("expandable_segments:True,expandable_page_mb:6", 1 * kGiB);  // two page sizes
   const DevicePtr small = Alloc(4096);
   Free(Alloc(12 * kMiB));
   Free(small);
-  EXPECT_EQ(alloc_->GetFragmentation().mapped_free_pages, 2 + 1);  // 2 of 6 MiB + 1 of 2 MiB
+  EXPECT_EQ(FragmentationOf(*alloc_).mapped_free_pages, 2 + 1);  // 2 of 6 MiB + 1 of 2 MiB
 }
 
 }  // namespace

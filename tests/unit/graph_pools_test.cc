@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -276,7 +277,7 @@ TEST_F(GraphPoolsTest, SnapshotNamesThePrivatePoolOfItsSegments) {
   EndCapture(kPool);
   int in_pool = 0;
   int in_default = 0;
-  for (const SegmentInfo& s : alloc_->Snapshot()) {
+  for (const SegmentInfo& s : SegmentsOf(*alloc_)) {
     const bool holds_captured = captured >= s.address && captured < s.address + s.total_size;
     EXPECT_EQ(s.pool_id, holds_captured ? kPool : (MempoolId{0, 0})) << "segment at " << s.address;
     ++(holds_captured ? in_pool : in_default);
@@ -286,7 +287,7 @@ TEST_F(GraphPoolsTest, SnapshotNamesThePrivatePoolOfItsSegments) {
   Free(captured);
   Free(eager);
   ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
-  for (const SegmentInfo& s : alloc_->Snapshot()) EXPECT_EQ(s.pool_id, (MempoolId{0, 0}));
+  for (const SegmentInfo& s : SegmentsOf(*alloc_)) EXPECT_EQ(s.pool_id, (MempoolId{0, 0}));
 }
 
 }  // namespace

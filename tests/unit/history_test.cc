@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -68,7 +69,7 @@ class AllocatorWithHistory : public ::testing::Test {
   std::unique_ptr<History> history_;
 };
 
-// The scenario. Rule: free_requested and free_completed are separate entries, each
+// A ring of four. Rule: free_requested and free_completed are separate entries, each
 // counting towards max_entries (as torch's ring buffer counts them).
 TEST_F(AllocatorWithHistory, RingOfFourKeepsTheLastFourEntriesInOrder) {
   Make(Settings("all", "all", "all", 4));
@@ -172,7 +173,7 @@ TEST_F(AllocatorWithHistory, StateModeKeepsBlockStacksButNoTrace) {
   const DevicePtr p = Alloc(3 * kMiB);
   EXPECT_TRUE(history_->Entries(0).empty());
   bool found = false;
-  for (const SegmentInfo& s : alloc_->Snapshot()) {
+  for (const SegmentInfo& s : SegmentsOf(*alloc_)) {
     for (const BlockInfo& b : s.blocks) {
       if (b.address == p) {
         found = true;
@@ -191,7 +192,7 @@ TEST_F(AllocatorWithHistory, ContextStateRecordsEntriesWithoutStacks) {
   const std::vector<RecordedEntry> entries = history_->Entries(0);
   ASSERT_EQ(entries.size(), 2u);
   for (const RecordedEntry& e : entries) EXPECT_EQ(e.stack, 0u);
-  EXPECT_NE(alloc_->Snapshot()[0].blocks[0].context, 0u);
+  EXPECT_NE(SegmentsOf(*alloc_)[0].blocks[0].context, 0u);
 }
 
 TEST_F(AllocatorWithHistory, TurningOffClearsTheHistory) {
@@ -202,7 +203,7 @@ TEST_F(AllocatorWithHistory, TurningOffClearsTheHistory) {
   EXPECT_TRUE(history_->Entries(0).empty());
   Alloc(3 * kMiB);
   EXPECT_TRUE(history_->Entries(0).empty());
-  EXPECT_EQ(history_->SegmentStack(0, alloc_->Snapshot()[0].address), 0u);
+  EXPECT_EQ(history_->SegmentStack(0, SegmentsOf(*alloc_)[0].address), 0u);
 }
 
 TEST_F(AllocatorWithHistory, OomEntryCarriesDeviceFreeBytes) {

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 #include "sim_forwarding_backend.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/device_backend.h"
@@ -309,7 +310,7 @@ TEST_P(OldMappingHazardTest, RandomChurnHasNoHazards) {
           << "seed " << seed << " op " << op << ": " << hb.hazards().front();
     }
     if (capturing) sim.SetCapturing(kStreams[0], false);
-    reused += alloc->GetFragmentation().reused_old_mappings;
+    reused += FragmentationOf(*alloc).reused_old_mappings;
     rig.End(live);
     ASSERT_TRUE(hb.hazards().empty()) << "seed " << seed << " end: " << hb.hazards().front();
     EXPECT_EQ(sim.live_events(), 0);
@@ -318,11 +319,11 @@ TEST_P(OldMappingHazardTest, RandomChurnHasNoHazards) {
   }
 }
 
-// A move within the stream (its fence recorded), then cuMemMap fails: abandon() releases the
-// moved handle, whose ClearRetiring -> ForgetRetiring gives the fence back to the pool; abandon
-// used to give it back a second time (expandable.cc, the lambda `abandon`). The pool then handed
-// the same event to two users: here two record_stream frees on different streams, so the block
-// used on stream kS1 was freed when kS2 completed, and reused while kS1's kernel still ran.
+// A move within the stream (its fence recorded), then cuMemMap fails: AbandonPlan releases the
+// moved handle, whose ClearOldMappings -> OldMappings::Erase gives the fence back to the pool;
+// giving it back a second time (ensure_mapped.cc, AbandonPlan) would let the pool hand the same
+// event to two users: here two record_stream frees on different streams, so the block used on
+// stream kS1 would be freed when kS2 completed, and reused while kS1's kernel still ran.
 TEST(OldMappingFenceTest, AbandonGivesTheFenceBackOnce) {
   SimBackend sim;
   HazardBackend hb(&sim);
@@ -433,7 +434,7 @@ TEST_P(OldMappingHazardTest, StepChurnHasNoHazards) {
       if (step % 23 == 22) (void)alloc->EmptyCache();
       {  // per-pool reserved == per-pool mapped (CheckInvariants checks the aggregate only)
         std::size_t small = 0, large = 0;
-        for (const auto& seg : alloc->Snapshot()) (seg.is_small ? small : large) += seg.total_size;
+        for (const auto& seg : SegmentsOf(*alloc)) (seg.is_small ? small : large) += seg.total_size;
         const auto st = alloc->GetStats();
         EXPECT_EQ(st.reserved_bytes[kSmallPool].current, static_cast<std::int64_t>(small))
             << "seed " << seed << " step " << step;
@@ -445,7 +446,7 @@ TEST_P(OldMappingHazardTest, StepChurnHasNoHazards) {
       ASSERT_TRUE(hb.hazards().empty())
           << "seed " << seed << " step " << step << ": " << hb.hazards().front();
     }
-    total_reused += alloc->GetFragmentation().reused_old_mappings;
+    total_reused += FragmentationOf(*alloc).reused_old_mappings;
     rig.End(persistent);
     ASSERT_TRUE(hb.hazards().empty()) << "seed " << seed << " end: " << hb.hazards().front();
     EXPECT_EQ(sim.live_events(), 0);

@@ -1,5 +1,5 @@
 // Retiring addresses out of placement (expandable-segments.md, "Retiring addresses out of
-// placement", commit 5a515ef) under stress: the `Segment::retiring` flags against `retiring_`
+// placement") under stress: the `Segment::old_mapping` marks against the old-mapping entries
 // after every path that clears entries (empty_cache, the OOM retry, released handles, captures),
 // the one-query-per-stream shortcut with streams completing out of step, placement over a
 // retiring address checked against a model of the GPU's work (no address is unmapped while work
@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "ledger/device_report.h"
 #include "sim_allocator_fixture.h"
 #include "sim_forwarding_backend.h"
 
@@ -298,7 +299,7 @@ ChurnResult RetiringPlacementStressTest::Churn(const ChurnConfig& c,
       const StreamId s = streams[rng() % streams.size()];
       const auto q0 = Calls(DriverCall::kEventQuery);
       const auto m0 = Calls(DriverCall::kMemMap);
-      const auto moves0 = alloc_->GetFragmentation().page_moves;
+      const auto moves0 = FragmentationOf(*alloc_).page_moves;
       const auto w0 = Calls(DriverCall::kEventSynchronize);
       auto p = alloc_->Malloc(size, s);
       const auto dq = Calls(DriverCall::kEventQuery) - q0;
@@ -309,7 +310,7 @@ ChurnResult RetiringPlacementStressTest::Churn(const ChurnConfig& c,
         r.max_queries = std::max(r.max_queries, dq);
         // Mapped nothing and moved nothing: a move back onto an old mapping (keep_old_mappings)
         // makes no map call but is a slow path, fences and all.
-        if (Calls(DriverCall::kMemMap) == m0 && alloc_->GetFragmentation().page_moves == moves0) {
+        if (Calls(DriverCall::kMemMap) == m0 && FragmentationOf(*alloc_).page_moves == moves0) {
           ++r.fast_mallocs;
           r.fast_queries += dq;
         }
@@ -519,8 +520,8 @@ TEST_F(RetiringPlacementStressTest, InOrderShortcutDropsExactlyTheCompletedPrefi
 // ---- Captures ----
 
 // A capture on another stream while stream 0 has a retiring address: an eager allocation that
-// could go over it goes elsewhere, makes no event call at all during the capture (RetireMappings
-// returns at once there), and nothing un-relaxed.
+// could go over it goes elsewhere, makes no event call at all during the capture
+// (SettleOldMappings returns at once there), and nothing un-relaxed.
 TEST_F(RetiringPlacementStressTest, CaptureAvoidsRetiringAddressWithoutEventCalls) {
   std::vector<DevicePtr> live;
   DevicePtr h = FreeBlockWithRetiringPages(/*retiring_first=*/true, 0, &live);
@@ -578,7 +579,7 @@ TEST_F(RetiringPlacementStressTest, OtherStreamsFencesAreNotQueriedForThisStream
   EXPECT_EQ(p, h + 8 * kMiB);
   EXPECT_EQ(Calls(DriverCall::kEventQuery) - q, 0);  // fails: 9
   // A slow path (3 new pages at the tail) next to stream 0's retiring block: stream 0's one
-  // fence decides the placement; EnsureMapped's own RetireMappings may then drop completed ones.
+  // fence decides the placement; EnsureMapped's own SettleOldMappings may then drop completed ones.
   const auto q2 = Calls(DriverCall::kEventQuery);
   DevicePtr s = Alloc(6 * kMiB);
   EXPECT_NE(s, h);
@@ -610,11 +611,11 @@ TEST_F(RetiringPlacementStressTest, LaggingGpuOneStreamNoRace) {
   ChurnResult r = Churn(c, &live);
   ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(gpu_->violations().empty());
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, 1000);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 1000);
   EXPECT_GT(r.max_retiring, 0);
   EXPECT_EQ(r.ooms, 0);
   std::printf("mallocs %d, page moves %lld, max retiring %lld MiB, event waits %lld\n", r.mallocs,
-              static_cast<long long>(alloc_->GetFragmentation().page_moves),
+              static_cast<long long>(FragmentationOf(*alloc_).page_moves),
               static_cast<long long>(r.max_retiring / kMiB), static_cast<long long>(r.event_waits));
   for (auto [p, s] : live) Free(p);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
@@ -637,7 +638,7 @@ TEST_F(RetiringPlacementStressTest, FourStreamsOnlyFirstProgressesRecordStreamNo
   ChurnResult r = Churn(c, &live);
   ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(gpu_->violations().empty());
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, 100);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 100);
   EXPECT_GT(r.max_retiring, 0);
   for (auto [p, s] : live) Free(p);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
@@ -667,7 +668,7 @@ TEST_F(RetiringPlacementStressTest, SmallCardThreeStreamsEmptyCacheNoRace) {
 }
 
 // Requests of up to 256 MiB (128 pages): mapping over a retiring page (64) is then at times the
-// cheapest place, so the wait path (ClearRetiring with a pending fence) runs; every such wait
+// cheapest place, so the wait path (ClearOldMappings with a pending fence) runs; every such wait
 // must come before the unmap (the model sees no unmap under a pending kernel). Both recycling
 // orders (recycle_tails_first off, the default, and on). Which churns reach the wait path
 // depends on the placement and recycling policy (seed 8 with holes first; seeds 4 and 5 with
@@ -690,7 +691,7 @@ TEST_F(RetiringPlacementStressTest, LargeRequestsTakeTheWaitPathNoRace) {
       ASSERT_FALSE(HasFailure()) << "seed " << seed;
       std::printf("%s, seed %u: mallocs %d, event waits %lld, page moves %lld\n", conf, seed,
                   r.mallocs, static_cast<long long>(r.event_waits),
-                  static_cast<long long>(alloc_->GetFragmentation().page_moves));
+                  static_cast<long long>(FragmentationOf(*alloc_).page_moves));
       EXPECT_TRUE(gpu_->violations().empty()) << "seed " << seed << ": " << gpu_->violations()[0];
       for (auto [p, s] : live) Free(p);
       sim_->CompleteAllEvents();  // before the next seed's allocator replaces this one

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ledger/device_report.h"
 #include "sim_allocator_fixture.h"
 
 namespace vramledger {
@@ -88,7 +89,7 @@ void RetiringTest::Churn(const std::string& conf, int ops, std::size_t capacity,
       ASSERT_EQ(Retiring(), static_cast<std::int64_t>(sim_->aliased_bytes())) << "op " << op;
     }
   }
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, 0);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
 }
 
 // 1. Many moves, no event ever completes, then empty_cache.
@@ -265,7 +266,7 @@ TEST_F(RetiringTest, HandleWithPendingAliasMovesToAnotherStream) {
   const auto ssync = Calls(DriverCall::kStreamSynchronize);
   alloc_->ResetPeakStats();
   DevicePtr other = Alloc(10 * kMiB, kS1);
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, 4);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 4);
   EXPECT_EQ(Calls(DriverCall::kStreamSynchronize), ssync + 1);
   Free(other);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
@@ -307,19 +308,19 @@ DevicePtr RetiringTest::MakeReleasableAlias(std::vector<DevicePtr>* live) {
 TEST_F(RetiringTest, ReleasedHandleWithPendingAlias) {
   std::vector<DevicePtr> live;
   const DevicePtr f = MakeReleasableAlias(&live);
-  const auto moves = alloc_->GetFragmentation().page_moves;
+  const auto moves = FragmentationOf(*alloc_).page_moves;
   auto p = alloc_->Malloc(10 * kMiB, kS1);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, moves);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, moves);
   Check();
   EXPECT_EQ(*p, f);
 }
 
-// The same with a capture under way on another stream (RetireMappings returns at once then).
+// The same with a capture under way on another stream (SettleOldMappings returns at once then).
 TEST_F(RetiringTest, ReleasedHandleWithPendingAliasDuringCapture) {
   std::vector<DevicePtr> live;
   const DevicePtr f = MakeReleasableAlias(&live);
-  const auto moves = alloc_->GetFragmentation().page_moves;
+  const auto moves = FragmentationOf(*alloc_).page_moves;
   ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId s) { return s == kCapture; }).ok());
   sim_->SetCapturing(kCapture, true);
   auto p = alloc_->Malloc(10 * kMiB, kS1);
@@ -327,7 +328,7 @@ TEST_F(RetiringTest, ReleasedHandleWithPendingAliasDuringCapture) {
   ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
   ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, moves);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, moves);
   Check();
   EXPECT_EQ(*p, f);
 }
@@ -373,7 +374,7 @@ TEST_F(RetiringTest, MoveDuringCaptureRecordsNoFence) {
   const auto records = Calls(DriverCall::kEventRecord);
   const auto queries = Calls(DriverCall::kEventQuery);
   DevicePtr big = Alloc(10 * kMiB);  // eager stream 0 during the capture
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, 0);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
   EXPECT_EQ(Calls(DriverCall::kEventRecord), records);
   EXPECT_EQ(Calls(DriverCall::kEventQuery), queries);
   EXPECT_EQ(Retiring(), 0);
@@ -407,7 +408,7 @@ TEST_F(RetiringTest, RetiringAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
   ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
 }
 
-// RetireMappings(wait=false) queries a pending fence once per slow path, not once per entry.
+// SettleOldMappings(wait=false) queries a pending fence once per slow path, not once per entry.
 TEST_F(RetiringTest, PendingFenceIsQueriedOncePerSlowPath) {
   std::vector<DevicePtr> live;
   MakeRetiring(0, &live);  // 4 entries share one pending fence
@@ -435,7 +436,7 @@ TEST_F(RetiringTest, EventsStayBoundedOverManyMoves) {
     }
     max_events = std::max(max_events, sim_->live_events());
   }
-  moves = alloc_->GetFragmentation().page_moves;
+  moves = FragmentationOf(*alloc_).page_moves;
   EXPECT_GT(moves, 100);
   EXPECT_LE(max_events, 16);
   Free(a);
@@ -454,7 +455,7 @@ TEST_F(RetiringTest, EventsBoundedWhenFencesNeverComplete) {
     Free(b);
     max_events = std::max(max_events, sim_->live_events());
   }
-  EXPECT_GT(alloc_->GetFragmentation().page_moves, 0);
+  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
   std::printf("max live events %lld, retiring %lld\n", static_cast<long long>(max_events),
               static_cast<long long>(Retiring()));
   Free(a);
@@ -487,7 +488,7 @@ TEST_F(RetiringTest, LaggingStepsDoNotWaitForFences) {
     }
   };
   for (int i = 0; i < 40; ++i) step(256 + 64 * (rng() % 13));
-  const std::int64_t moves = alloc_->GetFragmentation().page_moves;
+  const std::int64_t moves = FragmentationOf(*alloc_).page_moves;
   std::printf("page moves %lld, event waits %lld, stream waits %lld\n",
               static_cast<long long>(moves),
               static_cast<long long>(Calls(DriverCall::kEventSynchronize)),

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "device/sim_backend.h"
+#include "ledger/device_report.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -36,7 +37,7 @@ class SimAllocatorTest : public ::testing::Test {
   void Check() {
     ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
     std::size_t plain = 0;
-    for (const auto& seg : alloc_->Snapshot()) plain += seg.is_expandable ? 0 : seg.total_size;
+    for (const auto& seg : SegmentsOf(*alloc_)) plain += seg.is_expandable ? 0 : seg.total_size;
     ASSERT_EQ(static_cast<std::size_t>(Reserved()),
               sim_->mapped_bytes() - sim_->aliased_bytes() + plain);
     ASSERT_EQ(static_cast<std::size_t>(Retiring()), sim_->aliased_bytes());
@@ -53,7 +54,7 @@ class SimAllocatorTest : public ::testing::Test {
   }
   std::int64_t Reserved() { return alloc_->GetStats().reserved_bytes[kAggregate].current; }
   std::int64_t Allocated() { return alloc_->GetStats().allocated_bytes[kAggregate].current; }
-  std::int64_t Retiring() { return alloc_->GetFragmentation().retiring_bytes; }
+  std::int64_t Retiring() { return FragmentationOf(*alloc_).retiring_bytes; }
   std::int64_t Calls(DriverCall call) { return sim_->calls().count(call); }
 
   std::unique_ptr<SimBackend> sim_;

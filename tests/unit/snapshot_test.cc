@@ -16,6 +16,7 @@
 
 #include "device/sim_backend.h"
 #include "ledger/atomic_file.h"
+#include "ledger/device_report.h"
 #include "ledger/history.h"
 #include "ledger/oom_dump.h"
 
@@ -201,7 +202,7 @@ TEST_F(SnapshotTest, FragmentationFiguresOfAKnownLayout) {
   const DevicePtr b = Alloc(4 * kMiB);
   Alloc(2 * kMiB);
   ASSERT_TRUE(alloc_->Free(b).ok());
-  const SegmentFigures f = ComputeSegmentFigures(alloc_->Snapshot());
+  const SegmentFigures f = ComputeSegmentFigures(SegmentsOf(*alloc_));
   EXPECT_EQ(f.reserved_bytes, static_cast<std::int64_t>(20 * kMiB));
   EXPECT_EQ(f.allocated_bytes, static_cast<std::int64_t>(4 * kMiB));
   EXPECT_EQ(f.free_bytes, static_cast<std::int64_t>(16 * kMiB));
@@ -359,7 +360,7 @@ TEST_F(SnapshotTest, OomDumpsAreNamedAndAtMostMaxDumpsKept) {
   fs::remove_all(dir.parent_path());
 }
 
-// Issue 3: each segment says whether it is expandable and how many physical handles back it, each
+// Each segment says whether it is expandable and how many physical handles back it, each
 // block how many handles lie under it.
 TEST_F(SnapshotTest, SegmentsAndBlocksShowExpandableAndHandles) {
   Make("expandable_segments:True,expandable_page_mb:20");

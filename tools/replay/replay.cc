@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "device/sim_backend.h"
 #include "device/sim_cost_model.h"
+#include "ledger/device_report.h"
 #include "replay/replay_observers.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/device_backend.h"
@@ -261,7 +262,7 @@ absl::StatusOr<Fragmentation> FragmentationAfter(const std::vector<TraceEvent>& 
     absl::StatusOr<bool> applied = replayer.Apply(events[static_cast<std::size_t>(i)], &scratch);
     if (!applied.ok()) return applied.status();
   }
-  return replayer.allocator().GetFragmentation(stream);
+  return FragmentationOf(replayer.allocator(), stream);
 }
 
 }  // namespace
@@ -394,7 +395,7 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
   result.device_allocs = stats.num_device_alloc;
   result.device_frees = stats.num_device_free;
   result.alloc_retries = stats.num_alloc_retries;
-  result.fragmentation_at_end = allocator.GetFragmentation(result.main_stream);
+  result.fragmentation_at_end = FragmentationOf(allocator, result.main_stream);
   result.page_moves = result.fragmentation_at_end.page_moves;
   result.reused_old_mappings = result.fragmentation_at_end.reused_old_mappings;
 

@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "device/cuda_backend.h"
 #include "ledger/atomic_file.h"
+#include "ledger/device_report.h"
 #include "ledger/snapshot.h"
 #include "ledger/stack_capture.h"
 #include "nlohmann/json.hpp"
@@ -354,7 +355,7 @@ std::string Summary(Preload& p, const char* reason) {
     const DeviceAllocator* a = p.Existing(d);
     if (a == nullptr) continue;
     const DeviceStats s = a->GetStats();
-    const Fragmentation f = a->GetFragmentation();
+    const Fragmentation f = FragmentationOf(*a);
     const Stat& alloc = s.allocated_bytes[kAggregate];
     const Stat& reserved = s.reserved_bytes[kAggregate];
     out << "device " << d << ": peak allocated " << FormatSize(alloc.peak) << ", peak reserved "

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "vramledger/device_backend.h"
@@ -24,7 +25,7 @@
 namespace vramledger {
 
 /// The numbers of an out-of-memory failure, the same ones torch's message carries
-/// (PYTORCH-FACTS §2 "OOM"). All sizes in bytes.
+/// (its CUDACachingAllocator's out-of-memory text). All sizes in bytes.
 struct OutOfMemoryInfo {
   int device = 0;
   StreamId stream = 0;
@@ -74,7 +75,7 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;  // in address order
 };
 
-/// Fragmentation figures of one device (issue 3; all sizes in bytes).
+/// Fragmentation figures of one device (all sizes in bytes).
 struct Fragmentation {
   double utilization = 0;                 // peak allocated / peak reserved
   std::int64_t wasted_bytes = 0;          // reserved - allocated, now
@@ -135,6 +136,9 @@ struct HostTime {
 };
 
 class DeviceAllocatorImpl;
+namespace core {
+struct CoreView;
+}  // namespace core
 
 /// Decides whether an allocation on a stream goes to a private pool (torch's filter callback).
 using StreamFilter = std::function<bool(StreamId)>;
@@ -179,12 +183,11 @@ class DeviceAllocator {
   void ResetPeakStats();
   void ResetAccumulatedStats();
 
-  /// Segments and their blocks, in address order. An expandable segment shows as one segment
-  /// per contiguous mapped range, as torch reports it.
-  std::vector<SegmentInfo> Snapshot() const;
-
-  /// Fragmentation figures; `current_stream` decides what counts as another stream's cache.
-  Fragmentation GetFragmentation(StreamId current_stream = 0) const;
+  /// Calls `reader` with a read-only view of the allocator's state, under its lock (the reader
+  /// must not call the allocator). The ledger's reports read it: the segments in torch's
+  /// snapshot shape (SegmentsOf) and the fragmentation figures (FragmentationOf), in
+  /// ledger/device_report.h.
+  void Read(absl::FunctionRef<void(const core::CoreView&)> reader) const;
 
   /// The numbers of the most recent out-of-memory failure.
   OutOfMemoryInfo last_oom() const;
@@ -197,7 +200,7 @@ class DeviceAllocator {
   /// Internal error naming the first broken invariant. O(blocks); for tests and fuzzers.
   absl::Status CheckInvariants() const;
 
-  // ---- CUDA graph private pools (PYTORCH-FACTS §6; core/graph_pools.cc) ----
+  // ---- CUDA graph private pools (torch's graph pool API; core/graph_pools.cc) ----
 
   /// From now on, allocations on streams for which `filter` is true (called under the device
   /// lock; it must not call the allocator) come from private pool `pool`, created on first use or
