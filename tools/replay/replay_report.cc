@@ -127,7 +127,7 @@ std::string TimelineCsv(const ReplayResult& result) {
 
 nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_listed) {
   nlohmann::json j;
-  // The keys of issue 2, in its order.
+  // The headline figures first: what torch recorded beside what vramledger did.
   j["events"] = result.events;
   j["peak_allocated_bytes"] = result.peak_allocated_bytes;
   j["peak_requested_bytes"] = result.peak_requested_bytes;
@@ -137,7 +137,7 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["recorded_utilization"] = result.recorded_utilization;
   j["driver_calls"] = result.driver_calls;
   j["modeled_driver_us"] = result.modeled_driver_us;
-  // Issue 3's keys.
+  // Expandable segments: page moves and their driver cost.
   j["page_moves"] = result.page_moves;
   j["reused_old_mappings"] = result.reused_old_mappings;
   nlohmann::json at_peak = FragmentationToJson(result.fragmentation_at_peak);
@@ -303,7 +303,7 @@ std::string FormatReplayTable(const ReplayResult& result) {
                     ? absl::StrFormat("%.4f (requested / reserved)", result.recorded_utilization)
                     : std::string("n/a")));
   // torch's stat names: cudaMalloc / cudaFree calls, or with expandable segments map / unmap
-  // calls (PYTORCH-FACTS §3); the trace's segment events count the same for torch.
+  // calls (docs/design/torch-facts.md); the trace's segment events count the same for torch.
   absl::StrAppend(&out, Row("num_device_alloc", WithThousands(result.device_allocs),
                             WithThousands(result.recorded_segment_allocs)));
   absl::StrAppend(&out, Row("num_device_free", WithThousands(result.device_frees),
