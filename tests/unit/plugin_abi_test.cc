@@ -1,6 +1,7 @@
-// The plugin's C ABI (torch_plugin/plugin.h) on simulated devices: null for size 0, refusals thrown
-// as c10::OutOfMemoryError, frees that never throw, stats JSON, configure rules, threads.
-#include "torch_plugin/plugin.h"
+// The plugin's C ABI (pluggable/plugin.h, runtime/c_api.h) on simulated devices: null for size 0,
+// refusals thrown as c10::OutOfMemoryError, frees that never throw, stats JSON, configure rules,
+// threads.
+#include "torch_plugin/pluggable/plugin.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
-// libvramledger_preload.so (issue 7): interposes cudaMalloc/cudaFree/cudaMallocAsync/cudaFreeAsync
-// and cudaMemGetInfo, serving device memory from one vramledger DeviceAllocator per device.
+// libvramledger_preload.so: interposes cudaMalloc/cudaFree/cudaMallocAsync/cudaFreeAsync and
+// cudaMemGetInfo, serving device memory from the runtime's per-device allocators.
 //
-// Recursion: CudaBackend (compiled into this library) calls cudaMalloc/cudaFree/cudaMemGetInfo
+// Recursion: CudaBackend (linked into this library) calls cudaMalloc/cudaFree/cudaMemGetInfo
 // itself, and those names bind to this library's definitions (it comes first in the global
 // scope). Every entry into vramledger therefore runs under InsideScope, a thread-local flag; an
 // interposed function called while the flag is set forwards straight to the real runtime
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -36,13 +37,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "device/cuda_backend.h"
 #include "ledger/atomic_file.h"
+#include "ledger/history.h"
 #include "ledger/snapshot.h"
 #include "ledger/stack_capture.h"
 #include "nlohmann/json.hpp"
-#include "torch_plugin/guard_api.h"
-#include "torch_plugin/plugin_history.h"
+#include "torch_plugin/runtime/device_table.h"
+#include "torch_plugin/runtime/guard_api.h"
+#include "torch_plugin/runtime/history_api.h"
+#include "torch_plugin/runtime/plan_access.h"
+#include "torch_plugin/runtime/process_env.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 #include "vramledger/stats.h"
@@ -50,12 +54,6 @@
 #define VRAMLEDGER_PRELOAD_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace vramledger {
-
-// guard_api.cc and plugin_history.cc report ctypes errors here (plugin.cc defines it there).
-std::string& PluginLastError() {
-  thread_local std::string error;
-  return error;
-}
 
 namespace {
 
@@ -152,19 +150,6 @@ class CallTimer {
 
 // ---- Process state ----
 
-struct Slot {
-  std::once_flag once;
-  absl::Status status;
-  std::unique_ptr<CudaBackend> backend;
-  std::unique_ptr<DeviceAllocator> allocator;
-  std::atomic<DeviceAllocator*> ready{nullptr};
-  std::atomic<std::int64_t> plan_limit{-2};  // -2: not resolved, -1: no limit
-  // Device bytes in use (cudaMemGetInfo's total - free) just before vramledger's allocator for
-  // this device was created; -1: unknown. The exit summary compares it with the bytes in use
-  // then, less what vramledger reserved, for the memory the shim never saw (cuMemAlloc, ...).
-  std::atomic<std::int64_t> baseline_used{-1};
-};
-
 // Registers the exit dump with atexit once more, from the first allocator's creation: the CUDA
 // runtime is initialised by then, so this handler runs before any the runtime registered
 // (atexit runs them in reverse) and cudaMemGetInfo still answers at exit.
@@ -177,7 +162,9 @@ struct LiveBlock {
 
 class Preload {
  public:
-  explicit Preload(Options options) : options_(std::move(options)) {}
+  explicit Preload(Options options) : options_(std::move(options)) {
+    for (std::atomic<std::int64_t>& used : baseline_used_) used.store(-1);
+  }
 
   const Options& options() const { return options_; }
   Counters& counters() { return counters_; }
@@ -186,48 +173,35 @@ class Preload {
     return options_.host_timing ? &counters_.interposed_ns : nullptr;
   }
 
-  // The allocator of `device`, created on first use. Pre: inside an InsideScope.
+  // The allocator of `device`, created on first use (the runtime's table). Pre: inside an
+  // InsideScope.
   absl::StatusOr<DeviceAllocator*> GetOrCreate(int device) {
-    if (device < 0 || device >= kMaxDevices) {
-      return absl::InvalidArgumentError(absl::StrCat("vramledger: device ", device,
-                                                     " is beyond the ", kMaxDevices, " supported"));
-    }
-    Slot& slot = slots_[device];
-    if (DeviceAllocator* a = slot.ready.load(std::memory_order_acquire)) return a;
-    std::call_once(slot.once, [&] {
-      std::size_t free_bytes = 0, total_bytes = 0;
-      if (Runtime().mem_get_info != nullptr &&
-          Runtime().mem_get_info(&free_bytes, &total_bytes) == cudaSuccess) {
-        slot.baseline_used.store(static_cast<std::int64_t>(total_bytes - free_bytes));
-      }
-      RegisterExitDumpAfterRuntime();
-      slot.backend = std::make_unique<CudaBackend>(device);
-      slot.allocator = std::make_unique<DeviceAllocator>(options_, slot.backend.get());
-      slot.status =
-          AttachGuard(device, options_, slot.backend.get(), slot.allocator.get(), LedgerHooks());
-      if (!slot.status.ok()) return;
-      AttachLedger(device, slot.allocator.get());
-      slot.ready.store(slot.allocator.get(), std::memory_order_release);
-    });
-    if (!slot.status.ok()) return slot.status;
-    return slot.ready.load(std::memory_order_acquire);
+    return DeviceTable::Get().GetOrCreate(device);
   }
 
-  DeviceAllocator* Existing(int device) const {
-    if (device < 0 || device >= kMaxDevices) return nullptr;
-    return slots_[device].ready.load(std::memory_order_acquire);
+  DeviceAllocator* Existing(int device) const { return DeviceTable::Get().Existing(device); }
+
+  // Runs inside the creation of `device`'s allocator, before it exists: records the device's
+  // bytes in use then (cudaMemGetInfo through the real runtime) for the exit summary.
+  void BeforeCreate(int device) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (device >= 0 && device < kMaxDevices && Runtime().mem_get_info != nullptr &&
+        Runtime().mem_get_info(&free_bytes, &total_bytes) == cudaSuccess) {
+      baseline_used_[device].store(static_cast<std::int64_t>(total_bytes - free_bytes));
+    }
+    RegisterExitDumpAfterRuntime();
   }
 
   /// Device bytes in use before vramledger's allocator of `device` existed; -1 when unknown.
   std::int64_t BaselineUsed(int device) const {
     if (device < 0 || device >= kMaxDevices) return -1;
-    return slots_[device].baseline_used.load();
+    return baseline_used_[device].load();
   }
 
   // Every device's allocator up to the highest that exists (nullptr for the others).
   std::vector<const DeviceAllocator*> Allocators() const {
     std::vector<const DeviceAllocator*> out;
-    for (int d = 0; d < kMaxDevices; ++d) {
+    for (int d = 0; d < DeviceTable::Get().device_count(); ++d) {
       if (const DeviceAllocator* a = Existing(d)) {
         out.resize(d + 1, nullptr);
         out[d] = a;
@@ -254,30 +228,17 @@ class Preload {
   // The plan's limit on `device` in bytes (-1: no plan or no limit), resolved once against
   // the card's total. Pre: inside an InsideScope.
   std::int64_t PlanLimit(int device, std::size_t card_total) {
-    if (options_.plan.empty() || device < 0 || device >= kMaxDevices) return -1;
-    Slot& slot = slots_[device];
-    std::int64_t limit = slot.plan_limit.load(std::memory_order_relaxed);
-    if (limit != -2) return limit;
-    limit = -1;
-    char* json = nullptr;
-    if (vramledger_plan_check(options_.plan.c_str(), device + 1, card_total, &json) == 0 &&
-        json != nullptr) {
-      const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-      if (doc.is_object() && doc.contains("devices") &&
-          doc["devices"].size() > static_cast<std::size_t>(device)) {
-        const nlohmann::json& d = doc["devices"][device];
-        if (d.contains("limit") && d["limit"].is_number()) limit = d["limit"].get<std::int64_t>();
-      }
-    }
-    vramledger_string_free(json);
-    slot.plan_limit.store(limit, std::memory_order_relaxed);
-    return limit;
+    if (options_.plan.empty()) return -1;
+    return PlanLimitBytes(options_.plan, device, card_total).value_or(-1);
   }
 
  private:
   const Options options_;
   Counters counters_;
-  Slot slots_[kMaxDevices];
+  // Device bytes in use (cudaMemGetInfo's total - free) just before vramledger's allocator for
+  // each device was created; -1: unknown. The exit summary compares it with the bytes in use
+  // then, less what vramledger reserved, for the memory the shim never saw (cuMemAlloc, ...).
+  std::array<std::atomic<std::int64_t>, kMaxDevices> baseline_used_;
   absl::Mutex mu_;
   absl::flat_hash_map<void*, LiveBlock> live_ ABSL_GUARDED_BY(mu_);
 };
@@ -350,7 +311,7 @@ std::string Summary(Preload& p, const char* reason) {
       << (p.options().host_timing ? absl::StrCat(c.interposed_ns.load() / 1000, " us")
                                   : std::string("not measured (host_timing:True measures it)"))
       << "\n";
-  for (int d = 0; d < kMaxDevices; ++d) {
+  for (int d = 0; d < DeviceTable::Get().device_count(); ++d) {
     const DeviceAllocator* a = p.Existing(d);
     if (a == nullptr) continue;
     const DeviceStats s = a->GetStats();
@@ -406,7 +367,7 @@ void WriteDump(Preload& p, const std::string& tag) {
         {"refusals", c.refusals.load()},
     };
     nlohmann::json outside = nlohmann::json::object();
-    for (int d = 0; d < kMaxDevices; ++d) {
+    for (int d = 0; d < DeviceTable::Get().device_count(); ++d) {
       if (p.Existing(d) == nullptr) continue;
       const OutsideBytes o = MeasureOutsideBytes(p, d);
       if (o.known) {
@@ -431,7 +392,7 @@ void WriteDump(Preload& p, const std::string& tag) {
       std::fprintf(stderr, "vramledger: preload summary not written: %s\n",
                    std::string(t.message()).c_str());
     }
-    if (std::getenv("VRAMLEDGER_PRELOAD_QUIET") == nullptr) {
+    if (!ReadProcessEnv().preload_quiet) {
       std::fprintf(stderr, "%swritten: %s.json, %s.txt\n", summary.c_str(), base.c_str(),
                    base.c_str());
     }
@@ -557,7 +518,8 @@ bool Release(Preload& p, void* ptr, cudaStream_t stream, bool async, cudaError_t
 }
 
 // PYTORCH_CUDA_ALLOC_CONF gains backend:cudaMallocAsync unless it names a backend already, so
-// that torch sends every tensor allocation through cudaMallocAsync (PYTORCH-FACTS §8). What this
+// that torch sends every tensor allocation through cudaMallocAsync (torch's native caching
+// allocator would otherwise keep its own cache and call cudaMalloc rarely). What this
 // route costs per call, and the alternative: docs/design/preload-route.md.
 void SelectTorchBackend() {
   const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
@@ -573,7 +535,7 @@ void AtExit() {
   Preload* p = g_preload.load(std::memory_order_acquire);
   static std::atomic<bool> done{false};
   if (p == nullptr || done.exchange(true)) return;
-  if (std::getenv("VRAMLEDGER_PRELOAD_NO_EXIT_DUMP") != nullptr) return;
+  if (ReadProcessEnv().preload_no_exit_dump) return;
   const Counters& c = p->counters();
   if (c.malloc_calls.load() + c.malloc_async_calls.load() == 0) return;  // never used CUDA
   WriteDump(*p, "exit");
@@ -583,7 +545,7 @@ void AtExit() {
 // line naming the key), checks the plan file, selects torch's backend, installs SIGUSR1.
 __attribute__((constructor)) void PreloadInit() {
   InsideScope inside;
-  if (std::getenv("VRAMLEDGER_PRELOAD_DISABLE") != nullptr) return;
+  if (ReadProcessEnv().preload_disable) return;
   absl::StatusOr<Options> options = OptionsFromEnvAndString("");
   if (!options.ok()) {
     std::fprintf(stderr, "vramledger: %s\n", std::string(options.status().message()).c_str());
@@ -591,20 +553,20 @@ __attribute__((constructor)) void PreloadInit() {
     std::_Exit(2);
   }
   if (!options->plan.empty()) {
-    char* json = nullptr;
-    if (vramledger_plan_check(options->plan.c_str(), 0, 0, &json) != 0) {
+    if (const absl::Status plan = CheckPlanFile(options->plan); !plan.ok()) {
       std::fprintf(stderr, "vramledger: VRAMLEDGER_CONF: option 'plan': %s\n",
-                   PluginLastError().c_str());
+                   std::string(plan.message()).c_str());
       std::fflush(stderr);
       std::_Exit(2);
     }
-    vramledger_string_free(json);
   }
   SelectTorchBackend();
   // Never wait for the GIL on autograd's (or any non-main) thread: see
   // docs/design/preload-python-frames.md.
   SetPythonGilPolicy(PythonGilPolicy::kMainThreadOnly);
-  g_preload.store(new Preload(*std::move(options)), std::memory_order_release);
+  Preload* preload = new Preload(*std::move(options));  // never destroyed
+  DeviceTable::Get().SetBeforeCreate([preload](int device) { preload->BeforeCreate(device); });
+  g_preload.store(preload, std::memory_order_release);
   struct sigaction action;
   std::memset(&action, 0, sizeof(action));
   action.sa_sigaction = OnUsr1;
@@ -703,15 +665,6 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t*
   return err;
 }
 
-// guard_api.cc's ctypes functions use these two of plugin.cc's (not exported here either).
-int vramledger_device_count() {
-  int count = -1;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) return -1;
-  return count;
-}
-
-void vramledger_string_free(char* s) { std::free(s); }
-
 // ---- Introspection (tests, scripts through ctypes) ----
 
 /// The shim's counters as a JSON object in a malloc'd string (free() it); NULL when inactive.
@@ -735,7 +688,7 @@ VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
   // Host time of the interposed calls, whole and inside the allocators' Malloc and Free, all
   // devices; zeros unless host_timing is on (step-time-measurement.md).
   double malloc_us = 0, free_us = 0;
-  for (int d = 0; d < vramledger::kMaxDevices; ++d) {
+  for (int d = 0; d < vramledger::DeviceTable::Get().device_count(); ++d) {
     if (const vramledger::DeviceAllocator* a = p->Existing(d)) {
       const vramledger::HostTime t = a->host_time();
       malloc_us += t.malloc_ns / 1e3;
