@@ -1,6 +1,7 @@
-// The runtime's guard ABI (torch_plugin/runtime/guard_api.h) on simulated devices: a plan from the options,
-// tags through the C ABI, refusals thrown as c10::OutOfMemoryError with the full report (plan
-// line, Python frames from the provider, forensic snapshot), per-tag stats, steps and plan checks.
+// The runtime's guard ABI (torch_plugin/runtime/guard_api.h) on simulated devices: a plan from the
+// options, tags through the C ABI, refusals thrown as c10::OutOfMemoryError with the full report
+// (plan line, Python frames from the provider, forensic snapshot), per-tag stats, steps and plan
+// checks.
 #include "torch_plugin/runtime/guard_api.h"
 
 #include <c10/util/Exception.h>

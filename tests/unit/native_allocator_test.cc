@@ -1,7 +1,7 @@
-// The torch-native mode (torch_plugin/native/native_allocator.cc) on SimBackend: torch's CUDAAllocator
-// calls answered by the plugin's allocator, with torch's stats struct, snapshot struct, errors
-// and install rule. No GPU: allocations name their device (AllocateOn), as torch's current-device
-// query needs one.
+// The torch-native mode (torch_plugin/native/native_allocator.cc) on SimBackend: torch's
+// CUDAAllocator calls answered by the runtime's allocator, with torch's stats struct, snapshot
+// struct, errors and install rule. No GPU: allocations name their device (AllocateOn), as torch's
+// current-device query needs one.
 #include "torch_plugin/native/native_allocator.h"
 
 #include <c10/util/Exception.h>

@@ -165,7 +165,7 @@ TEST_F(PluginAbiTest, EmptyCacheReturnsFreeSegments) {
   EXPECT_EQ(vramledger_empty_cache(-1), VRAMLEDGER_OK);
 }
 
-// Issue 8: two devices keep separate books. A block of device 1 is freed to device 1's allocator
+// Two devices keep separate books. A block of device 1 is freed to device 1's allocator
 // whatever device is current, and empty_cache (torch's reset hook, every device) returns device 1's
 // free segment while device 0's live block and its segment stay.
 TEST_F(PluginAbiTest, TwoDevicesKeepSeparateBooksAndEmptyCacheReleasesEach) {

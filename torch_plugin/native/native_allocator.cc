@@ -20,6 +20,7 @@
 #include "ledger/history.h"
 #include "torch_plugin/pluggable/plugin.h"
 #include "torch_plugin/runtime/c_errors.h"
+#include "torch_plugin/runtime/history_api.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 #include "vramledger/stats.h"

@@ -48,12 +48,14 @@ VRAMLEDGER_EXPORT int vramledger_device_count();
 /// VRAMLEDGER_FAILED when CUDA is unavailable.
 VRAMLEDGER_EXPORT int vramledger_memory_stats_json(int device, char** json_out);
 
-/// The fragmentation figures of `device` as a JSON object (issue 3): every field of
-/// vramledger::Fragmentation ("utilization" peak allocated / peak reserved, "wasted_bytes",
-/// "wasted_bytes_at_peak", "free_bytes", "largest_free_block", "free_space_fragmentation" in
-/// [0, 1], "holes", "mapped_free_pages", "other_stream_cached_bytes", "page_moves",
-/// "retiring_bytes"; sizes in
-/// bytes), "current_stream" (the stream given, as an integer), and the driver calls made so far:
+/// The fragmentation figures of `device` as a JSON object: every field of
+/// vramledger::Fragmentation (ledger/fragmentation_json.h: "utilization" peak allocated / peak
+/// reserved, "wasted_bytes", "wasted_bytes_at_peak", "free_bytes", "largest_free_block",
+/// "free_space_fragmentation" in [0, 1], "holes", "mapped_free_pages",
+/// "other_stream_cached_bytes", "page_moves", "retiring_bytes", "reused_old_mappings"; sizes in
+/// bytes), "device", "current_stream" (the stream given, as an integer), "host_time" (the
+/// allocator's Malloc and Free: {"count", "time_us"} each, zeros unless host_timing is on), and
+/// the driver calls made so far:
 /// "driver_calls" maps each call kind's CUDA name (e.g. "cuMemMap") to {"count", "time_us"},
 /// "driver_calls_total", "driver_time_us_total", and "driver_time" = "measured" (CUDA, wall
 /// time around each call) or "modelled" (SimBackend's cost model). `current_stream` decides which
