@@ -40,7 +40,7 @@
 
 namespace vramledger::preload {
 
-__attribute__((tls_model("initial-exec"))) thread_local bool t_inside = false;
+constinit __attribute__((tls_model("initial-exec"))) thread_local bool t_inside = false;
 
 namespace {
 

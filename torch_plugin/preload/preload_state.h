@@ -64,7 +64,7 @@ inline const RealRuntime& Runtime() {
 // ---- The recursion guard ----
 
 // True while the calling thread is inside vramledger (defined in preload.cc).
-extern __attribute__((tls_model("initial-exec"))) thread_local bool t_inside;
+extern constinit __attribute__((tls_model("initial-exec"))) thread_local bool t_inside;
 
 // Marks the calling thread as inside vramledger for its lifetime (nests).
 class InsideScope {
