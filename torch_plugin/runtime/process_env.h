@@ -1,0 +1,21 @@
+// The process settings that the runtime reads from the environment rather than from the options:
+// the shim's switches and the rank that names the step log. Read in this one place.
+#ifndef VRAMLEDGER_TORCH_PLUGIN_RUNTIME_PROCESS_ENV_H_
+#define VRAMLEDGER_TORCH_PLUGIN_RUNTIME_PROCESS_ENV_H_
+
+namespace vramledger {
+
+struct ProcessEnv {
+  bool preload_disable = false;       // VRAMLEDGER_PRELOAD_DISABLE set: the shim does nothing
+  bool preload_quiet = false;         // VRAMLEDGER_PRELOAD_QUIET set: dumps print no summary
+  bool preload_no_exit_dump = false;  // VRAMLEDGER_PRELOAD_NO_EXIT_DUMP set: no dump at exit
+  int rank = 0;  // RANK, else LOCAL_RANK, else 0: names the step log (guard/step_log.h)
+};
+
+/// Reads the settings from the environment now (each call reads it again: a program may set a
+/// variable after the shim loaded). Thread-safe as far as getenv is.
+ProcessEnv ReadProcessEnv();
+
+}  // namespace vramledger
+
+#endif  // VRAMLEDGER_TORCH_PLUGIN_RUNTIME_PROCESS_ENV_H_
