@@ -166,9 +166,9 @@ py::dict OptionsToDict(const Options& o) {
   d["release_lock_on_cudamalloc"] = o.release_lock_on_cudamalloc;
   d["per_process_memory_fraction"] = o.per_process_memory_fraction;
   d["page_recycling"] = o.page_recycling;
-  d["plan"] = o.plan;
-  d["dump_dir"] = o.dump_dir;
-  d["max_dumps"] = o.max_dumps;
+  d["plan"] = o.process.plan;
+  d["dump_dir"] = o.process.dump_dir;
+  d["max_dumps"] = o.process.max_dumps;
   d["conf_string"] = o.conf_string;
   return d;
 }

@@ -254,13 +254,13 @@ class Preload {
   // The plan's limit on `device` in bytes (-1: no plan or no limit), resolved once against
   // the card's total. Pre: inside an InsideScope.
   std::int64_t PlanLimit(int device, std::size_t card_total) {
-    if (options_.plan.empty() || device < 0 || device >= kMaxDevices) return -1;
+    if (options_.process.plan.empty() || device < 0 || device >= kMaxDevices) return -1;
     Slot& slot = slots_[device];
     std::int64_t limit = slot.plan_limit.load(std::memory_order_relaxed);
     if (limit != -2) return limit;
     limit = -1;
     char* json = nullptr;
-    if (vramledger_plan_check(options_.plan.c_str(), device + 1, card_total, &json) == 0 &&
+    if (vramledger_plan_check(options_.process.plan.c_str(), device + 1, card_total, &json) == 0 &&
         json != nullptr) {
       const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
       if (doc.is_object() && doc.contains("devices") &&
@@ -390,8 +390,8 @@ void WriteDump(Preload& p, const std::string& tag) {
   InsideScope inside;
   try {
     const std::string base =
-        absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid", getpid(), "-", tag);
-    ::mkdir(p.options().dump_dir.c_str(), 0755);  // WriteSnapshotJsonFile needs it to exist
+        absl::StrCat(p.options().process.dump_dir, "/vramledger-preload-pid", getpid(), "-", tag);
+    ::mkdir(p.options().process.dump_dir.c_str(), 0755);  // WriteSnapshotJsonFile needs it to exist
     SnapshotOptions snapshot = PluginSnapshotOptions();
     const Counters& c = p.counters();
     snapshot.extra["preload"] = {
@@ -431,7 +431,7 @@ void WriteDump(Preload& p, const std::string& tag) {
       std::fprintf(stderr, "vramledger: preload summary not written: %s\n",
                    std::string(t.message()).c_str());
     }
-    if (std::getenv("VRAMLEDGER_PRELOAD_QUIET") == nullptr) {
+    if (!p.options().process.preload_quiet) {
       std::fprintf(stderr, "%swritten: %s.json, %s.txt\n", summary.c_str(), base.c_str(),
                    base.c_str());
     }
@@ -445,11 +445,11 @@ void WriteDump(Preload& p, const std::string& tag) {
 // Writes the refusal report to <dump_dir>/vramledger-preload-pid<P>-refusal-<n>.txt (the first
 // max_dumps of them; the guard's forensic snapshot is named in the text). Never throws.
 void WriteRefusalReport(Preload& p, std::int64_t n, absl::string_view report) {
-  if (n > std::max(p.options().max_dumps, 0)) return;
+  if (n > std::max(p.options().process.max_dumps, 0)) return;
   try {
-    ::mkdir(p.options().dump_dir.c_str(), 0755);
-    const std::string path = absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid", getpid(),
-                                          "-refusal-", n, ".txt");
+    ::mkdir(p.options().process.dump_dir.c_str(), 0755);
+    const std::string path = absl::StrCat(p.options().process.dump_dir, "/vramledger-preload-pid",
+                                          getpid(), "-refusal-", n, ".txt");
     const absl::Status s = WriteFileAtomically(path, [&](std::ostream& out) {
       out << report << "\n";
       return out.good() ? absl::OkStatus() : absl::DataLossError("report write failed");
@@ -573,7 +573,7 @@ void AtExit() {
   Preload* p = g_preload.load(std::memory_order_acquire);
   static std::atomic<bool> done{false};
   if (p == nullptr || done.exchange(true)) return;
-  if (std::getenv("VRAMLEDGER_PRELOAD_NO_EXIT_DUMP") != nullptr) return;
+  if (p->options().process.preload_no_exit_dump) return;
   const Counters& c = p->counters();
   if (c.malloc_calls.load() + c.malloc_async_calls.load() == 0) return;  // never used CUDA
   WriteDump(*p, "exit");
@@ -583,6 +583,7 @@ void AtExit() {
 // line naming the key), checks the plan file, selects torch's backend, installs SIGUSR1.
 __attribute__((constructor)) void PreloadInit() {
   InsideScope inside;
+  // Checked before VRAMLEDGER_CONF is parsed, so that a bad setting cannot block this way out.
   if (std::getenv("VRAMLEDGER_PRELOAD_DISABLE") != nullptr) return;
   absl::StatusOr<Options> options = OptionsFromEnvAndString("");
   if (!options.ok()) {
@@ -590,9 +591,10 @@ __attribute__((constructor)) void PreloadInit() {
     std::fflush(stderr);
     std::_Exit(2);
   }
-  if (!options->plan.empty()) {
+  if (options->process.preload_disable) return;
+  if (!options->process.plan.empty()) {
     char* json = nullptr;
-    if (vramledger_plan_check(options->plan.c_str(), 0, 0, &json) != 0) {
+    if (vramledger_plan_check(options->process.plan.c_str(), 0, 0, &json) != 0) {
       std::fprintf(stderr, "vramledger: VRAMLEDGER_CONF: option 'plan': %s\n",
                    PluginLastError().c_str());
       std::fflush(stderr);
@@ -684,8 +686,8 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stre
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   const cudaError_t err = Runtime().mem_get_info(free_bytes, total_bytes);
   Preload* p = Active();
-  if (p == nullptr || err != cudaSuccess || p->options().plan.empty() || free_bytes == nullptr ||
-      total_bytes == nullptr) {
+  if (p == nullptr || err != cudaSuccess || p->options().process.plan.empty() ||
+      free_bytes == nullptr || total_bytes == nullptr) {
     return err;
   }
   p->counters().memgetinfo_calls.fetch_add(1, std::memory_order_relaxed);
