@@ -76,8 +76,8 @@ VRAMLEDGER_EXPORT int vramledger_set_python_stack_fn(vramledger_python_stack_fn 
 namespace vramledger {
 
 /// plugin.cc calls this once per allocator, right after creating it: builds the device's budget
-/// guard from options.plan (none: accounting only) and installs it, chained before `ledger` (the
-/// history hooks, may be null), as the allocator's hooks.
+/// guard from options.process.plan (none: accounting only) and installs it, chained before
+/// `ledger` (the history hooks, may be null), as the allocator's hooks.
 /// InvalidArgument "<plan>:<line>: field '<field>': ..." for a bad plan (also one exceeding the
 /// card); NotFound when the plan file cannot be read.
 absl::Status AttachGuard(int device, const Options& options, DeviceBackend* backend,
