@@ -6,7 +6,7 @@
 #include "device/sim_backend.h"
 
 namespace vramledger {
-namespace {
+namespace conformance {
 
 class SimHarness {
  public:
@@ -36,7 +36,7 @@ class SimHarness {
   void ExpectThreadCaptureModeGlobal() {
     const int mode = sim_.EnterRelaxedCapture();
     sim_.ExitRelaxedCapture(mode);
-    EXPECT_EQ(mode, conformance::kCaptureModeGlobal);
+    EXPECT_EQ(mode, kCaptureModeGlobal);
   }
   void ExpectNoStickyError() {}  // the simulator keeps no last error
   // No bytes are simulated: the range must be mapped with access set.
@@ -59,9 +59,6 @@ class SimHarness {
   StreamId next_stream_ = 0;
 };
 
-}  // namespace
-
-namespace conformance {
 INSTANTIATE_TYPED_TEST_SUITE_P(Sim, BackendConformance, SimHarness);
 }  // namespace conformance
 }  // namespace vramledger

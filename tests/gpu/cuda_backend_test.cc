@@ -38,79 +38,6 @@ std::string NoDeviceReason() {
 
 cudaStream_t AsStream(StreamId stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
-class CudaHarness {
- public:
-  static constexpr bool kCountsRefusedCalls = false;  // refused before the driver is called
-  static constexpr int kRounds = 25;
-  static constexpr int kPerRound = 4;
-
-  ~CudaHarness() {
-    if (holds_.empty()) return;
-    for (auto& flag : holds_) flag->store(true);
-    (void)cudaDeviceSynchronize();  // the host callbacks read the flags until they return
-  }
-
-  std::string Unavailable() { return NoDeviceReason(); }
-  void SetUp() {
-    backend_ = std::make_unique<CudaBackend>(0);
-    ASSERT_TRUE(backend_->vmm_status().ok()) << backend_->vmm_status();
-  }
-  DeviceBackend* backend() { return backend_.get(); }
-
-  StreamId NewStream() {
-    cudaStream_t stream = nullptr;
-    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    return reinterpret_cast<StreamId>(stream);
-  }
-  void DestroyStream(StreamId stream) {
-    EXPECT_EQ(cudaStreamDestroy(AsStream(stream)), cudaSuccess);
-  }
-  void HoldStream(StreamId stream) {
-    holds_.push_back(std::make_unique<std::atomic<bool>>(false));
-    ASSERT_EQ(cudaLaunchHostFunc(AsStream(stream), HoldStreamUntil, holds_.back().get()),
-              cudaSuccess);
-  }
-  void ReleaseStream(StreamId) {
-    for (auto& flag : holds_) flag->store(true);
-  }
-
-  void BeginCapture(StreamId stream) {
-    ASSERT_EQ(cudaStreamBeginCapture(AsStream(stream), cudaStreamCaptureModeGlobal), cudaSuccess);
-  }
-  void CaptureWork(DevicePtr va, std::size_t size, StreamId stream) {
-    ASSERT_EQ(cudaMemsetAsync(reinterpret_cast<void*>(va), 1, size, AsStream(stream)), cudaSuccess);
-  }
-  void EndCapture(StreamId stream) {
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamEndCapture(AsStream(stream), &graph), cudaSuccess);
-    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-  }
-  // Exchanging shows the thread's mode; the second exchange puts it back.
-  void ExpectThreadCaptureModeGlobal() {
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
-    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
-    EXPECT_EQ(mode, cudaStreamCaptureModeGlobal);
-    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
-  }
-  void ExpectNoStickyError() { EXPECT_EQ(cudaGetLastError(), cudaSuccess); }
-  void ExpectWritable(DevicePtr va, std::size_t size, unsigned char byte) {
-    ASSERT_EQ(cudaMemset(reinterpret_cast<void*>(va), byte, size), cudaSuccess);
-    ExpectHolds(va, size, byte);
-  }
-  void ExpectHolds(DevicePtr va, std::size_t size, unsigned char byte) {
-    std::vector<unsigned char> host(size, 0);
-    ASSERT_EQ(cudaMemcpy(host.data(), reinterpret_cast<void*>(va), size, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    EXPECT_EQ(host.front(), byte);
-    EXPECT_EQ(host.back(), byte);
-  }
-  void ExpectNothingLive() {}  // the driver lists no live allocations to compare with
-
- private:
-  std::unique_ptr<CudaBackend> backend_;
-  std::vector<std::unique_ptr<std::atomic<bool>>> holds_;
-};
-
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -261,6 +188,80 @@ TEST_F(CudaBackendTest, GrantsActivePeersAccessToMappedPages) {
 }  // namespace
 
 namespace conformance {
+
+class CudaHarness {
+ public:
+  static constexpr bool kCountsRefusedCalls = false;  // refused before the driver is called
+  static constexpr int kRounds = 25;
+  static constexpr int kPerRound = 4;
+
+  ~CudaHarness() {
+    if (holds_.empty()) return;
+    for (auto& flag : holds_) flag->store(true);
+    (void)cudaDeviceSynchronize();  // the host callbacks read the flags until they return
+  }
+
+  std::string Unavailable() { return NoDeviceReason(); }
+  void SetUp() {
+    backend_ = std::make_unique<CudaBackend>(0);
+    ASSERT_TRUE(backend_->vmm_status().ok()) << backend_->vmm_status();
+  }
+  DeviceBackend* backend() { return backend_.get(); }
+
+  StreamId NewStream() {
+    cudaStream_t stream = nullptr;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    return reinterpret_cast<StreamId>(stream);
+  }
+  void DestroyStream(StreamId stream) {
+    EXPECT_EQ(cudaStreamDestroy(AsStream(stream)), cudaSuccess);
+  }
+  void HoldStream(StreamId stream) {
+    holds_.push_back(std::make_unique<std::atomic<bool>>(false));
+    ASSERT_EQ(cudaLaunchHostFunc(AsStream(stream), HoldStreamUntil, holds_.back().get()),
+              cudaSuccess);
+  }
+  void ReleaseStream(StreamId) {
+    for (auto& flag : holds_) flag->store(true);
+  }
+
+  void BeginCapture(StreamId stream) {
+    ASSERT_EQ(cudaStreamBeginCapture(AsStream(stream), cudaStreamCaptureModeGlobal), cudaSuccess);
+  }
+  void CaptureWork(DevicePtr va, std::size_t size, StreamId stream) {
+    ASSERT_EQ(cudaMemsetAsync(reinterpret_cast<void*>(va), 1, size, AsStream(stream)), cudaSuccess);
+  }
+  void EndCapture(StreamId stream) {
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(AsStream(stream), &graph), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  // Exchanging shows the thread's mode; the second exchange puts it back.
+  void ExpectThreadCaptureModeGlobal() {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+    EXPECT_EQ(mode, cudaStreamCaptureModeGlobal);
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  }
+  void ExpectNoStickyError() { EXPECT_EQ(cudaGetLastError(), cudaSuccess); }
+  void ExpectWritable(DevicePtr va, std::size_t size, unsigned char byte) {
+    ASSERT_EQ(cudaMemset(reinterpret_cast<void*>(va), byte, size), cudaSuccess);
+    ExpectHolds(va, size, byte);
+  }
+  void ExpectHolds(DevicePtr va, std::size_t size, unsigned char byte) {
+    std::vector<unsigned char> host(size, 0);
+    ASSERT_EQ(cudaMemcpy(host.data(), reinterpret_cast<void*>(va), size, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(host.front(), byte);
+    EXPECT_EQ(host.back(), byte);
+  }
+  void ExpectNothingLive() {}  // the driver lists no live allocations to compare with
+
+ private:
+  std::unique_ptr<CudaBackend> backend_;
+  std::vector<std::unique_ptr<std::atomic<bool>>> holds_;
+};
+
 INSTANTIATE_TYPED_TEST_SUITE_P(Cuda, BackendConformance, CudaHarness);
 }  // namespace conformance
 }  // namespace vramledger
