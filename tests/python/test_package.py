@@ -323,6 +323,6 @@ def test_device_arguments_follow_torch():
     with pytest.raises(ValueError, match="cuda device"):
         vramledger._device_index(1.5)
     # -1 is the plugin's "every device": reset_peak_memory_stats(-1) reset them all while
-    # memory_stats(-1) raised (a tester's finding); a negative index is refused for every call.
+    # memory_stats(-1) raised; a negative index is refused for every call.
     with pytest.raises(ValueError, match="index >= 0, got -1"):
         vramledger._device_index(-1)
