@@ -161,7 +161,7 @@ void AtExit() {
   Preload* p = g_preload.load(std::memory_order_acquire);
   static std::atomic<bool> done{false};
   if (p == nullptr || done.exchange(true)) return;
-  if (ReadProcessEnv().preload_no_exit_dump) return;
+  if (p->options().process.preload_no_exit_dump) return;
   const Counters& c = p->counters();
   if (c.malloc_calls.load() + c.malloc_async_calls.load() == 0) return;  // never used CUDA
   WriteDump(*p, "exit");
@@ -171,6 +171,7 @@ void AtExit() {
 // line naming the key), checks the plan file, selects torch's backend, installs SIGUSR1.
 __attribute__((constructor)) void PreloadInit() {
   InsideScope inside;
+  // Checked before VRAMLEDGER_CONF is parsed, so that a bad setting cannot block this way out.
   if (ReadProcessEnv().preload_disable) return;
   absl::StatusOr<Options> options = OptionsFromEnvAndString("");
   if (!options.ok()) {
@@ -178,8 +179,9 @@ __attribute__((constructor)) void PreloadInit() {
     std::fflush(stderr);
     std::_Exit(2);
   }
-  if (!options->plan.empty()) {
-    if (const absl::Status plan = CheckPlanFile(options->plan); !plan.ok()) {
+  if (options->process.preload_disable) return;  // set in VRAMLEDGER_CONF itself
+  if (!options->process.plan.empty()) {
+    if (const absl::Status plan = CheckPlanFile(options->process.plan); !plan.ok()) {
       std::fprintf(stderr, "vramledger: VRAMLEDGER_CONF: option 'plan': %s\n",
                    std::string(plan.message()).c_str());
       std::fflush(stderr);
@@ -273,8 +275,8 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stre
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   const cudaError_t err = Runtime().mem_get_info(free_bytes, total_bytes);
   Preload* p = Active();
-  if (p == nullptr || err != cudaSuccess || p->options().plan.empty() || free_bytes == nullptr ||
-      total_bytes == nullptr) {
+  if (p == nullptr || err != cudaSuccess || p->options().process.plan.empty() ||
+      free_bytes == nullptr || total_bytes == nullptr) {
     return err;
   }
   p->counters().memgetinfo_calls.fetch_add(1, std::memory_order_relaxed);

@@ -121,8 +121,8 @@ void WriteDump(Preload& p, const std::string& tag) {
   InsideScope inside;
   try {
     const std::string base =
-        absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid", getpid(), "-", tag);
-    ::mkdir(p.options().dump_dir.c_str(), 0755);  // WriteSnapshotJsonFile needs it to exist
+        absl::StrCat(p.options().process.dump_dir, "/vramledger-preload-pid", getpid(), "-", tag);
+    ::mkdir(p.options().process.dump_dir.c_str(), 0755);  // WriteSnapshotJsonFile needs it to exist
     SnapshotOptions snapshot = PluginSnapshotOptions();
     const Counters& c = p.counters();
     snapshot.extra["preload"] = {
@@ -162,7 +162,7 @@ void WriteDump(Preload& p, const std::string& tag) {
       std::fprintf(stderr, "vramledger: preload summary not written: %s\n",
                    std::string(t.message()).c_str());
     }
-    if (!ReadProcessEnv().preload_quiet) {
+    if (!p.options().process.preload_quiet) {
       std::fprintf(stderr, "%swritten: %s.json, %s.txt\n", summary.c_str(), base.c_str(),
                    base.c_str());
     }
@@ -174,11 +174,11 @@ void WriteDump(Preload& p, const std::string& tag) {
 }
 
 void WriteRefusalReport(Preload& p, std::int64_t n, absl::string_view report) {
-  if (n > std::max(p.options().max_dumps, 0)) return;
+  if (n > std::max(p.options().process.max_dumps, 0)) return;
   try {
-    ::mkdir(p.options().dump_dir.c_str(), 0755);
-    const std::string path = absl::StrCat(p.options().dump_dir, "/vramledger-preload-pid", getpid(),
-                                          "-refusal-", n, ".txt");
+    ::mkdir(p.options().process.dump_dir.c_str(), 0755);
+    const std::string path = absl::StrCat(p.options().process.dump_dir, "/vramledger-preload-pid",
+                                          getpid(), "-refusal-", n, ".txt");
     const absl::Status s = WriteFileAtomically(path, [&](std::ostream& out) {
       out << report << "\n";
       return out.good() ? absl::OkStatus() : absl::DataLossError("report write failed");

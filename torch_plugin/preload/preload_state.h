@@ -201,8 +201,8 @@ class Preload {
   // The plan's limit on `device` in bytes (-1: no plan or no limit), resolved once against
   // the card's total. Pre: inside an InsideScope.
   std::int64_t PlanLimit(int device, std::size_t card_total) {
-    if (options_.plan.empty()) return -1;
-    return PlanLimitBytes(options_.plan, device, card_total).value_or(-1);
+    if (options_.process.plan.empty()) return -1;
+    return PlanLimitBytes(options_.process.plan, device, card_total).value_or(-1);
   }
 
  private:

@@ -181,8 +181,8 @@ absl::Status AttachGuard(int device, int device_count, const Options& options,
     return absl::OkStatus();
   }
   std::optional<guard::DeviceBudget> budget;
-  if (!options.plan.empty()) {
-    absl::StatusOr<guard::Plan> plan = guard::LoadPlanFile(options.plan, device_count);
+  if (!options.process.plan.empty()) {
+    absl::StatusOr<guard::Plan> plan = guard::LoadPlanFile(options.process.plan, device_count);
     if (!plan.ok()) {
       return absl::Status(plan.status().code(),
                           absl::StrCat("vramledger plan error: ", plan.status().message()));
@@ -205,8 +205,8 @@ absl::Status AttachGuard(int device, int device_count, const Options& options,
   entry->options = options;
   entry->guard->SetSymbolizer(&G().symbolizer);
   entry->guard->SetPythonStackProvider(PythonFrames);
-  const std::string dump_dir = options.dump_dir;
-  const int max_dumps = options.max_dumps;
+  const std::string dump_dir = options.process.dump_dir;
+  const int max_dumps = options.process.max_dumps;
   entry->guard->SetForensicDump(
       [dump_dir, max_dumps](int dev, const std::string& message) -> absl::StatusOr<std::string> {
         OomDumpConfig config;
@@ -312,9 +312,9 @@ int vramledger_step(char** json_out) {
       const vramledger::guard::StepRecord record = g->guard->EndStep(g->allocator->GetStats());
       const std::string line = vramledger::guard::StepRecordJson(record, rank, now);
       records.push_back(nlohmann::json::parse(line));
-      if (g->options.step_log.empty()) continue;
+      if (g->options.process.step_log.empty()) continue;
       if (state.step_log == nullptr) {
-        auto log = vramledger::guard::StepLog::Open(g->options.step_log, rank);
+        auto log = vramledger::guard::StepLog::Open(g->options.process.step_log, rank);
         if (!log.ok()) {
           if (first_error.ok()) first_error = log.status();
           continue;

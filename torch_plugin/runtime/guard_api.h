@@ -66,7 +66,7 @@ VRAMLEDGER_EXPORT int vramledger_set_python_stack_fn(vramledger_python_stack_fn 
 namespace vramledger {
 
 /// The device table calls this once per allocator, right after creating it: builds the device's
-/// budget guard from options.plan (device keys checked against `device_count`; none: accounting
+/// budget guard from options.process.plan (device keys checked against `device_count`; none: accounting
 /// only) and installs it, chained before `ledger` (the history hooks, may be null), as the
 /// allocator's hooks.
 /// InvalidArgument "<plan>:<line>: field '<field>': ..." for a bad plan (also one exceeding the

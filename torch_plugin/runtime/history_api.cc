@@ -95,8 +95,8 @@ absl::Status WithOomDump(int device, const absl::Status& status) {
                                            : nullptr;
     if (allocator == nullptr) return status;
     OomDumpConfig config;
-    config.dump_dir = allocator->options().dump_dir;
-    config.max_dumps = allocator->options().max_dumps;
+    config.dump_dir = allocator->options().process.dump_dir;
+    config.max_dumps = allocator->options().process.max_dumps;
     config.device = device;
     config.message = std::string(status.message());
     config.snapshot = PluginSnapshotOptions();

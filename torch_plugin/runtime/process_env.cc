@@ -10,8 +10,6 @@ namespace vramledger {
 ProcessEnv ReadProcessEnv() {
   ProcessEnv env;
   env.preload_disable = std::getenv("VRAMLEDGER_PRELOAD_DISABLE") != nullptr;
-  env.preload_quiet = std::getenv("VRAMLEDGER_PRELOAD_QUIET") != nullptr;
-  env.preload_no_exit_dump = std::getenv("VRAMLEDGER_PRELOAD_NO_EXIT_DUMP") != nullptr;
   env.rank = guard::RankFromEnvironment();
   return env;
 }

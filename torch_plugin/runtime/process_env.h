@@ -1,14 +1,12 @@
-// The process settings that the runtime reads from the environment rather than from the options:
-// the shim's switches and the rank that names the step log. Read in this one place.
+// The process settings read from the environment outside the options: the shim's off switch
+// (checked before VRAMLEDGER_CONF is parsed) and the rank that names the step log.
 #ifndef VRAMLEDGER_TORCH_PLUGIN_RUNTIME_PROCESS_ENV_H_
 #define VRAMLEDGER_TORCH_PLUGIN_RUNTIME_PROCESS_ENV_H_
 
 namespace vramledger {
 
 struct ProcessEnv {
-  bool preload_disable = false;       // VRAMLEDGER_PRELOAD_DISABLE set: the shim does nothing
-  bool preload_quiet = false;         // VRAMLEDGER_PRELOAD_QUIET set: dumps print no summary
-  bool preload_no_exit_dump = false;  // VRAMLEDGER_PRELOAD_NO_EXIT_DUMP set: no dump at exit
+  bool preload_disable = false;  // VRAMLEDGER_PRELOAD_DISABLE set: the shim does nothing
   int rank = 0;  // RANK, else LOCAL_RANK, else 0: names the step log (guard/step_log.h)
 };
 
