@@ -122,7 +122,8 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   }
   const bool gc = fraction_set_ && options_.garbage_collection_threshold > 0;
   if (gc) ++pool->free_lookups;
-  auto found = FindFreeBlock(pool, stream, request.rounded);
+  auto found = pool->blocks.FindBestFit(stream, request.rounded, options_.max_split_size,
+                                        options_.max_non_split_rounding);
   if (found != pool->blocks.end()) return UseBlock(*found, request, &found)->ptr;
   Block* block = nullptr;
   {
@@ -177,34 +178,6 @@ void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::s
   e.context = context;
   e.tag = tag;
   hooks->OnEvent(e);
-}
-
-BlockPool::Index::iterator DeviceAllocatorImpl::FindFreeBlock(BlockPool* pool, StreamId stream,
-                                                              std::size_t size) {
-  Block key;
-  key.stream = stream;
-  key.size = size;
-  key.ptr = 0;
-  auto it = pool->blocks.lower_bound(&key);
-  if (it == pool->blocks.end() || (*it)->stream != stream) return pool->blocks.end();
-  const std::size_t max_split = options_.max_split_size;
-  // Never hand an oversize block to a request below max_split_size ...
-  if (size < max_split && (*it)->size >= max_split) return pool->blocks.end();
-  // ... and give an oversize request only a block that wastes less than max_non_split_rounding.
-  if (size >= max_split && (*it)->size >= size + options_.max_non_split_rounding) {
-    return pool->blocks.end();
-  }
-  return it;
-}
-
-void DeviceAllocatorImpl::Reposition(BlockPool* pool, BlockPool::Index::iterator it) {
-  // The block at `it` changed its key in place (docs/design/locking.md, "in-place keys"): keep
-  // the node where it is when the order still holds, else unlink and relink it (no allocation).
-  auto& index = pool->blocks;
-  const core::BlockBestFitLess less;
-  const bool ordered = (it == index.begin() || less(*std::prev(it), *it)) &&
-                       (std::next(it) == index.end() || less(*it, *std::next(it)));
-  if (!ordered) Relink(pool, it);
 }
 
 absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
@@ -267,26 +240,10 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
   if (ShouldSplit(block, rounded)) {
     // The front becomes the allocation; the remainder stays free in the pool.
     Block* remaining = block;
-    block = NewBlock();
-    block->ptr = remaining->ptr;
-    block->size = rounded;
-    block->stream = remaining->stream;
-    block->pool = pool;
-    block->segment = remaining->segment;
-    block->prev = remaining->prev;
-    if (block->prev != nullptr) block->prev->next = block;
-    block->next = remaining;
-    remaining->prev = block;
-    remaining->ptr += rounded;
-    remaining->size -= rounded;
-    if (block->prev == nullptr) block->segment->head = block;
-    if (indexed != nullptr) {
-      RepositionShrunk(pool, *indexed);  // the remainder keeps the indexed node
-    } else {
-      pool->blocks.insert(remaining);
-    }
+    block = pool->blocks.SplitFront(remaining, rounded, NewBlock(), indexed != nullptr);
     if (pool->expandable) {
-      // torch does not count inactive splits of expandable segments (PYTORCH-FACTS §3).
+      // torch counts no inactive split in expandable segments (its alloc_found_block and
+      // free_block skip them), so neither do we: the figures stay comparable.
     } else if (already_split) {
       stats_.inactive_split_bytes.Decrease(types, static_cast<std::int64_t>(block->size));
     } else {
@@ -356,52 +313,11 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   Emit(TraceAction::kFreeCompleted, block->ptr, block->requested_size, block->stream,
        block->free_context, block->tag);
   if (pool->expandable) CountUse(block, -1);
-  auto mergeable = [](const Block* b) {
-    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
-  };
-  Block* prev = mergeable(block->prev) ? block->prev : nullptr;
-  Block* next = mergeable(block->next) ? block->next : nullptr;
-  std::int64_t split_blocks_change = 0;
-  std::int64_t split_bytes_change = 0;
-  Block* result = block;
-  if (prev == nullptr && next == nullptr) {
-    block->requested_size = 0;
-    pool->blocks.insert(block);
-  } else {
-    // Coalesce into a free neighbour that is already indexed, changing its key in place.
-    Block* keep = prev != nullptr ? prev : next;
-    auto it = BlockPool::Index::Position(keep);  // its node: no search
-    if (prev != nullptr && next != nullptr) pool->blocks.erase(BlockPool::Index::Position(next));
-    for (Block* gone : {prev, next}) {
-      if (gone == nullptr) continue;
-      split_blocks_change -= 1;
-      split_bytes_change -= static_cast<std::int64_t>(gone->size);
-    }
-    if (prev != nullptr) {
-      prev->size += block->size;
-      prev->next = block->next;
-      if (prev->next != nullptr) prev->next->prev = prev;
-      DeleteBlock(block);
-      if (next != nullptr) {
-        prev->size += next->size;
-        prev->next = next->next;
-        if (prev->next != nullptr) prev->next->prev = prev;
-        DeleteBlock(next);
-      }
-    } else {
-      next->ptr = block->ptr;
-      next->size += block->size;
-      next->prev = block->prev;
-      if (next->prev != nullptr) {
-        next->prev->next = next;
-      } else {
-        next->segment->head = next;
-      }
-      DeleteBlock(block);
-    }
-    result = keep;
-    RepositionGrown(pool, it);
-  }
+  const core::FreeBlockIndex::Merged merged = pool->blocks.Merge(block);
+  for (int i = 0; i < merged.num_gone; ++i) DeleteBlock(merged.gone[i]);
+  std::int64_t split_blocks_change = -merged.neighbours;
+  std::int64_t split_bytes_change = -merged.neighbour_bytes;
+  Block* result = merged.block;
   result->gc_base = pool->free_lookups;  // freed now: a merge takes the newest age
   if (result->is_split()) {
     split_blocks_change += 1;
@@ -414,29 +330,6 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   stats_.active.Decrease(types, 1);
   stats_.active_bytes.Decrease(types, original_size);
   stats_.requested_bytes.Decrease(types, requested);
-}
-
-std::size_t DeviceAllocatorImpl::TryMerge(Block* dst, Block* src) {
-  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
-    return 0;
-  }
-  if (dst->prev == src) {
-    dst->ptr = src->ptr;
-    dst->prev = src->prev;
-    if (dst->prev != nullptr) {
-      dst->prev->next = dst;
-    } else {
-      dst->segment->head = dst;
-    }
-  } else {
-    dst->next = src->next;
-    if (dst->next != nullptr) dst->next->prev = dst;
-  }
-  const std::size_t subsumed = src->size;
-  dst->size += subsumed;
-  dst->pool->blocks.erase(src);
-  DeleteBlock(src);
-  return subsumed;
 }
 
 absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block.h"
+#include "core/free_block_index.h"
 #include "core/device_mutex.h"
 #include "core/live_block_map.h"
 #include "core/pool_stats.h"
@@ -249,26 +250,6 @@ class DeviceAllocatorImpl {
   std::array<const core::BlockPool*, 4> AllPools() const {
     return {&small_pool_, &large_pool_, &exp_small_pool_, &exp_large_pool_};
   }
-  // Best fit in `pool` for (stream, size) under torch's max_split_size rules; end() if none.
-  core::BlockPool::Index::iterator FindFreeBlock(core::BlockPool* pool, StreamId stream,
-                                                 std::size_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Restores the free index's order after the key of the block at `it` changed in place.
-  static void Reposition(core::BlockPool* pool, core::BlockPool::Index::iterator it);
-  // The same when the key is known to have only shrunk (a split's remainder: only its
-  // predecessor can be out of order) or only grown (a merge: only its successor can).
-  static void RepositionShrunk(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
-    if (it != pool->blocks.begin() && !core::BlockBestFitLess()(*std::prev(it), *it)) {
-      Relink(pool, it);
-    }
-  }
-  static void RepositionGrown(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
-    const auto after = std::next(it);
-    if (after != pool->blocks.end() && !core::BlockBestFitLess()(*it, *after)) Relink(pool, it);
-  }
-  static void Relink(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
-    pool->blocks.insert(pool->blocks.extract(it));  // the node is reused: no allocation
-  }
   // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
   // fraction cap); an error status for any other driver failure.
   absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
@@ -291,7 +272,12 @@ class DeviceAllocatorImpl {
   bool ShouldSplit(const core::Block* block, std::size_t size) const;
   // Returns a no-longer-active block to its pool, coalescing with free neighbours.
   void FreeBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::size_t TryMerge(core::Block* dst, core::Block* src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges free neighbour `src` into unindexed `dst` (FreeBlockIndex::Absorb) and recycles it.
+  std::size_t TryMerge(core::Block* dst, core::Block* src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::size_t subsumed = core::FreeBlockIndex::Absorb(dst, src);
+    if (subsumed != 0) DeleteBlock(src);
+    return subsumed;
+  }
   // Frees oversize cached blocks of `stream` (max_split_size set) until `size` could fit.
   absl::StatusOr<bool> ReleaseAvailableCachedBlocks(StreamId stream, std::size_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
