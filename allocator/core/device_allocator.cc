@@ -79,7 +79,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
       b = next;
     }
   }
-  for (EventId e : spare_events_) (void)backend_->DestroyEvent(e);
+  spare_events_.DestroyAll(backend_);
   for (Block* b : spare_blocks_) delete b;
 }
 
@@ -100,7 +100,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
     return absl::ResourceExhaustedError(
         "CUDA out of memory. Tried to allocate more than 1EB memory.");
   }
-  if (pending_events_ > 0) {
+  if (stream_events_.pending() > 0) {
     if (absl::Status s = ProcessEvents(); !s.ok()) return s;
   }
   request.rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
@@ -347,87 +347,21 @@ absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<EventId> DeviceAllocatorImpl::GetEvent() {
-  if (!spare_events_.empty()) {
-    EventId e = spare_events_.back();
-    spare_events_.pop_back();
-    return e;
-  }
-  EventId e = 0;
-  if (absl::Status s = backend_->CreateEvent(&e); !s.ok()) return s;
-  return e;
-}
-
 absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
-  // Deferred: pending (not free, not mergeable) until FlushDeferredFrees records its events.
-  auto defer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    deferred_frees_.push_back(block);
-    ++block->event_count;
-    ++pending_events_;
-  };
-  if (CaptureUnderway()) {  // no event record during a capture: FlushDeferredFrees does it later
-    defer();
-    return absl::OkStatus();
-  }
-  while (!block->stream_uses.empty()) {
-    const StreamId s = block->stream_uses.back();
-    auto event = GetEvent();
-    absl::Status st = event.ok() ? backend_->RecordEvent(*event, s) : event.status();
-    if (!st.ok()) {
-      // A driver error: the uses not yet covered by an event are kept and tried again by the
-      // next slow path (ProcessEvents -> FlushDeferredFrees); the block stays pending meanwhile
-      // (driver-errors.md).
-      if (event.ok()) spare_events_.push_back(*event);
-      defer();
-      return st;
-    }
-    block->stream_uses.pop_back();
-    ++block->event_count;
-    ++pending_events_;
-    events_[s].emplace_back(*event, block);
-  }
-  return absl::OkStatus();
+  return stream_events_.Record(
+      block, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CaptureUnderway(); });
 }
 
 absl::Status DeviceAllocatorImpl::ProcessEvents() {
-  if (CaptureUnderway()) return absl::OkStatus();  // no cudaEventQuery during a capture
-  if (!deferred_frees_.empty()) {
-    if (absl::Status s = FlushDeferredFrees(); !s.ok()) return s;
-  }
-  for (auto& [stream, queue] : events_) {
-    while (!queue.empty()) {
-      auto [event, block] = queue.front();
-      auto done = backend_->QueryEvent(event);
-      if (!done.ok()) return done.status();
-      if (!*done) break;  // later events of this stream cannot be done either
-      queue.pop_front();
-      --pending_events_;
-      spare_events_.push_back(event);
-      if (--block->event_count == 0) {
-        live_blocks_.Erase(block->ptr);
-        FreeBlock(block);
-      }
-    }
-  }
-  return absl::OkStatus();
+  return stream_events_.Process(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CaptureUnderway(); },
+      [this](Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ReleaseAfterEvents(b); });
 }
 
 absl::Status DeviceAllocatorImpl::SynchronizeAndFreeEvents() {
-  if (pending_events_ > 0) ++stats_.num_sync_all_streams;
-  for (auto& [stream, queue] : events_) {
-    while (!queue.empty()) {
-      auto [event, block] = queue.front();
-      if (absl::Status s = backend_->SynchronizeEvent(event); !s.ok()) return s;
-      queue.pop_front();
-      --pending_events_;
-      spare_events_.push_back(event);
-      if (--block->event_count == 0) {
-        live_blocks_.Erase(block->ptr);
-        FreeBlock(block);
-      }
-    }
-  }
-  return absl::OkStatus();
+  if (stream_events_.pending() > 0) ++stats_.num_sync_all_streams;
+  return stream_events_.SynchronizeAll(
+      [this](Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ReleaseAfterEvents(b); });
 }
 
 absl::Status DeviceAllocatorImpl::GarbageCollectCachedBlocks() {

@@ -22,8 +22,10 @@
 #include "core/block.h"
 #include "core/free_block_index.h"
 #include "core/device_mutex.h"
+#include "core/event_pool.h"
 #include "core/live_block_map.h"
 #include "core/pool_stats.h"
+#include "core/stream_events.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/hooks.h"
 
@@ -288,10 +290,18 @@ class DeviceAllocatorImpl {
   // cached segments while reserved is above threshold x the cap (torch's
   // garbage_collect_cached_blocks). Errors: a failed cudaFree.
   absl::Status GarbageCollectCachedBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The allocator's side of stream_events_ (core/stream_events.h): the capture check it asks
+  // before each event call, and the release of a block whose events completed.
   absl::Status InsertEvents(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SynchronizeAndFreeEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<EventId> GetEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseAfterEvents(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    live_blocks_.Erase(block->ptr);
+    FreeBlock(block);
+  }
+  absl::StatusOr<EventId> GetEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return spare_events_.Get(backend_);
+  }
   absl::Status OutOfMemory(const AllocationRequest& request, std::size_t alloc_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t LargestFreeBlock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -355,26 +365,20 @@ class DeviceAllocatorImpl {
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.
   core::LiveBlockMap live_blocks_ ABSL_GUARDED_BY(mu_);
-  // record_stream events, one FIFO per stream so a slow stream never blocks another.
-  // Ordered by stream (a btree, not a hash map): events are processed, blocks freed and trace
-  // entries emitted in the same order in every process (a hash map's order varies with its seed,
-  // which made runs with record_stream differ where a driver failure fell).
-  absl::btree_map<StreamId, std::deque<std::pair<EventId, core::Block*>>> events_
-      ABSL_GUARDED_BY(mu_);
-  std::int64_t pending_events_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<EventId> spare_events_ ABSL_GUARDED_BY(mu_);
+  // Spare events (record_stream's and the retiring fences'), and the record_stream events and
+  // deferred frees.
+  core::EventPool spare_events_ ABSL_GUARDED_BY(mu_);
+  core::StreamEvents stream_events_ ABSL_GUARDED_BY(mu_){backend_, &spare_events_};
   std::vector<core::Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
   core::CoreStats stats_ ABSL_GUARDED_BY(mu_);          // public form: ToDeviceStats()
   bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;      // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
-  // CUDA graph private pools by id, the active ones, ids pruned as failed captures, and blocks
-  // whose record_stream events wait for the end of a capture.
+  // CUDA graph private pools by id, the active ones, and ids pruned as failed captures.
   // Ordered (a btree): released in the same order in every process (trace entries included).
   absl::btree_map<MempoolId, std::unique_ptr<PrivatePool>> private_pools_ ABSL_GUARDED_BY(mu_);
   std::vector<ActivePool> active_pools_ ABSL_GUARDED_BY(mu_);
   std::vector<MempoolId> pruned_pools_ ABSL_GUARDED_BY(mu_);
-  std::vector<core::Block*> deferred_frees_ ABSL_GUARDED_BY(mu_);
   // The guard's refusal of the current Malloc's growth, if any (reset per Malloc).
   absl::Status growth_refusal_ ABSL_GUARDED_BY(mu_);
 };

@@ -102,10 +102,9 @@ BlockPool* DeviceAllocatorImpl::RoutePool(const AllocationRequest& request, bool
 
 void DeviceAllocatorImpl::PruneFailedCaptures() {
   for (auto it = active_pools_.begin(); it != active_pools_.end();) {
-    const bool over = it->saw_capture && std::none_of(it->streams.begin(), it->streams.end(),
-                                                      [&](StreamId s) {
-                                                        return backend_->IsCapturing(s);
-                                                      });
+    const bool over =
+        it->saw_capture && std::none_of(it->streams.begin(), it->streams.end(),
+                                        [&](StreamId s) { return backend_->IsCapturing(s); });
     if (!over) {
       it->ended_seen = absl::InfiniteFuture();
       ++it;
@@ -140,21 +139,9 @@ bool DeviceAllocatorImpl::CaptureUnderway() {
 }
 
 absl::Status DeviceAllocatorImpl::FlushDeferredFrees() {
-  std::vector<Block*> blocks = std::move(deferred_frees_);
-  deferred_frees_.clear();
-  pending_events_ -= static_cast<std::int64_t>(blocks.size());
-  absl::Status first_error;
-  for (Block* block : blocks) {
-    --block->event_count;  // the deferral's; InsertEvents adds one per stream that used it
-    // After a driver error InsertEvents defers the block again; the others still go on.
-    if (absl::Status s = InsertEvents(block); !s.ok()) {
-      first_error.Update(s);
-    } else if (block->event_count == 0) {  // nothing left to wait for
-      live_blocks_.Erase(block->ptr);
-      FreeBlock(block);
-    }
-  }
-  return first_error;
+  return stream_events_.FlushDeferred(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CaptureUnderway(); },
+      [this](Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ReleaseAfterEvents(b); });
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools() {
