@@ -113,9 +113,9 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   }
   // The thread-local scope only matters with expandable segments on: skip its read otherwise.
   const bool contiguous = options_.expandable_segments && ContiguousSegmentsScope::active();
-  BlockPool* pool = active_pools_.empty()  // CUDA graph private pools: graph_pools.cc
-                        ? PoolFor(request.rounded, contiguous)
-                        : RoutePool(request, contiguous);
+  BlockPool* pool =
+      private_pools_.any_active() ? private_pools_.Route(stream, request.rounded) : nullptr;
+  if (pool == nullptr) pool = PoolFor(request.rounded, contiguous);
   if (pool->expandable) {
     growth_refusal_ = absl::OkStatus();
     return MallocExpandable(pool, request);
@@ -453,15 +453,20 @@ absl::Status DeviceAllocatorImpl::ReleaseCachedBlocks() {
   if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
   if (absl::Status s = ReleaseFreeablePrivatePools(); !s.ok()) return s;
   for (BlockPool* pool : {&large_pool_, &small_pool_}) {
-    std::vector<Block*> whole;
-    for (Block* b : pool->blocks) {
-      if (!b->is_split()) whole.push_back(b);
-    }
-    for (Block* b : whole) {
-      if (absl::Status s = ReleaseSegment(b); !s.ok()) return s;
-    }
+    if (absl::Status s = ReleaseWholeFreeSegments(pool); !s.ok()) return s;
   }
   return ReleaseExpandablePages();
+}
+
+absl::Status DeviceAllocatorImpl::ReleaseWholeFreeSegments(BlockPool* pool) {
+  std::vector<Block*> whole;
+  for (Block* b : pool->blocks) {
+    if (!b->is_split()) whole.push_back(b);
+  }
+  for (Block* b : whole) {
+    if (absl::Status s = ReleaseSegment(b); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DeviceAllocatorImpl::EmptyCache() {

@@ -20,11 +20,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block.h"
-#include "core/free_block_index.h"
 #include "core/device_mutex.h"
 #include "core/event_pool.h"
+#include "core/free_block_index.h"
 #include "core/live_block_map.h"
 #include "core/pool_stats.h"
+#include "core/private_pools.h"
 #include "core/stream_events.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/hooks.h"
@@ -82,49 +83,21 @@ class DeviceAllocatorImpl {
   }
   static constexpr std::size_t kExpandableSmallMax = 512 * 1024;
 
-  // ---- CUDA graph private pools (graph_pools.cc; PYTORCH-FACTS §6) ----
-  // One private pool: plain (never expandable) small and large pools of its own.
-  struct PrivatePool {
-    int use_count = 1;
-    core::BlockPool small{true};
-    core::BlockPool large{false};
-  };
-  // A pool being allocated to (between Begin and End).
-  struct ActivePool {
-    MempoolId id;
-    StreamFilter filter;
-    std::vector<StreamId> streams;  // streams routed to it so far
-    bool saw_capture = false;       // one of them was capturing when routed
-    std::thread::id owner;          // the thread that began it (torch's capturing thread)
-    // When another thread first found its capture over (InfiniteFuture: not found so): after
-    // kFailedCaptureGrace of that, any thread may prune it (PruneFailedCaptures).
-    absl::Time ended_seen = absl::InfiniteFuture();
-  };
-  // The pool for a request: an active private pool whose filter accepts the stream, else the
-  // usual PoolFor. Only called while active_pools_ is not empty.
-  core::BlockPool* RoutePool(const AllocationRequest& request, bool contiguous)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True while a capture may be under way: an active pool has served no stream yet, or one of
-  // its streams is capturing. Drops pools of failed captures first (PruneFailedCaptures).
-  bool CaptureUnderway() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // An active pool that served a capturing stream, none of whose streams capture any more, had
-  // its capture fail (torch sends no End/Release then): it stops being active and loses a use.
-  // Only its owner thread decides so: torch calls endAllocateToPool after cudaStreamEndCapture,
-  // so on another thread an ended capture whose End has not come yet looks failed, and pruning
-  // it there let empty_cache free the graph's memory (a breaking helper's finding). On the owner
-  // thread, any call made after the capture stopped (End included) is past that window. Another
-  // thread prunes it once it has looked over for kFailedCaptureGrace (the window is
-  // microseconds; a capturing thread that failed and never calls again must not hold the pool,
-  // its memory and the allocator's capture checks for the rest of the process: a reviewer's
-  // finding).
-  void PruneFailedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static constexpr absl::Duration kFailedCaptureGrace = absl::Seconds(1);
+  // ---- Private pools (core/private_pools.h; the allocator's side: graph_pools.cc) ----
+  // True while a capture may be under way (PrivatePools::CaptureUnderway).
+  bool CaptureUnderway() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return private_pools_.CaptureUnderway();
+  }
   // Records events for blocks whose frees were deferred during a capture.
   absl::Status FlushDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns whole free segments of pools with no use left; forgets pools with no segment left.
   absl::Status ReleaseFreeablePrivatePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free blocks indexed in private pools (for CheckInvariants).
-  std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return private_pools_.FreeBlocks();
+  }
+  // Returns the whole free segments (unsplit free blocks) of plain pool `pool`.
+  absl::Status ReleaseWholeFreeSegments(core::BlockPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Expandable segments (expandable.cc; old mappings: old_mappings.cc;
   //      docs/design/expandable-segments.md) ----
@@ -374,11 +347,8 @@ class DeviceAllocatorImpl {
   bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;      // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
-  // CUDA graph private pools by id, the active ones, and ids pruned as failed captures.
-  // Ordered (a btree): released in the same order in every process (trace entries included).
-  absl::btree_map<MempoolId, std::unique_ptr<PrivatePool>> private_pools_ ABSL_GUARDED_BY(mu_);
-  std::vector<ActivePool> active_pools_ ABSL_GUARDED_BY(mu_);
-  std::vector<MempoolId> pruned_pools_ ABSL_GUARDED_BY(mu_);
+  // Private pools (CUDA graph pools): by id, the active ones, failed captures.
+  core::PrivatePools private_pools_ ABSL_GUARDED_BY(mu_){backend_};
   // The guard's refusal of the current Malloc's growth, if any (reset per Malloc).
   absl::Status growth_refusal_ ABSL_GUARDED_BY(mu_);
 };
