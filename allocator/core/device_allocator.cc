@@ -216,9 +216,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
   segment->head = block;
   segments_.emplace(ptr, std::move(segment));
   const StatType types = StatTypesFor(pool);
-  UpdateStat(stats_.segment, types, 1);
-  UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(alloc_size));
-  ++stats_.num_device_alloc;
+  stats_.SegmentReserved(types, static_cast<std::int64_t>(alloc_size));
   if (alloc_size >= options_.max_split_size) stats_.oversize_segments.Increase(1);
   Emit(TraceAction::kSegmentAlloc, ptr, alloc_size, stream, request.context, request.tag);
   return block;
@@ -264,12 +262,8 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
   block->context = request.context;
   block->free_context = 0;
   live_blocks_.Insert(block->ptr, block);
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  stats_.allocation.Increase(types, 1);
-  stats_.allocated_bytes.Increase(types, bytes);
-  stats_.active.Increase(types, 1);
-  stats_.active_bytes.Increase(types, bytes);
-  stats_.requested_bytes.Increase(types, static_cast<std::int64_t>(requested));
+  stats_.Allocated(types, static_cast<std::int64_t>(block->size),
+                   static_cast<std::int64_t>(requested));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Increase(1);
   Emit(TraceAction::kAlloc, block->ptr, requested, block->stream, request.context, request.tag);
   return block;
@@ -293,8 +287,7 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   Emit(TraceAction::kFreeRequested, block->ptr, block->requested_size, block->stream, context,
        block->tag);
   const StatType types = StatTypesFor(block->pool);
-  stats_.allocation.Decrease(types, 1);
-  stats_.allocated_bytes.Decrease(types, static_cast<std::int64_t>(block->size));
+  stats_.FreeRequested(types, static_cast<std::int64_t>(block->size));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Decrease(1);
   if (!block->stream_uses.empty()) {
     // Used on other streams: reusable only once their work up to now has completed.
@@ -327,9 +320,7 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
     UpdateStat(stats_.inactive_split, types, split_blocks_change);
     UpdateStat(stats_.inactive_split_bytes, types, split_bytes_change);
   }
-  stats_.active.Decrease(types, 1);
-  stats_.active_bytes.Decrease(types, original_size);
-  stats_.requested_bytes.Decrease(types, requested);
+  stats_.FreeCompleted(types, original_size, requested);
 }
 
 absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
@@ -409,9 +400,7 @@ absl::Status DeviceAllocatorImpl::ReleaseSegment(Block* block) {
   Segment* segment = block->segment;
   if (absl::Status s = backend_->Free(segment->ptr); !s.ok()) return s;
   const StatType types = StatTypesFor(block->pool);
-  UpdateStat(stats_.segment, types, -1);
-  UpdateStat(stats_.reserved_bytes, types, -static_cast<std::int64_t>(segment->size));
-  ++stats_.num_device_free;
+  stats_.SegmentReleased(types, static_cast<std::int64_t>(segment->size));
   if (segment->size >= options_.max_split_size) stats_.oversize_segments.Decrease(1);
   Emit(TraceAction::kSegmentFree, segment->ptr, segment->size, segment->stream, 0, 0);
   block->pool->blocks.erase(block);
