@@ -94,27 +94,22 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
     request.context = hooks->CaptureContext(TraceAction::kAlloc);
     request.tag = hooks->CurrentTag();
   }
-  core::DeviceMutexLock lock(&mu_);
-  if (size >= sp::kMaxRequest) {
-    ++stats_.num_ooms;
-    return absl::ResourceExhaustedError(
-        "CUDA out of memory. Tried to allocate more than 1EB memory.");
+  absl::StatusOr<DevicePtr> result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = MallocLocked(request, hooks);
   }
-  if (stream_events_.pending() > 0) {
-    if (absl::Status s = ProcessEvents(); !s.ok()) return s;
-  }
-  request.rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
-  if (hooks != nullptr) {
-    if (absl::Status s = hooks->CheckAllocation(request, HookView()); !s.ok()) {
-      ++stats_.num_ooms;
-      Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
-      return s;
-    }
-  }
+  return AfterOperation("malloc", std::move(result));
+}
+
+absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocLocked(AllocationRequest& request,
+                                                            AllocatorHooks* hooks) {
+  if (absl::Status s = Admit(request, hooks); !s.ok()) return s;
   // The thread-local scope only matters with expandable segments on: skip its read otherwise.
   const bool contiguous = options_.expandable_segments && ContiguousSegmentsScope::active();
-  BlockPool* pool =
-      private_pools_.any_active() ? private_pools_.Route(stream, request.rounded) : nullptr;
+  BlockPool* pool = private_pools_.any_active()  // a private pool's filter may take it
+                        ? private_pools_.Route(request.stream, request.rounded)
+                        : nullptr;
   if (pool == nullptr) pool = PoolFor(request.rounded, contiguous);
   if (pool->expandable) {
     growth_refusal_ = absl::OkStatus();
@@ -122,47 +117,66 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
   }
   const bool gc = fraction_set_ && options_.garbage_collection_threshold > 0;
   if (gc) ++pool->free_lookups;
-  auto found = pool->blocks.FindBestFit(stream, request.rounded, options_.max_split_size,
+  auto found = pool->blocks.FindBestFit(request.stream, request.rounded, options_.max_split_size,
                                         options_.max_non_split_rounding);
   if (found != pool->blocks.end()) return UseBlock(*found, request, &found)->ptr;
-  Block* block = nullptr;
-  {
-    // torch's order: garbage collection once no cached block fits, before a new segment.
-    if (gc) {
-      if (absl::Status s = GarbageCollectCachedBlocks(); !s.ok()) return s;
-    }
-    growth_refusal_ = absl::OkStatus();
-    const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
-    auto grown = AllocSegment(pool, request, alloc_size);
-    if (!grown.ok()) return grown.status();
-    block = *grown;
-    if (block == nullptr && options_.max_split_size != SIZE_MAX) {
-      auto released = ReleaseAvailableCachedBlocks(stream, alloc_size);
-      if (!released.ok()) return released.status();
-      if (*released) {
-        grown = AllocSegment(pool, request, alloc_size);
-        if (!grown.ok()) return grown.status();
-        block = *grown;
-      }
-    }
-    if (block == nullptr) {
-      // Last resort: wait for every event, return every fully free segment, retry once.
-      if (absl::Status s = ReleaseCachedBlocks(); !s.ok()) return s;
-      ++stats_.num_alloc_retries;
-      grown = AllocSegment(pool, request, alloc_size);
-      if (!grown.ok()) return grown.status();
-      block = *grown;
-    }
-    if (block == nullptr) {
-      if (!growth_refusal_.ok()) {  // the guard said no, even after the cache was released
-        ++stats_.num_ooms;
-        Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
-        return growth_refusal_;
-      }
-      return OutOfMemory(request, alloc_size);
+  absl::StatusOr<Block*> grown = GrowPool(pool, request, gc);
+  if (!grown.ok()) return grown.status();
+  return UseBlock(*grown, request, nullptr)->ptr;
+}
+
+absl::Status DeviceAllocatorImpl::Admit(AllocationRequest& request, AllocatorHooks* hooks) {
+  if (request.size >= sp::kMaxRequest) {
+    ++stats_.num_ooms;
+    return absl::ResourceExhaustedError(
+        "CUDA out of memory. Tried to allocate more than 1EB memory.");
+  }
+  if (stream_events_.pending() > 0) {
+    if (absl::Status s = ProcessEvents(); !s.ok()) return s;
+  }
+  request.rounded = sp::RoundSize(request.size, options_.roundup_power2_divisions);
+  if (hooks != nullptr) {
+    if (absl::Status s = hooks->CheckAllocation(request, HookView()); !s.ok()) {
+      ++stats_.num_ooms;
+      Emit(TraceAction::kOom, 0, request.rounded, request.stream, request.context, request.tag);
+      return s;
     }
   }
-  return UseBlock(block, request, nullptr)->ptr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Block*> DeviceAllocatorImpl::GrowPool(BlockPool* pool,
+                                                     const AllocationRequest& request, bool gc) {
+  // torch's order: garbage collection once no cached block fits, before a new segment.
+  if (gc) {
+    if (absl::Status s = GarbageCollectCachedBlocks(); !s.ok()) return s;
+  }
+  growth_refusal_ = absl::OkStatus();
+  const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
+  auto grown = AllocSegment(pool, request, alloc_size);
+  if (!grown.ok()) return grown.status();
+  if (*grown == nullptr && options_.max_split_size != SIZE_MAX) {
+    auto released = ReleaseAvailableCachedBlocks(request.stream, alloc_size);
+    if (!released.ok()) return released.status();
+    if (*released) {
+      grown = AllocSegment(pool, request, alloc_size);
+      if (!grown.ok()) return grown.status();
+    }
+  }
+  if (*grown == nullptr) {
+    // Last resort: wait for every event, return every fully free segment, retry once.
+    if (absl::Status s = ReleaseCachedBlocks(); !s.ok()) return s;
+    ++stats_.num_alloc_retries;
+    grown = AllocSegment(pool, request, alloc_size);
+    if (!grown.ok()) return grown.status();
+  }
+  if (*grown != nullptr) return *grown;
+  if (!growth_refusal_.ok()) {  // the guard said no, even after the cache was released
+    ++stats_.num_ooms;
+    Emit(TraceAction::kOom, 0, request.rounded, request.stream, request.context, request.tag);
+    return growth_refusal_;
+  }
+  return OutOfMemory(request, alloc_size);
 }
 
 void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size,
@@ -274,7 +288,15 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   AllocatorHooks* hooks = hooks_.load(std::memory_order_acquire);
   const std::uint64_t context =
       hooks != nullptr ? hooks->CaptureContext(TraceAction::kFreeRequested) : 0;
-  core::DeviceMutexLock lock(&mu_);
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = FreeLocked(ptr, context);
+  }
+  return AfterOperation("free", std::move(result));
+}
+
+absl::Status DeviceAllocatorImpl::FreeLocked(DevicePtr ptr, std::uint64_t context) {
   std::size_t slot = 0;
   Block* block = live_blocks_.Find(ptr, &slot);
   if (block == nullptr || !block->allocated) {
@@ -324,7 +346,15 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
 }
 
 absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
-  core::DeviceMutexLock lock(&mu_);
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = RecordStreamLocked(ptr, stream);
+  }
+  return AfterOperation("record_stream", std::move(result));
+}
+
+absl::Status DeviceAllocatorImpl::RecordStreamLocked(DevicePtr ptr, StreamId stream) {
   Block* block = live_blocks_.Find(ptr);
   if (block == nullptr || !block->allocated) {
     return absl::NotFoundError(absl::StrFormat(
@@ -459,8 +489,12 @@ absl::Status DeviceAllocatorImpl::ReleaseWholeFreeSegments(BlockPool* pool) {
 }
 
 absl::Status DeviceAllocatorImpl::EmptyCache() {
-  core::DeviceMutexLock lock(&mu_);
-  return ReleaseCachedBlocks();
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = ReleaseCachedBlocks();
+  }
+  return AfterOperation("empty_cache", std::move(result));
 }
 
 absl::Status DeviceAllocatorImpl::SetMemoryFraction(double fraction) {
@@ -471,10 +505,12 @@ absl::Status DeviceAllocatorImpl::SetMemoryFraction(double fraction) {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
-  core::DeviceMutexLock lock(&mu_);
-  fraction_set_ = true;
-  allowed_bytes_ = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
-  return absl::OkStatus();
+  {
+    core::DeviceMutexLock lock(&mu_);
+    fraction_set_ = true;
+    allowed_bytes_ = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
+  }
+  return AfterOperation("set_memory_fraction", absl::OkStatus());
 }
 
 }  // namespace vramledger

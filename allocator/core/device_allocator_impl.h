@@ -49,6 +49,8 @@ class DeviceAllocatorImpl {
   Fragmentation GetFragmentation(StreamId current_stream) const ABSL_LOCKS_EXCLUDED(mu_);
   OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The parts' own invariants (device_allocator_checks.cc), then CheckInvariants.
+  absl::Status CheckAll() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckSegmentChain(const core::Segment& segment, std::int64_t* counts) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -65,6 +67,32 @@ class DeviceAllocatorImpl {
   // The two figures hooks are shown (vramledger/hooks.h HookStats), without building DeviceStats.
   HookStats HookView() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return {stats_.allocated_bytes.current(kAggregate), stats_.reserved_bytes.current(kAggregate)};
+  }
+
+  // The parts' invariants: free indexes, private pools, stream events, stats.
+  absl::Status CheckParts() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The result of public operation `operation`; with VRAMLEDGER_EXPENSIVE_CHECKS, CheckAll runs
+  // first and an invariant it finds broken is returned instead (an Internal error).
+#ifdef VRAMLEDGER_EXPENSIVE_CHECKS
+  static constexpr bool kExpensiveChecks = true;
+#else
+  static constexpr bool kExpensiveChecks = false;
+#endif
+  absl::Status CheckAfter(const char* operation, absl::Status result) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AfterOperation(const char* operation, absl::Status result) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    if constexpr (kExpensiveChecks) return CheckAfter(operation, std::move(result));
+    return result;
+  }
+  template <typename T>
+  absl::StatusOr<T> AfterOperation(const char* operation, absl::StatusOr<T> result) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    if constexpr (kExpensiveChecks) {
+      absl::Status s = CheckAfter(operation, result.status());
+      if (!s.ok()) return s;
+    }
+    return result;
   }
 
   // The per-pool stat index of a pool: kSmallPool or kLargePool ("all" is derived from both).
@@ -225,6 +253,18 @@ class DeviceAllocatorImpl {
   std::array<const core::BlockPool*, 4> AllPools() const {
     return {&small_pool_, &large_pool_, &exp_small_pool_, &exp_large_pool_};
   }
+  // Malloc's steps under the lock: admit the request (the 1 EB limit, completed events, rounding,
+  // the hooks' check), choose its pool (a private pool's, else by size), then the pool's cached
+  // blocks (best fit) or, for expandable pools, MallocExpandable; else GrowPool.
+  absl::StatusOr<DevicePtr> MallocLocked(AllocationRequest& request, AllocatorHooks* hooks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Admit(AllocationRequest& request, AllocatorHooks* hooks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new segment for `request` in plain `pool`, in torch's order: garbage collection (`gc`), a
+  // cudaMalloc, then after releasing oversize cached blocks (max_split_size), then after
+  // releasing the whole cache; the guard's refusal or the out-of-memory error if none succeeds.
+  absl::StatusOr<core::Block*> GrowPool(core::BlockPool* pool, const AllocationRequest& request,
+                                        bool gc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
   // fraction cap); an error status for any other driver failure.
   absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
@@ -239,6 +279,10 @@ class DeviceAllocatorImpl {
   }
   void EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
                    std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free and RecordStream under the lock (`context`: the hooks' capture of the free request).
+  absl::Status FreeLocked(DevicePtr ptr, std::uint64_t context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecordStreamLocked(DevicePtr ptr, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits as needed and marks `block` allocated for `request`. `indexed`: the block's position
   // in its pool's free index if it is still there (the remainder of a split then keeps the node).
   core::Block* UseBlock(core::Block* block, const AllocationRequest& request,

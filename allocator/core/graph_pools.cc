@@ -12,23 +12,36 @@ using core::Block;
 using core::BlockPool;
 
 absl::Status DeviceAllocatorImpl::BeginAllocateToPool(MempoolId id, StreamFilter filter) {
-  core::DeviceMutexLock lock(&mu_);
-  return private_pools_.Begin(id, std::move(filter));
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = private_pools_.Begin(id, std::move(filter));
+  }
+  return AfterOperation("begin_allocate_to_pool", std::move(result));
 }
 
 absl::Status DeviceAllocatorImpl::EndAllocateToPool(MempoolId id) {
-  core::DeviceMutexLock lock(&mu_);
-  if (absl::Status s = private_pools_.End(id); !s.ok()) return s;
-  if (!CaptureUnderway()) return FlushDeferredFrees();
-  return absl::OkStatus();
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = private_pools_.End(id);
+    if (result.ok() && !CaptureUnderway()) result = FlushDeferredFrees();
+  }
+  return AfterOperation("end_allocate_to_pool", std::move(result));
 }
 
 absl::Status DeviceAllocatorImpl::ReleasePool(MempoolId id) {
-  core::DeviceMutexLock lock(&mu_);
-  absl::StatusOr<int> left = private_pools_.Release(id);
-  if (!left.ok()) return left.status();
-  if (*left > 0 || CaptureUnderway()) return absl::OkStatus();
-  return ReleaseFreeablePrivatePools();
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    absl::StatusOr<int> left = private_pools_.Release(id);
+    if (!left.ok()) {
+      result = left.status();
+    } else if (*left == 0 && !CaptureUnderway()) {
+      result = ReleaseFreeablePrivatePools();
+    }
+  }
+  return AfterOperation("release_pool", std::move(result));
 }
 
 int DeviceAllocatorImpl::PoolUseCount(MempoolId id) const {
