@@ -1,5 +1,6 @@
 // Blocks and segments, and the set type under a pool's free index (free_block_index.h). Plain
-// data; the owning DeviceAllocatorImpl guards every instance with its mutex (docs/design/locking.md).
+// data; the owning DeviceAllocatorImpl guards every instance with its mutex
+// (docs/design/locking.md).
 #ifndef VRAMLEDGER_CORE_BLOCK_H_
 #define VRAMLEDGER_CORE_BLOCK_H_
 
