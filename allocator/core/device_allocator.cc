@@ -81,7 +81,6 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
     }
   }
   spare_events_.DestroyAll(backend_);
-  for (Block* b : spare_blocks_) delete b;
 }
 
 absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId stream) {

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block.h"
+#include "core/block_recycler.h"
 #include "core/device_mutex.h"
 #include "core/event_pool.h"
 #include "core/free_block_index.h"
@@ -323,15 +324,9 @@ class DeviceAllocatorImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::size_t LargestFreeBlock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::int64_t CountHoles() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (spare_blocks_.empty()) return new core::Block();
-    core::Block* b = spare_blocks_.back();
-    spare_blocks_.pop_back();
-    b->Reset();
-    return b;
-  }
+  core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return block_recycler_.New(); }
   void DeleteBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    spare_blocks_.push_back(block);
+    block_recycler_.Recycle(block);
   }
   static void UpdateStat(core::PoolStat& stat, StatType type, std::int64_t amount) {
     stat.Add(type, amount);
@@ -386,7 +381,7 @@ class DeviceAllocatorImpl {
   // deferred frees.
   core::EventPool spare_events_ ABSL_GUARDED_BY(mu_);
   core::StreamEvents stream_events_ ABSL_GUARDED_BY(mu_){backend_, &spare_events_};
-  std::vector<core::Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  core::BlockRecycler block_recycler_ ABSL_GUARDED_BY(mu_);
   core::CoreStats stats_ ABSL_GUARDED_BY(mu_);          // public form: ToDeviceStats()
   bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;      // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
