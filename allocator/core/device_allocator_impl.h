@@ -1,12 +1,10 @@
-// Internal state of one device's caching allocator: pools, segments, live-block map, event
-// queues and stats. Every member is guarded by `mu_` (docs/design/locking.md).
+// One device's caching allocator, composed of unlocked parts (free-block indexes, stream events,
+// private pools, stats, ...) that its one mutex `mu_` guards (docs/design/locking.md).
 #ifndef VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
 #define VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
 
 #include <atomic>
-#include <deque>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
