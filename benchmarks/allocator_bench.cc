@@ -1,5 +1,5 @@
 // Hot-path cost: allocate+free of a cached block (4 KiB - 4 MiB) on SimBackend, ns per pair,
-// single-threaded and with 4 threads sharing one device allocator. Issue 2 target: <= 100 ns.
+// single-threaded and with 4 threads sharing one device allocator. Target: <= 100 ns.
 #include <benchmark/benchmark.h>
 
 #include <memory>

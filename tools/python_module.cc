@@ -166,16 +166,16 @@ py::dict OptionsToDict(const Options& o) {
   d["release_lock_on_cudamalloc"] = o.release_lock_on_cudamalloc;
   d["per_process_memory_fraction"] = o.per_process_memory_fraction;
   d["page_recycling"] = o.page_recycling;
-  d["plan"] = o.plan;
-  d["dump_dir"] = o.dump_dir;
-  d["max_dumps"] = o.max_dumps;
+  d["plan"] = o.process.plan;
+  d["dump_dir"] = o.process.dump_dir;
+  d["max_dumps"] = o.process.max_dumps;
   d["conf_string"] = o.conf_string;
   return d;
 }
 
 }  // namespace
 
-// tools/python_ledger.cc: snapshots of replays, SimAllocator (issue 5).
+// tools/python_ledger.cc: snapshots of replays, SimAllocator.
 void RegisterLedgerBindings(py::module_& m);
 
 }  // namespace vramledger
@@ -214,5 +214,27 @@ PYBIND11_MODULE(_core, m) {
       py::arg("conf"), py::arg("use_env") = false,
       "Parses `key:value,...` (PYTORCH_CUDA_ALLOC_CONF syntax) into a dict of every option "
       "(sizes in bytes). Raises ValueError with the parser's message.");
+  m.def(
+      "option_table",
+      [] {
+        py::list rows;
+        for (const OptionDoc& d : OptionTable()) {
+          py::dict row;
+          row["name"] = d.name;
+          row["table"] = std::string(OptionScopeName(d.scope));
+          row["type"] = d.type;
+          row["default"] = d.default_value;
+          row["accepted"] = d.accepted;
+          row["help"] = d.doc;
+          row["env"] = d.env;
+          rows.append(row);
+        }
+        return rows;
+      },
+      "Every accepted option key, in the order errors list them, as dicts of str: name, table "
+      "('allocator' or 'process'), type, default (as a settings string writes it), accepted, "
+      "help, env (the environment variable that also sets it, or '').");
+  m.def("options_markdown", &OptionsMarkdown,
+        "docs/options.md as the option tables generate it (Markdown).");
   RegisterLedgerBindings(m);
 }

@@ -1,5 +1,6 @@
-// Blocks, segments and the best-fit free index of one pool. Plain data; the owning
-// DeviceAllocatorImpl guards every instance with its mutex (docs/design/locking.md).
+// Blocks and segments, and the set type under a pool's free index (free_block_index.h). Plain
+// data; the owning DeviceAllocatorImpl guards every instance with its mutex
+// (docs/design/locking.md).
 #ifndef VRAMLEDGER_CORE_BLOCK_H_
 #define VRAMLEDGER_CORE_BLOCK_H_
 
@@ -63,7 +64,7 @@ struct NodeRecycler {
   NodeFreeList* list;
 };
 
-/// The set type under a pool's free index (FreeIndex below).
+/// The set type under a pool's free index (FreeBlockIndex, free_block_index.h).
 using FreeIndexSet = std::set<Block*, BlockBestFitLess, NodeRecycler<Block*>>;
 
 /// A contiguous piece of a segment: allocated, pending free (waiting on events) or free.
@@ -86,7 +87,7 @@ struct Block {
   // garbage_collection_threshold: the pool's free-block lookups (BlockPool::free_lookups) when it
   // was last freed; its age is the lookups since.
   std::uint64_t gc_base = 0;
-  // Its node in the pool's FreeIndex while it is indexed (set by FreeIndex::insert; stale
+  // Its node in the pool's FreeBlockIndex while indexed (set by FreeBlockIndex::insert; stale
   // otherwise): coalescing reaches a free neighbour's node without a search.
   FreeIndexSet::iterator index_pos;
 
@@ -155,44 +156,6 @@ struct Segment {
 inline bool BlockBestFitLess::operator()(const Block* a, const Block* b) const {
   return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
 }
-
-/// A pool's free blocks in best-fit order: a std::set whose insert also stores each block's node
-/// in Block::index_pos, so that coalescing (FreeBlock) and the in-place key updates reach a
-/// block's node without a search (docs/design/locking.md, "Hot path"). Only the inserts below
-/// exist, so no insert can leave index_pos stale; erase, lookups and iteration are std::set's.
-class FreeIndex : public FreeIndexSet {
- public:
-  using FreeIndexSet::FreeIndexSet;
-  std::pair<iterator, bool> insert(Block* const& block) {
-    auto result = FreeIndexSet::insert(block);
-    block->index_pos = result.first;
-    return result;
-  }
-  /// Re-inserts an extracted node (Reposition); the block's index_pos follows.
-  iterator insert(node_type&& node) {
-    Block* block = node.value();
-    auto result = FreeIndexSet::insert(std::move(node));
-    block->index_pos = result.position;
-    return result.position;
-  }
-  /// The node of `block`, which must be in this index (O(1)).
-  static iterator Position(const Block* block) { return block->index_pos; }
-};
-
-/// The free blocks of one pool (small or large), indexed for best fit.
-struct BlockPool {
-  explicit BlockPool(bool small, bool expandable_pool = false, std::size_t page = 0)
-      : is_small(small), expandable(expandable_pool), page_size(page) {}
-  using Index = FreeIndex;
-  NodeFreeList free_nodes;  // declared first: destroyed after `blocks`
-  Index blocks{BlockBestFitLess(), NodeRecycler<Block*>(&free_nodes)};
-  const bool is_small;
-  const bool expandable;        // blocks live in expandable segments
-  // Free-block lookups made in this pool while garbage_collection_threshold is on (torch's
-  // get_free_blocks_call_count): the clock of Block::gc_base.
-  std::uint64_t free_lookups = 0;
-  const std::size_t page_size;  // expandable only: bytes per physical page
-};
 
 }  // namespace vramledger::core
 

@@ -12,6 +12,7 @@
 
 #include "absl/container/btree_map.h"
 #include "core/block.h"
+#include "core/free_block_index.h"
 #include "core/old_mappings.h"
 #include "core/page_table.h"
 #include "core/placement.h"

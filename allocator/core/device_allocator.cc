@@ -1,5 +1,6 @@
-// The allocation and free paths of one device: best fit, split, coalesce, segment growth,
-// record_stream events and the out-of-memory retry. Locking: docs/design/locking.md.
+// The allocation and free paths of one device, composing its parts (free-block indexes, stream
+// events, private pools, stats): Malloc's steps, segment growth, Free and record_stream.
+// Locking: docs/design/locking.md.
 #include "vramledger/device_allocator.h"
 
 #include <algorithm>
@@ -62,8 +63,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
     }
   }
   ReleaseExpandableSegmentsAtExit();
-  for (EventId e : spare_events_) (void)backend_->DestroyEvent(e);
-  for (Block* b : spare_blocks_) delete b;
+  spare_events_.DestroyAll(backend_);
 }
 
 absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId stream) {
@@ -77,74 +77,89 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::Malloc(std::size_t size, StreamId
     request.context = hooks->CaptureContext(TraceAction::kAlloc);
     request.tag = hooks->CurrentTag();
   }
-  core::DeviceMutexLock lock(&mu_);
-  if (size >= sp::kMaxRequest) {
-    ++stats_.num_ooms;
-    return absl::ResourceExhaustedError(
-        "CUDA out of memory. Tried to allocate more than 1EB memory.");
+  absl::StatusOr<DevicePtr> result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = MallocLocked(request, hooks);
   }
-  if (pending_events_ > 0) {
-    if (absl::Status s = ProcessEvents(); !s.ok()) return s;
-  }
-  request.rounded = sp::RoundSize(size, options_.roundup_power2_divisions);
-  if (hooks != nullptr) {
-    if (absl::Status s = hooks->CheckAllocation(request, HookView()); !s.ok()) {
-      ++stats_.num_ooms;
-      Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
-      return s;
-    }
-  }
+  return AfterOperation("malloc", std::move(result));
+}
+
+absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocLocked(AllocationRequest& request,
+                                                            AllocatorHooks* hooks) {
+  if (absl::Status s = Admit(request, hooks); !s.ok()) return s;
   // The thread-local scope only matters with expandable segments on: skip its read otherwise.
   const bool contiguous = options_.expandable_segments && ContiguousSegmentsScope::active();
-  BlockPool* pool = active_pools_.empty()  // CUDA graph private pools: graph_pools.cc
-                        ? PoolFor(request.rounded, contiguous)
-                        : RoutePool(request, contiguous);
+  BlockPool* pool = private_pools_.any_active()  // a private pool's filter may take it
+                        ? private_pools_.Route(request.stream, request.rounded)
+                        : nullptr;
+  if (pool == nullptr) pool = PoolFor(request.rounded, contiguous);
   if (pool->expandable) {
     growth_refusal_ = absl::OkStatus();
     return MallocExpandable(pool, request);
   }
   const bool gc = fraction_set_ && options_.garbage_collection_threshold > 0;
   if (gc) ++pool->free_lookups;
-  auto found = FindFreeBlock(pool, stream, request.rounded);
+  auto found = pool->blocks.FindBestFit(request.stream, request.rounded, options_.max_split_size,
+                                        options_.max_non_split_rounding);
   if (found != pool->blocks.end()) return UseBlock(*found, request, &found)->ptr;
-  Block* block = nullptr;
-  {
-    // torch's order: garbage collection once no cached block fits, before a new segment.
-    if (gc) {
-      if (absl::Status s = GarbageCollectCachedBlocks(); !s.ok()) return s;
-    }
-    growth_refusal_ = absl::OkStatus();
-    const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
-    auto grown = AllocSegment(pool, request, alloc_size);
-    if (!grown.ok()) return grown.status();
-    block = *grown;
-    if (block == nullptr && options_.max_split_size != SIZE_MAX) {
-      auto released = ReleaseAvailableCachedBlocks(stream, alloc_size);
-      if (!released.ok()) return released.status();
-      if (*released) {
-        grown = AllocSegment(pool, request, alloc_size);
-        if (!grown.ok()) return grown.status();
-        block = *grown;
-      }
-    }
-    if (block == nullptr) {
-      // Last resort: wait for every event, return every fully free segment, retry once.
-      if (absl::Status s = ReleaseCachedBlocks(); !s.ok()) return s;
-      ++stats_.num_alloc_retries;
-      grown = AllocSegment(pool, request, alloc_size);
-      if (!grown.ok()) return grown.status();
-      block = *grown;
-    }
-    if (block == nullptr) {
-      if (!growth_refusal_.ok()) {  // the guard said no, even after the cache was released
-        ++stats_.num_ooms;
-        Emit(TraceAction::kOom, 0, request.rounded, stream, request.context, request.tag);
-        return growth_refusal_;
-      }
-      return OutOfMemory(request, alloc_size);
+  absl::StatusOr<Block*> grown = GrowPool(pool, request, gc);
+  if (!grown.ok()) return grown.status();
+  return UseBlock(*grown, request, nullptr)->ptr;
+}
+
+absl::Status DeviceAllocatorImpl::Admit(AllocationRequest& request, AllocatorHooks* hooks) {
+  if (request.size >= sp::kMaxRequest) {
+    ++stats_.num_ooms;
+    return absl::ResourceExhaustedError(
+        "CUDA out of memory. Tried to allocate more than 1EB memory.");
+  }
+  if (stream_events_.pending() > 0) {
+    if (absl::Status s = ProcessEvents(); !s.ok()) return s;
+  }
+  request.rounded = sp::RoundSize(request.size, options_.roundup_power2_divisions);
+  if (hooks != nullptr) {
+    if (absl::Status s = hooks->CheckAllocation(request, HookView()); !s.ok()) {
+      ++stats_.num_ooms;
+      Emit(TraceAction::kOom, 0, request.rounded, request.stream, request.context, request.tag);
+      return s;
     }
   }
-  return UseBlock(block, request, nullptr)->ptr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Block*> DeviceAllocatorImpl::GrowPool(BlockPool* pool,
+                                                     const AllocationRequest& request, bool gc) {
+  // torch's order: garbage collection once no cached block fits, before a new segment.
+  if (gc) {
+    if (absl::Status s = GarbageCollectCachedBlocks(); !s.ok()) return s;
+  }
+  growth_refusal_ = absl::OkStatus();
+  const std::size_t alloc_size = sp::AllocationSize(request.rounded, options_.large_segment_size);
+  auto grown = AllocSegment(pool, request, alloc_size);
+  if (!grown.ok()) return grown.status();
+  if (*grown == nullptr && options_.max_split_size != SIZE_MAX) {
+    auto released = ReleaseAvailableCachedBlocks(request.stream, alloc_size);
+    if (!released.ok()) return released.status();
+    if (*released) {
+      grown = AllocSegment(pool, request, alloc_size);
+      if (!grown.ok()) return grown.status();
+    }
+  }
+  if (*grown == nullptr) {
+    // Last resort: wait for every event, return every fully free segment, retry once.
+    if (absl::Status s = ReleaseCachedBlocks(); !s.ok()) return s;
+    ++stats_.num_alloc_retries;
+    grown = AllocSegment(pool, request, alloc_size);
+    if (!grown.ok()) return grown.status();
+  }
+  if (*grown != nullptr) return *grown;
+  if (!growth_refusal_.ok()) {  // the guard said no, even after the cache was released
+    ++stats_.num_ooms;
+    Emit(TraceAction::kOom, 0, request.rounded, request.stream, request.context, request.tag);
+    return growth_refusal_;
+  }
+  return OutOfMemory(request, alloc_size);
 }
 
 void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size,
@@ -160,34 +175,6 @@ void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::s
   e.context = context;
   e.tag = tag;
   hooks->OnEvent(e);
-}
-
-BlockPool::Index::iterator DeviceAllocatorImpl::FindFreeBlock(BlockPool* pool, StreamId stream,
-                                                              std::size_t size) {
-  Block key;
-  key.stream = stream;
-  key.size = size;
-  key.ptr = 0;
-  auto it = pool->blocks.lower_bound(&key);
-  if (it == pool->blocks.end() || (*it)->stream != stream) return pool->blocks.end();
-  const std::size_t max_split = options_.max_split_size;
-  // Never hand an oversize block to a request below max_split_size ...
-  if (size < max_split && (*it)->size >= max_split) return pool->blocks.end();
-  // ... and give an oversize request only a block that wastes less than max_non_split_rounding.
-  if (size >= max_split && (*it)->size >= size + options_.max_non_split_rounding) {
-    return pool->blocks.end();
-  }
-  return it;
-}
-
-void DeviceAllocatorImpl::Reposition(BlockPool* pool, BlockPool::Index::iterator it) {
-  // The block at `it` changed its key in place (docs/design/locking.md, "in-place keys"): keep
-  // the node where it is when the order still holds, else unlink and relink it (no allocation).
-  auto& index = pool->blocks;
-  const core::BlockBestFitLess less;
-  const bool ordered = (it == index.begin() || less(*std::prev(it), *it)) &&
-                       (std::next(it) == index.end() || less(*it, *std::next(it)));
-  if (!ordered) Relink(pool, it);
 }
 
 absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
@@ -226,9 +213,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
   segment->head = block;
   segments_.emplace(ptr, std::move(segment));
   const StatType types = StatTypesFor(pool);
-  UpdateStat(stats_.segment, types, 1);
-  UpdateStat(stats_.reserved_bytes, types, static_cast<std::int64_t>(alloc_size));
-  ++stats_.num_device_alloc;
+  stats_.SegmentReserved(types, static_cast<std::int64_t>(alloc_size));
   if (alloc_size >= options_.max_split_size) stats_.oversize_segments.Increase(1);
   Emit(TraceAction::kSegmentAlloc, ptr, alloc_size, stream, request.context, request.tag);
   return block;
@@ -250,26 +235,10 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
   if (ShouldSplit(block, rounded)) {
     // The front becomes the allocation; the remainder stays free in the pool.
     Block* remaining = block;
-    block = NewBlock();
-    block->ptr = remaining->ptr;
-    block->size = rounded;
-    block->stream = remaining->stream;
-    block->pool = pool;
-    block->segment = remaining->segment;
-    block->prev = remaining->prev;
-    if (block->prev != nullptr) block->prev->next = block;
-    block->next = remaining;
-    remaining->prev = block;
-    remaining->ptr += rounded;
-    remaining->size -= rounded;
-    if (block->prev == nullptr) block->segment->head = block;
-    if (indexed != nullptr) {
-      RepositionShrunk(pool, *indexed);  // the remainder keeps the indexed node
-    } else {
-      pool->blocks.insert(remaining);
-    }
+    block = pool->blocks.SplitFront(remaining, rounded, NewBlock(), indexed != nullptr);
     if (pool->expandable) {
-      // torch does not count inactive splits of expandable segments (PYTORCH-FACTS §3).
+      // torch counts no inactive split in expandable segments (its alloc_found_block and
+      // free_block skip them), so neither do we: the figures stay comparable.
     } else if (already_split) {
       stats_.inactive_split_bytes.Decrease(types, static_cast<std::int64_t>(block->size));
     } else {
@@ -290,12 +259,8 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
   block->context = request.context;
   block->free_context = 0;
   live_blocks_.Insert(block->ptr, block);
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  stats_.allocation.Increase(types, 1);
-  stats_.allocated_bytes.Increase(types, bytes);
-  stats_.active.Increase(types, 1);
-  stats_.active_bytes.Increase(types, bytes);
-  stats_.requested_bytes.Increase(types, static_cast<std::int64_t>(requested));
+  stats_.Allocated(types, static_cast<std::int64_t>(block->size),
+                   static_cast<std::int64_t>(requested));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Increase(1);
   Emit(TraceAction::kAlloc, block->ptr, requested, block->stream, request.context, request.tag);
   return block;
@@ -306,7 +271,15 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   AllocatorHooks* hooks = hooks_.load(std::memory_order_acquire);
   const std::uint64_t context =
       hooks != nullptr ? hooks->CaptureContext(TraceAction::kFreeRequested) : 0;
-  core::DeviceMutexLock lock(&mu_);
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = FreeLocked(ptr, context);
+  }
+  return AfterOperation("free", std::move(result));
+}
+
+absl::Status DeviceAllocatorImpl::FreeLocked(DevicePtr ptr, std::uint64_t context) {
   std::size_t slot = 0;
   Block* block = live_blocks_.Find(ptr, &slot);
   if (block == nullptr || !block->allocated) {
@@ -319,8 +292,7 @@ absl::Status DeviceAllocatorImpl::Free(DevicePtr ptr) {
   Emit(TraceAction::kFreeRequested, block->ptr, block->requested_size, block->stream, context,
        block->tag);
   const StatType types = StatTypesFor(block->pool);
-  stats_.allocation.Decrease(types, 1);
-  stats_.allocated_bytes.Decrease(types, static_cast<std::int64_t>(block->size));
+  stats_.FreeRequested(types, static_cast<std::int64_t>(block->size));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Decrease(1);
   if (!block->stream_uses.empty()) {
     // Used on other streams: reusable only once their work up to now has completed.
@@ -339,52 +311,11 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   Emit(TraceAction::kFreeCompleted, block->ptr, block->requested_size, block->stream,
        block->free_context, block->tag);
   if (pool->expandable) CountUse(block, -1);
-  auto mergeable = [](const Block* b) {
-    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
-  };
-  Block* prev = mergeable(block->prev) ? block->prev : nullptr;
-  Block* next = mergeable(block->next) ? block->next : nullptr;
-  std::int64_t split_blocks_change = 0;
-  std::int64_t split_bytes_change = 0;
-  Block* result = block;
-  if (prev == nullptr && next == nullptr) {
-    block->requested_size = 0;
-    pool->blocks.insert(block);
-  } else {
-    // Coalesce into a free neighbour that is already indexed, changing its key in place.
-    Block* keep = prev != nullptr ? prev : next;
-    auto it = BlockPool::Index::Position(keep);  // its node: no search
-    if (prev != nullptr && next != nullptr) pool->blocks.erase(BlockPool::Index::Position(next));
-    for (Block* gone : {prev, next}) {
-      if (gone == nullptr) continue;
-      split_blocks_change -= 1;
-      split_bytes_change -= static_cast<std::int64_t>(gone->size);
-    }
-    if (prev != nullptr) {
-      prev->size += block->size;
-      prev->next = block->next;
-      if (prev->next != nullptr) prev->next->prev = prev;
-      DeleteBlock(block);
-      if (next != nullptr) {
-        prev->size += next->size;
-        prev->next = next->next;
-        if (prev->next != nullptr) prev->next->prev = prev;
-        DeleteBlock(next);
-      }
-    } else {
-      next->ptr = block->ptr;
-      next->size += block->size;
-      next->prev = block->prev;
-      if (next->prev != nullptr) {
-        next->prev->next = next;
-      } else {
-        next->segment->head = next;
-      }
-      DeleteBlock(block);
-    }
-    result = keep;
-    RepositionGrown(pool, it);
-  }
+  const core::FreeBlockIndex::Merged merged = pool->blocks.Merge(block);
+  for (int i = 0; i < merged.num_gone; ++i) DeleteBlock(merged.gone[i]);
+  std::int64_t split_blocks_change = -merged.neighbours;
+  std::int64_t split_bytes_change = -merged.neighbour_bytes;
+  Block* result = merged.block;
   result->gc_base = pool->free_lookups;  // freed now: a merge takes the newest age
   if (result->is_split()) {
     split_blocks_change += 1;
@@ -394,36 +325,19 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
     UpdateStat(stats_.inactive_split, types, split_blocks_change);
     UpdateStat(stats_.inactive_split_bytes, types, split_bytes_change);
   }
-  stats_.active.Decrease(types, 1);
-  stats_.active_bytes.Decrease(types, original_size);
-  stats_.requested_bytes.Decrease(types, requested);
-}
-
-std::size_t DeviceAllocatorImpl::TryMerge(Block* dst, Block* src) {
-  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty()) {
-    return 0;
-  }
-  if (dst->prev == src) {
-    dst->ptr = src->ptr;
-    dst->prev = src->prev;
-    if (dst->prev != nullptr) {
-      dst->prev->next = dst;
-    } else {
-      dst->segment->head = dst;
-    }
-  } else {
-    dst->next = src->next;
-    if (dst->next != nullptr) dst->next->prev = dst;
-  }
-  const std::size_t subsumed = src->size;
-  dst->size += subsumed;
-  dst->pool->blocks.erase(src);
-  DeleteBlock(src);
-  return subsumed;
+  stats_.FreeCompleted(types, original_size, requested);
 }
 
 absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
-  core::DeviceMutexLock lock(&mu_);
+  absl::Status result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = RecordStreamLocked(ptr, stream);
+  }
+  return AfterOperation("record_stream", std::move(result));
+}
+
+absl::Status DeviceAllocatorImpl::RecordStreamLocked(DevicePtr ptr, StreamId stream) {
   Block* block = live_blocks_.Find(ptr);
   if (block == nullptr || !block->allocated) {
     return absl::NotFoundError(absl::StrFormat(
@@ -437,192 +351,21 @@ absl::Status DeviceAllocatorImpl::RecordStream(DevicePtr ptr, StreamId stream) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<EventId> DeviceAllocatorImpl::GetEvent() {
-  if (!spare_events_.empty()) {
-    EventId e = spare_events_.back();
-    spare_events_.pop_back();
-    return e;
-  }
-  EventId e = 0;
-  if (absl::Status s = backend_->CreateEvent(&e); !s.ok()) return s;
-  return e;
-}
-
 absl::Status DeviceAllocatorImpl::InsertEvents(Block* block) {
-  // Deferred: pending (not free, not mergeable) until FlushDeferredFrees records its events.
-  auto defer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    deferred_frees_.push_back(block);
-    ++block->event_count;
-    ++pending_events_;
-  };
-  if (CaptureUnderway()) {  // no event record during a capture: FlushDeferredFrees does it later
-    defer();
-    return absl::OkStatus();
-  }
-  while (!block->stream_uses.empty()) {
-    const StreamId s = block->stream_uses.back();
-    auto event = GetEvent();
-    absl::Status st = event.ok() ? backend_->RecordEvent(*event, s) : event.status();
-    if (!st.ok()) {
-      // A driver error: the uses not yet covered by an event are kept and tried again by the
-      // next slow path (ProcessEvents -> FlushDeferredFrees); the block stays pending meanwhile
-      // (driver-errors.md).
-      if (event.ok()) spare_events_.push_back(*event);
-      defer();
-      return st;
-    }
-    block->stream_uses.pop_back();
-    ++block->event_count;
-    ++pending_events_;
-    events_[s].emplace_back(*event, block);
-  }
-  return absl::OkStatus();
+  return stream_events_.Record(
+      block, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CaptureUnderway(); });
 }
 
 absl::Status DeviceAllocatorImpl::ProcessEvents() {
-  if (CaptureUnderway()) return absl::OkStatus();  // no cudaEventQuery during a capture
-  if (!deferred_frees_.empty()) {
-    if (absl::Status s = FlushDeferredFrees(); !s.ok()) return s;
-  }
-  for (auto& [stream, queue] : events_) {
-    while (!queue.empty()) {
-      auto [event, block] = queue.front();
-      auto done = backend_->QueryEvent(event);
-      if (!done.ok()) return done.status();
-      if (!*done) break;  // later events of this stream cannot be done either
-      queue.pop_front();
-      --pending_events_;
-      spare_events_.push_back(event);
-      if (--block->event_count == 0) {
-        live_blocks_.Erase(block->ptr);
-        FreeBlock(block);
-      }
-    }
-  }
-  return absl::OkStatus();
+  return stream_events_.Process(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CaptureUnderway(); },
+      [this](Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ReleaseAfterEvents(b); });
 }
 
 absl::Status DeviceAllocatorImpl::SynchronizeAndFreeEvents() {
-  if (pending_events_ > 0) ++stats_.num_sync_all_streams;
-  for (auto& [stream, queue] : events_) {
-    while (!queue.empty()) {
-      auto [event, block] = queue.front();
-      if (absl::Status s = backend_->SynchronizeEvent(event); !s.ok()) return s;
-      queue.pop_front();
-      --pending_events_;
-      spare_events_.push_back(event);
-      if (--block->event_count == 0) {
-        live_blocks_.Erase(block->ptr);
-        FreeBlock(block);
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DeviceAllocatorImpl::GarbageCollectCachedBlocks() {
-  // torch's garbage_collect_cached_blocks (CUDACachingAllocator.cpp): above threshold x the
-  // memory-fraction cap of reserved bytes, return whole cached segments of the large pool,
-  // the oldest first (unused for more free-block lookups than the average of the candidates),
-  // until reserved is back under the threshold or nothing more can go.
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
-  const auto threshold = static_cast<std::size_t>(options_.garbage_collection_threshold *
-                                                  static_cast<double>(allowed_bytes_));
-  if (reserved <= threshold) return absl::OkStatus();
-  const std::size_t target = reserved - threshold;
-  const std::uint64_t now = large_pool_.free_lookups;
-  auto age = [now](const Block* b) { return now - b->gc_base; };
-  BlockPool& pool = large_pool_;
-  std::uint64_t total_age = 0;
-  std::size_t candidates = 0;
-  for (const Block* b : pool.blocks) {
-    if (b->is_split()) continue;
-    total_age += age(b);
-    ++candidates;
-  }
-  std::size_t reclaimed = 0;
-  bool freed = true;
-  while (reclaimed < target && freed && candidates > 0) {
-    const double age_threshold = static_cast<double>(total_age) / static_cast<double>(candidates);
-    freed = false;
-    std::vector<Block*> old;  // not stopping at the target: a GC each malloc would cost more
-    for (Block* b : pool.blocks) {
-      if (!b->is_split() && static_cast<double>(age(b)) >= age_threshold) old.push_back(b);
-    }
-    for (Block* b : old) {
-      freed = true;
-      reclaimed += b->size;
-      total_age -= age(b);
-      --candidates;
-      if (absl::Status s = ReleaseSegment(b); !s.ok()) return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DeviceAllocatorImpl::ReleaseSegment(Block* block) {
-  // Pre: `block` spans its whole segment and is in its pool's free index.
-  Segment* segment = block->segment;
-  if (absl::Status s = backend_->Free(segment->ptr); !s.ok()) return s;
-  const StatType types = StatTypesFor(block->pool);
-  UpdateStat(stats_.segment, types, -1);
-  UpdateStat(stats_.reserved_bytes, types, -static_cast<std::int64_t>(segment->size));
-  ++stats_.num_device_free;
-  if (segment->size >= options_.max_split_size) stats_.oversize_segments.Decrease(1);
-  Emit(TraceAction::kSegmentFree, segment->ptr, segment->size, segment->stream, 0, 0);
-  block->pool->blocks.erase(block);
-  DeleteBlock(block);
-  segments_.erase(segment->ptr);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<bool> DeviceAllocatorImpl::ReleaseAvailableCachedBlocks(StreamId stream,
-                                                                       std::size_t size) {
-  // torch's release_available_cached_blocks: oversize, unsplit cached blocks of this stream,
-  // the smallest one that covers `size`, else the largest ones until `size` is covered.
-  if (CaptureUnderway()) return false;  // no cudaFree during a capture
-  BlockPool& pool = large_pool_;
-  std::vector<Block*> candidates;
-  for (Block* b : pool.blocks) {
-    if (b->stream == stream && b->size >= options_.max_split_size && !b->is_split()) {
-      candidates.push_back(b);
-    }
-  }
-  if (candidates.empty()) return false;
-  auto fit =
-      std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= size; });
-  if (fit != candidates.end()) {
-    if (absl::Status s = ReleaseSegment(*fit); !s.ok()) return s;
-    return true;
-  }
-  std::size_t released = 0;
-  for (auto it = candidates.rbegin(); it != candidates.rend() && released < size; ++it) {
-    released += (*it)->size;
-    if (absl::Status s = ReleaseSegment(*it); !s.ok()) return s;
-  }
-  return released >= size;
-}
-
-absl::Status DeviceAllocatorImpl::ReleaseCachedBlocks() {
-  if (CaptureUnderway()) return absl::OkStatus();  // no synchronize, free or unmap in a capture
-  if (absl::Status s = FlushDeferredFrees(); !s.ok()) return s;
-  if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
-  if (absl::Status s = ReleaseFreeablePrivatePools(); !s.ok()) return s;
-  for (BlockPool* pool : {&large_pool_, &small_pool_}) {
-    std::vector<Block*> whole;
-    for (Block* b : pool->blocks) {
-      if (!b->is_split()) whole.push_back(b);
-    }
-    for (Block* b : whole) {
-      if (absl::Status s = ReleaseSegment(b); !s.ok()) return s;
-    }
-  }
-  return ReleaseExpandablePages();
-}
-
-absl::Status DeviceAllocatorImpl::EmptyCache() {
-  core::DeviceMutexLock lock(&mu_);
-  return ReleaseCachedBlocks();
+  if (stream_events_.pending() > 0) ++stats_.num_sync_all_streams;
+  return stream_events_.SynchronizeAll(
+      [this](Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ReleaseAfterEvents(b); });
 }
 
 absl::Status DeviceAllocatorImpl::SetMemoryFraction(double fraction) {
@@ -633,10 +376,12 @@ absl::Status DeviceAllocatorImpl::SetMemoryFraction(double fraction) {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
-  core::DeviceMutexLock lock(&mu_);
-  fraction_set_ = true;
-  allowed_bytes_ = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
-  return absl::OkStatus();
+  {
+    core::DeviceMutexLock lock(&mu_);
+    fraction_set_ = true;
+    allowed_bytes_ = static_cast<std::size_t>(fraction * static_cast<double>(total_bytes));
+  }
+  return AfterOperation("set_memory_fraction", absl::OkStatus());
 }
 
 }  // namespace vramledger

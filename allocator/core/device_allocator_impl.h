@@ -1,12 +1,10 @@
-// Internal state of one device's caching allocator: pools, segments, live-block map, event
-// queues and stats. Every member is guarded by `mu_` (docs/design/locking.md).
+// One device's caching allocator, composed of unlocked parts (free-block indexes, stream events,
+// private pools, stats, ...) that its one mutex `mu_` guards (docs/design/locking.md).
 #ifndef VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
 #define VRAMLEDGER_CORE_DEVICE_ALLOCATOR_IMPL_H_
 
 #include <atomic>
-#include <deque>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,13 +18,18 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block.h"
+#include "core/block_recycler.h"
 #include "core/core_view.h"
 #include "core/device_mutex.h"
+#include "core/event_pool.h"
+#include "core/free_block_index.h"
 #include "core/live_block_map.h"
 #include "core/old_mappings.h"
 #include "core/page_table.h"
 #include "core/placement.h"
 #include "core/pool_stats.h"
+#include "core/private_pools.h"
+#include "core/stream_events.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/hooks.h"
 
@@ -49,6 +52,8 @@ class DeviceAllocatorImpl {
   void Read(absl::FunctionRef<void(const core::CoreView&)> reader) const ABSL_LOCKS_EXCLUDED(mu_);
   OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The parts' own invariants (device_allocator_checks.cc), then CheckInvariants.
+  absl::Status CheckAll() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckSegmentChain(const core::Segment& segment, std::int64_t* counts) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -67,6 +72,32 @@ class DeviceAllocatorImpl {
     return {stats_.allocated_bytes.current(kAggregate), stats_.reserved_bytes.current(kAggregate)};
   }
 
+  // The parts' invariants: free indexes, private pools, stream events, stats.
+  absl::Status CheckParts() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The result of public operation `operation`; with VRAMLEDGER_EXPENSIVE_CHECKS, CheckAll runs
+  // first and an invariant it finds broken is returned instead (an Internal error).
+#ifdef VRAMLEDGER_EXPENSIVE_CHECKS
+  static constexpr bool kExpensiveChecks = true;
+#else
+  static constexpr bool kExpensiveChecks = false;
+#endif
+  absl::Status CheckAfter(const char* operation, absl::Status result) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AfterOperation(const char* operation, absl::Status result) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    if constexpr (kExpensiveChecks) return CheckAfter(operation, std::move(result));
+    return result;
+  }
+  template <typename T>
+  absl::StatusOr<T> AfterOperation(const char* operation, absl::StatusOr<T> result) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    if constexpr (kExpensiveChecks) {
+      absl::Status s = CheckAfter(operation, result.status());
+      if (!s.ok()) return s;
+    }
+    return result;
+  }
+
   // The per-pool stat index of a pool: kSmallPool or kLargePool ("all" is derived from both).
   static StatType StatTypesFor(const core::BlockPool* pool) {
     return pool->is_small ? kSmallPool : kLargePool;
@@ -83,49 +114,21 @@ class DeviceAllocatorImpl {
   }
   static constexpr std::size_t kExpandableSmallMax = 512 * 1024;
 
-  // ---- CUDA graph private pools (graph_pools.cc; PYTORCH-FACTS §6) ----
-  // One private pool: plain (never expandable) small and large pools of its own.
-  struct PrivatePool {
-    int use_count = 1;
-    core::BlockPool small{true};
-    core::BlockPool large{false};
-  };
-  // A pool being allocated to (between Begin and End).
-  struct ActivePool {
-    MempoolId id;
-    StreamFilter filter;
-    std::vector<StreamId> streams;  // streams routed to it so far
-    bool saw_capture = false;       // one of them was capturing when routed
-    std::thread::id owner;          // the thread that began it (torch's capturing thread)
-    // When another thread first found its capture over (InfiniteFuture: not found so): after
-    // kFailedCaptureGrace of that, any thread may prune it (PruneFailedCaptures).
-    absl::Time ended_seen = absl::InfiniteFuture();
-  };
-  // The pool for a request: an active private pool whose filter accepts the stream, else the
-  // usual PoolFor. Only called while active_pools_ is not empty.
-  core::BlockPool* RoutePool(const AllocationRequest& request, bool contiguous)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True while a capture may be under way: an active pool has served no stream yet, or one of
-  // its streams is capturing. Drops pools of failed captures first (PruneFailedCaptures).
-  bool CaptureUnderway() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // An active pool that served a capturing stream, none of whose streams capture any more, had
-  // its capture fail (torch sends no End/Release then): it stops being active and loses a use.
-  // Only its owner thread decides so: torch calls endAllocateToPool after cudaStreamEndCapture,
-  // so on another thread an ended capture whose End has not come yet looks failed, and pruning
-  // it there let empty_cache free the graph's memory (a breaking helper's finding). On the owner
-  // thread, any call made after the capture stopped (End included) is past that window. Another
-  // thread prunes it once it has looked over for kFailedCaptureGrace (the window is
-  // microseconds; a capturing thread that failed and never calls again must not hold the pool,
-  // its memory and the allocator's capture checks for the rest of the process: a reviewer's
-  // finding).
-  void PruneFailedCaptures() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static constexpr absl::Duration kFailedCaptureGrace = absl::Seconds(1);
+  // ---- Private pools (core/private_pools.h; the allocator's side: graph_pools.cc) ----
+  // True while a capture may be under way (PrivatePools::CaptureUnderway).
+  bool CaptureUnderway() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return private_pools_.CaptureUnderway();
+  }
   // Records events for blocks whose frees were deferred during a capture.
   absl::Status FlushDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns whole free segments of pools with no use left; forgets pools with no segment left.
   absl::Status ReleaseFreeablePrivatePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free blocks indexed in private pools (for CheckInvariants).
-  std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return private_pools_.FreeBlocks();
+  }
+  // Returns the whole free segments (unsplit free blocks) of plain pool `pool`.
+  absl::Status ReleaseWholeFreeSegments(core::BlockPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Expandable segments: expandable.cc composes the parts (page_table_, old_mappings_,
   //      placement_) with driver calls, stats and trace; ensure_mapped.cc maps a block's pages;
@@ -245,26 +248,18 @@ class DeviceAllocatorImpl {
   std::array<const core::BlockPool*, 4> AllPools() const {
     return {&small_pool_, &large_pool_, &exp_small_pool_, &exp_large_pool_};
   }
-  // Best fit in `pool` for (stream, size) under torch's max_split_size rules; end() if none.
-  core::BlockPool::Index::iterator FindFreeBlock(core::BlockPool* pool, StreamId stream,
-                                                 std::size_t size)
+  // Malloc's steps under the lock: admit the request (the 1 EB limit, completed events, rounding,
+  // the hooks' check), choose its pool (a private pool's, else by size), then the pool's cached
+  // blocks (best fit) or, for expandable pools, MallocExpandable; else GrowPool.
+  absl::StatusOr<DevicePtr> MallocLocked(AllocationRequest& request, AllocatorHooks* hooks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Restores the free index's order after the key of the block at `it` changed in place.
-  static void Reposition(core::BlockPool* pool, core::BlockPool::Index::iterator it);
-  // The same when the key is known to have only shrunk (a split's remainder: only its
-  // predecessor can be out of order) or only grown (a merge: only its successor can).
-  static void RepositionShrunk(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
-    if (it != pool->blocks.begin() && !core::BlockBestFitLess()(*std::prev(it), *it)) {
-      Relink(pool, it);
-    }
-  }
-  static void RepositionGrown(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
-    const auto after = std::next(it);
-    if (after != pool->blocks.end() && !core::BlockBestFitLess()(*it, *after)) Relink(pool, it);
-  }
-  static void Relink(core::BlockPool* pool, core::BlockPool::Index::iterator it) {
-    pool->blocks.insert(pool->blocks.extract(it));  // the node is reused: no allocation
-  }
+  absl::Status Admit(AllocationRequest& request, AllocatorHooks* hooks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new segment for `request` in plain `pool`, in torch's order: garbage collection (`gc`), a
+  // cudaMalloc, then after releasing oversize cached blocks (max_split_size), then after
+  // releasing the whole cache; the guard's refusal or the out-of-memory error if none succeeds.
+  absl::StatusOr<core::Block*> GrowPool(core::BlockPool* pool, const AllocationRequest& request,
+                                        bool gc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // cudaMallocs a new segment of `alloc_size`. nullptr with OK status on out-of-memory (or the
   // fraction cap); an error status for any other driver failure.
   absl::StatusOr<core::Block*> AllocSegment(core::BlockPool* pool, const AllocationRequest& request,
@@ -279,6 +274,10 @@ class DeviceAllocatorImpl {
   }
   void EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
                    std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Free and RecordStream under the lock (`context`: the hooks' capture of the free request).
+  absl::Status FreeLocked(DevicePtr ptr, std::uint64_t context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecordStreamLocked(DevicePtr ptr, StreamId stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits as needed and marks `block` allocated for `request`. `indexed`: the block's position
   // in its pool's free index if it is still there (the remainder of a split then keeps the node).
   core::Block* UseBlock(core::Block* block, const AllocationRequest& request,
@@ -287,7 +286,12 @@ class DeviceAllocatorImpl {
   bool ShouldSplit(const core::Block* block, std::size_t size) const;
   // Returns a no-longer-active block to its pool, coalescing with free neighbours.
   void FreeBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::size_t TryMerge(core::Block* dst, core::Block* src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges free neighbour `src` into unindexed `dst` (FreeBlockIndex::Absorb) and recycles it.
+  std::size_t TryMerge(core::Block* dst, core::Block* src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::size_t subsumed = core::FreeBlockIndex::Absorb(dst, src);
+    if (subsumed != 0) DeleteBlock(src);
+    return subsumed;
+  }
   // Frees oversize cached blocks of `stream` (max_split_size set) until `size` could fit.
   absl::StatusOr<bool> ReleaseAvailableCachedBlocks(StreamId stream, std::size_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -298,21 +302,23 @@ class DeviceAllocatorImpl {
   // cached segments while reserved is above threshold x the cap (torch's
   // garbage_collect_cached_blocks). Errors: a failed cudaFree.
   absl::Status GarbageCollectCachedBlocks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The allocator's side of stream_events_ (core/stream_events.h): the capture check it asks
+  // before each event call, and the release of a block whose events completed.
   absl::Status InsertEvents(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SynchronizeAndFreeEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<EventId> GetEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseAfterEvents(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    live_blocks_.Erase(block->ptr);
+    FreeBlock(block);
+  }
+  absl::StatusOr<EventId> GetEvent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return spare_events_.Get(backend_);
+  }
   absl::Status OutOfMemory(const AllocationRequest& request, std::size_t alloc_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (spare_blocks_.empty()) return new core::Block();
-    core::Block* b = spare_blocks_.back();
-    spare_blocks_.pop_back();
-    b->Reset();
-    return b;
-  }
+  core::Block* NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return block_recycler_.New(); }
   void DeleteBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    spare_blocks_.push_back(block);
+    block_recycler_.Recycle(block);
   }
   static void UpdateStat(core::PoolStat& stat, StatType type, std::int64_t amount) {
     stat.Add(type, amount);
@@ -339,26 +345,17 @@ class DeviceAllocatorImpl {
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.
   core::LiveBlockMap live_blocks_ ABSL_GUARDED_BY(mu_);
-  // record_stream events, one FIFO per stream so a slow stream never blocks another.
-  // Ordered by stream (a btree, not a hash map): events are processed, blocks freed and trace
-  // entries emitted in the same order in every process (a hash map's order varies with its seed,
-  // which made runs with record_stream differ where a driver failure fell).
-  absl::btree_map<StreamId, std::deque<std::pair<EventId, core::Block*>>> events_
-      ABSL_GUARDED_BY(mu_);
-  std::int64_t pending_events_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<EventId> spare_events_ ABSL_GUARDED_BY(mu_);
-  std::vector<core::Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);
+  // Spare events (record_stream's and the retiring fences'), and the record_stream events and
+  // deferred frees.
+  core::EventPool spare_events_ ABSL_GUARDED_BY(mu_);
+  core::StreamEvents stream_events_ ABSL_GUARDED_BY(mu_){backend_, &spare_events_};
+  core::BlockRecycler block_recycler_ ABSL_GUARDED_BY(mu_);
   core::CoreStats stats_ ABSL_GUARDED_BY(mu_);          // public form: ToDeviceStats()
   bool fraction_set_ ABSL_GUARDED_BY(mu_) = false;      // set_per_process_memory_fraction called
   std::size_t allowed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // cap on reserved when fraction_set_
   OutOfMemoryInfo last_oom_ ABSL_GUARDED_BY(mu_);
-  // CUDA graph private pools by id, the active ones, ids pruned as failed captures, and blocks
-  // whose record_stream events wait for the end of a capture.
-  // Ordered (a btree): released in the same order in every process (trace entries included).
-  absl::btree_map<MempoolId, std::unique_ptr<PrivatePool>> private_pools_ ABSL_GUARDED_BY(mu_);
-  std::vector<ActivePool> active_pools_ ABSL_GUARDED_BY(mu_);
-  std::vector<MempoolId> pruned_pools_ ABSL_GUARDED_BY(mu_);
-  std::vector<core::Block*> deferred_frees_ ABSL_GUARDED_BY(mu_);
+  // Private pools (CUDA graph pools): by id, the active ones, failed captures.
+  core::PrivatePools private_pools_ ABSL_GUARDED_BY(mu_){backend_};
   // The guard's refusal of the current Malloc's growth, if any (reset per Malloc).
   absl::Status growth_refusal_ ABSL_GUARDED_BY(mu_);
 };

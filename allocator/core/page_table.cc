@@ -1,6 +1,7 @@
 // The page tables of one device's expandable segments (page_table.h): ranges, mapped handles and
 // their homes, per-page use counts, and what driver errors left behind.
 #include "core/page_table.h"
+#include "core/free_block_index.h"
 
 #include <algorithm>
 

@@ -2,6 +2,7 @@
 // block, and the order mapped free pages are recycled in. Design:
 // docs/design/expandable-segments.md.
 #include "core/placement.h"
+#include "core/free_block_index.h"
 
 #include <algorithm>
 

@@ -1,6 +1,7 @@
-// The allocator's internal form of its stats: per-pool counters updated on the hot path, the
+// The allocator's statistics, per pool (small, large): counters updated on the hot path, the
 // "all" row and every `freed` total derived when stats are read (docs/design/locking.md, "Hot
-// path"). Plain data; the owning DeviceAllocatorImpl guards it with its mutex.
+// path"), and the updates one allocation, free or segment makes. Not locked: the owning
+// DeviceAllocatorImpl guards it with its mutex.
 #ifndef VRAMLEDGER_CORE_POOL_STATS_H_
 #define VRAMLEDGER_CORE_POOL_STATS_H_
 
@@ -8,6 +9,8 @@
 #include <array>
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "vramledger/stats.h"
 
 namespace vramledger::core {
@@ -71,6 +74,18 @@ class PoolStat {
     out[kAggregate].freed -= moved_;
     out[kAggregate].peak = peak_[kAggregate];
     return out;
+  }
+
+  /// Per pool and for "all": 0 <= current <= peak, and freed >= 0.
+  absl::Status CheckInvariants() const {
+    const StatArray a = ToStatArray();
+    for (int t = 0; t < kNumStatTypes; ++t) {
+      if (a[t].current < 0 || a[t].current > a[t].peak || a[t].freed < 0) {
+        return absl::InternalError(absl::StrCat("stat row ", t, ": current ", a[t].current,
+                                                ", peak ", a[t].peak, ", freed ", a[t].freed));
+      }
+    }
+    return absl::OkStatus();
   }
 
   /// Every peak becomes its current value.
@@ -146,6 +161,69 @@ struct CoreStats {
     s.oversize_segments = oversize_segments;
     s.max_split_size = max_split_size;
     return s;
+  }
+
+  /// A block of `bytes` (`requested` by the caller) of pool `type` handed out.
+  void Allocated(StatType type, std::int64_t bytes, std::int64_t requested) {
+    allocation.Increase(type, 1);
+    allocated_bytes.Increase(type, bytes);
+    active.Increase(type, 1);
+    active_bytes.Increase(type, bytes);
+    requested_bytes.Increase(type, requested);
+  }
+  /// Its free requested: no longer allocated, still active until its events complete.
+  void FreeRequested(StatType type, std::int64_t bytes) {
+    allocation.Decrease(type, 1);
+    allocated_bytes.Decrease(type, bytes);
+  }
+  /// Its free completed: no longer active.
+  void FreeCompleted(StatType type, std::int64_t bytes, std::int64_t requested) {
+    active.Decrease(type, 1);
+    active_bytes.Decrease(type, bytes);
+    requested_bytes.Decrease(type, requested);
+  }
+  /// A segment of `bytes` reserved (a cudaMalloc) or returned (a cudaFree).
+  void SegmentReserved(StatType type, std::int64_t bytes) {
+    segment.Increase(type, 1);
+    reserved_bytes.Increase(type, bytes);
+    ++num_device_alloc;
+  }
+  void SegmentReleased(StatType type, std::int64_t bytes) {
+    segment.Decrease(type, 1);
+    reserved_bytes.Decrease(type, bytes);
+    ++num_device_free;
+  }
+
+  /// Each row's invariants (PoolStat::CheckInvariants); allocated <= active <= reserved; the
+  /// counters are not negative.
+  absl::Status CheckInvariants() const {
+    const char* names[] = {
+        "allocation",      "segment",        "active",       "inactive_split",
+        "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+        "requested_bytes"};
+    const std::array<const PoolStat*, 9> all = {
+        &allocation,      &segment,        &active,       &inactive_split,
+        &allocated_bytes, &reserved_bytes, &active_bytes, &inactive_split_bytes,
+        &requested_bytes};
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (absl::Status s = all[i]->CheckInvariants(); !s.ok()) {
+        return absl::InternalError(absl::StrCat(names[i], ": ", s.message()));
+      }
+    }
+    // For "all" only: an expandable page's reserved bytes move between the pools (Move) apart
+    // from the blocks' active bytes.
+    const std::int64_t allocated_now = allocated_bytes.current(kAggregate);
+    const std::int64_t active_now = active_bytes.current(kAggregate);
+    const std::int64_t reserved_now = reserved_bytes.current(kAggregate);
+    if (allocated_now > active_now || active_now > reserved_now) {
+      return absl::InternalError(absl::StrCat("allocated ", allocated_now, ", active ", active_now,
+                                              ", reserved ", reserved_now));
+    }
+    for (std::int64_t n :
+         {num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc, num_device_free}) {
+      if (n < 0) return absl::InternalError("negative stat counter");
+    }
+    return absl::OkStatus();
   }
 
   /// reset_peak_memory_stats().

@@ -1,5 +1,5 @@
 // Torch's size policy as constexpr functions: request rounding, pool choice and segment size.
-// Source: c10/cuda/CUDACachingAllocator.cpp round_size / get_allocation_size (PYTORCH-FACTS §2).
+// Source: c10/cuda/CUDACachingAllocator.cpp, round_size and get_allocation_size.
 #ifndef VRAMLEDGER_CORE_SIZE_POLICY_H_
 #define VRAMLEDGER_CORE_SIZE_POLICY_H_
 
@@ -61,7 +61,7 @@ constexpr std::size_t AllocationSize(std::size_t rounded_size, std::size_t large
   if (rounded_size <= kSmallSize) return kSmallBuffer;
   const std::size_t rounded_up = kRoundLarge * ((rounded_size + kRoundLarge - 1) / kRoundLarge);
   // Never below the request: large_segment_size_mb under 10 takes sizes from 2 MiB, and a
-  // 4 MiB request in a 2 MiB segment wrapped the split's remainder around (a breaker's finding).
+  // 4 MiB request in a 2 MiB segment would wrap the split's remainder around.
   if (rounded_size < kMinLargeAlloc) return std::max(large_segment_size, rounded_up);
   return rounded_up;
 }

@@ -49,7 +49,7 @@ struct StepRecord {
 };
 
 /// Writes a forensic snapshot for a refusal and returns its path, or an error saying why none
-/// was written. Called outside the allocator lock on the refusing thread (issue 5 provides it).
+/// was written. Called outside the allocator lock on the refusing thread (the ledger's OOM dump provides it).
 using ForensicDumpFn =
     std::function<absl::StatusOr<std::string>(int device, const std::string& message)>;
 /// Receives each warn_at warning (a multi-line text without a final newline). Default: stderr.

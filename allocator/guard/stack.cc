@@ -1,40 +1,33 @@
-// Native stack capture (glibc backtrace, which unwinds with .eh_frame and so needs no frame
-// pointers; absl::Symbolize for names, dladdr for modules) and
-// frame formatting. Used only when a refusal is reported, never on the allocation path.
+// Native frames for refusal messages, taken with the ledger's capturer (ledger/stack_capture.h,
+// the one place that unwinds and symbolises) and shown by module name; and frame formatting.
+// Used only when a refusal is reported, never on the allocation path.
 #include "guard/stack.h"
-
-#include <dlfcn.h>
-#include <execinfo.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
-#include "absl/debugging/symbolize.h"
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "ledger/stack_capture.h"
 
 namespace vramledger::guard {
 
-std::vector<StackFrame> CaptureNativeFrames(int skip, int max_frames) {
+// Not inlined: `skip` counts this function as one frame.
+ABSL_ATTRIBUTE_NOINLINE std::vector<StackFrame> CaptureNativeFrames(int skip, int max_frames) {
   std::vector<StackFrame> frames;
   if (max_frames <= 0) return frames;
-  std::vector<void*> pcs(static_cast<std::size_t>(max_frames + skip + 1));
-  const int depth = backtrace(pcs.data(), static_cast<int>(pcs.size()));
-  for (int i = skip + 1; i < depth; ++i) {
+  std::vector<std::uintptr_t> pcs(static_cast<std::size_t>(max_frames));
+  // skip + 1: this function as well as the `skip` frames its caller asked to leave out.
+  const int depth = vramledger::CaptureNativeFrames(pcs.data(), max_frames, skip + 1);
+  frames.reserve(static_cast<std::size_t>(depth));
+  for (int i = 0; i < depth; ++i) {
+    Frame native = SymbolizeNativeFrame(pcs[static_cast<std::size_t>(i)]);
     StackFrame f;
-    // A return address points after the call; look up the call itself.
-    void* pc = static_cast<char*>(pcs[i]) - 1;
-    char symbol[1024];
-    if (absl::Symbolize(pc, symbol, sizeof(symbol))) {
-      f.function = symbol;
-    } else {
-      f.function = absl::StrFormat("0x%x", reinterpret_cast<std::uintptr_t>(pcs[i]));
-    }
-    Dl_info info;
-    if (dladdr(pc, &info) != 0 && info.dli_fname != nullptr) {
-      std::string module = info.dli_fname;
-      const std::size_t slash = module.rfind('/');
-      f.file = slash == std::string::npos ? module : module.substr(slash + 1);
+    f.function = std::move(native.name);
+    if (native.filename != "??") {  // the module by its file name only, as refusals show it
+      const std::size_t slash = native.filename.rfind('/');
+      f.file = slash == std::string::npos ? native.filename : native.filename.substr(slash + 1);
     }
     frames.push_back(std::move(f));
   }

@@ -1,5 +1,5 @@
 // Stacks for refusal messages: the frame type, the interface through which a history symbolises
-// the context id it captured, a provider of live Python frames, and native frame capture.
+// the context id it captured, a provider of live Python frames, and native frames in that type.
 // Thread-safety: CaptureNativeFrames is thread-safe; implementations say their own.
 #ifndef VRAMLEDGER_GUARD_STACK_H_
 #define VRAMLEDGER_GUARD_STACK_H_
@@ -20,7 +20,7 @@ struct StackFrame {
   bool python = false;
 };
 
-/// Turns a context id returned by AllocatorHooks::CaptureContext into frames. Issue 5's History
+/// Turns a context id returned by AllocatorHooks::CaptureContext into frames. The memory history
 /// implements it; the guard asks it first when it builds a refusal message.
 class StackSymbolizer {
  public:
@@ -36,8 +36,9 @@ class StackSymbolizer {
 using PythonStackProvider = std::function<std::vector<StackFrame>()>;
 
 /// Native frames of the calling thread, innermost first, at most `max_frames`, skipping the
-/// `skip` innermost (CaptureNativeFrames itself is always skipped). Unwinds with glibc's
-/// backtrace(); symbols come from the ELF symbol tables (absl::Symbolize), else the address.
+/// `skip` innermost (CaptureNativeFrames itself is always skipped). Captured and symbolised by the
+/// ledger's capturer (ledger/stack_capture.h); `file` is the module's file name without its
+/// directory (empty when unknown), `function` the symbol, else the address.
 std::vector<StackFrame> CaptureNativeFrames(int skip, int max_frames);
 
 /// "train.py:42 in forward" or "libtorch_cuda.so: at::native::empty_cuda(...)".

@@ -174,9 +174,9 @@ Json VramledgerSettingsJson(const Options& o) {
   j["large_segment_size"] = o.large_segment_size;
   j["per_process_memory_fraction"] = o.per_process_memory_fraction;
   j["page_recycling"] = o.page_recycling;
-  j["plan"] = o.plan;
-  j["dump_dir"] = o.dump_dir;
-  j["max_dumps"] = o.max_dumps;
+  j["plan"] = o.process.plan;
+  j["dump_dir"] = o.process.dump_dir;
+  j["max_dumps"] = o.process.max_dumps;
   return j;
 }
 

@@ -75,7 +75,7 @@ enum Which {
 constexpr std::array<const char*, kNumWhich> kNames = {"native",    "vramledger",   "plugin",
                                                        "pluggable", "torch-native", "harness"};
 
-// The plugin library's entry points (torch_plugin/plugin.h), loaded with dlopen.
+// The plugin library's entry points (torch_plugin/pluggable/plugin.h), loaded with dlopen.
 struct PluginApi {
   int (*configure)(const char*) = nullptr;
   void* (*malloc)(std::size_t, int, cudaStream_t) = nullptr;
@@ -115,8 +115,8 @@ absl::StatusOr<PluginApi> LoadPlugin() {
   return api;
 }
 
-// The torch-native mode's allocator (torch_plugin/native_allocator.h), from the library beside
-// the plugin that `plugin_path` names; it links that plugin, so both share its allocators.
+// The torch-native mode's allocator (torch_plugin/native/native_allocator.h), from the library
+// beside the plugin that `plugin_path` names; it links that plugin, so both share its allocators.
 absl::StatusOr<c10::cuda::CUDACachingAllocator::CUDAAllocator*> LoadNative(
     const std::string& plugin_path) {
   const std::string path =

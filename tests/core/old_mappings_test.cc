@@ -2,6 +2,7 @@
 // address until its fence completes (Settle), or is kept idle (keep_old_mappings); Clear waits
 // for the fences of the entries it unmaps; fences are given back once; Reusable; invariants.
 #include "core/old_mappings.h"
+#include "core/free_block_index.h"
 
 #include <vector>
 

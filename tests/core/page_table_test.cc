@@ -1,6 +1,7 @@
 // core::PageTable on its own: segments, handles and their homes, per-page use counts, mappings
 // without access and unreleased handles, and the invariants it checks.
 #include "core/page_table.h"
+#include "core/free_block_index.h"
 
 #include <cstdint>
 

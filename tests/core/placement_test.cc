@@ -2,6 +2,7 @@
 // request takes, the second scoring after old mappings settle, and the order mapped free pages
 // are recycled in.
 #include "core/placement.h"
+#include "core/free_block_index.h"
 
 #include <utility>
 #include <vector>

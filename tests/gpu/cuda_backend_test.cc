@@ -1,5 +1,6 @@
-// GPU tests of CudaBackend on device 0: the DeviceBackend contract against the real driver.
-// Skips every test when CUDA reports no device. Each test owns its backend and streams.
+// CudaBackend on the real driver: the DeviceBackend conformance suite (tests/device/
+// backend_conformance.h) through CudaHarness, then what only a GPU shows (bytes that travel with a
+// handle, the caller's device, peers). Skips every test when CUDA reports no device.
 #include "device/cuda_backend.h"
 
 #include <cuda.h>
@@ -8,13 +9,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "device/backend_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vramledger/device_backend.h"
@@ -23,39 +23,26 @@
 namespace vramledger {
 namespace {
 
-using ::testing::HasSubstr;
-
-bool Overlaps(DevicePtr a, std::size_t a_size, DevicePtr b, std::size_t b_size) {
-  return a < b + b_size && b < a + a_size;
-}
-
-void InsertChecked(std::map<DevicePtr, std::size_t>& live, DevicePtr ptr, std::size_t size) {
-  auto next = live.lower_bound(ptr);
-  if (next != live.end()) {
-    ASSERT_FALSE(Overlaps(ptr, size, next->first, next->second));
-  }
-  if (next != live.begin()) {
-    auto prev = std::prev(next);
-    ASSERT_FALSE(Overlaps(ptr, size, prev->first, prev->second));
-  }
-  live.emplace(ptr, size);
-}
-
 // Host callback that holds its stream until *flag becomes true.
-void CUDART_CB HoldStream(void* flag) {
+void CUDART_CB HoldStreamUntil(void* flag) {
   while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
 }
+
+std::string NoDeviceReason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess && count > 0) return "";
+  (void)cudaGetLastError();
+  return std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
+}
+
+cudaStream_t AsStream(StreamId stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      (void)cudaGetLastError();
-      GTEST_SKIP() << "no CUDA device (" << cudaGetErrorString(err) << ")";
-    }
-    device_count_ = count;
+    if (const std::string why = NoDeviceReason(); !why.empty()) GTEST_SKIP() << why;
+    ASSERT_EQ(cudaGetDeviceCount(&device_count_), cudaSuccess);
     backend_ = std::make_unique<CudaBackend>(0);
     ASSERT_TRUE(backend_->vmm_status().ok()) << backend_->vmm_status();
     granularity_ = backend_->Granularity();
@@ -71,116 +58,6 @@ class CudaBackendTest : public ::testing::Test {
   int device_count_ = 0;
   std::size_t granularity_ = 0;
 };
-
-TEST_F(CudaBackendTest, IsADeviceBackendWithAPowerOfTwoGranularity) {
-  DeviceBackend* backend = backend_.get();
-  EXPECT_EQ(backend->device(), 0);
-  EXPECT_GT(granularity_, 0u);
-  EXPECT_EQ(granularity_ & (granularity_ - 1), 0u);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  ASSERT_TRUE(backend->MemGetInfo(&free_bytes, &total_bytes).ok());
-  EXPECT_GT(total_bytes, 0u);
-  EXPECT_LE(free_bytes, total_bytes);
-  EXPECT_EQ(backend->calls().count(DriverCall::kMemGetInfo), 1);
-}
-
-TEST_F(CudaBackendTest, MallocGivesDistinctAlignedAddresses) {
-  std::mt19937_64 rng(7);
-  std::map<DevicePtr, std::size_t> live;
-  std::size_t free_before = 0, free_after = 0, total = 0;
-  ASSERT_TRUE(backend_->MemGetInfo(&free_before, &total).ok());
-  for (int i = 0; i < 16; ++i) {
-    const std::size_t size = 512 * (1 + rng() % (128 * 1024));  // Up to 64 MiB.
-    DevicePtr ptr = 0;
-    ASSERT_TRUE(backend_->Malloc(size, &ptr).ok());
-    EXPECT_EQ(ptr % 512, 0u);
-    ASSERT_NO_FATAL_FAILURE(InsertChecked(live, ptr, size));
-  }
-  ASSERT_TRUE(backend_->MemGetInfo(&free_after, &total).ok());
-  EXPECT_LT(free_after, free_before);
-  for (const auto& [ptr, size] : live) ASSERT_TRUE(backend_->Free(ptr).ok());
-  EXPECT_EQ(backend_->calls().count(DriverCall::kMalloc), 16);
-  EXPECT_EQ(backend_->calls().count(DriverCall::kFree), 16);
-  EXPECT_GT(backend_->calls().micros(DriverCall::kMalloc), 0.0);
-}
-
-TEST_F(CudaBackendTest, OutOfMemoryIsResourceExhaustedAndClearsTheLastError) {
-  std::size_t free_bytes = 0, total = 0;
-  ASSERT_TRUE(backend_->MemGetInfo(&free_bytes, &total).ok());
-  DevicePtr ptr = 0;
-  absl::Status status = backend_->Malloc(2 * total, &ptr);
-  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
-  EXPECT_THAT(status.message(), HasSubstr("cudaMalloc"));
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-
-  const std::size_t huge = (2 * total + granularity_ - 1) / granularity_ * granularity_;
-  PhysicalHandle handle = 0;
-  status = backend_->CreatePhysical(huge, &handle);
-  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
-  EXPECT_THAT(status.message(), HasSubstr("cuMemCreate"));
-
-  ASSERT_TRUE(backend_->Malloc(kMiB, &ptr).ok());  // The device is still usable.
-  ASSERT_TRUE(backend_->Free(ptr).ok());
-}
-
-TEST_F(CudaBackendTest, MisuseIsAnErrorButNotOutOfMemory) {
-  absl::Status status = backend_->Free(0x1234);
-  EXPECT_FALSE(status.ok());
-  EXPECT_FALSE(absl::IsResourceExhausted(status)) << status;
-  EXPECT_THAT(status.message(), HasSubstr("cudaFree"));
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-
-  DevicePtr ptr = 0;
-  PhysicalHandle handle = 0;
-  EXPECT_TRUE(absl::IsInvalidArgument(backend_->Malloc(0, &ptr)));
-  status = backend_->ReserveAddress(granularity_ + granularity_ / 2, &ptr);
-  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
-  EXPECT_THAT(status.message(), HasSubstr("granularity"));
-  EXPECT_TRUE(absl::IsInvalidArgument(backend_->CreatePhysical(granularity_ / 2, &handle)));
-  EXPECT_EQ(backend_->calls().count(DriverCall::kAddressReserve), 0);  // Refused before CUDA.
-  EXPECT_EQ(backend_->calls().count(DriverCall::kMemCreate), 0);
-}
-
-TEST_F(CudaBackendTest, MappedMemoryIsWritableAndPagesCanMove) {
-  const std::size_t g = granularity_;
-  DevicePtr va = 0;
-  ASSERT_TRUE(backend_->ReserveAddress(4 * g, &va).ok());
-  EXPECT_EQ(va % g, 0u);
-  PhysicalHandle h1 = 0, h2 = 0;
-  ASSERT_TRUE(backend_->CreatePhysical(g, &h1).ok());
-  ASSERT_TRUE(backend_->CreatePhysical(g, &h2).ok());
-  ASSERT_TRUE(backend_->Map(va, g, h1).ok());
-  ASSERT_TRUE(backend_->Map(va + g, g, h2).ok());
-  ASSERT_TRUE(backend_->SetAccess(va, 2 * g).ok());  // One call over two mappings.
-
-  void* base = reinterpret_cast<void*>(va);
-  ASSERT_EQ(cudaMemset(base, 0x5a, 2 * g), cudaSuccess);
-  std::vector<unsigned char> host(2 * g, 0);
-  ASSERT_EQ(cudaMemcpy(host.data(), base, 2 * g, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(host.front(), 0x5a);
-  EXPECT_EQ(host.back(), 0x5a);
-
-  // Move h1 to the third page: its contents travel with it (physical page recycling).
-  ASSERT_TRUE(backend_->Unmap(va, g).ok());
-  ASSERT_TRUE(backend_->Map(va + 2 * g, g, h1).ok());
-  ASSERT_TRUE(backend_->SetAccess(va + 2 * g, g).ok());
-  std::vector<unsigned char> moved(g, 0);
-  ASSERT_EQ(
-      cudaMemcpy(moved.data(), reinterpret_cast<void*>(va + 2 * g), g, cudaMemcpyDeviceToHost),
-      cudaSuccess);
-  EXPECT_EQ(moved.front(), 0x5a);
-  EXPECT_EQ(moved.back(), 0x5a);
-
-  ASSERT_TRUE(backend_->Unmap(va + g, 2 * g).ok());  // One call over two mappings.
-  ASSERT_TRUE(backend_->ReleasePhysical(h1).ok());
-  ASSERT_TRUE(backend_->ReleasePhysical(h2).ok());
-  ASSERT_TRUE(backend_->ReleaseAddress(va, 4 * g).ok());
-  const DriverCallLedger& calls = backend_->calls();
-  EXPECT_EQ(calls.count(DriverCall::kMemMap), 3);
-  EXPECT_EQ(calls.count(DriverCall::kMemSetAccess), 2);
-  EXPECT_EQ(calls.count(DriverCall::kMemUnmap), 2);
-  EXPECT_GT(calls.micros(DriverCall::kMemSetAccess), 0.0);
-}
 
 // A handle moving within its stream is mapped at its new address while still mapped at the old
 // one, and the old mapping goes only after a fence recorded at the move has completed
@@ -221,89 +98,6 @@ TEST_F(CudaBackendTest, AHandleMapsAtTwoAddressesWhileOldWorkFinishes) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-TEST_F(CudaBackendTest, EventsCompleteWhenTheirStreamGetsThere) {
-  cudaStream_t stream = NewStream();
-  const auto stream_id = reinterpret_cast<StreamId>(stream);
-  EventId event = 0;
-  ASSERT_TRUE(backend_->CreateEvent(&event).ok());
-  absl::StatusOr<bool> done = backend_->QueryEvent(event);
-  ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_TRUE(*done);  // Never recorded.
-
-  std::atomic<bool> release{false};
-  ASSERT_EQ(cudaLaunchHostFunc(stream, HoldStream, &release), cudaSuccess);
-  ASSERT_TRUE(backend_->RecordEvent(event, stream_id).ok());
-  for (int i = 0; i < 3; ++i) {
-    done = backend_->QueryEvent(event);
-    ASSERT_TRUE(done.ok()) << done.status();
-    EXPECT_FALSE(*done);
-  }
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // cudaErrorNotReady was cleared.
-  release = true;
-  ASSERT_TRUE(backend_->SynchronizeEvent(event).ok());
-  done = backend_->QueryEvent(event);
-  ASSERT_TRUE(done.ok());
-  EXPECT_TRUE(*done);
-
-  std::atomic<bool> release2{false};
-  ASSERT_EQ(cudaLaunchHostFunc(stream, HoldStream, &release2), cudaSuccess);
-  ASSERT_TRUE(backend_->RecordEvent(event, stream_id).ok());
-  done = backend_->QueryEvent(event);
-  ASSERT_TRUE(done.ok());
-  EXPECT_FALSE(*done);
-  release2 = true;
-  ASSERT_TRUE(backend_->SynchronizeStream(stream_id).ok());
-  done = backend_->QueryEvent(event);
-  ASSERT_TRUE(done.ok());
-  EXPECT_TRUE(*done);
-
-  ASSERT_TRUE(backend_->DestroyEvent(event).ok());
-  EXPECT_EQ(backend_->calls().count(DriverCall::kEventRecord), 2);
-  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-}
-
-TEST_F(CudaBackendTest, DetectsCaptureAndAllocatesInRelaxedMode) {
-  cudaStream_t stream = NewStream();
-  cudaStream_t other = NewStream();
-  const auto stream_id = reinterpret_cast<StreamId>(stream);
-  EXPECT_FALSE(backend_->IsCapturing(stream_id));
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  EXPECT_TRUE(backend_->IsCapturing(stream_id));
-  EXPECT_FALSE(backend_->IsCapturing(reinterpret_cast<StreamId>(other)));
-
-  const std::size_t g = granularity_;
-  DevicePtr ptr = 0, va = 0;
-  PhysicalHandle handle = 0;
-  {
-    const int previous = backend_->EnterRelaxedCapture();
-    EXPECT_EQ(previous, static_cast<int>(cudaStreamCaptureModeGlobal));
-    ASSERT_TRUE(backend_->Malloc(g, &ptr).ok());
-    ASSERT_TRUE(backend_->ReserveAddress(2 * g, &va).ok());
-    ASSERT_TRUE(backend_->CreatePhysical(g, &handle).ok());
-    ASSERT_TRUE(backend_->Map(va, g, handle).ok());
-    ASSERT_TRUE(backend_->SetAccess(va, g).ok());
-    backend_->ExitRelaxedCapture(previous);
-  }
-  // The thread is back in global mode: exchanging shows the mode we restored.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
-  ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
-  EXPECT_EQ(mode, cudaStreamCaptureModeGlobal);
-  ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
-
-  ASSERT_EQ(cudaMemsetAsync(reinterpret_cast<void*>(va), 1, g, stream), cudaSuccess);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);  // The capture stayed valid.
-  EXPECT_FALSE(backend_->IsCapturing(stream_id));
-  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-
-  ASSERT_TRUE(backend_->Free(ptr).ok());
-  ASSERT_TRUE(backend_->Unmap(va, g).ok());
-  ASSERT_TRUE(backend_->ReleasePhysical(handle).ok());
-  ASSERT_TRUE(backend_->ReleaseAddress(va, 2 * g).ok());
-  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
-}
-
 TEST_F(CudaBackendTest, KeepsTheCallersDeviceAndWorksFromAFreshThread) {
   if (device_count_ >= 2) {
     ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
@@ -336,44 +130,7 @@ TEST_F(CudaBackendTest, KeepsTheCallersDeviceAndWorksFromAFreshThread) {
   fresh.join();
 }
 
-TEST_F(CudaBackendTest, ConcurrentMallocFreeFromEightThreads) {
-  constexpr int kThreads = 8;
-  constexpr int kRounds = 25;
-  constexpr int kPerRound = 4;
-  std::mutex live_mu;
-  std::map<DevicePtr, std::size_t> live;  // Guarded by live_mu.
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937_64 rng(2000 + t);
-      for (int round = 0; round < kRounds; ++round) {
-        std::vector<DevicePtr> mine;
-        for (int i = 0; i < kPerRound; ++i) {
-          const std::size_t size = 512 * (1 + rng() % 8192);
-          DevicePtr ptr = 0;
-          ASSERT_TRUE(backend_->Malloc(size, &ptr).ok());
-          {
-            std::lock_guard<std::mutex> lock(live_mu);
-            ASSERT_NO_FATAL_FAILURE(InsertChecked(live, ptr, size));
-          }
-          mine.push_back(ptr);
-        }
-        for (DevicePtr ptr : mine) {
-          {
-            std::lock_guard<std::mutex> lock(live_mu);
-            live.erase(ptr);
-          }
-          ASSERT_TRUE(backend_->Free(ptr).ok());
-        }
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  EXPECT_EQ(backend_->calls().count(DriverCall::kMalloc), kThreads * kRounds * kPerRound);
-  EXPECT_EQ(backend_->calls().count(DriverCall::kFree), kThreads * kRounds * kPerRound);
-}
-
-// Issue 8: memory mapped on device 1 is readable and writable from device 0 once device 0's
+// Memory mapped on device 1 is readable and writable from device 0 once device 0's
 // context is active (cudaDeviceEnablePeerAccess does not cover VMM memory; docs/design/
 // peer-access.md). Checked with cuMemGetAccess and with a peer copy of known bytes.
 TEST_F(CudaBackendTest, GrantsActivePeersAccessToMappedPages) {
@@ -429,4 +186,82 @@ TEST_F(CudaBackendTest, GrantsActivePeersAccessToMappedPages) {
 }
 
 }  // namespace
+
+namespace conformance {
+
+class CudaHarness {
+ public:
+  static constexpr bool kCountsRefusedCalls = false;  // refused before the driver is called
+  static constexpr int kRounds = 25;
+  static constexpr int kPerRound = 4;
+
+  ~CudaHarness() {
+    if (holds_.empty()) return;
+    for (auto& flag : holds_) flag->store(true);
+    (void)cudaDeviceSynchronize();  // the host callbacks read the flags until they return
+  }
+
+  std::string Unavailable() { return NoDeviceReason(); }
+  void SetUp() {
+    backend_ = std::make_unique<CudaBackend>(0);
+    ASSERT_TRUE(backend_->vmm_status().ok()) << backend_->vmm_status();
+  }
+  DeviceBackend* backend() { return backend_.get(); }
+
+  StreamId NewStream() {
+    cudaStream_t stream = nullptr;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    return reinterpret_cast<StreamId>(stream);
+  }
+  void DestroyStream(StreamId stream) {
+    EXPECT_EQ(cudaStreamDestroy(AsStream(stream)), cudaSuccess);
+  }
+  void HoldStream(StreamId stream) {
+    holds_.push_back(std::make_unique<std::atomic<bool>>(false));
+    ASSERT_EQ(cudaLaunchHostFunc(AsStream(stream), HoldStreamUntil, holds_.back().get()),
+              cudaSuccess);
+  }
+  void ReleaseStream(StreamId) {
+    for (auto& flag : holds_) flag->store(true);
+  }
+
+  void BeginCapture(StreamId stream) {
+    ASSERT_EQ(cudaStreamBeginCapture(AsStream(stream), cudaStreamCaptureModeGlobal), cudaSuccess);
+  }
+  void CaptureWork(DevicePtr va, std::size_t size, StreamId stream) {
+    ASSERT_EQ(cudaMemsetAsync(reinterpret_cast<void*>(va), 1, size, AsStream(stream)), cudaSuccess);
+  }
+  void EndCapture(StreamId stream) {
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(AsStream(stream), &graph), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  // Exchanging shows the thread's mode; the second exchange puts it back.
+  void ExpectThreadCaptureModeGlobal() {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+    EXPECT_EQ(mode, cudaStreamCaptureModeGlobal);
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+  }
+  void ExpectNoStickyError() { EXPECT_EQ(cudaGetLastError(), cudaSuccess); }
+  void ExpectWritable(DevicePtr va, std::size_t size, unsigned char byte) {
+    ASSERT_EQ(cudaMemset(reinterpret_cast<void*>(va), byte, size), cudaSuccess);
+    ExpectHolds(va, size, byte);
+  }
+  void ExpectHolds(DevicePtr va, std::size_t size, unsigned char byte) {
+    std::vector<unsigned char> host(size, 0);
+    ASSERT_EQ(cudaMemcpy(host.data(), reinterpret_cast<void*>(va), size, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(host.front(), byte);
+    EXPECT_EQ(host.back(), byte);
+  }
+  void ExpectNothingLive() {}  // the driver lists no live allocations to compare with
+
+ private:
+  std::unique_ptr<CudaBackend> backend_;
+  std::vector<std::unique_ptr<std::atomic<bool>>> holds_;
+};
+
+INSTANTIATE_TYPED_TEST_SUITE_P(Cuda, BackendConformance, CudaHarness);
+}  // namespace conformance
 }  // namespace vramledger

@@ -1,4 +1,4 @@
-// Tests of libvramledger_preload.so (issue 7): runs preload_driver (linked to a fake CUDA runtime
+// Tests of libvramledger_preload.so: runs preload_driver (linked to a fake CUDA runtime
 // on host memory) with LD_PRELOAD set and checks what the shim and the "real" runtime saw.
 #include <sys/wait.h>
 

@@ -71,10 +71,11 @@ def test_install_with_a_missing_override_names_it():
 
 
 def test_package_without_plugin_imports_and_install_says_why(tmp_path):
-    # A copy of the pure-Python package with no plugin beside it: a CPU-only build.
+    # A copy of the package with no plugin beside it: a CPU-only build (which still has the
+    # _core extension, whose option table checks install()'s keywords).
     src = os.path.dirname(vramledger.__file__)
     shutil.copytree(src, tmp_path / "vramledger",
-                    ignore=shutil.ignore_patterns("*.so", "*.so.*", "__pycache__"))
+                    ignore=shutil.ignore_patterns("libvramledger_*", "__pycache__"))
     r = run_python(f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
@@ -230,11 +231,57 @@ def test_stats_functions_need_install():
         vramledger.empty_cache()
 
 
+def test_python_keys_are_the_cpp_option_table():
+    """install()'s keyword check reads the C++ tables through _core: both tables, in order."""
+    core = pytest.importorskip("vramledger._core")
+    table = _options.option_table()
+    assert [row["name"] for row in table] == [row["name"] for row in core.option_table()]
+    assert _options.known_keys()[:2] == ("max_split_size_mb", "max_non_split_rounding_mb")
+    by_name = {row["name"]: row for row in table}
+    assert by_name["expandable_segments"]["table"] == "allocator"
+    assert by_name["expandable_segments"]["default"] == "False"
+    assert by_name["dump_dir"]["table"] == "process"
+    assert by_name["preload_quiet"]["env"] == "VRAMLEDGER_PRELOAD_QUIET"
+    assert all(row["help"] and row["type"] and row["accepted"] for row in table)
+    assert not hasattr(_options, "KNOWN_KEYS")  # one list only, the C++ one
+
+
+def test_process_options_are_install_keywords():
+    assert (_options.to_conf_string({"step_log": "/tmp/steps", "preload_quiet": True})
+            == "preload_quiet:True,step_log:/tmp/steps")
+
+
+def test_options_markdown_is_docs_options_md():
+    pytest.importorskip("vramledger._core")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "options.md")
+    with open(path, encoding="utf-8") as f:
+        assert f.read() == _options.markdown(), \
+            "regenerate: python -m vramledger._options --markdown > docs/options.md"
+
+
+def test_without_core_the_keyword_check_says_what_is_missing():
+    """The package from a source folder (no compiled _core): keywords are refused with a clear
+    message; install() without keywords needs no table."""
+    r = run_python("""
+        import sys
+        sys.modules["vramledger._core"] = None  # as if the extension were not built
+        from vramledger import _options
+        print(repr(_options.to_conf_string({})))
+        try:
+            _options.to_conf_string({"expandable_segments": True})
+        except RuntimeError as e:
+            print("RuntimeError:", e)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "''" in r.stdout
+    assert "RuntimeError: vramledger's option table is in its C++ extension vramledger._core" \
+        in r.stdout, r.stdout
+
+
 @needs_plugin
 def test_cpp_and_python_option_tables_agree():
-    # On a mismatch, copy OptionTable()'s keys (allocator/core/options.cc), in order, into
-    # KNOWN_KEYS of torch_plugin/python/vramledger/_options.py.
-    assert _plugin.option_names() == list(_options.KNOWN_KEYS)
+    # The plugin's key list and _core's come from the same C++ tables.
+    assert _plugin.option_names() == list(_options.known_keys())
 
 
 @needs_plugin
@@ -276,6 +323,6 @@ def test_device_arguments_follow_torch():
     with pytest.raises(ValueError, match="cuda device"):
         vramledger._device_index(1.5)
     # -1 is the plugin's "every device": reset_peak_memory_stats(-1) reset them all while
-    # memory_stats(-1) raised (a tester's finding); a negative index is refused for every call.
+    # memory_stats(-1) raised; a negative index is refused for every call.
     with pytest.raises(ValueError, match="index >= 0, got -1"):
         vramledger._device_index(-1)

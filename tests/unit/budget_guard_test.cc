@@ -345,7 +345,7 @@ TEST_F(GuardTest, RecordedStackWithoutPythonFramesFallsBackToLiveFrames) {
   alloc_->SetHooks(nullptr);
 }
 
-// Issue 6 scenario: limit 50% of a 10,989 MiB card; 256, 512, 1024, 2048, 4096 MiB kept live.
+// Scenario: limit 50% of a 10,989 MiB card; 256, 512, 1024, 2048, 4096 MiB kept live.
 TEST_F(GuardTest, ScenarioHalfOfTheCardRefusesThe4GiBRequest) {
   const std::size_t card = 10989 * kMiB;
   Make("{\"limit\": 0.5}", card);
@@ -364,7 +364,7 @@ TEST_F(GuardTest, ScenarioHalfOfTheCardRefusesThe4GiBRequest) {
   for (DevicePtr p : live) ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
-// Issue 6 scenario: limit 20 GiB; 16 rounds of {new stream, 2 x 1 GiB, synchronize, free both}:
+// Scenario: limit 20 GiB; 16 rounds of {new stream, 2 x 1 GiB, synchronize, free both}:
 // the idle memory of earlier streams is released before the guard would refuse.
 TEST_F(GuardTest, ScenarioIdleMemoryOfOtherStreamsIsReclaimedBeforeRefusing) {
   Make("{\"limit\": \"20GiB\"}", 64 * kGiB);

@@ -1,7 +1,8 @@
-// The plugin's guard ABI (torch_plugin/guard_api.h) on simulated devices: a plan from the options,
-// tags through the C ABI, refusals thrown as c10::OutOfMemoryError with the full report (plan
-// line, Python frames from the provider, forensic snapshot), per-tag stats, steps and plan checks.
-#include "torch_plugin/guard_api.h"
+// The runtime's guard ABI (torch_plugin/runtime/guard_api.h) on simulated devices: a plan from the
+// options, tags through the C ABI, refusals thrown as c10::OutOfMemoryError with the full report
+// (plan line, Python frames from the provider, forensic snapshot), per-tag stats, steps and plan
+// checks.
+#include "torch_plugin/runtime/guard_api.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -16,6 +17,8 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "torch_plugin/pluggable/plugin.h"
+#include "torch_plugin/runtime/plan_access.h"
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/block.h"
+#include "core/free_block_index.h"
 #include "core/live_block_map.h"
 #include "core/pool_stats.h"
 
@@ -101,14 +102,14 @@ TEST(FreeIndex, PositionFollowsEveryInsertAndRelink) {
   }
   for (int round = 0; round < 1000; ++round) {
     Block* b = &blocks[rng() % blocks.size()];
-    auto it = FreeIndex::Position(b);
+    auto it = FreeBlockIndex::Position(b);
     ASSERT_EQ(*it, b);
     b->size = 512 * (1 + rng() % 16);  // an in-place key change, then the node is relinked
     pool.blocks.insert(pool.blocks.extract(it));
-    for (Block& x : blocks) ASSERT_EQ(*FreeIndex::Position(&x), &x);
+    for (Block& x : blocks) ASSERT_EQ(*FreeBlockIndex::Position(&x), &x);
     ASSERT_TRUE(std::is_sorted(pool.blocks.begin(), pool.blocks.end(), BlockBestFitLess()));
   }
-  pool.blocks.erase(FreeIndex::Position(&blocks[5]));
+  pool.blocks.erase(FreeBlockIndex::Position(&blocks[5]));
   EXPECT_EQ(pool.blocks.size(), blocks.size() - 1);
   EXPECT_FALSE(pool.blocks.contains(&blocks[5]));
 }

@@ -1,8 +1,8 @@
-// The torch-native mode (torch_plugin/native_allocator.cc) on SimBackend: torch's CUDAAllocator
-// calls answered by the plugin's allocator, with torch's stats struct, snapshot struct, errors
-// and install rule. No GPU: allocations name their device (AllocateOn), as torch's current-device
-// query needs one.
-#include "torch_plugin/native_allocator.h"
+// The torch-native mode (torch_plugin/native/native_allocator.cc) on SimBackend: torch's
+// CUDAAllocator calls answered by the runtime's allocator, with torch's stats struct, snapshot
+// struct, errors and install rule. No GPU: allocations name their device (AllocateOn), as torch's
+// current-device query needs one.
+#include "torch_plugin/native/native_allocator.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "torch_plugin/plugin.h"
-#include "torch_plugin/plugin_history.h"
+#include "torch_plugin/pluggable/plugin.h"
+#include "torch_plugin/runtime/history_api.h"
 
 namespace vramledger {
 namespace {

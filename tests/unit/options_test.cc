@@ -1,12 +1,18 @@
-// The settings-string parser: torch's keys and syntax, vramledger's keys, and the errors.
+// The settings-string parser: torch's keys and syntax, vramledger's keys, process keys, the
+// errors, the environment, and docs/options.md generated from the tables.
 #include "vramledger/options.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "absl/strings/str_split.h"
 
 namespace vramledger {
 namespace {
@@ -176,6 +182,96 @@ TEST(Options, BadEnvironmentIsNamed) {
   ::unsetenv("VRAMLEDGER_CONF");
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("VRAMLEDGER_CONF"), std::string::npos);
+}
+
+TEST(Options, ProcessKeysFillProcessOptionsOnly) {
+  auto o = ParseOptions(
+      "plan:/p/plan.json,dump_dir:/d,max_dumps:3,step_log:/s,preload_quiet:True,"
+      "preload_no_exit_dump:True,preload_disable:True");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->process.plan, "/p/plan.json");
+  EXPECT_EQ(o->process.dump_dir, "/d");
+  EXPECT_EQ(o->process.max_dumps, 3);
+  EXPECT_EQ(o->process.step_log, "/s");
+  EXPECT_TRUE(o->process.preload_quiet);
+  EXPECT_TRUE(o->process.preload_no_exit_dump);
+  EXPECT_TRUE(o->process.preload_disable);
+  // The allocator's own settings are untouched: the string differs only in process keys.
+  const std::string written = OptionsToString(*o);
+  EXPECT_EQ(written.substr(0, written.find(",plan:")),
+            OptionsToString(Options()).substr(0, OptionsToString(Options()).find(",dump_dir:")));
+  auto again = ParseOptions(written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(OptionsToString(*again), written);
+  auto bad = ParseOptions("preload_quiet:1");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'preload_quiet': expected True or False"),
+            std::string::npos)
+      << bad.status();
+}
+
+TEST(Options, DefaultsAreWrittenBackAsBefore) {
+  EXPECT_EQ(OptionsToString(Options()),
+            "max_non_split_rounding_mb:20,expandable_segments:False,large_segment_size_mb:20,"
+            "roundup_power2_divisions:[1:0,2:0,4:0,8:0,16:0,32:0,64:0,128:0,256:0,512:0,1024:0,"
+            "2048:0,4096:0,8192:0,16384:0,32768:0],release_lock_on_cudamalloc:False,"
+            "per_process_memory_fraction:0,page_recycling:True,expandable_page_mb:6,"
+            "recycle_slack:0.006,expandable_handle_mb:0,recycle_tails_first:False,"
+            "keep_old_mappings:True,host_timing:False,dump_dir:./vramledger-dumps,max_dumps:8");
+}
+
+TEST(Options, ShimSwitchesComeFromTheirEnvironmentVariables) {
+  ::setenv("VRAMLEDGER_PRELOAD_QUIET", "", 1);  // set, even empty, means True (as before)
+  ::setenv("VRAMLEDGER_PRELOAD_NO_EXIT_DUMP", "0", 1);
+  ::setenv("VRAMLEDGER_CONF", "preload_disable:True", 1);
+  auto o = OptionsFromEnvAndString("");
+  ::unsetenv("VRAMLEDGER_PRELOAD_QUIET");
+  ::unsetenv("VRAMLEDGER_PRELOAD_NO_EXIT_DUMP");
+  ::unsetenv("VRAMLEDGER_CONF");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->process.preload_quiet);
+  EXPECT_TRUE(o->process.preload_no_exit_dump);
+  EXPECT_TRUE(o->process.preload_disable);
+  EXPECT_EQ(o->conf_string, "preload_disable:True");  // the variables are not settings strings
+  auto unset = OptionsFromEnvAndString("");
+  ASSERT_TRUE(unset.ok());
+  EXPECT_FALSE(unset->process.preload_quiet);
+  EXPECT_FALSE(unset->process.preload_no_exit_dump);
+  EXPECT_FALSE(unset->process.preload_disable);
+}
+
+TEST(Options, TheTableDocumentsEveryKeyOnceWithItsRealDefault) {
+  std::set<std::string> names;
+  bool process_seen = false;
+  for (const OptionDoc& d : OptionTable()) {
+    EXPECT_TRUE(names.insert(d.name).second) << d.name;
+    EXPECT_FALSE(d.type.empty() || d.accepted.empty() || d.doc.empty()) << d.name;
+    // The allocator's keys come first, then the process's.
+    if (d.scope == OptionScope::kProcess) process_seen = true;
+    EXPECT_FALSE(process_seen && d.scope == OptionScope::kAllocator) << d.name;
+  }
+  EXPECT_EQ(names.size(), 28u);
+  // Every key written back for default options shows the table's default.
+  const std::vector<std::string> items = absl::StrSplit(OptionsToString(Options()), ',');
+  for (const std::string& item : items) {
+    if (item.find(':') == std::string::npos) continue;  // inside the divisions list
+    const std::string key(item.substr(0, item.find(':')));
+    for (const OptionDoc& d : OptionTable()) {
+      if (d.name != key || d.type == "divisions") continue;
+      EXPECT_EQ(item.substr(item.find(':') + 1), d.default_value) << key;
+    }
+  }
+}
+
+TEST(Options, DocsOptionsMdIsGeneratedFromTheTable) {
+  const std::string path = std::string(VRAMLEDGER_SOURCE_DIR) + "/docs/options.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), OptionsMarkdown())
+      << path << " differs from the option tables; regenerate it with "
+      << "`python -m vramledger._options --markdown > docs/options.md`";
 }
 
 }  // namespace

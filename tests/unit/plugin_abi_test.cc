@@ -1,6 +1,7 @@
-// The plugin's C ABI (torch_plugin/plugin.h) on simulated devices: null for size 0, refusals thrown
-// as c10::OutOfMemoryError, frees that never throw, stats JSON, configure rules, threads.
-#include "torch_plugin/plugin.h"
+// The plugin's C ABI (pluggable/plugin.h, runtime/c_api.h) on simulated devices: null for size 0,
+// refusals thrown as c10::OutOfMemoryError, frees that never throw, stats JSON, configure rules,
+// threads.
+#include "torch_plugin/pluggable/plugin.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -164,7 +165,7 @@ TEST_F(PluginAbiTest, EmptyCacheReturnsFreeSegments) {
   EXPECT_EQ(vramledger_empty_cache(-1), VRAMLEDGER_OK);
 }
 
-// Issue 8: two devices keep separate books. A block of device 1 is freed to device 1's allocator
+// Two devices keep separate books. A block of device 1 is freed to device 1's allocator
 // whatever device is current, and empty_cache (torch's reset hook, every device) returns device 1's
 // free segment while device 0's live block and its segment stay.
 TEST_F(PluginAbiTest, TwoDevicesKeepSeparateBooksAndEmptyCacheReleasesEach) {

@@ -1,6 +1,6 @@
-// The plugin's history ABI (torch_plugin/plugin_history.h) on a simulated device: recording,
+// The runtime's history ABI (torch_plugin/runtime/history_api.h) on a simulated device: recording,
 // the snapshot JSON, atomic dumps, bad arguments, and OOM errors that name their forensic dump.
-#include "torch_plugin/plugin_history.h"
+#include "torch_plugin/runtime/history_api.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "torch_plugin/pluggable/plugin.h"
 
 namespace {
 

@@ -1,5 +1,6 @@
-// The plugin's out-of-memory observer (torch_plugin/oom_observers.cc) on SimBackend: torch's
-// arguments, called before the throw and outside the device lock, the fraction cap as the limit.
+// The plugin's out-of-memory observer (torch_plugin/runtime/oom_observers.cc) on SimBackend:
+// torch's arguments, called before the throw and outside the device lock, the fraction cap as the
+// limit.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -8,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "torch_plugin/plugin.h"
+#include "torch_plugin/pluggable/plugin.h"
 
 namespace {
 

@@ -204,7 +204,7 @@ TEST(ReplayTest, StreamsArePassedThrough) {
 }
 
 TEST(ReplayTest, OptionsReachTheAllocator) {
-  // Issue 2's max_split_size scenario: 300 MiB, free, 250 MiB, 300 MiB.
+  // torch's max_split_size scenario: 300 MiB, free, 250 MiB, 300 MiB.
   const std::string trace =
       "action,addr,size,stream,time_us\n"
       "alloc,1073741824,314572800,0,1\n"
@@ -552,7 +552,7 @@ TEST(BundledTraceLagTest, CheckpointedTraceStaysWithinOnePercentUnderGpuLag) {
   }
 }
 
-// Issue 3's replay target on the GPT-2 trace, and the timeline against the final figures.
+// The expandable-segments utilization target on the GPT-2 trace, and the timeline against the final figures.
 TEST(BundledTraceTimelineTest, Gpt2ExpandableReachesTheTargetUtilization) {
   const std::string path = std::string(VRAMLEDGER_SOURCE_DIR) + "/traces/trace-gpt2m-native.csv.gz";
   absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(path);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "ledger/fragmentation_json.h"
 #include "vramledger/types.h"
 
 namespace vramledger {
@@ -102,18 +103,6 @@ std::string BytesAndGiB(std::int64_t bytes) {
                          static_cast<double>(bytes) / static_cast<double>(kGiB));
 }
 
-nlohmann::json FragmentationToJson(const Fragmentation& f) {
-  return {{"utilization", f.utilization},
-          {"wasted_bytes", f.wasted_bytes},
-          {"wasted_bytes_at_peak", f.wasted_bytes_at_peak},
-          {"free_bytes", f.free_bytes},
-          {"largest_free_block", f.largest_free_block},
-          {"free_space_fragmentation", f.free_space_fragmentation},
-          {"holes", f.holes},
-          {"mapped_free_pages", f.mapped_free_pages},
-          {"other_stream_cached_bytes", f.other_stream_cached_bytes}};
-}
-
 std::string TimelineCsv(const ReplayResult& result) {
   std::string out = absl::StrCat(kTimelineCsvHeader, "\n");
   out.reserve(out.size() + result.timeline.size() * 96);
@@ -127,7 +116,7 @@ std::string TimelineCsv(const ReplayResult& result) {
 
 nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_listed) {
   nlohmann::json j;
-  // The keys of issue 2, in its order.
+  // The headline figures first: what torch recorded beside what vramledger did.
   j["events"] = result.events;
   j["peak_allocated_bytes"] = result.peak_allocated_bytes;
   j["peak_requested_bytes"] = result.peak_requested_bytes;
@@ -137,15 +126,15 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["recorded_utilization"] = result.recorded_utilization;
   j["driver_calls"] = result.driver_calls;
   j["modeled_driver_us"] = result.modeled_driver_us;
-  // Issue 3's keys.
+  // Expandable segments: page moves and their driver cost.
   j["page_moves"] = result.page_moves;
   j["reused_old_mappings"] = result.reused_old_mappings;
-  nlohmann::json at_peak = FragmentationToJson(result.fragmentation_at_peak);
+  nlohmann::json at_peak = FragmentationJson(result.fragmentation_at_peak);
   at_peak["event"] = result.peak_reserved_event;
   at_peak["line"] = result.peak_reserved_line;
   at_peak["time_us"] = result.peak_reserved_time_us;
   j["fragmentation_at_peak"] = std::move(at_peak);
-  j["fragmentation_at_end"] = FragmentationToJson(result.fragmentation_at_end);
+  j["fragmentation_at_end"] = FragmentationJson(result.fragmentation_at_end);
   nlohmann::json steps = nlohmann::json::array();
   for (std::size_t i = 0; i < result.steps.size(); ++i) {
     steps.push_back(StepToJson(i, result.steps[i]));
@@ -303,7 +292,7 @@ std::string FormatReplayTable(const ReplayResult& result) {
                     ? absl::StrFormat("%.4f (requested / reserved)", result.recorded_utilization)
                     : std::string("n/a")));
   // torch's stat names: cudaMalloc / cudaFree calls, or with expandable segments map / unmap
-  // calls (PYTORCH-FACTS §3); the trace's segment events count the same for torch.
+  // calls (docs/design/torch-facts.md); the trace's segment events count the same for torch.
   absl::StrAppend(&out, Row("num_device_alloc", WithThousands(result.device_allocs),
                             WithThousands(result.recorded_segment_allocs)));
   absl::StrAppend(&out, Row("num_device_free", WithThousands(result.device_frees),

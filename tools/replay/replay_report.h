@@ -16,7 +16,7 @@ namespace vramledger {
 /// The `--json` object. Keys: events, peak_allocated_bytes, peak_requested_bytes,
 /// peak_reserved_bytes, utilization, recorded_peak_reserved_bytes, recorded_utilization,
 /// driver_calls ({CUDA API name: count}), modeled_driver_us (microseconds), page_moves,
-/// fragmentation_at_peak and fragmentation_at_end (FragmentationToJson; the first also has
+/// fragmentation_at_peak and fragmentation_at_end (ledger/fragmentation_json.h; the first also has
 /// event, line and time_us of the peak), utilization_at_each_step ([] when the trace marks no
 /// steps; one object per StepFigures), trace_span_us, driver_time_pct_of_span, steady_state
 /// (SteadyState's fields, pct_of_span as driver_time_pct_of_span), and the other ReplayResult
@@ -24,10 +24,6 @@ namespace vramledger {
 /// `reused_live_addresses` are counts, with the first `max_listed` of each as [{"line", "addr"}]
 /// under `*_listed`.
 nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_listed = 100);
-
-/// {utilization, wasted_bytes, wasted_bytes_at_peak, free_bytes, largest_free_block,
-///  free_space_fragmentation, holes, mapped_free_pages, other_stream_cached_bytes}.
-nlohmann::json FragmentationToJson(const Fragmentation& f);
 
 /// The header line of TimelineCsv (no newline).
 inline constexpr const char* kTimelineCsvHeader =

@@ -131,7 +131,7 @@ class LineParser {
       return Error(line, absl::StrCat("time_us is not an integer: '", Quote(fields[4]), "'"), text);
     }
     // Within +-2**62, so that the difference of any two fits in 64 bits (the span, time order):
-    // a breaking helper's trace at the int64 limits overflowed them.
+    // times at the int64 limits would overflow them.
     if (event.time_us <= -kMaxTimeUs || event.time_us >= kMaxTimeUs) {
       return Error(line,
                    absl::StrCat("time_us ", event.time_us,

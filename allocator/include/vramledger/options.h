@@ -1,4 +1,4 @@
-// Allocator options: one plain struct with defaults and one parser for the
+// Options: the allocator's struct, the process's struct, and one table-driven parser for the
 // `key:value,...` syntax of PYTORCH_CUDA_ALLOC_CONF. Parsed once at the edge; no global state.
 #ifndef VRAMLEDGER_OPTIONS_H_
 #define VRAMLEDGER_OPTIONS_H_
@@ -18,7 +18,29 @@ namespace vramledger {
 /// Number of power-of-two intervals of `roundup_power2_divisions` (1 MiB ... 64 GiB), as torch.
 inline constexpr int kRoundupPower2Intervals = 16;
 
-/// Every setting of one device allocator. Torch's keys keep torch's meaning (PYTORCH-FACTS §3).
+/// Settings of the process around the allocators (plan, forensics, step log, the LD_PRELOAD
+/// shim's switches). Written in the same settings string as the allocator's keys; the routes into a
+/// process read them, the device allocator never does.
+struct ProcessOptions {
+  /// `plan`: path of the memory plan file; empty = no plan.
+  std::string plan;
+  /// `dump_dir`: where OOM forensics go.
+  std::string dump_dir = "./vramledger-dumps";
+  /// `max_dumps`: at most this many forensic dumps are kept.
+  int max_dumps = 8;
+  /// `step_log`: directory of the per-step peak logs written by vramledger.step()
+  /// (<dir>/vramledger-steps-rank<R>.jsonl); empty = no log.
+  std::string step_log;
+  /// `preload_quiet` (environment VRAMLEDGER_PRELOAD_QUIET): the shim prints no summary.
+  bool preload_quiet = false;
+  /// `preload_no_exit_dump` (VRAMLEDGER_PRELOAD_NO_EXIT_DUMP): no dump at the process's exit.
+  bool preload_no_exit_dump = false;
+  /// `preload_disable` (VRAMLEDGER_PRELOAD_DISABLE): the shim forwards every call to CUDA.
+  bool preload_disable = false;
+};
+
+/// Every setting of one device allocator. Torch's keys keep torch's meaning (the same names,
+/// units and accepted values as PYTORCH_CUDA_ALLOC_CONF).
 struct Options {
   /// `max_split_size_mb`: blocks of this size or more are never split; SIZE_MAX = unlimited.
   std::size_t max_split_size = SIZE_MAX;
@@ -74,31 +96,39 @@ struct Options {
   /// ceil(k x page / this) handles instead of k, which cuts
   /// cuMemCreate and the per-handle cuMemSetAccess cost (docs/design/expandable-segments.md).
   std::size_t expandable_handle_size = 0;
-  /// `plan` (vramledger): path of the memory plan file; empty = no plan.
-  std::string plan;
-  /// `dump_dir` (vramledger): where OOM forensics go.
-  std::string dump_dir = "./vramledger-dumps";
-  /// `max_dumps` (vramledger): at most this many forensic dumps are kept.
-  int max_dumps = 8;
-  /// `step_log` (vramledger, issue 6): directory of the per-step peak logs written by
-  /// vramledger.step() (<dir>/vramledger-steps-rank<R>.jsonl); empty = no log.
-  std::string step_log;
+  /// Process settings given in the same settings string (ProcessOptions); the allocator never
+  /// reads them, the routes into a process do.
+  ProcessOptions process;
   /// The settings string this struct was parsed from (reported in snapshots, as torch does).
   std::string conf_string;
 };
 
-/// One documented option: name, default as written in a settings string, and meaning.
+/// Which struct an option sets: the device allocator's Options, or the process's ProcessOptions.
+enum class OptionScope { kAllocator, kProcess };
+
+/// One documented option, as `vramledger options` and docs/options.md show it.
 struct OptionDoc {
-  std::string_view name;
-  std::string_view default_value;
-  std::string_view doc;
+  std::string name;
+  OptionScope scope = OptionScope::kAllocator;
+  std::string type;           // bool, MiB, fraction, int, path, divisions, choice
+  std::string default_value;  // as written in a settings string ("" = empty)
+  std::string accepted;       // the accepted values, as errors name them
+  std::string doc;            // meaning, one line
+  std::string env;            // environment variable that also sets it ("" = none)
 };
 
-/// The table of every accepted key, in the order shown in errors and in `vramledger --help`.
+/// Every accepted key: the allocator's in the order shown in errors, then the process's.
 const std::vector<OptionDoc>& OptionTable();
 
-/// Parses `conf` (`key:value,key:value`, whitespace ignored, lists in [...]) on top of `base`.
-/// Booleans must be `True` or `False`, as torch requires.
+/// "allocator" or "process".
+std::string_view OptionScopeName(OptionScope scope);
+
+/// docs/options.md: the tables of both scopes and the environment variables, as Markdown.
+std::string OptionsMarkdown();
+
+/// Parses `conf` (`key:value,key:value`, whitespace ignored, lists in [...]) on top of `base`;
+/// each key goes to the table that owns it (allocator keys to `Options`, process keys to
+/// `Options::process`). Booleans must be `True` or `False`, as torch requires.
 /// Errors: InvalidArgument naming the key and the accepted values, e.g.
 ///   "unknown option 'foo' in 'foo:1'; accepted keys: max_split_size_mb, ..."
 absl::StatusOr<Options> ParseOptions(std::string_view conf, const Options& base = Options());
@@ -106,7 +136,9 @@ absl::StatusOr<Options> ParseOptions(std::string_view conf, const Options& base 
 /// Writes options back as a settings string that ParseOptions accepts (every key, sorted).
 std::string OptionsToString(const Options& options);
 
-/// Merges the environment variable VRAMLEDGER_CONF (if set) and then `explicit_conf` (which wins).
+/// Defaults, then each process option's own environment variable (OptionDoc::env; a switch is
+/// True when its variable is set, whatever its value), then VRAMLEDGER_CONF (if set), then
+/// `explicit_conf` (which wins). conf_string holds VRAMLEDGER_CONF and `explicit_conf` only.
 absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf);
 
 }  // namespace vramledger

@@ -1,42 +1,49 @@
-"""Allocator options: install()'s keyword arguments as a `key:value,...` settings string.
+"""Options: install()'s keyword arguments as a `key:value,...` settings string.
 
-Pure Python and torch-free. KNOWN_KEYS mirrors OptionTable() in allocator/core/options.cc;
-tests/python/test_package.py checks the two agree whenever the plugin library is present.
+Torch-free. The accepted keys come from the C++ option tables (allocator/core/option_tables.cc)
+through the compiled extension vramledger._core, so there is no second list to keep in step.
+`python -m vramledger._options --markdown` prints docs/options.md as those tables generate it.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import sys
 from typing import Any, Mapping
 
-# Torch's PYTORCH_CUDA_ALLOC_CONF keys (same meaning), then vramledger's own.
-KNOWN_KEYS: tuple[str, ...] = (
-    "max_split_size_mb",
-    "max_non_split_rounding_mb",
-    "garbage_collection_threshold",
-    "expandable_segments",
-    "large_segment_size_mb",
-    "roundup_power2_divisions",
-    "release_lock_on_cudamalloc",
-    "per_process_memory_fraction",
-    "backend",
-    "pinned_use_cuda_host_register",
-    "pinned_num_register_threads",
-    "pinned_use_background_threads",
-    "pinned_reserve_segment_size_mb",
-    "graph_capture_record_stream_reuse",
-    "page_recycling",
-    "expandable_page_mb",
-    "recycle_slack",
-    "expandable_handle_mb",
-    "recycle_tails_first",
-    "keep_old_mappings",
-    "host_timing",
-    "plan",
-    "dump_dir",
-    "max_dumps",
-    "step_log",  # issue 6: per-step peak logs
-)
+
+def _core_module():
+    try:
+        from vramledger import _core  # the C++ extension (tools/python_module.cc)
+    except ImportError as e:
+        raise RuntimeError(
+            "vramledger's option table is in its C++ extension vramledger._core, which does not "
+            f"import ({e}); install the package with `pip install --no-build-isolation .` from "
+            "the source tree") from e
+    return _core
+
+
+@functools.cache
+def option_table() -> tuple[dict[str, str], ...]:
+    """Every accepted option as a dict (name, table, type, default, accepted, help, env).
+
+    Raises:
+      RuntimeError: the compiled extension vramledger._core is missing (the package was not
+        installed with `pip install --no-build-isolation .`, e.g. a source folder on PYTHONPATH).
+    """
+    return tuple(_core_module().option_table())
+
+
+def markdown() -> str:
+    """docs/options.md as the C++ option tables generate it. RuntimeError as option_table()."""
+    return _core_module().options_markdown()
+
+
+def known_keys() -> tuple[str, ...]:
+    """The accepted keys, in the order errors list them (the allocator's, then the process's)."""
+    return tuple(row["name"] for row in option_table())
+
 
 # Characters the settings syntax reserves (it also drops whitespace), so a string value
 # containing one could not round-trip.
@@ -80,11 +87,28 @@ def to_conf_string(options: Mapping[str, Any]) -> str:
     Raises:
       ValueError: an unknown key (the message names it and lists the accepted keys) or a value
         that cannot be written in the `key:value,...` syntax.
+      RuntimeError: `options` is not empty and vramledger._core is missing (option_table()).
     """
-    unknown = sorted(k for k in options if k not in KNOWN_KEYS)
+    if not options:
+        return ""
+    keys = known_keys()
+    unknown = sorted(k for k in options if k not in keys)
     if unknown:
-        near = difflib.get_close_matches(unknown[0].lower(), KNOWN_KEYS, n=1, cutoff=0.8)
+        near = difflib.get_close_matches(unknown[0].lower(), keys, n=1, cutoff=0.8)
         hint = f" (did you mean {near[0]!r}?)" if near else ""  # as the C++ parser's
         raise ValueError(f"unknown vramledger option {unknown[0]!r}{hint}; accepted keys: "
-                         + ", ".join(KNOWN_KEYS))
+                         + ", ".join(keys))
     return ",".join(f"{k}:{_format_value(k, options[k])}" for k in sorted(options))
+
+
+def _main(argv: list[str]) -> int:
+    if argv != ["--markdown"]:
+        print("usage: python -m vramledger._options --markdown   (prints docs/options.md)",
+              file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

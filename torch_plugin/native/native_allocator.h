@@ -2,8 +2,8 @@
 // (docs/design/torch-native-mode.md), so torch's memory_stats, memory_summary, _snapshot and
 // record_memory_history reach vramledger without the CUDAPluggableAllocator's map and mutex. Built
 // per torch minor version.
-#ifndef VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
-#define VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
+#ifndef VRAMLEDGER_TORCH_PLUGIN_NATIVE_NATIVE_ALLOCATOR_H_
+#define VRAMLEDGER_TORCH_PLUGIN_NATIVE_NATIVE_ALLOCATOR_H_
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
@@ -23,8 +23,9 @@
 
 namespace vramledger {
 
-/// torch's `CUDAAllocator` served by the plugin's per-device allocators (libvramledger_plugin.so,
-/// the same ones the pluggable route uses; options, guard and history are the plugin's).
+/// torch's `CUDAAllocator` served by the runtime's per-device allocators (in
+/// libvramledger_plugin.so, the same ones the pluggable route uses; options, guard and history
+/// are the runtime's).
 ///
 /// Each DataPtr's context is its address and its deleter a per-device function, so a free needs
 /// no map of its own (the ledger keys blocks by address). Errors follow torch's allocator: an
@@ -121,11 +122,12 @@ extern "C" {
 /// already (the message is in vramledger_native_last_error()).
 VRAMLEDGER_NATIVE_EXPORT int vramledger_native_install(void);
 
-/// The message of the last failed vramledger_native_install on this thread ("" if none).
+/// The message of the last failed vramledger_native_install on this thread ("" if none): the
+/// runtime's one last-error store, which vramledger_last_error() reads too.
 VRAMLEDGER_NATIVE_EXPORT const char* vramledger_native_last_error(void);
 
 /// "MAJOR.MINOR" of the torch this library was built against: the CUDAAllocator vtable changes
-/// between minors (PYTORCH-FACTS §1.9), so _native.py refuses to install it into any other.
+/// between torch minor versions, so _native.py refuses to install it into any other.
 VRAMLEDGER_NATIVE_EXPORT const char* vramledger_native_torch_version(void);
 
 /// The instance as an opaque pointer (benchmarks/gpu/host_cost_bench.cc loads it this way).
@@ -133,4 +135,4 @@ VRAMLEDGER_NATIVE_EXPORT void* vramledger_native_allocator(void);
 
 }  // extern "C"
 
-#endif  // VRAMLEDGER_TORCH_PLUGIN_NATIVE_ALLOCATOR_H_
+#endif  // VRAMLEDGER_TORCH_PLUGIN_NATIVE_NATIVE_ALLOCATOR_H_

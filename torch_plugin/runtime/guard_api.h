@@ -1,10 +1,12 @@
-// The plugin's budget guard (issue 6): the C ABI the Python package calls through ctypes (tags,
-// phase, steps, per-tag stats, plan checks, the Python stack provider) and the glue plugin.cc
-// calls. Thread-safety: every function may be called from any thread.
-#ifndef VRAMLEDGER_TORCH_PLUGIN_GUARD_API_H_
-#define VRAMLEDGER_TORCH_PLUGIN_GUARD_API_H_
+// The runtime's budget guard: one guard per device attached by the device table, and the C ABI
+// the Python package calls through ctypes (tags, phase, steps, per-tag stats, plan checks, the
+// Python stack provider). Thread-safety: every function may be called from any thread.
+#ifndef VRAMLEDGER_TORCH_PLUGIN_RUNTIME_GUARD_API_H_
+#define VRAMLEDGER_TORCH_PLUGIN_RUNTIME_GUARD_API_H_
 
-#include "torch_plugin/plugin.h"
+#include <cstddef>
+
+#include "torch_plugin/runtime/c_errors.h"
 
 #ifdef __cplusplus
 #include <cstdint>
@@ -49,16 +51,6 @@ VRAMLEDGER_EXPORT int vramledger_reset_tag_peaks(int device);
 /// (R from RANK, else LOCAL_RANK, else 0). VRAMLEDGER_FAILED when the log cannot be written.
 VRAMLEDGER_EXPORT int vramledger_step(char** json_out);
 
-/// Checks the plan file at `path`: parses it (device keys checked against `device_count` when
-/// > 0) and, when `card_bytes` > 0, resolves it for each of `device_count` devices (at least 1)
-/// against a card of that size. On success *json_out is a JSON summary
-/// {"path", "categories", "devices": [{"device", "limit", "headroom", "cap", "warn_bytes",
-/// "enforces_limit", "category_limits": {...}}]} (empty "devices" without card_bytes).
-/// VRAMLEDGER_INVALID_ARGUMENT with "<path>:<line>: field '<field>': ..." for a bad plan,
-/// VRAMLEDGER_FAILED when the file cannot be read.
-VRAMLEDGER_EXPORT int vramledger_plan_check(const char* path, int device_count,
-                                            unsigned long long card_bytes, char** json_out);
-
 /// A function that writes the calling thread's Python frames into `buf` (at most `capacity`
 /// bytes of UTF-8 text: one "F\t<file>\t<line>\t<function>\n" line per frame, innermost first,
 /// or "N\t<note>\n" for a note) and returns the bytes written.
@@ -68,31 +60,31 @@ typedef size_t (*vramledger_python_stack_fn)(char* buf, size_t capacity);
 /// sets it when it loads; it is called outside the allocator lock, on the refusing thread.
 VRAMLEDGER_EXPORT int vramledger_set_python_stack_fn(vramledger_python_stack_fn fn);
 
-// ---- Testing only (tests that reach the allocator from Python through ctypes) ----
-
 }  // extern "C"
 
 #ifdef __cplusplus
 namespace vramledger {
 
-/// plugin.cc calls this once per allocator, right after creating it: builds the device's budget
-/// guard from options.plan (none: accounting only) and installs it, chained before `ledger` (the
-/// history hooks, may be null), as the allocator's hooks.
+/// The device table calls this once per allocator, right after creating it: builds the device's
+/// budget guard from options.process.plan (device keys checked against `device_count`; none: accounting
+/// only) and installs it, chained before `ledger` (the history hooks, may be null), as the
+/// allocator's hooks.
 /// InvalidArgument "<plan>:<line>: field '<field>': ..." for a bad plan (also one exceeding the
 /// card); NotFound when the plan file cannot be read.
-absl::Status AttachGuard(int device, const Options& options, DeviceBackend* backend,
-                         DeviceAllocator* allocator, AllocatorHooks* ledger);
+absl::Status AttachGuard(int device, int device_count, const Options& options,
+                         DeviceBackend* backend, DeviceAllocator* allocator,
+                         AllocatorHooks* ledger);
 
 /// The name of tag id `id` ("untagged" for 0; "tag#<id>" for an id never issued), for snapshots
 /// that show the tag of each block (BlockInfo::tag, TraceEntry::tag).
 std::string GuardTagName(std::uint32_t id);
 
-/// plugin.cc calls this on a failed allocation of `device`: a guard refusal comes back with its
+/// Every route calls this on a failed allocation of `device`: a guard refusal comes back with its
 /// message completed (largest free block, stack, forensic snapshot); any other status goes to
-/// WithOomDump (plugin_history.h). Never throws.
+/// WithOomDump (history_api.h). Never throws.
 absl::Status GuardRefusalOrOomDump(int device, const absl::Status& status);
 
 }  // namespace vramledger
 #endif
 
-#endif  // VRAMLEDGER_TORCH_PLUGIN_GUARD_API_H_
+#endif  // VRAMLEDGER_TORCH_PLUGIN_RUNTIME_GUARD_API_H_

@@ -1,7 +1,7 @@
-// NativeAllocator: torch's CUDAAllocator interface answered by the plugin's allocators
-// (docs/design/torch-native-mode.md). libvramledger_native.so, linked to the plugin and
-// libc10_cuda.
-#include "torch_plugin/native_allocator.h"
+// NativeAllocator: torch's CUDAAllocator interface answered by the runtime's allocators
+// (docs/design/torch-native-mode.md). libvramledger_native.so, linked to the plugin (where the
+// runtime's one device table lives) and libc10_cuda.
+#include "torch_plugin/native/native_allocator.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -16,9 +16,11 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "ledger/history.h"
-#include "torch_plugin/plugin.h"
-#include "torch_plugin/plugin_history.h"
+#include "torch_plugin/pluggable/plugin.h"
+#include "torch_plugin/runtime/c_errors.h"
+#include "torch_plugin/runtime/history_api.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 #include "vramledger/stats.h"
@@ -111,11 +113,6 @@ c10::CachingDeviceAllocator::TraceEntry::Action TorchAction(TraceAction action) 
       return Torch::OOM;
   }
   return Torch::ALLOC;  // unreachable: every action is listed
-}
-
-std::string& LastError() {
-  thread_local std::string error;
-  return error;
 }
 
 [[noreturn]] void Unsupported(const char* call) {
@@ -458,27 +455,23 @@ extern "C" {
 
 int vramledger_native_install(void) {
   namespace torch_alloc = c10::cuda::CUDACachingAllocator;
-  vramledger::LastError().clear();
-  try {
+  return vramledger::CatchAll([]() -> absl::Status {
     torch_alloc::CUDAAllocator* current = torch_alloc::allocator.load();
     vramledger::NativeAllocator* ours = vramledger::NativeAllocator::Get();
     if (current == ours) {
-      vramledger::LastError() = "vramledger (torch-native mode) is already torch's allocator";
-      return VRAMLEDGER_FAILED;
+      return absl::FailedPreconditionError(
+          "vramledger (torch-native mode) is already torch's allocator");
     }
-    // torch's changeCurrentAllocator rule (PYTORCH-FACTS §1.6): only before CUDA starts.
+    // torch's changeCurrentAllocator allows a change only before CUDA starts (its allocator is
+    // then in use).
     if (current != nullptr && current->initialized()) {
-      vramledger::LastError() =
+      return absl::FailedPreconditionError(
           "torch's CUDA allocator is already initialized (a CUDA tensor or torch.cuda call came "
-          "first), so it can no longer be replaced";
-      return VRAMLEDGER_FAILED;
+          "first), so it can no longer be replaced");
     }
     torch_alloc::allocator.store(ours);
-    return VRAMLEDGER_OK;
-  } catch (const std::exception& e) {
-    vramledger::LastError() = e.what();
-  }
-  return VRAMLEDGER_FAILED;
+    return absl::OkStatus();
+  });
 }
 
 const char* vramledger_native_last_error(void) { return vramledger::LastError().c_str(); }

@@ -1,6 +1,6 @@
-// Out-of-memory observers: the registered C callback (Python's ctypes trampoline) and its call
-// from the plugin's OOM path, with torch's OutOfMemoryObserver arguments (PYTORCH-FACTS §1.5).
-#include "torch_plugin/oom_observers.h"
+// Out-of-memory observers: the registered C callback (Python's ctypes trampoline) and torch's
+// own observers, called from the OOM path with torch's OutOfMemoryObserver arguments.
+#include "torch_plugin/runtime/oom_observers.h"
 
 #include <atomic>
 #include <cstdint>
@@ -12,7 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "torch_plugin/plugin.h"
+#include "torch_plugin/runtime/c_api.h"
 
 namespace vramledger {
 namespace {

@@ -1,7 +1,8 @@
-// Out-of-memory observers of the torch plugin: one C callback, called with torch's observer
-// arguments (device, alloc size, limit, device free) before an OutOfMemoryError is thrown.
-#ifndef VRAMLEDGER_TORCH_PLUGIN_OOM_OBSERVERS_H_
-#define VRAMLEDGER_TORCH_PLUGIN_OOM_OBSERVERS_H_
+// Out-of-memory observers of the torch routes: one C callback and torch's own observers, called
+// with torch's observer arguments (device, alloc size, limit, device free) before an
+// OutOfMemoryError is thrown. Thread-safe.
+#ifndef VRAMLEDGER_TORCH_PLUGIN_RUNTIME_OOM_OBSERVERS_H_
+#define VRAMLEDGER_TORCH_PLUGIN_RUNTIME_OOM_OBSERVERS_H_
 
 #include <cstddef>
 
@@ -17,4 +18,4 @@ void NotifyOutOfMemoryObservers(int device, std::size_t requested, const OutOfMe
 
 }  // namespace vramledger
 
-#endif  // VRAMLEDGER_TORCH_PLUGIN_OOM_OBSERVERS_H_
+#endif  // VRAMLEDGER_TORCH_PLUGIN_RUNTIME_OOM_OBSERVERS_H_

@@ -1,7 +1,7 @@
-// The plugin's budget guard: one BudgetGuard per device chained before the history, a process-wide
-// tag registry, the step log, the Python stack provider, and the C ABI for the Python package.
-// Process-wide state, never destroyed (tensors may be freed during interpreter shutdown).
-#include "torch_plugin/guard_api.h"
+// The runtime's budget guard: one BudgetGuard per device chained before the history, a
+// process-wide tag registry, the step log, the Python stack provider, and the C ABI for the
+// Python package. Process-wide state, never destroyed (tensors may be freed during shutdown).
+#include "torch_plugin/runtime/guard_api.h"
 
 #include <array>
 #include <atomic>
@@ -30,7 +30,8 @@
 #include "ledger/oom_dump.h"
 #include "ledger/stack_capture.h"
 #include "nlohmann/json.hpp"
-#include "torch_plugin/plugin_history.h"
+#include "torch_plugin/runtime/history_api.h"
+#include "torch_plugin/runtime/process_env.h"
 
 namespace vramledger {
 namespace {
@@ -170,56 +171,18 @@ std::vector<guard::StackFrame> ProviderFrames() {
   return frames;
 }
 
-absl::Status ToCString(const std::string& text, char** out) {
-  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
-  if (copy == nullptr) return absl::ResourceExhaustedError("out of host memory");
-  std::memcpy(copy, text.c_str(), text.size() + 1);
-  *out = copy;
-  return absl::OkStatus();
-}
-
-// Runs a ctypes-facing body; failures and exceptions become a status code and the message of
-// vramledger_last_error().
-template <typename Fn>
-int Guarded(Fn fn) {
-  PluginLastError().clear();
-  try {
-    const absl::Status s = fn();
-    if (s.ok()) return VRAMLEDGER_OK;
-    PluginLastError() = std::string(s.message());
-    return absl::IsInvalidArgument(s) ? VRAMLEDGER_INVALID_ARGUMENT : VRAMLEDGER_FAILED;
-  } catch (const std::exception& e) {
-    PluginLastError() = absl::StrCat("vramledger: ", e.what());
-  } catch (...) {
-    PluginLastError() = "vramledger: unknown C++ exception";
-  }
-  return VRAMLEDGER_FAILED;
-}
-
-nlohmann::json BudgetJson(const guard::DeviceBudget& b) {
-  nlohmann::json limits = nlohmann::json::object();
-  for (const guard::CategoryBudget& c : b.categories) limits[c.name] = c.bytes;
-  return {{"device", b.device},
-          {"card_bytes", b.card_bytes},
-          {"limit", b.limit},
-          {"headroom", b.headroom},
-          {"cap", b.cap()},
-          {"warn_bytes", b.warn_bytes},
-          {"enforces_limit", b.enforces_limit},
-          {"category_limits", limits}};
-}
-
 }  // namespace
 
-absl::Status AttachGuard(int device, const Options& options, DeviceBackend* backend,
-                         DeviceAllocator* allocator, AllocatorHooks* ledger) {
+absl::Status AttachGuard(int device, int device_count, const Options& options,
+                         DeviceBackend* backend, DeviceAllocator* allocator,
+                         AllocatorHooks* ledger) {
   if (device < 0 || device >= kMaxGuardDevices) {
     allocator->SetHooks(ledger);  // beyond the table: history only, no guard
     return absl::OkStatus();
   }
   std::optional<guard::DeviceBudget> budget;
-  if (!options.plan.empty()) {
-    absl::StatusOr<guard::Plan> plan = guard::LoadPlanFile(options.plan, vramledger_device_count());
+  if (!options.process.plan.empty()) {
+    absl::StatusOr<guard::Plan> plan = guard::LoadPlanFile(options.process.plan, device_count);
     if (!plan.ok()) {
       return absl::Status(plan.status().code(),
                           absl::StrCat("vramledger plan error: ", plan.status().message()));
@@ -242,8 +205,8 @@ absl::Status AttachGuard(int device, const Options& options, DeviceBackend* back
   entry->options = options;
   entry->guard->SetSymbolizer(&G().symbolizer);
   entry->guard->SetPythonStackProvider(PythonFrames);
-  const std::string dump_dir = options.dump_dir;
-  const int max_dumps = options.max_dumps;
+  const std::string dump_dir = options.process.dump_dir;
+  const int max_dumps = options.process.max_dumps;
   entry->guard->SetForensicDump(
       [dump_dir, max_dumps](int dev, const std::string& message) -> absl::StatusOr<std::string> {
         OomDumpConfig config;
@@ -287,7 +250,7 @@ using vramledger::G;
 extern "C" {
 
 int vramledger_tag_id(const char* name, unsigned* id_out) {
-  return vramledger::Guarded([&]() -> absl::Status {
+  return vramledger::CatchAll([&]() -> absl::Status {
     if (name == nullptr || id_out == nullptr) {
       return absl::InvalidArgumentError("vramledger: tag name or id_out is null");
     }
@@ -306,7 +269,7 @@ unsigned vramledger_set_phase(unsigned id) { return G().tags.SetPhase(id); }
 
 int vramledger_tag_stats_json(int device, char** json_out) {
   if (json_out != nullptr) *json_out = nullptr;
-  return vramledger::Guarded([&]() -> absl::Status {
+  return vramledger::CatchAll([&]() -> absl::Status {
     if (json_out == nullptr) return absl::InvalidArgumentError("vramledger: json_out is null");
     nlohmann::json out = nlohmann::json::object();
     if (vramledger::DeviceGuard* g = vramledger::Lookup(device)) {
@@ -319,12 +282,12 @@ int vramledger_tag_stats_json(int device, char** json_out) {
       const auto& budget = g->guard->budget();
       out["guard.limit_bytes"] = budget && budget->enforces_limit ? budget->cap() : 0;
     }
-    return vramledger::ToCString(out.dump(), json_out);
+    return vramledger::ExportString(out.dump(), json_out);
   });
 }
 
 int vramledger_reset_tag_peaks(int device) {
-  return vramledger::Guarded([&]() -> absl::Status {
+  return vramledger::CatchAll([&]() -> absl::Status {
     for (int d = 0; d < vramledger::kMaxGuardDevices; ++d) {
       if (device != -1 && d != device) continue;
       if (vramledger::DeviceGuard* g = vramledger::Lookup(d)) g->guard->ResetTagPeaks();
@@ -335,10 +298,10 @@ int vramledger_reset_tag_peaks(int device) {
 
 int vramledger_step(char** json_out) {
   if (json_out != nullptr) *json_out = nullptr;
-  return vramledger::Guarded([&]() -> absl::Status {
+  return vramledger::CatchAll([&]() -> absl::Status {
     vramledger::GuardState& state = G();
     absl::MutexLock lock(&state.step_mu);
-    const int rank = vramledger::guard::RankFromEnvironment();
+    const int rank = vramledger::ReadProcessEnv().rank;
     const double now =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     nlohmann::json records = nlohmann::json::array();
@@ -349,9 +312,9 @@ int vramledger_step(char** json_out) {
       const vramledger::guard::StepRecord record = g->guard->EndStep(g->allocator->GetStats());
       const std::string line = vramledger::guard::StepRecordJson(record, rank, now);
       records.push_back(nlohmann::json::parse(line));
-      if (g->options.step_log.empty()) continue;
+      if (g->options.process.step_log.empty()) continue;
       if (state.step_log == nullptr) {
-        auto log = vramledger::guard::StepLog::Open(g->options.step_log, rank);
+        auto log = vramledger::guard::StepLog::Open(g->options.process.step_log, rank);
         if (!log.ok()) {
           if (first_error.ok()) first_error = log.status();
           continue;
@@ -364,30 +327,7 @@ int vramledger_step(char** json_out) {
     }
     if (!first_error.ok()) return first_error;
     if (json_out == nullptr) return absl::OkStatus();
-    return vramledger::ToCString(records.dump(), json_out);
-  });
-}
-
-int vramledger_plan_check(const char* path, int device_count, unsigned long long card_bytes,
-                          char** json_out) {
-  if (json_out != nullptr) *json_out = nullptr;
-  return vramledger::Guarded([&]() -> absl::Status {
-    if (path == nullptr || json_out == nullptr) {
-      return absl::InvalidArgumentError("vramledger: path or json_out is null");
-    }
-    absl::StatusOr<vramledger::guard::Plan> plan =
-        vramledger::guard::LoadPlanFile(path, device_count > 0 ? device_count : 0);
-    if (!plan.ok()) return plan.status();
-    nlohmann::json out = {{"path", plan->path}, {"categories", plan->categories}};
-    out["devices"] = nlohmann::json::array();
-    if (card_bytes > 0) {
-      for (int d = 0; d < std::max(device_count, 1); ++d) {
-        auto budget = vramledger::guard::ResolvePlan(*plan, d, card_bytes);
-        if (!budget.ok()) return budget.status();
-        out["devices"].push_back(vramledger::BudgetJson(*budget));
-      }
-    }
-    return vramledger::ToCString(out.dump(), json_out);
+    return vramledger::ExportString(records.dump(), json_out);
   });
 }
 

@@ -1,10 +1,10 @@
-// The plugin's memory history and snapshots: the C ABI the Python package calls through ctypes
-// (record, snapshot, dump), and the glue plugin.cc calls (hooks, registration, OOM dumps).
-// Thread-safety: every function may be called from any thread.
-#ifndef VRAMLEDGER_TORCH_PLUGIN_PLUGIN_HISTORY_H_
-#define VRAMLEDGER_TORCH_PLUGIN_PLUGIN_HISTORY_H_
+// The runtime's memory history and snapshots: the C ABI the Python package calls through ctypes
+// (record, snapshot, dump), and what the device table and the routes call (hooks, registration,
+// OOM dumps). Thread-safety: every function may be called from any thread.
+#ifndef VRAMLEDGER_TORCH_PLUGIN_RUNTIME_HISTORY_API_H_
+#define VRAMLEDGER_TORCH_PLUGIN_RUNTIME_HISTORY_API_H_
 
-#include "torch_plugin/plugin.h"
+#include "torch_plugin/runtime/c_errors.h"
 
 #ifdef __cplusplus
 #include <functional>
@@ -45,13 +45,11 @@ VRAMLEDGER_EXPORT int vramledger_dump_snapshot_json(const char* path);
 #ifdef __cplusplus
 namespace vramledger {
 
-/// The calling thread's message for vramledger_last_error() (defined in plugin.cc).
-std::string& PluginLastError();
-
 /// The process-wide history (never destroyed). Off until vramledger_record_memory_history.
 History& PluginHistory();
 
-/// The hooks plugin.cc installs on each allocator it creates (the history; a guard chains it).
+/// The hooks the device table installs on each allocator it creates (the history; a guard chains
+/// it).
 AllocatorHooks* LedgerHooks();
 
 /// Lets another part of the plugin (the guard) add to every snapshot the plugin writes, e.g. tag
@@ -62,12 +60,12 @@ void SetSnapshotDecorator(std::function<void(SnapshotOptions*)> decorate);
 /// Default snapshot options with the decorator applied (for snapshots written elsewhere).
 SnapshotOptions PluginSnapshotOptions();
 
-/// plugin.cc calls this once per allocator, right after creating it: snapshots and OOM dumps
+/// The device table calls this once per allocator, right after creating it: snapshots and OOM dumps
 /// include it from then on. `device` outside [0, History::kMaxDevices) is ignored.
 void AttachLedger(int device, DeviceAllocator* allocator);
 
-/// plugin.cc calls this on a failed allocation of `device` before throwing its status. For
-/// ResourceExhausted (out of memory or a guard refusal) it writes a forensic snapshot into the
+/// Called on a failed allocation of `device` before its status is reported (GuardRefusalOrOomDump).
+/// For ResourceExhausted (out of memory or a guard refusal) it writes a forensic snapshot into the
 /// allocator's dump_dir (at most max_dumps kept) and returns the status with the file's path
 /// appended to the message (or why it could not be written); other statuses come back as they
 /// are. Never throws.
@@ -76,4 +74,4 @@ absl::Status WithOomDump(int device, const absl::Status& status);
 }  // namespace vramledger
 #endif
 
-#endif  // VRAMLEDGER_TORCH_PLUGIN_PLUGIN_HISTORY_H_
+#endif  // VRAMLEDGER_TORCH_PLUGIN_RUNTIME_HISTORY_API_H_

@@ -1,6 +1,6 @@
-// The plugin's history, the registry of its allocators for snapshots, and the OOM dump glue.
+// The runtime's history, the registry of its allocators for snapshots, and the OOM dump glue.
 // Process-wide state, never destroyed (tensors may be freed during interpreter shutdown).
-#include "torch_plugin/plugin_history.h"
+#include "torch_plugin/runtime/history_api.h"
 
 #include <array>
 #include <atomic>
@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ledger/oom_dump.h"
 #include "ledger/snapshot.h"
+#include "torch_plugin/runtime/c_api.h"
 
 namespace vramledger {
 namespace {
@@ -36,22 +37,14 @@ std::vector<const DeviceAllocator*> Allocators() {
   return out;
 }
 
-// Runs a ctypes-facing body; any failure or exception becomes a status code and the message of
-// vramledger_last_error().
+// The C ABI's body `fn` under CatchAll, every failure's message starting with "vramledger: ".
 template <typename Fn>
-int Guarded(Fn fn) {
-  PluginLastError().clear();
-  try {
+int Reported(Fn fn) {
+  return CatchAll([&]() -> absl::Status {
     const absl::Status s = fn();
-    if (s.ok()) return VRAMLEDGER_OK;
-    PluginLastError() = absl::StrCat("vramledger: ", s.message());
-    return absl::IsInvalidArgument(s) ? VRAMLEDGER_INVALID_ARGUMENT : VRAMLEDGER_FAILED;
-  } catch (const std::exception& e) {
-    PluginLastError() = absl::StrCat("vramledger: ", e.what());
-  } catch (...) {
-    PluginLastError() = "vramledger: unknown C++ exception";
-  }
-  return VRAMLEDGER_FAILED;
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat("vramledger: ", s.message()));
+  });
 }
 
 absl::Mutex& DecoratorMutex() {
@@ -102,8 +95,8 @@ absl::Status WithOomDump(int device, const absl::Status& status) {
                                            : nullptr;
     if (allocator == nullptr) return status;
     OomDumpConfig config;
-    config.dump_dir = allocator->options().dump_dir;
-    config.max_dumps = allocator->options().max_dumps;
+    config.dump_dir = allocator->options().process.dump_dir;
+    config.max_dumps = allocator->options().process.max_dumps;
     config.device = device;
     config.message = std::string(status.message());
     config.snapshot = PluginSnapshotOptions();
@@ -129,7 +122,7 @@ extern "C" {
 
 int vramledger_record_memory_history(const char* enabled, const char* context, const char* stacks,
                                      unsigned long long max_entries, int clear_history) {
-  return vramledger::Guarded([&]() -> absl::Status {
+  return vramledger::Reported([&]() -> absl::Status {
     std::optional<std::string_view> e, c;
     if (enabled != nullptr) e = enabled;
     if (context != nullptr) c = context;
@@ -143,19 +136,14 @@ int vramledger_record_memory_history(const char* enabled, const char* context, c
 
 int vramledger_snapshot_json(char** json_out) {
   if (json_out != nullptr) *json_out = nullptr;
-  return vramledger::Guarded([&]() -> absl::Status {
+  return vramledger::Reported([&]() -> absl::Status {
     if (json_out == nullptr) return absl::InvalidArgumentError("json_out is null");
     std::ostringstream out;
     absl::Status s =
         vramledger::WriteSnapshotJson(out, vramledger::Allocators(), &vramledger::PluginHistory(),
                                       vramledger::PluginSnapshotOptions());
     if (!s.ok()) return s;
-    const std::string text = std::move(out).str();
-    char* copy = static_cast<char*>(std::malloc(text.size() + 1));
-    if (copy == nullptr) return absl::ResourceExhaustedError("out of host memory");
-    std::memcpy(copy, text.c_str(), text.size() + 1);
-    *json_out = copy;
-    return absl::OkStatus();
+    return vramledger::ExportString(std::move(out).str(), json_out);
   });
 }
 
@@ -174,7 +162,7 @@ void vramledger_history_entries(int device, std::vector<vramledger::RecordedEntr
 }
 
 int vramledger_dump_snapshot_json(const char* path) {
-  return vramledger::Guarded([&]() -> absl::Status {
+  return vramledger::Reported([&]() -> absl::Status {
     if (path == nullptr || *path == '\0') return absl::InvalidArgumentError("empty path");
     return vramledger::WriteSnapshotJsonFile(path, vramledger::Allocators(),
                                              &vramledger::PluginHistory(),

@@ -1,0 +1,182 @@
+// Private pools: begin/end/release with use counts, routing by stream filter, failed-capture
+// pruning and the release of unused pools (private_pools.h). Not locked: the owner's mutex
+// guards it.
+#include "core/private_pools.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace vramledger::core {
+
+namespace {
+
+std::string PoolName(MempoolId id) { return absl::StrFormat("(%d, %d)", id.first, id.second); }
+
+}  // namespace
+
+absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter) {
+  PruneFailedCaptures();
+  for (const Active& active : active_) {
+    if (active.id == id) {
+      return absl::InvalidArgumentError(absl::StrCat("vramledger: private pool ", PoolName(id),
+                                                     " is already being allocated to"));
+    }
+  }
+  pruned_.erase(std::remove(pruned_.begin(), pruned_.end(), id), pruned_.end());
+  auto [it, created] = pools_.try_emplace(id);
+  if (created) {
+    it->second = std::make_unique<Pool>();
+  } else {
+    ++it->second->use_count;  // shared: another graph captures into the same pool
+  }
+  Active active;
+  active.id = id;
+  active.filter = std::move(filter);
+  active.owner = std::this_thread::get_id();
+  active_.push_back(std::move(active));
+  return absl::OkStatus();
+}
+
+absl::Status PrivatePools::End(MempoolId id) {
+  auto it =
+      std::find_if(active_.begin(), active_.end(), [&](const Active& a) { return a.id == id; });
+  if (it != active_.end()) {
+    active_.erase(it);
+    return absl::OkStatus();
+  }
+  // Pruned as failed by a call of its own thread between the end of its capture and this one
+  // (not torch's order, which makes no call in between): undo the lost use.
+  auto pruned = std::find(pruned_.begin(), pruned_.end(), id);
+  auto pool = pools_.find(id);
+  if (pruned == pruned_.end() || pool == pools_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("vramledger: private pool ", PoolName(id), " is not being allocated to"));
+  }
+  pruned_.erase(pruned);
+  ++pool->second->use_count;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> PrivatePools::Release(MempoolId id) {
+  auto it = pools_.find(id);
+  if (it == pools_.end() || it->second->use_count <= 0) {
+    return absl::NotFoundError(
+        absl::StrCat("vramledger: release of unknown private pool ", PoolName(id)));
+  }
+  return --it->second->use_count;
+}
+
+int PrivatePools::UseCount(MempoolId id) const {
+  auto it = pools_.find(id);
+  return it == pools_.end() ? 0 : it->second->use_count;
+}
+
+BlockPool* PrivatePools::Route(StreamId stream, std::size_t rounded) {
+  for (Active& active : active_) {
+    if (!active.filter || !active.filter(stream)) continue;
+    if (std::find(active.streams.begin(), active.streams.end(), stream) == active.streams.end()) {
+      active.streams.push_back(stream);
+    }
+    if (backend_->IsCapturing(stream)) active.saw_capture = true;
+    Pool& pool = *pools_.at(active.id);
+    return rounded <= 1 * kMiB ? &pool.small : &pool.large;
+  }
+  return nullptr;
+}
+
+void PrivatePools::PruneFailedCaptures() {
+  for (auto it = active_.begin(); it != active_.end();) {
+    const bool over =
+        it->saw_capture && std::none_of(it->streams.begin(), it->streams.end(),
+                                        [&](StreamId s) { return backend_->IsCapturing(s); });
+    if (!over) {
+      it->ended_seen = absl::InfiniteFuture();
+      ++it;
+      continue;
+    }
+    if (it->owner != std::this_thread::get_id()) {  // maybe between EndCapture and End
+      const absl::Time now = absl::Now();
+      if (it->ended_seen == absl::InfiniteFuture()) it->ended_seen = now;
+      if (now - it->ended_seen < kFailedCaptureGrace) {
+        ++it;
+        continue;
+      }
+    }
+    if (auto pool = pools_.find(it->id); pool != pools_.end()) {
+      --pool->second->use_count;  // no End and no Release will come for this capture
+    }
+    pruned_.push_back(it->id);
+    it = active_.erase(it);
+  }
+}
+
+bool PrivatePools::CaptureUnderway() {
+  if (active_.empty()) return false;
+  PruneFailedCaptures();
+  for (const Active& active : active_) {
+    if (active.streams.empty()) return true;  // may be capturing without having allocated
+    for (StreamId s : active.streams) {
+      if (backend_->IsCapturing(s)) return true;
+    }
+  }
+  return false;
+}
+
+absl::Status PrivatePools::ReleaseUnused(absl::FunctionRef<absl::Status(BlockPool*)> release,
+                                         absl::FunctionRef<bool(const Pool&)> has_segments) {
+  for (auto it = pools_.begin(); it != pools_.end();) {
+    Pool& pool = *it->second;
+    if (pool.use_count > 0) {
+      ++it;
+      continue;
+    }
+    for (BlockPool* blocks : {&pool.large, &pool.small}) {
+      if (absl::Status s = release(blocks); !s.ok()) return s;
+    }
+    if (has_segments(pool)) {
+      ++it;
+    } else {
+      it = pools_.erase(it);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::int64_t PrivatePools::FreeBlocks() const {
+  std::int64_t n = 0;
+  for (const auto& [id, pool] : pools_) {
+    n += static_cast<std::int64_t>(pool->small.blocks.size() + pool->large.blocks.size());
+  }
+  return n;
+}
+
+absl::Status PrivatePools::CheckInvariants() const {
+  auto fail = [](MempoolId id, auto&&... parts) {
+    return absl::InternalError(absl::StrCat("private pool ", PoolName(id), ": ", parts...));
+  };
+  absl::flat_hash_set<MempoolId> active;
+  for (const Active& a : active_) {
+    if (!active.insert(a.id).second) return fail(a.id, "active twice");
+    if (!pools_.contains(a.id)) return fail(a.id, "active but unknown");
+    if (std::find(pruned_.begin(), pruned_.end(), a.id) != pruned_.end()) {
+      return fail(a.id, "active and pruned");
+    }
+  }
+  for (const auto& [id, pool] : pools_) {
+    if (pool->use_count < 0) return fail(id, "use count ", pool->use_count);
+    for (const BlockPool* blocks : {&pool->small, &pool->large}) {
+      if (absl::Status s = blocks->blocks.CheckInvariants(); !s.ok()) {
+        return fail(id, s.message());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vramledger::core

@@ -1,0 +1,103 @@
+// Private pools of one device (CUDA graph pools, later torch.cuda.MemPool): pools keyed by
+// MempoolId with use counts, the ones being allocated to with their stream filters and owner
+// threads, and the cleanup of failed captures. Not locked: the owner's mutex guards it.
+#ifndef VRAMLEDGER_CORE_PRIVATE_POOLS_H_
+#define VRAMLEDGER_CORE_PRIVATE_POOLS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/free_block_index.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/device_backend.h"
+
+namespace vramledger::core {
+
+class PrivatePools {
+ public:
+  /// One private pool: plain (never expandable) small and large pools of its own.
+  struct Pool {
+    int use_count = 1;
+    BlockPool small{true};
+    BlockPool large{false};
+  };
+  /// By id. Ordered (a btree): released in the same order in every process (trace entries too).
+  using Map = absl::btree_map<MempoolId, std::unique_ptr<Pool>>;
+
+  explicit PrivatePools(DeviceBackend* backend) : backend_(backend) {}
+
+  /// Starts allocating to pool `id` (created, or one more use of it) for the streams `filter`
+  /// accepts, owned by the calling thread. InvalidArgument if it is already being allocated to.
+  absl::Status Begin(MempoolId id, StreamFilter filter);
+  /// Stops allocating to `id`. NotFound if it is not being allocated to (nor was pruned).
+  absl::Status End(MempoolId id);
+  /// One use of `id` less; returns the uses left. NotFound for an unknown or unused pool.
+  absl::StatusOr<int> Release(MempoolId id);
+  /// Uses of `id` (0: unknown).
+  int UseCount(MempoolId id) const;
+
+  /// True while some pool is being allocated to (the allocator routes requests then).
+  bool any_active() const { return !active_.empty(); }
+  /// The pool of an active private pool whose filter accepts `stream` (small or large by
+  /// `rounded`), recording the stream (and whether it captures); nullptr if none accepts it.
+  BlockPool* Route(StreamId stream, std::size_t rounded);
+  /// True while a capture may be under way: an active pool has served no stream yet, or one of
+  /// its streams is capturing. Prunes the pools of failed captures first.
+  bool CaptureUnderway();
+  /// An active pool that served a capturing stream, none of whose streams capture any more, had
+  /// its capture fail (torch sends no End or Release then): it stops being active and loses a
+  /// use. Only its owner thread decides so at once: torch calls endAllocateToPool after
+  /// cudaStreamEndCapture, so on another thread an ended capture whose End has not come yet
+  /// looks failed, and pruning it there would let empty_cache free the graph's memory. Another
+  /// thread prunes it once it has looked over for kFailedCaptureGrace: the window is
+  /// microseconds, and a capturing thread that failed and never calls again must not hold the
+  /// pool, its memory and the allocator's capture checks for the rest of the process.
+  void PruneFailedCaptures();
+  static constexpr absl::Duration kFailedCaptureGrace = absl::Seconds(1);
+
+  /// For each pool with no use left: `release` on its large then small pool (returning their
+  /// whole free segments), then the pool is forgotten unless `has_segments` says it still owns
+  /// some. Stops at the first error.
+  absl::Status ReleaseUnused(absl::FunctionRef<absl::Status(BlockPool*)> release,
+                             absl::FunctionRef<bool(const Pool&)> has_segments);
+  /// Free blocks indexed in all private pools.
+  std::int64_t FreeBlocks() const;
+
+  /// Iteration over the pools by id (pair<const MempoolId, unique_ptr<Pool>>).
+  Map::const_iterator begin() const { return pools_.begin(); }
+  Map::const_iterator end() const { return pools_.end(); }
+
+  /// Every active pool exists, is active once and is not pruned; use counts are not negative;
+  /// each pool's free indexes hold their invariants (FreeBlockIndex::CheckInvariants).
+  absl::Status CheckInvariants() const;
+
+ private:
+  // A pool being allocated to (between Begin and End).
+  struct Active {
+    MempoolId id;
+    StreamFilter filter;
+    std::vector<StreamId> streams;  // streams routed to it so far
+    bool saw_capture = false;       // one of them was capturing when routed
+    std::thread::id owner;          // the thread that began it (torch's capturing thread)
+    // When another thread first found its capture over (InfiniteFuture: not found so): after
+    // kFailedCaptureGrace of that, any thread may prune it.
+    absl::Time ended_seen = absl::InfiniteFuture();
+  };
+
+  DeviceBackend* const backend_;
+  Map pools_;
+  std::vector<Active> active_;
+  std::vector<MempoolId> pruned_;  // pruned as failed captures, until their End or next Begin
+};
+
+}  // namespace vramledger::core
+
+#endif  // VRAMLEDGER_CORE_PRIVATE_POOLS_H_

@@ -1,0 +1,165 @@
+// PrivatePools alone on a SimBackend (capture state set by the test): use counts, routing by
+// stream filter, capture detection, failed-capture pruning by the owner thread only, and the
+// release of pools with no use left.
+#include "core/private_pools.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "device/sim_backend.h"
+
+namespace vramledger::core {
+namespace {
+
+constexpr MempoolId kGraph{1, 0};
+constexpr MempoolId kOther{2, 0};
+
+class PrivatePoolsTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    EXPECT_TRUE(pools_.CheckInvariants().ok()) << pools_.CheckInvariants();
+  }
+  static StreamFilter Only(StreamId stream) {
+    return [stream](StreamId s) { return s == stream; };
+  }
+
+  SimBackend sim_;
+  PrivatePools pools_{&sim_};
+};
+
+TEST_F(PrivatePoolsTest, UseCountsFollowBeginAndRelease) {
+  EXPECT_EQ(pools_.UseCount(kGraph), 0);
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  EXPECT_EQ(pools_.UseCount(kGraph), 1);
+  ASSERT_TRUE(pools_.End(kGraph).ok());
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());  // a second graph shares the pool
+  ASSERT_TRUE(pools_.End(kGraph).ok());
+  EXPECT_EQ(pools_.UseCount(kGraph), 2);
+  auto left = pools_.Release(kGraph);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(*left, 1);
+  left = pools_.Release(kGraph);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(*left, 0);
+  EXPECT_TRUE(absl::IsNotFound(pools_.Release(kGraph).status()));  // no use left
+  EXPECT_TRUE(absl::IsNotFound(pools_.Release(kOther).status()));  // never begun
+}
+
+TEST_F(PrivatePoolsTest, BeginWhileActiveAndEndWhileInactiveAreErrors) {
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(pools_.Begin(kGraph, Only(1))));
+  EXPECT_TRUE(absl::IsNotFound(pools_.End(kOther)));
+  ASSERT_TRUE(pools_.End(kGraph).ok());
+  EXPECT_TRUE(absl::IsNotFound(pools_.End(kGraph)));
+}
+
+TEST_F(PrivatePoolsTest, RoutesOnlyTheStreamsItsFilterAcceptsBySize) {
+  EXPECT_FALSE(pools_.any_active());
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  EXPECT_TRUE(pools_.any_active());
+  EXPECT_EQ(pools_.Route(2, 512), nullptr);
+  BlockPool* small = pools_.Route(1, 1 * kMiB);
+  BlockPool* large = pools_.Route(1, 1 * kMiB + 512);
+  ASSERT_NE(small, nullptr);
+  ASSERT_NE(large, nullptr);
+  EXPECT_TRUE(small->is_small);
+  EXPECT_FALSE(large->is_small);
+  EXPECT_FALSE(small->expandable);
+  const auto& [id, pool] = *pools_.begin();
+  EXPECT_EQ(id, kGraph);
+  EXPECT_EQ(small, &pool->small);
+  EXPECT_EQ(large, &pool->large);
+  ASSERT_TRUE(pools_.Begin(kOther, nullptr).ok());  // no filter: accepts no stream
+  EXPECT_EQ(pools_.Route(3, 512), nullptr);
+}
+
+TEST_F(PrivatePoolsTest, ACaptureIsUnderwayUntilItsStreamsAreKnownAndNoneCaptures) {
+  EXPECT_FALSE(pools_.CaptureUnderway());
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  EXPECT_TRUE(pools_.CaptureUnderway());  // no stream routed yet: it may be capturing
+  ASSERT_NE(pools_.Route(1, 512), nullptr);
+  EXPECT_FALSE(pools_.CaptureUnderway());  // stream 1 is not capturing
+  sim_.SetCapturing(1, true);
+  EXPECT_TRUE(pools_.CaptureUnderway());
+  sim_.SetCapturing(1, false);
+}
+
+TEST_F(PrivatePoolsTest, TheOwnerThreadPrunesAFailedCaptureAndItsEndRestoresTheUse) {
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  sim_.SetCapturing(1, true);
+  ASSERT_NE(pools_.Route(1, 512), nullptr);  // routed while capturing
+  sim_.SetCapturing(1, false);               // the capture ended with no End (failed)
+  EXPECT_FALSE(pools_.CaptureUnderway());
+  EXPECT_FALSE(pools_.any_active());
+  EXPECT_EQ(pools_.UseCount(kGraph), 0);
+  ASSERT_TRUE(pools_.End(kGraph).ok());  // it had only ended: the lost use comes back
+  EXPECT_EQ(pools_.UseCount(kGraph), 1);
+}
+
+TEST_F(PrivatePoolsTest, AnotherThreadDoesNotPruneWithinTheGrace) {
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  sim_.SetCapturing(1, true);
+  ASSERT_NE(pools_.Route(1, 512), nullptr);
+  sim_.SetCapturing(1, false);
+  // Between the owner's cudaStreamEndCapture and its End: another thread must not prune it.
+  std::thread other([this] { pools_.PruneFailedCaptures(); });
+  other.join();
+  EXPECT_TRUE(pools_.any_active());
+  EXPECT_EQ(pools_.UseCount(kGraph), 1);
+  ASSERT_TRUE(pools_.End(kGraph).ok());
+  EXPECT_EQ(pools_.UseCount(kGraph), 1);
+}
+
+TEST_F(PrivatePoolsTest, ReleaseUnusedVisitsLargeThenSmallAndForgetsEmptyPools) {
+  for (MempoolId id : {kGraph, kOther}) {
+    ASSERT_TRUE(pools_.Begin(id, Only(1)).ok());
+    ASSERT_TRUE(pools_.End(id).ok());
+  }
+  ASSERT_TRUE(pools_.Release(kGraph).ok());  // kGraph: no use left; kOther: still used
+  std::vector<BlockPool*> visited;
+  const PrivatePools::Pool* graph = pools_.begin()->second.get();
+  bool keep = true;
+  auto release = [&](BlockPool* p) {
+    visited.push_back(p);
+    return absl::OkStatus();
+  };
+  auto has_segments = [&](const PrivatePools::Pool&) { return keep; };
+  ASSERT_TRUE(pools_.ReleaseUnused(release, has_segments).ok());
+  ASSERT_EQ(visited.size(), 2u);
+  EXPECT_EQ(visited[0], &graph->large);
+  EXPECT_EQ(visited[1], &graph->small);
+  EXPECT_EQ(pools_.UseCount(kGraph), 0);
+  EXPECT_EQ(std::distance(pools_.begin(), pools_.end()), 2);  // kept: it still has segments
+  keep = false;
+  ASSERT_TRUE(pools_.ReleaseUnused(release, has_segments).ok());
+  EXPECT_EQ(std::distance(pools_.begin(), pools_.end()), 1);
+  EXPECT_EQ(pools_.begin()->first, kOther);
+  // An error stops the walk and is returned.
+  ASSERT_TRUE(pools_.Release(kOther).ok());
+  EXPECT_TRUE(absl::IsInternal(pools_.ReleaseUnused(
+      [](BlockPool*) { return absl::InternalError("cudaFree failed"); }, has_segments)));
+  EXPECT_EQ(std::distance(pools_.begin(), pools_.end()), 1);
+}
+
+TEST_F(PrivatePoolsTest, FreeBlocksCountsTheIndexesOfEveryPool) {
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  EXPECT_EQ(pools_.FreeBlocks(), 0);
+  BlockPool* small = pools_.Route(1, 512);
+  Segment seg;
+  Block b;
+  b.ptr = seg.ptr = 0x1000;
+  b.size = seg.size = 2 * kMiB;
+  b.stream = 1;
+  b.pool = seg.pool = small;
+  b.segment = &seg;
+  seg.head = &b;
+  small->blocks.insert(&b);
+  EXPECT_EQ(pools_.FreeBlocks(), 1);
+  EXPECT_TRUE(pools_.CheckInvariants().ok()) << pools_.CheckInvariants();
+  small->blocks.erase(&b);
+}
+
+}  // namespace
+}  // namespace vramledger::core

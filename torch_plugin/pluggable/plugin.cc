@@ -1,0 +1,172 @@
+// The CUDAPluggableAllocator route: torch's alloc/free pair and hooks over the runtime's device
+// table, with failures thrown as c10 errors (OutOfMemoryError for a refusal, as torch's own
+// allocator does). Everything else this library exports comes from the runtime.
+#include "torch_plugin/pluggable/plugin.h"
+
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "torch_plugin/runtime/device_table.h"
+#include "torch_plugin/runtime/guard_api.h"
+#include "torch_plugin/runtime/oom_observers.h"
+#include "vramledger/device_allocator.h"
+
+namespace vramledger {
+namespace {
+
+// Throws `status` as the matching c10 error.
+[[noreturn]] void Throw(const absl::Status& status) {
+  if (absl::IsResourceExhausted(status)) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
+  }
+  TORCH_CHECK_VALUE(!absl::IsInvalidArgument(status), std::string(status.message()));
+  TORCH_CHECK(false, std::string(status.message()));
+  std::abort();  // unreachable: TORCH_CHECK(false) throws
+}
+
+}  // namespace
+}  // namespace vramledger
+
+using vramledger::DeviceAllocator;
+using vramledger::DevicePtr;
+using vramledger::DeviceTable;
+using vramledger::StreamId;
+
+extern "C" {
+
+void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream) {
+  if (size == 0) return nullptr;
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::StatusOr<DevicePtr> ptr =
+      (*allocator)->Malloc(size, reinterpret_cast<StreamId>(stream));
+  // A guard refusal gets its full report; any other failure goes to WithOomDump.
+  if (!ptr.ok()) {
+    if (absl::IsResourceExhausted(ptr.status())) {  // observers first, outside the device lock
+      vramledger::NotifyOutOfMemoryObservers(device, size, (*allocator)->last_oom());
+    }
+    vramledger::Throw(vramledger::GuardRefusalOrOomDump(device, ptr.status()));
+  }
+  TORCH_CHECK(*ptr != 0, "vramledger: allocation of ", size, " bytes on device ", device,
+              " returned a null address");
+  return reinterpret_cast<void*>(*ptr);
+}
+
+void vramledger_free(void* ptr, std::size_t size, int device, cudaStream_t stream) {
+  (void)stream;
+  if (ptr == nullptr) return;
+  try {
+    vramledger::DeviceTable& state = DeviceTable::Get();
+    DeviceAllocator* allocator = state.EnsureDevices().ok() ? state.Existing(device) : nullptr;
+    if (allocator == nullptr) {
+      std::fprintf(stderr,
+                   "vramledger: free of %p (%zu bytes) on device %d, which has no allocator; "
+                   "ignored\n",
+                   ptr, size, device);
+      return;
+    }
+    const absl::Status s = allocator->Free(reinterpret_cast<DevicePtr>(ptr));
+    if (!s.ok()) {
+      std::fprintf(stderr, "vramledger: free of %p (%zu bytes) on device %d failed: %s\n", ptr,
+                   size, device, std::string(s.message()).c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vramledger: free of %p on device %d threw: %s\n", ptr, device, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "vramledger: free of %p on device %d threw\n", ptr, device);
+  }
+}
+
+void vramledger_init(int device_count) {
+  const absl::Status s = DeviceTable::Get().EnsureDevices();
+  if (!s.ok()) vramledger::Throw(s);
+  if (device_count != DeviceTable::Get().device_count()) {
+    std::fprintf(stderr, "vramledger: torch reports %d CUDA devices, cudaGetDeviceCount %d\n",
+                 device_count, DeviceTable::Get().device_count());
+  }
+}
+
+void vramledger_reset() {
+  const absl::Status s =
+      DeviceTable::Get().ForDevices(-1, [](DeviceAllocator* a) { return a->EmptyCache(); });
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_set_memory_fraction(double fraction, int device) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->SetMemoryFraction(fraction);
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_record_stream(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr) return;
+  vramledger::DeviceTable& state = DeviceTable::Get();
+  const absl::Status devices = state.EnsureDevices();
+  if (!devices.ok()) vramledger::Throw(devices);
+  for (int d = 0; d < state.device_count(); ++d) {
+    DeviceAllocator* allocator = state.Existing(d);
+    if (allocator == nullptr) continue;
+    const absl::Status s = allocator->RecordStream(reinterpret_cast<DevicePtr>(ptr),
+                                                   reinterpret_cast<StreamId>(stream));
+    if (s.ok()) return;
+    if (!absl::IsNotFound(s)) vramledger::Throw(s);
+  }
+  TORCH_CHECK(false, "vramledger: record_stream on ", ptr,
+              ", which no vramledger allocator handed out");
+}
+
+void vramledger_begin_allocate_to_pool(int device, vramledger_mempool_id pool_id,
+                                       std::function<bool(cudaStream_t)> filter) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s =
+      (*allocator)
+          ->BeginAllocateToPool({pool_id.first, pool_id.second},
+                                [filter = std::move(filter)](StreamId stream) {
+                                  return filter && filter(reinterpret_cast<cudaStream_t>(stream));
+                                });
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_end_allocate_to_pool(int device, vramledger_mempool_id pool_id) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->EndAllocateToPool({pool_id.first, pool_id.second});
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_release_pool(int device, vramledger_mempool_id pool_id) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->ReleasePool({pool_id.first, pool_id.second});
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void* vramledger_testing_malloc(size_t size, int device, char** message_out) {
+  if (message_out != nullptr) *message_out = nullptr;
+  std::string message;
+  try {
+    return vramledger_malloc(size, device, nullptr);
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (message_out != nullptr) {  // released with vramledger_string_free (std::free)
+    *message_out = static_cast<char*>(std::malloc(message.size() + 1));
+    if (*message_out != nullptr) std::memcpy(*message_out, message.c_str(), message.size() + 1);
+  }
+  return nullptr;
+}
+
+}  // extern "C"

@@ -1,0 +1,232 @@
+// The LD_PRELOAD shim's state, shared by its interposed functions (preload.cc) and its reports
+// (preload_report.cc): the real runtime's functions, the recursion flag, the counters of the
+// calls seen, and the live blocks the shim handed out. Process-wide, never destroyed.
+#ifndef VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
+#define VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "ledger/history.h"
+#include "torch_plugin/runtime/device_table.h"
+#include "torch_plugin/runtime/plan_access.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/options.h"
+
+namespace vramledger::preload {
+
+constexpr int kMaxDevices = History::kMaxDevices;
+
+// ---- The real runtime ----
+
+using MallocFn = cudaError_t (*)(void**, size_t);
+using FreeFn = cudaError_t (*)(void*);
+using MallocAsyncFn = cudaError_t (*)(void**, size_t, cudaStream_t);
+using FreeAsyncFn = cudaError_t (*)(void*, cudaStream_t);
+using MemGetInfoFn = cudaError_t (*)(size_t*, size_t*);
+
+// The next definition of `name` after this library (the program's libcudart), or nullptr.
+template <typename F>
+inline F Real(const char* name) {
+  static_assert(sizeof(F) == sizeof(void*));
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+struct RealRuntime {
+  MallocFn malloc = Real<MallocFn>("cudaMalloc");
+  FreeFn free = Real<FreeFn>("cudaFree");
+  MallocAsyncFn malloc_async = Real<MallocAsyncFn>("cudaMallocAsync");
+  FreeAsyncFn free_async = Real<FreeAsyncFn>("cudaFreeAsync");
+  MemGetInfoFn mem_get_info = Real<MemGetInfoFn>("cudaMemGetInfo");
+};
+
+// Resolved at the first interposed call, when the program's runtime is loaded (never at
+// constructor time: torch loads libcudart after this library's constructor ran).
+inline const RealRuntime& Runtime() {
+  static const RealRuntime* const runtime = new RealRuntime;
+  return *runtime;
+}
+
+// ---- The recursion guard ----
+
+// True while the calling thread is inside vramledger (defined in preload.cc).
+extern constinit __attribute__((tls_model("initial-exec"))) thread_local bool t_inside;
+
+// Marks the calling thread as inside vramledger for its lifetime (nests).
+class InsideScope {
+ public:
+  InsideScope() : previous_(t_inside) { t_inside = true; }
+  ~InsideScope() { t_inside = previous_; }
+  InsideScope(const InsideScope&) = delete;
+  InsideScope& operator=(const InsideScope&) = delete;
+
+ private:
+  const bool previous_;
+};
+
+// ---- Counters ----
+
+struct Counters {
+  std::atomic<std::int64_t> malloc_calls{0};        // cudaMalloc calls from the program
+  std::atomic<std::int64_t> malloc_async_calls{0};  // cudaMallocAsync calls from the program
+  std::atomic<std::int64_t> free_calls{0};          // cudaFree calls from the program
+  std::atomic<std::int64_t> free_async_calls{0};    // cudaFreeAsync calls from the program
+  std::atomic<std::int64_t> served_allocs{0};       // allocations vramledger served
+  std::atomic<std::int64_t> served_frees{0};        // frees of vramledger's blocks
+  std::atomic<std::int64_t> forwarded_frees{0};     // frees of memory vramledger did not allocate
+  std::atomic<std::int64_t> zero_size_allocs{0};    // size-0 requests (null, no memory)
+  std::atomic<std::int64_t> refusals{0};            // cudaErrorMemoryAllocation returned
+  std::atomic<std::int64_t> errors{0};              // other failures returned
+  std::atomic<std::int64_t> inner_calls{0};         // vramledger's own calls sent to the runtime
+  std::atomic<std::int64_t> memgetinfo_calls{0};
+  // Host time of the program's cudaMalloc/cudaMallocAsync/cudaFree/cudaFreeAsync calls while the
+  // shim is active, entry to return (ns; frees forwarded to the runtime included): the shim's
+  // whole cost on the host (step-time-measurement.md, "Time inside the allocator").
+  std::atomic<std::int64_t> interposed_ns{0};
+};
+
+// Adds the time from construction to destruction to `*sink` (ns); does nothing, reading no clock,
+// when `sink` is null (host_timing off).
+class CallTimer {
+ public:
+  explicit CallTimer(std::atomic<std::int64_t>* sink) : sink_(sink) {
+    if (sink_ != nullptr) start_ = std::chrono::steady_clock::now();
+  }
+  ~CallTimer() {
+    if (sink_ == nullptr) return;
+    sink_->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start_)
+                         .count(),
+                     std::memory_order_relaxed);
+  }
+  CallTimer(const CallTimer&) = delete;
+  CallTimer& operator=(const CallTimer&) = delete;
+
+ private:
+  std::atomic<std::int64_t>* const sink_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// ---- Process state ----
+
+// Registers the exit dump with atexit once more, from the first allocator's creation: the CUDA
+// runtime is initialised by then, so this handler runs before any the runtime registered
+// (atexit runs them in reverse) and cudaMemGetInfo still answers at exit.
+void RegisterExitDumpAfterRuntime();
+
+struct LiveBlock {
+  int device = 0;
+  StreamId stream = 0;
+};
+
+class Preload {
+ public:
+  explicit Preload(Options options) : options_(std::move(options)) {
+    for (std::atomic<std::int64_t>& used : baseline_used_) used.store(-1);
+  }
+
+  const Options& options() const { return options_; }
+  Counters& counters() { return counters_; }
+  // Where the interposed calls' host time goes: null unless host_timing is on.
+  std::atomic<std::int64_t>* InterposedTimer() {
+    return options_.host_timing ? &counters_.interposed_ns : nullptr;
+  }
+
+  // The allocator of `device`, created on first use (the runtime's table). Pre: inside an
+  // InsideScope.
+  absl::StatusOr<DeviceAllocator*> GetOrCreate(int device) {
+    return DeviceTable::Get().GetOrCreate(device);
+  }
+
+  DeviceAllocator* Existing(int device) const { return DeviceTable::Get().Existing(device); }
+
+  // Runs inside the creation of `device`'s allocator, before it exists: records the device's
+  // bytes in use then (cudaMemGetInfo through the real runtime) for the exit summary.
+  void BeforeCreate(int device) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (device >= 0 && device < kMaxDevices && Runtime().mem_get_info != nullptr &&
+        Runtime().mem_get_info(&free_bytes, &total_bytes) == cudaSuccess) {
+      baseline_used_[device].store(static_cast<std::int64_t>(total_bytes - free_bytes));
+    }
+    RegisterExitDumpAfterRuntime();
+  }
+
+  /// Device bytes in use before vramledger's allocator of `device` existed; -1 when unknown.
+  std::int64_t BaselineUsed(int device) const {
+    if (device < 0 || device >= kMaxDevices) return -1;
+    return baseline_used_[device].load();
+  }
+
+  // Every device's allocator up to the highest that exists (nullptr for the others).
+  std::vector<const DeviceAllocator*> Allocators() const {
+    std::vector<const DeviceAllocator*> out;
+    for (int d = 0; d < DeviceTable::Get().device_count(); ++d) {
+      if (const DeviceAllocator* a = Existing(d)) {
+        out.resize(d + 1, nullptr);
+        out[d] = a;
+      }
+    }
+    return out;
+  }
+
+  void Remember(void* ptr, LiveBlock block) {
+    absl::MutexLock lock(&mu_);
+    live_[ptr] = block;
+  }
+
+  // Removes `ptr` from the live table; false when vramledger did not allocate it.
+  bool Forget(void* ptr, LiveBlock* block) {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) return false;
+    *block = it->second;
+    live_.erase(it);
+    return true;
+  }
+
+  // The plan's limit on `device` in bytes (-1: no plan or no limit), resolved once against
+  // the card's total. Pre: inside an InsideScope.
+  std::int64_t PlanLimit(int device, std::size_t card_total) {
+    if (options_.process.plan.empty()) return -1;
+    return PlanLimitBytes(options_.process.plan, device, card_total).value_or(-1);
+  }
+
+ private:
+  const Options options_;
+  Counters counters_;
+  // Device bytes in use (cudaMemGetInfo's total - free) just before vramledger's allocator for
+  // each device was created; -1: unknown. The exit summary compares it with the bytes in use
+  // then, less what vramledger reserved, for the memory the shim never saw (cuMemAlloc, ...).
+  std::array<std::atomic<std::int64_t>, kMaxDevices> baseline_used_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<void*, LiveBlock> live_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---- Reports (preload_report.cc) ----
+
+/// Writes <dump_dir>/vramledger-preload-pid<P>-<tag>.json (snapshot) and .txt (summary), and
+/// prints the summary unless VRAMLEDGER_PRELOAD_QUIET is set. Pre: no allocator lock held by
+/// this thread. Never throws.
+void WriteDump(Preload& p, const std::string& tag);
+
+/// Writes the refusal report to <dump_dir>/vramledger-preload-pid<P>-refusal-<n>.txt (the first
+/// max_dumps of them; the guard's forensic snapshot is named in the text). Never throws.
+void WriteRefusalReport(Preload& p, std::int64_t n, absl::string_view report);
+
+}  // namespace vramledger::preload
+
+#endif  // VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
