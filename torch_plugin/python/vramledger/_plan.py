@@ -14,6 +14,8 @@ import re
 import sys
 from typing import Any
 
+from vramledger import _cli_shared
+
 GB = 1e9
 GIB = 1 << 30
 MIB = 1 << 20
@@ -506,8 +508,7 @@ def check_flags(args) -> None:
     """Refuses out-of-range numeric flags before any estimate, with or without --out, and an
     --out that cannot be written (empty, a directory, in a missing directory)."""
     if args.out is not None:
-        from vramledger import _snapshot_cli  # the output checks of replay, inspect, convert
-        _snapshot_cli.check_output("--out", args.out, PlanError)
+        _cli_shared.check_output("--out", args.out, PlanError)  # as replay, inspect, convert
     for flag, minimum in _INT_FLAGS:
         value = getattr(args, flag)
         if value is not None and value < minimum:

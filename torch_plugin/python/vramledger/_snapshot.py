@@ -44,8 +44,9 @@ class SnapshotFormatError(ValueError):
     expected."""
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Loads plain values only; refuses every class, so a crafted file cannot run code."""
+class PlainUnpickler(pickle.Unpickler):
+    """Loads plain values only; refuses every class, so a crafted file cannot run code. The one
+    snapshot unpickler of the package (load_snapshot, and replay's reading of a pickle)."""
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(
@@ -285,7 +286,7 @@ def load_snapshot(path: str) -> dict:
         if raw[1:2] and raw[1] > 4:
             raise _fail(path, f"pickle protocol {raw[1]} (torch's viewer reads 2-4 only)")
         try:
-            data = _PlainUnpickler(io.BytesIO(raw)).load()
+            data = PlainUnpickler(io.BytesIO(raw)).load()
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
                 AttributeError, KeyError, MemoryError, OverflowError, RecursionError) as e:
             raise _fail(path, f"truncated or corrupt pickle ({type(e).__name__}: {e})") from e
