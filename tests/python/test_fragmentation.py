@@ -292,7 +292,7 @@ def test_fragmentation_of_a_device_that_has_not_allocated_is_zeros():
 
 @needs_plugin
 def test_benchmarks_read_the_host_time_the_plugin_reports():
-    """benchmarks/gpu/train_compare.allocator_host_us, which the step-time scripts difference per
+    """benchmarks/gpu/checks/train_compare.allocator_host_us, which the step-time scripts difference per
     step, reads fragmentation()["host_time"]: here against the simulated device."""
     gpu_scripts = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu")
     (before, after, host) = run(f"""

@@ -15,7 +15,7 @@ Checks, each printed as a PASS/FAIL line with its evidence:
   3. contiguous segments: with vramledger.contiguous_segments() (if this build has it) the tensor
      sits in a single-handle segment (cuMemGetAddressRange covers exactly one allocation).
 
-Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
+Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as run.sh sets them):
   python two_gpu_check.py [--json OUT.json]
 Exit status: 0 when every check passed, 1 otherwise, 2 when fewer than two GPUs exist.
 """

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "checks"))
 from train_compare import HostTimePerStep, calibrate, host_share_over_rounds  # noqa: E402
 
 RESULT = "RESULT_JSON "

@@ -24,8 +24,8 @@ initialisation), 10 steps by default. In the "small" scenario every step uses th
 sequence, so that the first allocation past the limit comes in the forward pass of the model
 code (whose line the message must name).
 
-Usage (on the GPU machine, the plugin built and the package importable, as run_h200.sh sets up):
-  python benchmarks/gpu/guard_check.py [--model gpt2|llama1b] [--out DIR] [--steps N]
+Usage (on the GPU machine, the plugin built and the package importable, as run.sh sets up):
+  python benchmarks/gpu/checks/guard_check.py [--model gpt2|llama1b] [--out DIR] [--steps N]
 Writes DIR/guard_check.json (every scenario in full) and prints a summary; exit status 0 when
 every check passed, 1 otherwise.
 """
@@ -51,7 +51,7 @@ LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers":
                 "vocab_size": 32000, "hidden_act": "silu", "tie_word_embeddings": False,
                 "max_position_embeddings": 4096}
 DEFAULT_STEPS = {"gpt2": 5, "llama1b": 10}
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))  # the repository
 
 
 def build_model():

@@ -72,6 +72,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(HERE, "..", "checks"))  # train_compare (workloads_compare)
 from inprocess_stats import HEADER, fresh_triples, modes_for, pooled, report, schedule  # noqa: E402
 
 RESULT = "RESULT_JSON "

@@ -25,9 +25,9 @@ Checks (issue 4, "Proof on the H200"):
   compile_reduce_overhead  the same with mode="reduce-overhead" (cudagraph trees): runs, or fails
                            with an error whose first line is reported.
 
-Usage (GPU machine; see run_checks.sh):
+Usage (GPU machine; see run.sh):
   VRAMLEDGER_PLUGIN=.devbuild/lib/libvramledger_plugin.so PYTHONPATH=torch_plugin/python \\
-      /opt/torch/.venv/bin/python3 benchmarks/gpu/streams_compile_check.py --out $OUT/streams
+      /opt/torch/.venv/bin/python3 benchmarks/gpu/checks/streams_compile_check.py --out $OUT/streams
 With --out, writes DIR/streams_compile_check.json, DIR/streams_compile_table.txt and one log per
 child (DIR/<check>.<allocator>.log). The two compile checks run their native and vramledger
 children side by side (--serial to run them one after the other); the rest run one at a time.
