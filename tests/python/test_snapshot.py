@@ -26,7 +26,7 @@ TORCH_SNAPSHOTS = [FIXTURES / "snapshot-native.pickle", FIXTURES / "snapshot-exp
                    ROOT / "traces" / "snapshot-gpt2m-native.pickle.gz"]
 GPT2_TRACE = ROOT / "traces" / "trace-gpt2m-native.csv.gz"
 MIB = 1 << 20
-# PYTORCH-FACTS §4.4/§4.5: the opcodes pytorch.org/memory_viz's pickle decoder accepts.
+# docs/design/torch-facts.md §6.4: the opcodes pytorch.org/memory_viz's pickle decoder accepts.
 VIEWER_OPCODES = {"PROTO", "FRAME", "MEMOIZE", "BINGET", "LONG_BINGET", "EMPTY_DICT",
                   "EMPTY_LIST", "MARK", "SETITEMS", "SETITEM", "APPEND", "APPENDS",
                   "SHORT_BINUNICODE", "BINUNICODE", "BININT", "BININT1", "BININT2", "LONG1",

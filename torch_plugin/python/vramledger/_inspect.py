@@ -194,7 +194,7 @@ _ROWS = (("Allocated memory", "allocated_bytes", True), ("Active memory", "activ
          ("Non-releasable allocs", "inactive_split", False))
 
 
-# Stats torch leaves at 0 with expandable segments (PYTORCH-FACTS §3), so their peak is unknown.
+# Stats torch leaves at 0 with expandable segments (docs/design/torch-facts.md §5): peak unknown.
 _NOT_KEPT_WITH_EXPANDABLE = ("segment", "inactive_split", "inactive_split_bytes")
 
 
