@@ -348,7 +348,7 @@ def test_timeline_errors(tmp_path, args, message):
 def test_gpu_lag_keeps_the_checkpointed_trace_within_one_percent():
     """--gpu-lag-us: fences complete 20 ms of trace time late; the allocator queries them (it
     never needs to with a GPU that keeps up), takes handles back onto old mappings, and the
-    checkpointed trace stays within 1.01 (expandable-segments.md, "Old mappings kept")."""
+    checkpointed trace stays within 1.01 (docs/design/page-recycling.md, "Recycling")."""
     trace = TRACES / "trace-llama1b-ckpt-native.csv.gz"
     now, _ = replay_json(trace, "--conf", "expandable_segments:True")
     late, _ = replay_json(trace, "--conf", "expandable_segments:True", "--gpu-lag-us", "20000")

@@ -298,7 +298,7 @@ def main() -> int:
                          f"{[round(x, 4) for x in r['round_median_step_s']]}")
     # Which steps raised the peak of allocated memory, and by how much (the running peak after
     # each step over the one before): a step that raises it past 1.01 x cannot be served with no
-    # driver call at 1.01 (expandable-segments.md, "Session 11").
+    # driver call at 1.01 (docs/design/expandable-segments.md, "What it does not do").
     for r in rows:
         peaks = r.get("peak_allocated_after_step")
         if peaks and len(peaks) > 3:
