@@ -1,4 +1,4 @@
-"""Issue 3 from Python: vramledger.contiguous_segments() and vramledger.fragmentation() on the
+"""Expandable-segment figures from Python: vramledger.contiguous_segments() and vramledger.fragmentation() on the
 plugin's simulated device (vramledger_testing_use_sim_backend; no GPU).
 
 Each case runs in a fresh interpreter: the simulated device table and the options can be set once

@@ -185,7 +185,7 @@ def main() -> int:
                                                    "libvramledger_preload.so"),
                     help="the preload library for the shim modes")
     ap.add_argument("--target", type=float, default=1.03,
-                    help="ratio to native the verdict is about (issue 7: 1.03, issue 3: 1.02)")
+                    help="ratio to native the verdict is about (1.03 for the shim, 1.02 for the allocator)")
     ap.add_argument("--pool", nargs="+", metavar="JSON",
                     help="no GPU run: pool the rounds of earlier --json outputs and print the "
                          "table over all of them")

@@ -1,6 +1,6 @@
-"""GPU proof of issue 3: the three workloads of capture.py under three allocators.
+"""The three traced workloads (GPT-2-medium, Llama-1B, Llama-1B checkpointed) under three allocators.
 
-Workloads (../shared/device-examples/capture.py, random weights, bf16 autocast, AdamW lr 1e-4, a
+Workloads (as the runs behind traces/ were recorded: random weights, bf16 autocast, AdamW lr 1e-4, a
 new random sequence length every step, seeds random.seed(0), torch.manual_seed(0)):
   gpt2m         GPT-2 24 layers, hidden 1024, 16 heads; batch 8, seq U[128,1024], 12 steps
   llama1b       Llama 22 layers, hidden 2048, MLP 5632, 32/4 heads; batch 4, seq U[256,2048], 10 steps

@@ -1,4 +1,4 @@
-"""GPU check of issue 3's per-allocation opt-out: vramledger.contiguous_segments() and
+"""GPU check of the per-allocation opt-out from expandable segments: vramledger.contiguous_segments() and
 vramledger.fragmentation() on a real device.
 
 Installs vramledger with expandable_segments:True, allocates tensors outside the scope (they land

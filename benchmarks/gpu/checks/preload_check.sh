@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 on the H200: GPT-2-medium training (train_compare.py's unmodified native child) with and
+# The LD_PRELOAD shim on the H200: GPT-2-medium training (train_compare.py's unmodified native child) with and
 # without the LD_PRELOAD shim, then a cudaMalloc-only CUDA C++ program under the shim,
 # then the driver-API program. Usage: benchmarks/gpu/checks/preload_check.sh [PRELOAD_SO] (default: the
 # installed package's copy, else .devbuild/lib's). Env: REPEATS (3 interleaved pairs), STEPS (10).
@@ -45,7 +45,7 @@ ratios.sort()
 med = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
 print(f"step ratio shim/native, median of {len(ratios)} interleaved pairs: {med:.3f} "
       f"({(med - 1) * 100:+.1f}%): no verdict, whole processes of one script differ by up to 20% "
-      "here (docs/design/step-time-measurement.md); issue 7's 3% is judged inside one process "
+      "here (docs/design/step-time-measurement.md); the shim's step time is judged inside one process "
       "by inprocess_ab.py --shim --lengths steady")
 summ = glob.glob(f"{out}/dumps/vramledger-preload-*-exit.txt"); snap = glob.glob(f"{out}/dumps/vramledger-preload-*-exit.json")
 print("exit summary:", summ, "snapshot:", snap)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 on the H200, "a plan 20% too small": GPT-2-medium training (train_compare.py's unmodified
+# The LD_PRELOAD shim under "a plan 20% too small": GPT-2-medium training (train_compare.py's unmodified
 # native child) under the LD_PRELOAD shim with a plan whose limit is 80% of the peak measured
 # without the shim must fail with torch's OutOfMemoryError, and the shim's refusal report (written
 # to the dump directory) must name the plan line and the Python frame that asked.

@@ -1,4 +1,4 @@
-"""GPU proof of issue 5: memory history, snapshots torch's viewers open, OOM forensics, overhead.
+"""Memory history on a GPU: snapshots torch's viewers open, OOM forensics, overhead.
 
 Runs, each in its own process (install() must precede CUDA's initialisation):
   forensics  vramledger installed with dump_dir=OUT/dumps, max_dumps=3 and history on: allocates

@@ -1,4 +1,4 @@
-"""Issue 4 on a GPU: streams, the synchronized OOM retry, a record_stream soak and torch.compile,
+"""Streams, the synchronized OOM retry, a record_stream soak and torch.compile,
 each under torch's native allocator and under vramledger, each in its own process.
 
 Every check runs in a fresh child process per allocator (`--child CHECK --allocator A`):
@@ -6,7 +6,7 @@ vramledger.install() must come before CUDA's initialisation, and a failed captur
 must not poison the checks after it. The parent prints one table row per check:
 `check | native | vramledger | verdict`, with the figures that back the verdict.
 
-Checks (issue 4, "Proof on the H200"):
+Checks:
   record_stream            producer stream writes a pattern into fresh 1 MiB tensors, a slow
                            consumer stream (torch.cuda._sleep) verifies it 1,000 times; with
                            record_stream 0 mismatches, without it the canary shows the early reuse

@@ -1,4 +1,4 @@
-"""Issue 4 on a GPU: torch's memory API, CUDA graphs, torch.compile, OOM observers and DataLoader
+"""torch's integration on a GPU: its memory API, CUDA graphs, torch.compile, OOM observers and DataLoader
 workers under vramledger. Prints one table row per check; exit status 1 if any failed.
 
     PYTHONPATH=torch_plugin/python VRAMLEDGER_PLUGIN=build-i/torch_plugin/lib/libvramledger_plugin.so \

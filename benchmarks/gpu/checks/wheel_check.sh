@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves the vramledger wheel (issue 4 item 5): `pip wheel .` builds the C++ libraries, the _core
+# Proves the vramledger wheel: `pip wheel .` builds the C++ libraries, the _core
 # module and the torch plugin against the installed torch, and the wheel installed into a fresh
 # environment runs with nothing but itself (and torch) providing its libraries.
 #

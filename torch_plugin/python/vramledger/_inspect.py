@@ -205,7 +205,7 @@ def peak_text(d: dict, key: str, pool: str, show) -> str:
     peak = (d["stats"] or {}).get(f"{key}.{pool}.peak")
     kind = d.get("expandable", "none")
     if key in _NOT_KEPT_WITH_EXPANDABLE and kind == "all":
-        return "n/a *"  # a 0 peak under a nonzero Cur misled (a new user's finding)
+        return "n/a *"  # a 0 peak under a nonzero Cur misled
     if peak is None:
         return "n/a"
     return f"{show(peak)} *" if key in _NOT_KEPT_WITH_EXPANDABLE and kind == "some" else show(peak)

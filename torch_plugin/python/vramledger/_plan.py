@@ -25,8 +25,8 @@ CATEGORIES = ("weights", "gradients", "optimizer", "activations", "workspace", "
 
 # Activation bytes per token per transformer layer under bf16/fp16 autocast with fp32 weights and
 # fused (SDPA) attention: H_COEF * hidden + MLP_COEF[mlp] * intermediate. Calibrated on the
-# measured H200 runs (GPT-2-medium and Llama-1B; ../shared/reference/h200-baselines.jsonl,
-# outside this repository); see the note.
+# measured H200 runs (GPT-2-medium and Llama-1B, the runs behind traces/); see
+# docs/design/memory-planner.md.
 H_COEF = 31.5
 MLP_COEF = {"gelu-tanh": 16.0, "gated": 8.0, "gelu": 4.0}
 FP32_ACTIVATION_FACTOR = 1.75  # fp32 training: not measured (docs/design/memory-planner.md)

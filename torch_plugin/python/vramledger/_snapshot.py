@@ -222,7 +222,7 @@ def write_atomically(data: bytes, path: str) -> None:
     """Writes `data` to `path` whole or not at all: a temporary file beside it, then os.replace.
     A symbolic link is written through (its target is replaced), and a path that is not a regular
     file (/dev/null, a FIFO) is written directly: replacing it would put a regular file where a
-    device node was (a breaking helper's finding, as root).
+    device node was (as root, /dev/null itself).
 
     Raises:
       OSError: the file cannot be written. ValueError: a NUL byte in `path`.

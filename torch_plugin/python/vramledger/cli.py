@@ -307,7 +307,7 @@ def _replay(args: argparse.Namespace) -> int:
     _snapshot_cli.check_replay_snapshot_args(args)  # before the replay, which --snapshot repeats
     for flag, out in (("--timeline", args.timeline), ("--plot", args.plot),
                       ("--snapshot", args.snapshot)):
-        # Before the replay: a bad one found after it left the others written (a breaker's find).
+        # Before the replay: a bad one found after it left the others written.
         if out is not None:
             _cli_shared.check_output(flag, out)
     if args.plot:  # before the replay, so a wrong name costs no replay
@@ -341,7 +341,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     _write_timeline(args, result)
 
-    if args.snapshot:  # issue 5: the replayed allocator's snapshot at peak or end
+    if args.snapshot:  # the replayed allocator's snapshot at peak or end
         result["snapshot"] = _snapshot_cli.write_replay_snapshot(args, core, capacity)
     for warning in _warnings(result, is_snapshot, args):
         print(f"vramledger: warning: {warning}", file=sys.stderr)
@@ -395,8 +395,8 @@ def _parser() -> argparse.ArgumentParser:
     _snapshot_cli.add_replay_snapshot_args(replay)
     replay.set_defaults(run=_replay)
     _snapshot_cli.register(commands, CliError)
-    _guard_cli.register(commands, CliError)  # issue 6
-    _run_cli.register(commands, CliError)  # issue 7
+    _guard_cli.register(commands, CliError)
+    _run_cli.register(commands, CliError)
     return parser
 
 
@@ -412,8 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `vramledger replay ... | head`
         sys.stderr.close()
         return 0
-    # Safety nets for what a command did not turn into a CliError itself (a breaking helper's
-    # findings: tracebacks on a 100,000-deep JSON file, a 1e308 parameter count, a full disk).
+    # Safety nets for what a command did not turn into a CliError itself (inputs that gave
+    # tracebacks: a 100,000-deep JSON file, a 1e308 parameter count, a full disk).
     except RecursionError:
         print("vramledger: error: the input is nested too deeply to read or write",
               file=sys.stderr)
