@@ -2,7 +2,8 @@
 # The one runner of the GPU checks (checks/: each passes or fails) and benchmarks (bench/: each
 # prints figures): `prepare` builds here what the H200 machine runs; the run mode prints one table.
 #
-#   here:  bash benchmarks/gpu/run.sh prepare        (WHEEL=1: also .devbuild/wheeldeps)
+#   here:  bash benchmarks/gpu/run.sh prepare        (WHEEL=1: also .devbuild/wheeldeps;
+#          PREBUILT=build-ci: copy from a tree built with tests and benchmarks, no second build)
 #   GPU:   device run, carry [".devbuild/lib"] (and ".devbuild/wheeldeps" for the wheel check),
 #          command: bash benchmarks/gpu/run.sh [ITEM ...]    (kind nvidia-h200-x2 for `multi`)
 #
@@ -80,13 +81,15 @@ PY
 prepare() {
   set -e
   local py="${PYTHON:-$ROOT/.venv/bin/python}"
-  local build="$ROOT/.devbuild/build"
-  # One build tree, with the tests on for the C++ GPU test; only the targets the run needs.
-  cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
-    -DVRAMLEDGER_BUILD_TESTS=ON -DVRAMLEDGER_BUILD_BENCHMARKS=ON -DVRAMLEDGER_BUILD_PYTHON=OFF \
-    >/dev/null
-  ninja -C "$build" vramledger_plugin vramledger_native vramledger_preload \
-    vramledger_driver_api_alloc vramledger_host_cost_bench vramledger_allocator_swap "$GPU_TEST"
+  local build="${PREBUILT:-$ROOT/.devbuild/build}"
+  if [ -z "${PREBUILT:-}" ]; then
+    # One build tree, with the tests on for the C++ GPU test; only the targets the run needs.
+    cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
+      -DVRAMLEDGER_BUILD_TESTS=ON -DVRAMLEDGER_BUILD_BENCHMARKS=ON -DVRAMLEDGER_BUILD_PYTHON=OFF \
+      >/dev/null
+    ninja -C "$build" vramledger_plugin vramledger_native vramledger_preload \
+      vramledger_driver_api_alloc vramledger_host_cost_bench vramledger_allocator_swap "$GPU_TEST"
+  fi  # else a tree already built with tests and benchmarks (scripts/test.sh's build-ci/)
   rm -rf "$LIBDIR"
   mkdir -p "$LIBDIR"
   # The pluggable plugin, the torch-native allocator (install(mode="native"), found beside the
@@ -103,6 +106,8 @@ prepare() {
   find "$build" -name 'libabsl_*.so.*' -not -path '*/CMakeFiles/*' -exec cp -n {} "$LIBDIR/" \;
   ldd "$LIBDIR/$GPU_TEST" | awk '/libabsl_|libgtest|libgmock/ {print $3}' |
     xargs -r -I{} cp -n {} "$LIBDIR/"
+  # Debug info stays here: the carried folder must stay under the device call's 64 MiB.
+  find "$LIBDIR" -type f -exec strip --strip-debug {} \;
   echo "--- $PLUGIN"
   readelf -d "$PLUGIN" | grep -E 'NEEDED|RPATH|RUNPATH'
   # Every NEEDED library outside torch's and the system's must sit beside the plugin.
