@@ -59,6 +59,7 @@ GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native streams compile contiguous snapshot guard
         preload preload_plan wheel multi"
 BENCH="workloads kernels ab inprocess hostcost"
+CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
 

@@ -54,6 +54,19 @@ def test_the_runner_runs_every_check_and_benchmark():
     assert not missing, f"run.sh does not run {missing}"
 
 
+@pytest.mark.parametrize("item", ["guard", "preload", "multi", "hostcost", "checks", "bench"])
+def test_the_runner_knows_every_item(item, tmp_path):
+    """An item name passes the runner's check; it then stops, since its copy's tree has no
+    prepared plugin."""
+    runner = tmp_path / "benchmarks" / "gpu" / "run.sh"
+    runner.parent.mkdir(parents=True)
+    runner.write_text((GPU / "run.sh").read_text())
+    proc = subprocess.run(["bash", str(runner), item], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    assert "no item" not in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and "is missing" in proc.stdout, proc.stdout
+
+
 def test_the_runner_refuses_an_unknown_item_and_prints_its_usage():
     proc = subprocess.run(["bash", str(GPU / "run.sh"), "unti"], capture_output=True, text=True)
     assert proc.returncode == 2 and "no item 'unti'" in proc.stdout
