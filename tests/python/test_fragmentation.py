@@ -292,9 +292,9 @@ def test_fragmentation_of_a_device_that_has_not_allocated_is_zeros():
 
 @needs_plugin
 def test_benchmarks_read_the_host_time_the_plugin_reports():
-    """benchmarks/gpu/checks/train_compare.allocator_host_us, which the step-time scripts difference per
-    step, reads fragmentation()["host_time"]: here against the simulated device."""
-    gpu_scripts = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu")
+    """benchmarks/gpu/checks/train_compare.allocator_host_us, which the step-time scripts
+    difference per step, reads fragmentation()["host_time"]: here against the simulated device."""
+    gpu_scripts = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu", "checks")
     (before, after, host) = run(f"""
         sys.path.insert(0, {os.path.abspath(gpu_scripts)!r})
         from train_compare import allocator_host_us
