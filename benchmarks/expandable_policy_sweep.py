@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Steady-state measurement for expandable segments: replays bundled training traces on the
-# simulated H200 under several option strings and prints the issue-3 figures side by side.
+# simulated H200 under several option strings and prints the expandable-segment figures side by side.
 """Replays bundled traces (default ``trace-gpt2m-native`` and ``trace-llama1b-native``; ``--trace``
 names others, e.g. ``llama1b-ckpt`` or ``gpt2m-prefetch``) on SimBackend for each ``--conf``
 (default: a small set of expandable-segment configurations) and prints one Markdown row per

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does a repeated training step settle? Replays a trace whose one step is repeated (issue 3).
+"""Does a repeated training step settle? Replays a trace whose one step is repeated.
 
 A run at a fixed sequence length makes the same requests in every step, so an allocator that
 settles maps and unmaps nothing once it has seen the step. This builds a trace from a bundled one:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything vramledger needs on a fresh Debian 12 machine (apt + a project venv);
-# scripts/build.sh then builds the C++ tree and installs the Python package into .venv.
+# scripts/run_main.sh then installs the Python package; scripts/build.sh builds the C++ tree too.
 # Idempotent: re-running skips what is already there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -21,7 +21,7 @@ REQUIRED_KEYS = {"events", "peak_allocated_bytes", "peak_requested_bytes", "peak
                  "utilization", "recorded_peak_reserved_bytes", "recorded_utilization",
                  "driver_calls", "modeled_driver_us"}
 MIB = 1 << 20
-# Issue 2's max_split_size scenario: 300 MiB, free, 250 MiB, 300 MiB.
+# A max_split_size scenario: 300 MiB, free, 250 MiB, 300 MiB.
 MAX_SPLIT_TRACE = ("action,addr,size,stream,time_us\n"
                    f"alloc,1073741824,{300 * MIB},0,1\n"
                    f"free_completed,1073741824,{300 * MIB},0,2\n"
@@ -201,7 +201,7 @@ def test_main_returns_the_status_in_process(capsys, monkeypatch):
     assert "vramledger: error:" in capsys.readouterr().err
 
 
-# ---- issue 3: timeline, plot, fragmentation, steps, driver time ----
+# ---- timeline, plot, fragmentation, steps, driver time ----
 
 TIMELINE_HEADER = ("event,line,time_us,allocated_bytes,reserved_bytes,wasted_bytes,"
                    "requested_bytes,recorded_reserved_bytes,driver_us")
@@ -226,7 +226,7 @@ def test_gpt2_expandable_timeline_plot_and_json(tmp_path):
     result, stderr = replay_json(GPT2_TRACE, "--conf", "expandable_segments:True",
                                  "--timeline", csv_path, *plot)
     assert stderr == ""
-    # Issue 3's target on the GPT-2 trace; the replay still serves every request as torch did.
+    # The utilization target (0.99) on the GPT-2 trace; the replay still serves every request as torch did.
     assert result["utilization"] >= 0.99
     assert result["peak_requested_bytes"] == 27_105_552_624
     assert result["page_moves"] > 0
@@ -348,7 +348,7 @@ def test_timeline_errors(tmp_path, args, message):
 def test_gpu_lag_keeps_the_checkpointed_trace_within_one_percent():
     """--gpu-lag-us: fences complete 20 ms of trace time late; the allocator queries them (it
     never needs to with a GPU that keeps up), takes handles back onto old mappings, and the
-    checkpointed trace stays within 1.01 (expandable-segments.md, "Old mappings kept")."""
+    checkpointed trace stays within 1.01 (docs/design/page-recycling.md, "Recycling")."""
     trace = TRACES / "trace-llama1b-ckpt-native.csv.gz"
     now, _ = replay_json(trace, "--conf", "expandable_segments:True")
     late, _ = replay_json(trace, "--conf", "expandable_segments:True", "--gpu-lag-us", "20000")
@@ -400,8 +400,8 @@ def test_run_blames_a_missing_or_bad_plan_on_the_flag(tmp_path):
             proc.stderr
         assert "Traceback" not in proc.stderr and "VRAMLEDGER_CONF" not in proc.stderr
         assert not marker.exists()
-        # The same plan given as a --conf option is blamed on --conf (it was blamed on
-        # VRAMLEDGER_CONF by the shim, a breaker's finding).
+        # The same plan given as a --conf option is blamed on --conf, where the user wrote it
+        # (the shim, reading VRAMLEDGER_CONF, would name the variable).
         proc, _ = _run_with_fake_shim(tmp_path, "--conf", f"plan:{plan}", "--", "touch", marker)
         assert proc.returncode == 2, proc.stderr
         assert "vramledger: error: run: --conf: option 'plan': " in proc.stderr, proc.stderr
@@ -411,7 +411,7 @@ def test_run_blames_a_missing_or_bad_plan_on_the_flag(tmp_path):
 
 def test_run_names_where_a_bad_option_came_from(tmp_path):
     """A bad key in --conf is blamed on --conf, one in the environment on VRAMLEDGER_CONF,
-    before the command runs (a new user saw `--conf bogus:1` blamed on the variable)."""
+    before the command runs: the user must be told which of the two to fix."""
     marker = tmp_path / "ran"
     proc, _ = _run_with_fake_shim(tmp_path, "--conf", "bogus:1", "--", "touch", marker)
     assert proc.returncode != 0
@@ -548,7 +548,7 @@ def test_replay_warns_that_it_ignores_plan_and_step_log(tmp_path):
 
 def test_replay_warns_of_flags_and_settings_it_does_not_use(tmp_path):
     """dump_dir, --at / --max-entries without --snapshot and PYTORCH_CUDA_ALLOC_CONF were
-    ignored without a word (a new user's finding)."""
+    ignored without a word."""
     trace = tmp_path / "split.csv"
     trace.write_text(MAX_SPLIT_TRACE)
     proc = run_cli("replay", trace, "--conf", "dump_dir:/x,max_dumps:2", "--at", "end",
@@ -578,7 +578,7 @@ def test_replay_out_of_memory_names_the_flag_to_try():
 
 def test_replay_of_an_expandable_recording_suggests_expandable_segments():
     """A trace torch recorded with expandable segments, replayed with torch's defaults, compares
-    unlike things: the warning says so and how to compare like with like (a new user's finding)."""
+    unlike things: the warning says so and how to compare like with like."""
     trace = ROOT / "traces" / "trace-gpt2m-prefetch-expandable.csv.gz"
     proc = run_cli("replay", trace, "--json")
     assert proc.returncode == 0, proc.stderr

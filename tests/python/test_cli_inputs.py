@@ -1,6 +1,5 @@
 """Bad inputs to the CLI and the Python API that used to end in a traceback, a wrong file or a
-wrong figure (a breaking helper's findings, session 12): each now gives a clear error or the
-right output."""
+wrong figure: each gives a clear error or the right output."""
 
 import gzip
 import json
@@ -260,7 +259,7 @@ def test_a_snapshot_goes_through_a_pipe():
 
 def test_an_empty_output_name_is_an_error(tmp_path):
     """`--timeline ''` and the like were taken as no flag and wrote nothing; convert to '' said
-    "No such file" (a breaker's finding)."""
+    "No such file"."""
     for args, flag in ((("replay", GPT2_TRACE, "--timeline", ""), "--timeline"),
                        (("replay", GPT2_TRACE, "--plot", ""), "--plot"),
                        (("replay", GPT2_TRACE, "--snapshot", ""), "--snapshot"),

@@ -1,4 +1,4 @@
-"""Issue 3 from Python: vramledger.contiguous_segments() and vramledger.fragmentation() on the
+"""Expandable-segment figures from Python: vramledger.contiguous_segments() and vramledger.fragmentation() on the
 plugin's simulated device (vramledger_testing_use_sim_backend; no GPU).
 
 Each case runs in a fresh interpreter: the simulated device table and the options can be set once
@@ -292,9 +292,9 @@ def test_fragmentation_of_a_device_that_has_not_allocated_is_zeros():
 
 @needs_plugin
 def test_benchmarks_read_the_host_time_the_plugin_reports():
-    """benchmarks/gpu/train_compare.allocator_host_us, which the step-time scripts difference per
-    step, reads fragmentation()["host_time"]: here against the simulated device."""
-    gpu_scripts = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu")
+    """benchmarks/gpu/checks/train_compare.allocator_host_us, which the step-time scripts
+    difference per step, reads fragmentation()["host_time"]: here against the simulated device."""
+    gpu_scripts = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu", "checks")
     (before, after, host) = run(f"""
         sys.path.insert(0, {os.path.abspath(gpu_scripts)!r})
         from train_compare import allocator_host_us

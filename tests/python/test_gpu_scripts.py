@@ -1,8 +1,8 @@
-"""The GPU proof scripts (benchmarks/gpu/) run only on the GPU machine, where a syntax error costs
-a device call: here every Python script must compile, every shell script must parse (bash -n),
-and the argparse-based ones must print their usage without a GPU; the figures the scripts
-compute from runs (paired step ratio, step_ab's verdict and pooling) are checked on made-up
-runs."""
+"""The GPU scripts (benchmarks/gpu/: run.sh, checks/, bench/) run only on the GPU machine, where
+a syntax error costs a device call: here every Python script must compile, every shell script
+must parse (bash -n), the argparse-based ones must print their usage without a GPU, and the
+runner must name every check and benchmark; the figures the scripts compute from runs (paired
+step ratio, step_ab's verdict and pooling) are checked on made-up runs."""
 
 from __future__ import annotations
 
@@ -16,17 +16,20 @@ import sys
 import pytest
 
 GPU = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
-WITH_HELP = ("ddp_check", "guard_check", "inprocess_ab", "snapshot_check", "step_ab",
-             "streams_compile_check", "torch_integration_check", "train_compare", "two_gpu_check",
-             "vmm_kernel_probe", "workloads_compare")
+STEP_AB_PY = GPU / "bench" / "step_ab.py"
+TRAIN_COMPARE_PY = GPU / "checks" / "train_compare.py"
+WITH_HELP = ("checks/ddp_check", "checks/guard_check", "checks/snapshot_check",
+             "checks/streams_compile_check", "checks/torch_integration_check",
+             "checks/train_compare", "checks/two_gpu_check", "bench/inprocess_ab", "bench/step_ab",
+             "bench/vmm_kernel_time", "bench/workloads_compare")
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in GPU.glob("*.py")))
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(GPU)) for p in GPU.rglob("*.py")))
 def test_python_script_compiles(script, tmp_path):
     py_compile.compile(str(GPU / script), cfile=str(tmp_path / "x.pyc"), doraise=True)
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in GPU.glob("*.sh")))
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(GPU)) for p in GPU.rglob("*.sh")))
 def test_shell_script_parses(script):
     proc = subprocess.run(["bash", "-n", str(GPU / script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -40,10 +43,42 @@ def test_usage_without_a_gpu(name):
     assert "usage:" in proc.stdout
 
 
+def test_the_runner_runs_every_check_and_benchmark():
+    """run.sh names every script of checks/ and bench/ (inprocess_stats.py is inprocess_ab.py's
+    library, train_compare.py also the benchmarks'), so a new check cannot be left out of it."""
+    runner = (GPU / "run.sh").read_text()
+    scripts = [p for p in (GPU / "checks").iterdir() if p.suffix in (".py", ".sh")]
+    scripts += [p for p in (GPU / "bench").glob("*.py") if p.name != "inprocess_stats.py"]
+    assert len(scripts) == 16, scripts  # 12 checks, 4 benchmarks
+    missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
+    assert not missing, f"run.sh does not run {missing}"
+
+
+@pytest.mark.parametrize("item", ["guard", "preload", "multi", "hostcost", "checks", "bench"])
+def test_the_runner_knows_every_item(item, tmp_path):
+    """An item name passes the runner's check; it then stops, since its copy's tree has no
+    prepared plugin."""
+    runner = tmp_path / "benchmarks" / "gpu" / "run.sh"
+    runner.parent.mkdir(parents=True)
+    runner.write_text((GPU / "run.sh").read_text())
+    proc = subprocess.run(["bash", str(runner), item], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    assert "no item" not in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and "is missing" in proc.stdout, proc.stdout
+
+
+def test_the_runner_refuses_an_unknown_item_and_prints_its_usage():
+    proc = subprocess.run(["bash", str(GPU / "run.sh"), "unti"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "no item 'unti'" in proc.stdout
+    proc = subprocess.run(["bash", str(GPU / "run.sh"), "--help"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and "bash benchmarks/gpu/run.sh prepare" in proc.stdout
+
+
 def _workloads_compare():
     import importlib.util
     spec = importlib.util.spec_from_file_location("workloads_compare",
-                                                  GPU / "workloads_compare.py")
+                                                  GPU / "bench" / "workloads_compare.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # imports only the standard library at the top
     return module
@@ -69,7 +104,7 @@ def test_paired_step_ratio_needs_two_steps():
 
 def _step_ab():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("step_ab", GPU / "step_ab.py")
+    spec = importlib.util.spec_from_file_location("step_ab", STEP_AB_PY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # imports only the standard library at the top
     return module
@@ -121,7 +156,7 @@ def test_step_ab_pools_earlier_outputs(tmp_path):
     a.write_text(json.dumps({"rounds": _rounds([1.00, 1.01])}))
     b.write_text(json.dumps({"rounds": _rounds([1.02, 0.99, 1.00])}))
     out = tmp_path / "pooled.json"
-    proc = subprocess.run([sys.executable, str(GPU / "step_ab.py"), "--pool", str(a), str(b),
+    proc = subprocess.run([sys.executable, str(STEP_AB_PY), "--pool", str(a), str(b),
                            "--json", str(out)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "| shim | 5 |" in proc.stdout
@@ -133,14 +168,14 @@ def test_step_ab_pools_earlier_outputs(tmp_path):
 def test_step_ab_pool_names_a_bad_file(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"verdicts": {}}))
-    proc = subprocess.run([sys.executable, str(GPU / "step_ab.py"), "--pool", str(bad)],
+    proc = subprocess.run([sys.executable, str(STEP_AB_PY), "--pool", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert f"--pool {bad}: not a step_ab --json output (KeyError" in proc.stderr
 
 
 def test_step_ab_refuses_an_unknown_mode():
-    proc = subprocess.run([sys.executable, str(GPU / "step_ab.py"), "--modes", "native,shmi"],
+    proc = subprocess.run([sys.executable, str(STEP_AB_PY), "--modes", "native,shmi"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--modes: unknown mode(s) shmi (known: native, plugin, shim," in proc.stderr
@@ -176,7 +211,7 @@ def test_workloads_calibrated_step_ratio():
 
 def _train_compare():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("train_compare", GPU / "train_compare.py")
+    spec = importlib.util.spec_from_file_location("train_compare", TRAIN_COMPARE_PY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # imports only the standard library at the top
     return module
@@ -242,7 +277,7 @@ def test_calibrate_runs_on_a_stand_in_for_cuda():
     import time as time_module
     import types
 
-    spec = importlib.util.spec_from_file_location("train_compare", GPU / "train_compare.py")
+    spec = importlib.util.spec_from_file_location("train_compare", TRAIN_COMPARE_PY)
     tc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tc)
 

@@ -1,4 +1,4 @@
-# Tests of issue 6 from Python: `vramledger plan` on the GPT-2-medium and Llama-1B shapes (against the
+# Tests of the budget guard and planner from Python: `vramledger plan` on the GPT-2-medium and Llama-1B shapes (against the
 # measured H200 peaks), the 7B and LoRA lines, `vramledger report` on synthetic step logs, plan file
 # errors through the Python loader, and tags / steps through the plugin on a simulated device.
 """Budget guard, planner and report tests (CPU only; plugin tests skip without the library)."""
@@ -17,7 +17,7 @@ from vramledger import _guard, _plan, _plugin, _report
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GB = 1e9
 GIB = 1 << 30
-# Measured on the H200 (shared reference/h200-baselines.jsonl, native allocator, bf16 autocast,
+# Measured on the H200 (the runs behind traces/, native allocator, bf16 autocast,
 # AdamW): peak allocated bytes; the runs' longest sequences were 977 (GPT-2) and 1955 (Llama).
 GPT2M_PARAMS, GPT2M_PEAK = 354_823_168, 27_129_146_368
 LLAMA1B_PARAMS, LLAMA1B_PEAK, LLAMA1B_CKPT_PEAK = 1_100_048_384, 37_032_076_800, 22_090_008_064

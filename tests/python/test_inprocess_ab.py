@@ -1,4 +1,4 @@
-"""benchmarks/gpu/inprocess_ab.py without a GPU: its schedule, statistics, pooling and table
+"""benchmarks/gpu/bench/inprocess_ab.py without a GPU: its schedule, statistics, pooling and table
 (inprocess_stats.py, made-up groups with known ratios), and the allocator-swap helper
 (allocator_swap.cc) against torch's own view of its current allocator."""
 
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-GPU = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+GPU = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "bench"
 sys.path.insert(0, str(GPU))
 import inprocess_stats as st  # noqa: E402  (standard library only)
 
@@ -199,7 +199,7 @@ def test_pool_from_the_command_line(tmp_path):
 
 
 def _swap_library_path():
-    root = GPU.parents[1]
+    root = GPU.parents[2]
     for build in ("build-ci", "build"):
         path = root / build / "torch_plugin" / "lib" / "libvramledger_allocator_swap.so"
         if path.exists():

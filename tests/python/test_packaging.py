@@ -1,4 +1,4 @@
-# Tests of the packaging (issue 4 item 5): `vramledger --version` from the one version number,
+# Tests of the packaging: `vramledger --version` from the one version number,
 # and the _core module's loader path (DT_RPATH $ORIGIN, every Abseil library beside it).
 """Packaging tests: the version the command prints and where _core's Abseil libraries load from."""
 

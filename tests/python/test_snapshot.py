@@ -1,4 +1,4 @@
-# Tests of snapshots (issue 5): inspect / convert / diff on torch's own snapshots and ours, the
+# Tests of snapshots: inspect / convert / diff on torch's own snapshots and ours, the
 # pickle's opcodes, round trips, replay --snapshot, torch's _memory_viz reading our files, and
 # the history's Python stacks and record modes on a simulated device (vramledger._core).
 """Snapshot files, the snapshot subcommands and the memory history, on a machine without a GPU."""
@@ -26,7 +26,7 @@ TORCH_SNAPSHOTS = [FIXTURES / "snapshot-native.pickle", FIXTURES / "snapshot-exp
                    ROOT / "traces" / "snapshot-gpt2m-native.pickle.gz"]
 GPT2_TRACE = ROOT / "traces" / "trace-gpt2m-native.csv.gz"
 MIB = 1 << 20
-# PYTORCH-FACTS §4.4/§4.5: the opcodes pytorch.org/memory_viz's pickle decoder accepts.
+# docs/design/torch-facts.md §6.4: the opcodes pytorch.org/memory_viz's pickle decoder accepts.
 VIEWER_OPCODES = {"PROTO", "FRAME", "MEMOIZE", "BINGET", "LONG_BINGET", "EMPTY_DICT",
                   "EMPTY_LIST", "MARK", "SETITEMS", "SETITEM", "APPEND", "APPENDS",
                   "SHORT_BINUNICODE", "BINUNICODE", "BININT", "BININT1", "BININT2", "LONG1",
@@ -266,8 +266,8 @@ def test_convert_pickle_json_pickle_round_trips_to_the_same_dict(tmp_path, path)
 
 
 def test_convert_reads_suffixes_in_any_case(tmp_path):
-    """OUT.JSON was written as a pickle and OUT.JSON.GZ as an uncompressed one (a breaker's
-    finding): the format follows the suffix whatever its case, as replay's input does."""
+    """OUT.JSON was written as a pickle and OUT.JSON.GZ as an uncompressed one (the suffix was
+    matched case-sensitively): the format follows the suffix whatever its case, as replay's input does."""
     original = load_raw(TORCH_SNAPSHOTS[0])
     upper, upper_gz = tmp_path / "S.JSON", tmp_path / "S.Json.GZ"
     assert run_cli("convert", TORCH_SNAPSHOTS[0], upper).returncode == 0
@@ -551,7 +551,7 @@ def test_plugin_records_python_frames_and_dumps(tmp_path):
 
 def test_inspect_header_writes_no_limit_and_no_context_in_words():
     """A replay's snapshot keeps every entry (max_entries INT64_MAX) and records no stacks: the
-    header says so instead of printing the raw values (a new user's finding)."""
+    header says so instead of printing the raw values."""
     from vramledger import _inspect
     text = _inspect.format_summary(
         {"origin": "vramledger", "devices": [],
@@ -591,8 +591,7 @@ def test_inspect_marks_the_stats_torch_does_not_keep_with_expandable_segments(tm
 
 
 def test_inspect_keeps_the_plain_segments_peak_beside_expandable_ones():
-    """Beside contiguous (plain) segments the stat's peak is real: shown, marked, not n/a (a
-    reviewer's finding)."""
+    """Beside contiguous (plain) segments the stat's peak is real: shown, marked, not n/a."""
     d = {"expandable": "some", "stats": {"segment.all.peak": 3}}
     assert _inspect.peak_text(d, "segment", "all", str) == "3 *"
     assert _inspect.peak_text(d, "allocated_bytes", "all", str) == "n/a"  # not in the stats

@@ -1,4 +1,4 @@
-"""torch's memory API answered by vramledger (issue 4): memory_summary's layout byte for byte
+"""torch's memory API answered by vramledger: memory_summary's layout byte for byte
 against torch 2.11's recorded sample, the nested stats, torch patching, OOM observers' Python side.
 """
 

@@ -21,12 +21,11 @@ import threading
 from typing import Any
 
 from vramledger import _options, _plugin, _summary
-from vramledger._snapshot import dump_snapshot, record_memory_history, snapshot  # issue 5
-from vramledger._guard import phase, step, step_scope, tag  # issue 6: budget guard
-from vramledger import _guard  # issue 6
-from vramledger import _fragmentation  # issue 3
-from vramledger._fragmentation import contiguous_segments, fragmentation  # issue 3
-
+from vramledger._snapshot import dump_snapshot, record_memory_history, snapshot
+from vramledger._guard import phase, step, step_scope, tag  # budget guard
+from vramledger import _guard
+from vramledger import _fragmentation
+from vramledger._fragmentation import contiguous_segments, fragmentation
 __version__ = "0.1.0"
 
 __all__ = [
@@ -46,11 +45,11 @@ __all__ = [
     "record_memory_history",
     "snapshot",
     "dump_snapshot",
-    "tag",  # issue 6
+    "tag",
     "phase",
     "step",
     "step_scope",
-    "contiguous_segments",  # issue 3
+    "contiguous_segments",
     "fragmentation",
 ]
 
@@ -121,7 +120,7 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
                 f"{_ENV_CONF}={env!r}, mode {mode!r})")
         _plugin.load()  # RuntimeError if the plugin or torch is missing; imports torch
         _plugin.configure(conf)
-        _guard.on_install(options, env)  # issue 6: stack provider; the plan is checked early
+        _guard.on_install(options, env)  # stack provider; the plan is checked early
         import torch
 
         if not torch.cuda.is_available():
@@ -134,7 +133,7 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
                 "allocator can no longer be replaced. Call vramledger.install() before the first "
                 "CUDA tensor or torch.cuda call (at the top of the program, before the model is "
                 "moved to the GPU).")
-        _plugin.set_oom_observer(_call_oom_observers)  # issue 4: observers run before the throw
+        _plugin.set_oom_observer(_call_oom_observers)  # observers run before the throw
         if mode == "native":
             from vramledger import _native
 
@@ -234,9 +233,9 @@ def _device_index(device: Any) -> int:
 def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     """torch.cuda.memory_stats() for vramledger: every key torch reports, with its meaning
     (bytes or counts, ints), plus "utilization" (float: peak allocated / peak reserved) and
-    "largest_free_block_bytes"; sorted by key. Per-tag bytes (issue 6): "tags.<name>.current" and
+    "largest_free_block_bytes"; sorted by key. Per-tag bytes: "tags.<name>.current" and
     "tags.<name>.peak" (requested bytes), "guard.refusals", "guard.warnings", "guard.limit_bytes".
-    Fragmentation (issue 3): "fragmentation.<field>" for the scalar figures of fragmentation()
+    Fragmentation: "fragmentation.<field>" for the scalar figures of fragmentation()
     (holes, largest_free_block, free_space_fragmentation, wasted_bytes_at_peak, ...).
 
     Raises:
@@ -245,8 +244,8 @@ def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     _require_installed()
     index = _device_index(device)
     stats = _plugin.memory_stats(index)
-    stats.update(_guard.tag_stats(index))  # issue 6: "tags.<name>.current" / ".peak", "guard.*"
-    stats.update(_fragmentation.fragmentation_stats(index))  # issue 3: "fragmentation.*"
+    stats.update(_guard.tag_stats(index))  # "tags.<name>.current" / ".peak", "guard.*"
+    stats.update(_fragmentation.fragmentation_stats(index))  # "fragmentation.*"
     return collections.OrderedDict(sorted(stats.items()))
 
 
@@ -295,7 +294,7 @@ def reset_peak_memory_stats(device: Any = None) -> None:
     """Every peak statistic of `device` becomes its current value."""
     _require_installed()
     _plugin.reset_peak(_device_index(device))
-    _guard.reset_tag_peaks(_device_index(device))  # issue 6: tag peaks too
+    _guard.reset_tag_peaks(_device_index(device))  # tag peaks too
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:

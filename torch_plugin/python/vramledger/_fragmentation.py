@@ -1,4 +1,4 @@
-# Issue 3 for the Python package: the contiguous_segments() scope and the fragmentation figures,
+# Expandable segments' figures for the Python package: the contiguous_segments() scope and the fragmentation figures,
 # over the plugin's C ABI (torch_plugin/plugin.h). The scope's depth is per OS thread, in the
 # plugin; this module keeps no state besides the ctypes declarations.
 """Per-allocation opt-out of expandable segments, and fragmentation figures.
@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 __all__ = ["contiguous_segments", "fragmentation", "fragmentation_stats"]
 
-# Fragmentation fields that memory_stats() carries as "fragmentation.<field>" (issue 3).
+# Fragmentation fields that memory_stats() carries as "fragmentation.<field>".
 STATS_FIELDS = (
     "utilization",
     "wasted_bytes",
@@ -37,7 +37,7 @@ STATS_FIELDS = (
     "driver_time_us_total",
 )
 
-_declared: Any = None  # the plugin library whose issue-3 functions have their ctypes types
+_declared: Any = None  # the plugin library whose fragmentation functions have their ctypes types
 
 
 def _lib() -> ctypes.CDLL:

@@ -1,4 +1,4 @@
-"""The budget guard from Python (issue 6): tags, the phase, steps, per-tag stats, plan checks.
+"""The budget guard from Python: tags, the phase, steps, per-tag stats, plan checks.
 
 Tags and the phase are plain ids in the plugin (torch_plugin/guard_api.h): `tag()` sets the calling
 thread's tag, `phase()` the process-wide one used by threads without their own tag (autograd's).

@@ -1,4 +1,4 @@
-"""The issue-6 subcommands of `vramledger`: `plan` (memory estimate and plan file, _plan.py) and
+"""The planning subcommands of `vramledger`: `plan` (memory estimate and plan file, _plan.py) and
 `report` (per-rank peaks from step logs, _report.py). Registered by cli.py."""
 
 from __future__ import annotations

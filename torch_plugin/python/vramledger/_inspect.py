@@ -194,7 +194,7 @@ _ROWS = (("Allocated memory", "allocated_bytes", True), ("Active memory", "activ
          ("Non-releasable allocs", "inactive_split", False))
 
 
-# Stats torch leaves at 0 with expandable segments (PYTORCH-FACTS §3), so their peak is unknown.
+# Stats torch leaves at 0 with expandable segments (docs/design/torch-facts.md §5): peak unknown.
 _NOT_KEPT_WITH_EXPANDABLE = ("segment", "inactive_split", "inactive_split_bytes")
 
 
@@ -205,7 +205,7 @@ def peak_text(d: dict, key: str, pool: str, show) -> str:
     peak = (d["stats"] or {}).get(f"{key}.{pool}.peak")
     kind = d.get("expandable", "none")
     if key in _NOT_KEPT_WITH_EXPANDABLE and kind == "all":
-        return "n/a *"  # a 0 peak under a nonzero Cur misled (a new user's finding)
+        return "n/a *"  # a 0 peak under a nonzero Cur misled
     if peak is None:
         return "n/a"
     return f"{show(peak)} *" if key in _NOT_KEPT_WITH_EXPANDABLE and kind == "some" else show(peak)

@@ -40,7 +40,7 @@ def torch_version() -> str:
 def check_torch_version(built: str, running: str) -> None:
     """Raises RuntimeError naming both versions unless `built` == `running` ("MAJOR.MINOR"):
     torch's CUDAAllocator interface changes between minors, and a library built against another
-    one would call the wrong virtual functions (PYTORCH-FACTS §1.9)."""
+    one would call the wrong virtual functions (docs/design/torch-facts.md §3)."""
     if built != running:
         raise RuntimeError(
             f"vramledger: {NATIVE_NAME} was built against torch {built}, but torch {running} is "

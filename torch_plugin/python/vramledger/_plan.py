@@ -14,6 +14,8 @@ import re
 import sys
 from typing import Any
 
+from vramledger import _cli_shared
+
 GB = 1e9
 GIB = 1 << 30
 MIB = 1 << 20
@@ -23,8 +25,8 @@ CATEGORIES = ("weights", "gradients", "optimizer", "activations", "workspace", "
 
 # Activation bytes per token per transformer layer under bf16/fp16 autocast with fp32 weights and
 # fused (SDPA) attention: H_COEF * hidden + MLP_COEF[mlp] * intermediate. Calibrated on the
-# measured H200 runs (GPT-2-medium and Llama-1B; ../shared/reference/h200-baselines.jsonl,
-# outside this repository); see the note.
+# measured H200 runs (GPT-2-medium and Llama-1B, the runs behind traces/); see
+# docs/design/memory-planner.md.
 H_COEF = 31.5
 MLP_COEF = {"gelu-tanh": 16.0, "gated": 8.0, "gelu": 4.0}
 FP32_ACTIVATION_FACTOR = 1.75  # fp32 training: not measured (docs/design/memory-planner.md)
@@ -506,8 +508,7 @@ def check_flags(args) -> None:
     """Refuses out-of-range numeric flags before any estimate, with or without --out, and an
     --out that cannot be written (empty, a directory, in a missing directory)."""
     if args.out is not None:
-        from vramledger import _snapshot_cli  # the output checks of replay, inspect, convert
-        _snapshot_cli.check_output("--out", args.out, PlanError)
+        _cli_shared.check_output("--out", args.out, PlanError)  # as replay, inspect, convert
     for flag, minimum in _INT_FLAGS:
         value = getattr(args, flag)
         if value is not None and value < minimum:

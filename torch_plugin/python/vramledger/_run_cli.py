@@ -1,4 +1,4 @@
-"""`vramledger run [options] -- COMMAND` (issue 7): runs an unmodified program with the LD_PRELOAD
+"""`vramledger run [options] -- COMMAND`: runs an unmodified program with the LD_PRELOAD
 shim libvramledger_preload.so (found beside this package, or $VRAMLEDGER_PRELOAD) and VRAMLEDGER_CONF."""
 
 from __future__ import annotations

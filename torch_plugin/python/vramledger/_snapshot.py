@@ -44,8 +44,9 @@ class SnapshotFormatError(ValueError):
     expected."""
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Loads plain values only; refuses every class, so a crafted file cannot run code."""
+class PlainUnpickler(pickle.Unpickler):
+    """Loads plain values only; refuses every class, so a crafted file cannot run code. The one
+    snapshot unpickler of the package (load_snapshot, and replay's reading of a pickle)."""
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(
@@ -221,7 +222,7 @@ def write_atomically(data: bytes, path: str) -> None:
     """Writes `data` to `path` whole or not at all: a temporary file beside it, then os.replace.
     A symbolic link is written through (its target is replaced), and a path that is not a regular
     file (/dev/null, a FIFO) is written directly: replacing it would put a regular file where a
-    device node was (a breaking helper's finding, as root).
+    device node was (as root, /dev/null itself).
 
     Raises:
       OSError: the file cannot be written. ValueError: a NUL byte in `path`.
@@ -285,7 +286,7 @@ def load_snapshot(path: str) -> dict:
         if raw[1:2] and raw[1] > 4:
             raise _fail(path, f"pickle protocol {raw[1]} (torch's viewer reads 2-4 only)")
         try:
-            data = _PlainUnpickler(io.BytesIO(raw)).load()
+            data = PlainUnpickler(io.BytesIO(raw)).load()
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
                 AttributeError, KeyError, MemoryError, OverflowError, RecursionError) as e:
             raise _fail(path, f"truncated or corrupt pickle ({type(e).__name__}: {e})") from e

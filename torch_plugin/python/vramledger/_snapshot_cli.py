@@ -20,9 +20,10 @@ import os
 import sys
 from typing import Any, Callable
 
-from vramledger import _inspect, _snapshot, _timeline
+from vramledger import _cli_shared, _inspect, _snapshot, _timeline
+from vramledger._cli_shared import check_output
 
-_error: Callable[[str], Exception] = RuntimeError  # replaced by register()
+_error: Callable[[str], Exception] = _cli_shared.CliError  # register() may replace it
 
 
 def _load(path: str) -> dict:
@@ -42,22 +43,6 @@ def _write(snap: dict, path: str) -> None:
                      f"{getattr(e, 'strerror', None) or e}") from e
     except RecursionError as e:
         raise _error(f"{path}: cannot write the snapshot: a value is nested too deeply") from e
-
-
-def check_output(flag: str, out: str, error: Callable[[str], Exception] | None = None) -> None:
-    """Raises `error` (default: the CLI error) naming `flag` when `out` cannot be the name of a
-    file to write: empty (it was taken as no flag), a directory, or in a directory that does not
-    exist (through a link's target). Called before any work, so a bad name costs no replay,
-    report or plan (replay, inspect, convert, plan)."""
-    error = error or _error
-    if not out:
-        raise error(f"{flag} '': give a file name")
-    target = os.path.realpath(out)  # a link's target (which may not exist yet)
-    if os.path.isdir(target) or out.endswith(os.sep):
-        raise error(f"{flag} {out}: is a directory; give a file name")
-    parent = os.path.dirname(target)
-    if not os.path.isdir(parent):
-        raise error(f"{flag} {out}: no such directory: {parent}")
 
 
 def _kind(path: str) -> str:
@@ -208,11 +193,9 @@ def write_replay_snapshot(args: argparse.Namespace, core: Any, capacity: int) ->
     events_replayed, line, reserved_bytes}. check_replay_snapshot_args has checked the flags."""
     path = args.trace
     try:
-        from vramledger import cli
-
-        if cli._is_snapshot(path):  # a snapshot, pickle or JSON: its device's trace
-
-            events = cli._snapshot_events(path, cli._load_snapshot(path), args.device)
+        if _cli_shared.is_snapshot(path):  # a snapshot, pickle or JSON: its device's trace
+            events = _cli_shared.snapshot_events(path, _cli_shared.load_snapshot(path),
+                                                 args.device)
             snap = core.replay_snapshot_events(
                 events, args.conf, capacity, source=f"{path}:device_traces[{args.device}]",
                 at=args.at, max_entries=args.max_entries, gpu_lag_us=args.gpu_lag_us)

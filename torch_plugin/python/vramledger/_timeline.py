@@ -85,8 +85,8 @@ def plot(text: str, path: str, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
     try:
-        # The band between allocated and reserved is the waste (a new user found waste drawn up
-        # from zero hard to read: it covered the allocated line).
+        # The band between allocated and reserved is the waste (waste drawn up from zero
+        # covered the allocated line and was hard to read).
         ax.fill_between(x, gib("allocated_bytes"), gib("reserved_bytes"), step="post",
                         color="tab:red", alpha=0.25,
                         label="wasted, replay (reserved - allocated, between the lines)")

@@ -21,32 +21,21 @@ when the planned peak does not fit the card, ``report --fail-on-flag`` when a ra
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import pickle
 import sys
-import zlib
-from typing import Any, Sequence
+from typing import Sequence
 
-from vramledger import _snapshot_cli  # issue 5: inspect, convert, diff, replay --snapshot
-from vramledger import _guard_cli  # issue 6: plan, report
-from vramledger import _run_cli  # issue 7: run (LD_PRELOAD shim)
-from vramledger import _timeline  # issue 3: replay --timeline / --plot
+from vramledger import _cli_shared
+from vramledger import _snapshot_cli  # inspect, convert, diff, replay --snapshot
+from vramledger import _guard_cli  # plan, report
+from vramledger import _run_cli  # run (LD_PRELOAD shim)
+from vramledger import _timeline  # replay --timeline / --plot
+from vramledger._cli_shared import CliError
 
 _GIB = 1 << 30
 _H200_TOTAL_BYTES = 150109880320  # torch's total_memory of the H200 the bundled traces ran on
-_PICKLE_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
-_JSON_SUFFIXES = (".json", ".json.gz")  # a snapshot as JSON (replay --snapshot, convert write it)
 _INT64_MAX = (1 << 63) - 1  # the C++ binding's std::int64_t (sample_every, gpu_lag_us)
-# The ranges of replay_events' (action, addr, size, stream, time_us) tuple (tools/python_module.cc:
-# std::uint64_t addr, size and stream; std::int64_t time_us), as [low, high).
-_EVENT_FIELDS = (("addr", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
-                 ("size", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
-                 ("stream", 0, 1 << 64, "an integer from 0 to 2**64 - 1"),
-                 ("time_us", -(1 << 62) + 1, 1 << 62,
-                  "an integer strictly between -2**62 and 2**62 (two such times differ by less "
-                  "than 2**63)"))
 # Options the replay parses but never acts on: the guard and the step logs run in the torch
 # plugin (vramledger.install) or the LD_PRELOAD shim (vramledger run), not in the simulation.
 _IGNORED_BY_REPLAY = {"plan": "it neither loads nor enforces plan files",
@@ -55,22 +44,9 @@ _IGNORED_BY_REPLAY = {"plan": "it neither loads nor enforces plan files",
                       "max_dumps": "it writes no out-of-memory dumps (it stops at the error)"}
 
 
-class CliError(Exception):
-    """An error to print as ``vramledger: error: <message>`` (exit status 2)."""
-
-
 class _ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse calls this and expects no return
         raise CliError(f"{message} (see {self.prog} --help)")
-
-
-class _SnapshotUnpickler(pickle.Unpickler):
-    """Loads a torch snapshot (plain dicts, lists, numbers, strings) and refuses any class, so a
-    crafted file cannot run code."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(
-            f"refusing to load {module}.{name}: a torch memory snapshot holds plain values only")
 
 
 def _core():
@@ -90,70 +66,6 @@ def _utf8(value: str, what: str) -> str:
     except UnicodeEncodeError as e:
         raise CliError(f"{what} is not valid UTF-8 at character {e.start + 1}: {value!r}") from e
     return value
-
-
-def _is_snapshot(path: str) -> bool:
-    """A torch memory snapshot (pickle or JSON) by its name; anything else is a trace CSV."""
-    return path.lower().endswith(_PICKLE_SUFFIXES + _JSON_SUFFIXES)
-
-
-def _load_snapshot(path: str) -> dict:
-    if path.lower().endswith(_JSON_SUFFIXES):
-        from vramledger import _snapshot
-
-        try:
-            return _snapshot.load_snapshot(path)  # validated: segments and device_traces lists
-        except _snapshot.SnapshotFormatError as e:
-            raise CliError(f"{e!s:.300}") from e  # names the file itself
-        except (ValueError, OSError, RecursionError) as e:
-            raise CliError(f"{path}: cannot read the snapshot: {e!s:.300}") from e
-    opener = gzip.open if path.lower().endswith(".gz") else open
-    try:
-        with opener(path, "rb") as f:
-            snapshot = _SnapshotUnpickler(f).load()
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, IndexError,
-            AttributeError, KeyError, RecursionError, MemoryError, OverflowError,
-            zlib.error) as e:  # a malformed pickle or gzip stream: any of these
-        raise CliError(f"{path}: cannot read the snapshot pickle: {e!s:.200}") from e
-    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
-        raise CliError(f"{path}: not a torch memory snapshot (no 'device_traces' list)")
-    return snapshot
-
-
-def _snapshot_events(path: str, snapshot: dict, device: int) -> list[tuple]:
-    """The trace entries of `device` as (action, addr, size, stream, time_us) tuples, each field
-    checked against the range the C++ binding takes (_EVENT_FIELDS)."""
-    traces = snapshot["device_traces"]
-    if not 0 <= device < len(traces):
-        raise CliError(f"{path}: no device {device} in device_traces "
-                       f"(it has {len(traces)} device(s))")
-    where = f"{path}: device_traces[{device}]"
-    if not isinstance(traces[device], list):
-        raise CliError(f"{where} must be a list of trace entries (dicts), "
-                       f"got {traces[device]!r:.60}")
-    events = []
-    for i, entry in enumerate(traces[device], 1):
-        if not isinstance(entry, dict):
-            raise CliError(f"{where} entry {i}: must be a dict, got {entry!r:.60}")
-        if "action" not in entry:
-            raise CliError(f"{where} entry {i}: no 'action'")
-        action = entry["action"]
-        if not isinstance(action, str) or not action.isascii():  # the binding takes a UTF-8 str
-            raise CliError(f"{where} entry {i}: 'action' must be a trace action name, "
-                           f"got {action!r:.60}")
-        values = []
-        for key, low, high, what in _EVENT_FIELDS:
-            # An `oom` entry carries the device's free bytes in `device_free` instead of `addr`.
-            if key == "addr" and entry["action"] == "oom":
-                key = "device_free"
-                if key not in entry:
-                    raise CliError(f"{where} entry {i}: an 'oom' entry without 'device_free'")
-            value = entry.get(key, 0)
-            if type(value) is not int or not low <= value < high:  # bool is no integer here
-                raise CliError(f"{where} entry {i}: '{key}' must be {what}, got {value!r:.60}")
-            values.append(value)
-        events.append((str(entry["action"]), *values))
-    return events
 
 
 def _snapshot_figures(path: str, snapshot: dict, device: int) -> dict:
@@ -395,9 +307,9 @@ def _replay(args: argparse.Namespace) -> int:
     _snapshot_cli.check_replay_snapshot_args(args)  # before the replay, which --snapshot repeats
     for flag, out in (("--timeline", args.timeline), ("--plot", args.plot),
                       ("--snapshot", args.snapshot)):
-        # Before the replay: a bad one found after it left the others written (a breaker's find).
+        # Before the replay: a bad one found after it left the others written.
         if out is not None:
-            _snapshot_cli.check_output(flag, out)
+            _cli_shared.check_output(flag, out)
     if args.plot:  # before the replay, so a wrong name costs no replay
         try:
             _timeline.plot_format(args.plot)
@@ -408,7 +320,7 @@ def _replay(args: argparse.Namespace) -> int:
     path = _utf8(args.trace, "TRACE")
     _utf8(args.conf, "--conf")
     _utf8(os.environ.get("VRAMLEDGER_CONF", ""), "VRAMLEDGER_CONF")
-    is_snapshot = _is_snapshot(path)
+    is_snapshot = _cli_shared.is_snapshot(path)
     if args.device < 0:
         raise CliError(f"--device must be a device index (0 or more), got {args.device}")
     if args.device != 0 and not is_snapshot:
@@ -416,8 +328,8 @@ def _replay(args: argparse.Namespace) -> int:
                        "selects a device only in a torch snapshot")
     try:
         if is_snapshot:
-            snapshot = _load_snapshot(path)
-            events = _snapshot_events(path, snapshot, args.device)
+            snapshot = _cli_shared.load_snapshot(path)
+            events = _cli_shared.snapshot_events(path, snapshot, args.device)
             figures = _snapshot_figures(path, snapshot, args.device)
             result = core.replay_events(events, args.conf, capacity,
                                         source=f"{path}:device_traces[{args.device}]", **timeline)
@@ -429,7 +341,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     _write_timeline(args, result)
 
-    if args.snapshot:  # issue 5: the replayed allocator's snapshot at peak or end
+    if args.snapshot:  # the replayed allocator's snapshot at peak or end
         result["snapshot"] = _snapshot_cli.write_replay_snapshot(args, core, capacity)
     for warning in _warnings(result, is_snapshot, args):
         print(f"vramledger: warning: {warning}", file=sys.stderr)
@@ -483,8 +395,8 @@ def _parser() -> argparse.ArgumentParser:
     _snapshot_cli.add_replay_snapshot_args(replay)
     replay.set_defaults(run=_replay)
     _snapshot_cli.register(commands, CliError)
-    _guard_cli.register(commands, CliError)  # issue 6
-    _run_cli.register(commands, CliError)  # issue 7
+    _guard_cli.register(commands, CliError)
+    _run_cli.register(commands, CliError)
     return parser
 
 
@@ -500,8 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `vramledger replay ... | head`
         sys.stderr.close()
         return 0
-    # Safety nets for what a command did not turn into a CliError itself (a breaking helper's
-    # findings: tracebacks on a 100,000-deep JSON file, a 1e308 parameter count, a full disk).
+    # Safety nets for what a command did not turn into a CliError itself (inputs that gave
+    # tracebacks: a 100,000-deep JSON file, a 1e308 parameter count, a full disk).
     except RecursionError:
         print("vramledger: error: the input is nested too deeply to read or write",
               file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Issue 4 on a GPU: streams, the synchronized OOM retry, a record_stream soak and torch.compile,
+"""Streams, the synchronized OOM retry, a record_stream soak and torch.compile,
 each under torch's native allocator and under vramledger, each in its own process.
 
 Every check runs in a fresh child process per allocator (`--child CHECK --allocator A`):
@@ -6,7 +6,7 @@ vramledger.install() must come before CUDA's initialisation, and a failed captur
 must not poison the checks after it. The parent prints one table row per check:
 `check | native | vramledger | verdict`, with the figures that back the verdict.
 
-Checks (issue 4, "Proof on the H200"):
+Checks:
   record_stream            producer stream writes a pattern into fresh 1 MiB tensors, a slow
                            consumer stream (torch.cuda._sleep) verifies it 1,000 times; with
                            record_stream 0 mismatches, without it the canary shows the early reuse
@@ -25,9 +25,9 @@ Checks (issue 4, "Proof on the H200"):
   compile_reduce_overhead  the same with mode="reduce-overhead" (cudagraph trees): runs, or fails
                            with an error whose first line is reported.
 
-Usage (GPU machine; see run_checks.sh):
+Usage (GPU machine; see run.sh):
   VRAMLEDGER_PLUGIN=.devbuild/lib/libvramledger_plugin.so PYTHONPATH=torch_plugin/python \\
-      /opt/torch/.venv/bin/python3 benchmarks/gpu/streams_compile_check.py --out $OUT/streams
+      /opt/torch/.venv/bin/python3 benchmarks/gpu/checks/streams_compile_check.py --out $OUT/streams
 With --out, writes DIR/streams_compile_check.json, DIR/streams_compile_table.txt and one log per
 child (DIR/<check>.<allocator>.log). The two compile checks run their native and vramledger
 children side by side (--serial to run them one after the other); the rest run one at a time.

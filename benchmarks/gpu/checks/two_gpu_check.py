@@ -1,4 +1,4 @@
-"""Issue 8, one process driving two GPUs under vramledger (expandable segments on).
+"""Several GPUs: one process driving two GPUs under vramledger (expandable segments on).
 
 Checks, each printed as a PASS/FAIL line with its evidence:
   1. empty_cache across devices: a ~200 ms kernel (torch.cuda._sleep, then fill_) writes a 1 GiB
@@ -15,7 +15,7 @@ Checks, each printed as a PASS/FAIL line with its evidence:
   3. contiguous segments: with vramledger.contiguous_segments() (if this build has it) the tensor
      sits in a single-handle segment (cuMemGetAddressRange covers exactly one allocation).
 
-Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
+Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as run.sh sets them):
   python two_gpu_check.py [--json OUT.json]
 Exit status: 0 when every check passed, 1 otherwise, 2 when fewer than two GPUs exist.
 """
@@ -178,7 +178,7 @@ def main() -> int:
           f"{before0 / GiB:.3f} -> {after0 / GiB:.3f} GiB")
     del keep0, keep1
 
-    # ---- 3: contiguous segments (issue 3's scope), when this build has it.
+    # ---- 3: contiguous segments (one handle per segment), when this build has it.
     if hasattr(vramledger, "contiguous_segments"):
         torch.cuda.set_device(0)
         with vramledger.contiguous_segments():

@@ -1,8 +1,8 @@
-"""Issue 4 on a GPU: torch's memory API, CUDA graphs, torch.compile, OOM observers and DataLoader
+"""torch's integration on a GPU: its memory API, CUDA graphs, torch.compile, OOM observers and DataLoader
 workers under vramledger. Prints one table row per check; exit status 1 if any failed.
 
     PYTHONPATH=torch_plugin/python VRAMLEDGER_PLUGIN=build-i/torch_plugin/lib/libvramledger_plugin.so \
-        .venv/bin/python benchmarks/gpu/torch_integration_check.py
+        .venv/bin/python benchmarks/gpu/checks/torch_integration_check.py
 
 `--mode native` runs every check with vramledger installed as torch's own CUDAAllocator
 (install(mode="native"), torch's functions unpatched) and adds the checks of torch's own

@@ -1,4 +1,4 @@
-"""GPU proof of issue 2: GPT-2-medium training under torch's native allocator and under vramledger.
+"""GPT-2-medium training under torch's native allocator and under vramledger.
 
 Trains a GPT-2-medium-shaped model (transformers GPT2Config: 24 layers, hidden 1024, 16 heads,
 vocab 50257; random weights) with bf16 autocast and AdamW (lr 1e-4), batch 8, sequence lengths

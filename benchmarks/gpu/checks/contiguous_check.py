@@ -1,4 +1,4 @@
-"""GPU check of issue 3's per-allocation opt-out: vramledger.contiguous_segments() and
+"""GPU check of the per-allocation opt-out from expandable segments: vramledger.contiguous_segments() and
 vramledger.fragmentation() on a real device.
 
 Installs vramledger with expandable_segments:True, allocates tensors outside the scope (they land
@@ -11,10 +11,10 @@ an expandable one as many distinct ranges as it has handles. cuMemRetainAllocati
 on the first byte too (it answers only for VMM-mapped memory). Then prints
 vramledger.fragmentation() (figures and the driver calls made, measured).
 
-Usage on the GPU machine (plugin built here with `benchmarks/gpu/run_h200.sh prepare`, carry
+Usage on the GPU machine (plugin built here with `benchmarks/gpu/run.sh prepare`, carry
 .devbuild/lib):
   VRAMLEDGER_PLUGIN=.devbuild/lib/libvramledger_plugin.so PYTHONPATH=torch_plugin/python \
-      /opt/torch/.venv/bin/python3 benchmarks/gpu/contiguous_check.py
+      /opt/torch/.venv/bin/python3 benchmarks/gpu/checks/contiguous_check.py
 Exit status: 0 when every check passed, 1 when one failed, 2 when CUDA or the plugin is missing.
 """
 

@@ -9,7 +9,7 @@ pool hooks (begin/end allocate to pool, release pool). This probe trains a 4-lay
 steps that way, under vramledger (install()) and under torch's native allocator, each in its own
 process, and prints the losses, the later step time and PASS when both ran and agree (1e-2).
 
-Usage (GPU machine): python compile_graphs_probe.py
+Usage (GPU machine): python compile_graphs_check.py
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> int:
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                            capture_output=True, text=True)
     if probe.stdout.strip() != "True":
-        print("compile_graphs_probe: no CUDA device (torch.cuda.is_available() is not True)")
+        print("compile_graphs_check: no CUDA device (torch.cuda.is_available() is not True)")
         return 2
     results = {}
     for allocator in ("native", "vramledger"):

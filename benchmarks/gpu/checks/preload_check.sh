@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 7 on the H200: GPT-2-medium training (train_compare.py's unmodified native child) with and
+# The LD_PRELOAD shim on the H200: GPT-2-medium training (train_compare.py's unmodified native child) with and
 # without the LD_PRELOAD shim, then a cudaMalloc-only CUDA C++ program under the shim,
-# then the driver-API program. Usage: benchmarks/gpu/preload_check.sh [PRELOAD_SO] (default: the
+# then the driver-API program. Usage: benchmarks/gpu/checks/preload_check.sh [PRELOAD_SO] (default: the
 # installed package's copy, else .devbuild/lib's). Env: REPEATS (3 interleaved pairs), STEPS (10).
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 PY=${PYTHON:-python}
 SO=${1:-$($PY -c 'import os, vramledger; print(os.path.join(os.path.dirname(vramledger.__file__), "libvramledger_preload.so"))')}
-[ -f "$SO" ] || SO=$PWD/.devbuild/lib/libvramledger_preload.so  # run_h200.sh prepare's copy
+[ -f "$SO" ] || SO=$PWD/.devbuild/lib/libvramledger_preload.so  # run.sh prepare's copy
 OUT=${OUT:-/tmp/preload_check}; rm -rf "$OUT"; mkdir -p "$OUT/dumps"
 STEPS=${STEPS:-10}
 # Step time varies between runs of the same script (native alone ranged 190-253 ms), so the runs
@@ -17,10 +17,10 @@ STEPS=${STEPS:-10}
 REPEATS=${REPEATS:-3}
 for i in $(seq 1 "$REPEATS"); do
   sfx=$([ "$i" = 1 ] && echo "" || echo "$i")
-  echo "== without shim ($i/$REPEATS)"; $PY benchmarks/gpu/train_compare.py --child native --steps "$STEPS" > "$OUT/native$sfx.txt" 2>&1 || { tail -30 "$OUT/native$sfx.txt"; exit 2; }
+  echo "== without shim ($i/$REPEATS)"; $PY benchmarks/gpu/checks/train_compare.py --child native --steps "$STEPS" > "$OUT/native$sfx.txt" 2>&1 || { tail -30 "$OUT/native$sfx.txt"; exit 2; }
   dumps="$OUT/dumps"; [ "$i" = 1 ] || dumps="$OUT/dumps_r$i"
   echo "== under shim ($i/$REPEATS)"; VRAMLEDGER_PRELOAD_QUIET=1 VRAMLEDGER_CONF="dump_dir:$dumps,expandable_segments:True" LD_PRELOAD="$SO" \
-    $PY benchmarks/gpu/train_compare.py --child native --steps "$STEPS" > "$OUT/shim$sfx.txt" 2>&1 || { tail -30 "$OUT/shim$sfx.txt"; exit 2; }
+    $PY benchmarks/gpu/checks/train_compare.py --child native --steps "$STEPS" > "$OUT/shim$sfx.txt" 2>&1 || { tail -30 "$OUT/shim$sfx.txt"; exit 2; }
 done
 $PY - "$OUT" <<'P'
 import glob, json, sys
@@ -45,7 +45,7 @@ ratios.sort()
 med = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
 print(f"step ratio shim/native, median of {len(ratios)} interleaved pairs: {med:.3f} "
       f"({(med - 1) * 100:+.1f}%): no verdict, whole processes of one script differ by up to 20% "
-      "here (docs/design/step-time-measurement.md); issue 7's 3% is judged inside one process "
+      "here (docs/design/step-time-measurement.md); the shim's step time is judged inside one process "
       "by inprocess_ab.py --shim --lengths steady")
 summ = glob.glob(f"{out}/dumps/vramledger-preload-*-exit.txt"); snap = glob.glob(f"{out}/dumps/vramledger-preload-*-exit.json")
 print("exit summary:", summ, "snapshot:", snap)

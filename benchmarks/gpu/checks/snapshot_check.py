@@ -1,4 +1,4 @@
-"""GPU proof of issue 5: memory history, snapshots torch's viewers open, OOM forensics, overhead.
+"""Memory history on a GPU: snapshots torch's viewers open, OOM forensics, overhead.
 
 Runs, each in its own process (install() must precede CUDA's initialisation):
   forensics  vramledger installed with dump_dir=OUT/dumps, max_dumps=3 and history on: allocates
@@ -15,10 +15,10 @@ Runs, each in its own process (install() must precede CUDA's initialisation):
              must name a line of the model file (transformers' modeling_gpt2.py).
 Prints every check, the overhead table (history on / off, per allocator) and a summary.
 
-Usage (the GPU image has no Abseil: build the plugin here with `benchmarks/gpu/run_h200.sh
+Usage (the GPU image has no Abseil: build the plugin here with `benchmarks/gpu/run.sh
 prepare`, carry .devbuild/lib, then on the GPU machine):
   VRAMLEDGER_PLUGIN=.devbuild/lib/libvramledger_plugin.so PYTHONPATH=torch_plugin/python \
-      python benchmarks/gpu/snapshot_check.py --out "$OUT" [--steps 8] [--skip-train]
+      python benchmarks/gpu/checks/snapshot_check.py --out "$OUT" [--steps 8] [--skip-train]
 Writes OUT/snapshot_check.json, OUT/dumps/, OUT/forensics.pickle|.json and
 OUT/gpt2m-{vramledger,native}.pickle (the mid-step snapshots).
 Exit status: 0 when every check passed, 1 when one failed, 2 when a run failed.

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 7 on the H200, "a plan 20% too small": GPT-2-medium training (train_compare.py's unmodified
+# The LD_PRELOAD shim under "a plan 20% too small": GPT-2-medium training (train_compare.py's unmodified
 # native child) under the LD_PRELOAD shim with a plan whose limit is 80% of the peak measured
 # without the shim must fail with torch's OutOfMemoryError, and the shim's refusal report (written
 # to the dump directory) must name the plan line and the Python frame that asked.
-# Usage: benchmarks/gpu/preload_plan_check.sh [PRELOAD_SO] (default .devbuild/lib's copy).
+# Usage: benchmarks/gpu/checks/preload_plan_check.sh [PRELOAD_SO] (default .devbuild/lib's copy).
 # Env: PYTHON, OUT (default /tmp/preload_plan_check), STEPS (10), PEAK_BYTES (skip the native run).
 # Prints PASS/FAIL lines with the evidence; exit status 0 when every check passed.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 PY=${PYTHON:-python}
 SO=${1:-$PWD/.devbuild/lib/libvramledger_preload.so}
 OUT=${OUT:-/tmp/preload_plan_check}; rm -rf "$OUT"; mkdir -p "$OUT/dumps"
@@ -16,7 +16,7 @@ STEPS=${STEPS:-10}
 PEAK=${PEAK_BYTES:-}
 if [ -z "$PEAK" ]; then
   echo "== measuring the peak without the shim"
-  $PY benchmarks/gpu/train_compare.py --child native --steps "$STEPS" > "$OUT/native.txt" 2>&1 || { tail -30 "$OUT/native.txt"; exit 2; }
+  $PY benchmarks/gpu/checks/train_compare.py --child native --steps "$STEPS" > "$OUT/native.txt" 2>&1 || { tail -30 "$OUT/native.txt"; exit 2; }
   PEAK=$($PY -c 'import json, sys
 l = [x for x in open(sys.argv[1]) if x.startswith("RESULT_JSON ")][-1]
 print(json.loads(l[len("RESULT_JSON "):])["peak_allocated"])' "$OUT/native.txt")
@@ -33,7 +33,7 @@ LIMIT_LINE=$(grep -n '"limit"' "$OUT/plan.json" | cut -d: -f1)
 echo "peak allocated without the shim: $PEAK bytes; plan limit: $LIMIT bytes (plan.json line $LIMIT_LINE)"
 echo "== under the shim with the plan"
 VRAMLEDGER_PRELOAD_QUIET=1 VRAMLEDGER_CONF="dump_dir:$OUT/dumps,expandable_segments:True,plan:$OUT/plan.json" \
-  LD_PRELOAD="$SO" $PY benchmarks/gpu/train_compare.py --child native --steps "$STEPS" > "$OUT/shim_plan.txt" 2>&1
+  LD_PRELOAD="$SO" $PY benchmarks/gpu/checks/train_compare.py --child native --steps "$STEPS" > "$OUT/shim_plan.txt" 2>&1
 RC=$?
 fails=0
 check() {  # check OK|FAIL MESSAGE

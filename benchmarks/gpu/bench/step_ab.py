@@ -14,7 +14,7 @@ second time in each round: its ratios are the noise floor. --pool pools earlier 
 The calibrated ratios divide each run's median step by its own process's speed on fixed work
 (train_compare.calibrate: a matmul, and kernel launches) before the ratio; n/a for runs without.
 
-Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as in run_h200.sh):
+Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as run.sh sets them):
   python step_ab.py [--rounds 3] [--steps 10] [--shim SO] [--json F] [--target 1.03] [--cpus 8]
                     [--modes native,plugin,shim,shim-noexp,torch-exp,torch-async,native-again]
   python step_ab.py --pool A.json B.json ... [--target 1.03]   (no GPU: the table over all rounds)
@@ -30,7 +30,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+CHECKS = os.path.join(HERE, "..", "checks")  # train_compare.py
+sys.path.insert(0, CHECKS)
 from train_compare import host_share_over_rounds  # noqa: E402  (standard library only)
 PREFIX = "RESULT_JSON "
 MODES = ("native", "plugin", "shim", "shim-noexp", "torch-exp", "torch-async", "native-again")
@@ -60,7 +61,7 @@ def run(mode: str, steps: int, shim: str, cpus: list[int] | None = None) -> dict
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if mode == "torch-async":  # torch's own cudaMallocAsync backend, which the shim goes through
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "train_compare.py"), "--child", child,
+    proc = subprocess.run([sys.executable, os.path.join(CHECKS, "train_compare.py"), "--child", child,
                            "--steps", str(steps)], env=env, capture_output=True, text=True,
                           timeout=300,
                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
@@ -180,11 +181,11 @@ def main() -> int:
                          "shim (LD_PRELOAD, expandable segments), shim-noexp, torch-exp "
                          "(torch's expandable segments), torch-async (torch's cudaMallocAsync "
                          "backend), native-again (the A/A control)")
-    ap.add_argument("--shim", default=os.path.join(HERE, "..", "..", ".devbuild", "lib",
+    ap.add_argument("--shim", default=os.path.join(HERE, "..", "..", "..", ".devbuild", "lib",
                                                    "libvramledger_preload.so"),
                     help="the preload library for the shim modes")
     ap.add_argument("--target", type=float, default=1.03,
-                    help="ratio to native the verdict is about (issue 7: 1.03, issue 3: 1.02)")
+                    help="ratio to native the verdict is about (1.03 for the shim, 1.02 for the allocator)")
     ap.add_argument("--pool", nargs="+", metavar="JSON",
                     help="no GPU run: pool the rounds of earlier --json outputs and print the "
                          "table over all of them")

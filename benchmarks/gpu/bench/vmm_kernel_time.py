@@ -11,8 +11,8 @@ Kernels: a 2 GiB copy (bandwidth), a 4096^3 fp16 matmul (compute), and a random-
 an 8 GiB table (one 4 KiB row per index: TLB-bound if the page tables differ).
 
 Needs a CUDA GPU (about 40 GiB free) and the plugin. Usage (GPU machine; VRAMLEDGER_PLUGIN and
-PYTHONPATH as in run_h200.sh, or run_checks.sh ONLY=kernels):
-  python vmm_kernel_probe.py [--reps 20] [--rounds 5] [--json F]
+PYTHONPATH as run.sh sets them, or run.sh kernels):
+  python vmm_kernel_time.py [--reps 20] [--rounds 5] [--json F]
 Prints one line per kernel: median ms on each memory and the ratio vl / cm.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 8, one process per GPU: GPT-2-medium DDP training (NCCL, two ranks) under torchrun, on
+"""Several GPUs, one process per GPU: GPT-2-medium DDP training (NCCL, two ranks) under torchrun, on
 torch's native allocator and under vramledger.install() with a plan per rank.
 
 The model, optimiser and data follow train_compare.py (GPT-2-medium shape, random weights, bf16

@@ -150,7 +150,7 @@ def chained(first: list[dict], second: list[dict], target: float, resamples: int
 def _lengths_of(result: dict, counted: list[dict]) -> str:
     if result.get("lengths"):
         return result["lengths"]
-    if counted and counted[0].get("lengths"):  # session 8's first fresh runs kept it per group
+    if counted and counted[0].get("lengths"):  # the first fresh runs' outputs kept it per group
         return counted[0]["lengths"]
     # Outputs from before --lengths: primed groups were the repeat form; earlier ones had none.
     return "repeat" if counted and "prime" in counted[0] else "unprimed"

@@ -1,4 +1,4 @@
-"""GPU proof of issue 6: GPT-2-medium or Llama-1B training under a memory plan, through the guard.
+"""The budget guard on a GPU: GPT-2-medium or Llama-1B training under a memory plan, through the guard.
 
 Trains a GPT-2-medium-shaped model (transformers' GPT2LMHeadModel when transformers is installed,
 else a built-in replica of the same layers: 24 x hidden 1024, 16 heads, vocab 50257, gelu_new,
@@ -17,15 +17,15 @@ CUDA's initialisation):
                vramledger.tag("activations"): must be refused inside the forward pass by the
                category_limits.activations rule.
 
---model llama1b trains Llama-1B instead, as ../shared/device-examples/capture.py does
+--model llama1b trains Llama-1B instead, as the run behind traces/trace-llama1b-native did
 (transformers' LlamaForCausalLM: hidden 2048, 22 layers, MLP 5632, 32 / 4 heads, vocab 32000;
 micro-batch 4, sequence length uniform in [256, 2048], seeded; built on the GPU to save the CPU
 initialisation), 10 steps by default. In the "small" scenario every step uses the longest
 sequence, so that the first allocation past the limit comes in the forward pass of the model
 code (whose line the message must name).
 
-Usage (on the GPU machine, the plugin built and the package importable, as run_h200.sh sets up):
-  python benchmarks/gpu/guard_check.py [--model gpt2|llama1b] [--out DIR] [--steps N]
+Usage (on the GPU machine, the plugin built and the package importable, as run.sh sets up):
+  python benchmarks/gpu/checks/guard_check.py [--model gpt2|llama1b] [--out DIR] [--steps N]
 Writes DIR/guard_check.json (every scenario in full) and prints a summary; exit status 0 when
 every check passed, 1 otherwise.
 """
@@ -44,14 +44,14 @@ import traceback
 
 RESULT_PREFIX = "RESULT_JSON "
 BATCH, SEQ, VOCAB = 8, 1024, 50257  # GPT-2-medium
-# Llama-1B as in ../shared/device-examples/capture.py.
+# Llama-1B as in the run behind traces/trace-llama1b-native.csv.gz.
 LLAMA = {"batch": 4, "lo": 256, "hi": 2048, "vocab": 32000}
 LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22,
                 "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
                 "vocab_size": 32000, "hidden_act": "silu", "tie_word_embeddings": False,
                 "max_position_embeddings": 4096}
 DEFAULT_STEPS = {"gpt2": 5, "llama1b": 10}
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))  # the repository
 
 
 def build_model():

@@ -1,4 +1,4 @@
-"""In-process step-time A/B: torch's native allocator and vramledger in one process (issues 3, 7).
+"""In-process step-time A/B: torch's native allocator and vramledger in one process.
 
 Whole processes on the H200 machine differ by up to 20% in speed (step_ab's A/A control,
 docs/design/step-time-measurement.md), which hides a 2% target. Here one process holds both
@@ -15,7 +15,7 @@ Each group runs one training step under each mode: native, vramledger, native-ag
 more: the A/A control of the method itself), in one of the six orders, cycled group by group
 (inprocess_stats.ORDERS: each mode takes each position, and each pair of positions, equally
 often). The first step at a sequence length the process has not run before takes up to twice as
-long as the next one, whatever the allocator (torch's per-shape work; H200, session 8: GPT-2
+long as the next one, whatever the allocator (torch's per-shape work; H200, 2026-11-30: GPT-2
 0.21 s, then 0.08 s twice), so a group's steps are all repeats or all new lengths:
   --lengths repeat (default)  one length per group, first run by an untimed priming step (on
         native; under the shim on the plugin, see below), then the three timed steps at it.
@@ -39,7 +39,7 @@ Also printed per workload: vramledger's driver calls (cuMem*, cudaMalloc, cudaFr
 cudaEvent* calls left out) in the counted groups' vramledger steps (median and last three) and
 the driver time of those steps (all calls, measured around each) as a share of the step.
 
-Issue 7 (--shim LIB): torch's native allocator cannot be reached in a process where the
+The shim (--shim LIB): torch's native allocator cannot be reached in a process where the
 LD_PRELOAD shim has chosen torch's cudaMallocAsync backend (torch picks its backend once, when
 libc10_cuda loads, and exports only the current one). So each workload also runs under the shim,
 where the modes are shim (that backend, its calls served by the shim), vramledger (the plugin, a
@@ -72,6 +72,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(HERE, "..", "checks"))  # train_compare (workloads_compare)
 from inprocess_stats import HEADER, fresh_triples, modes_for, pooled, report, schedule  # noqa: E402
 
 RESULT = "RESULT_JSON "
@@ -238,13 +239,13 @@ def main() -> int:
                          "steady: primed on both allocators; fresh: every timed step at a "
                          "length new to the process (noisier)")
     ap.add_argument("--target", type=float, default=1.02,
-                    help="ratio to native the verdict is about (issue 3: 1.02)")
+                    help="ratio to native the verdict is about (1.02)")
     ap.add_argument("--shim", metavar="LIB",
-                    help="also run each workload under this LD_PRELOAD shim (issue 7): the "
+                    help="also run each workload under this LD_PRELOAD shim: the "
                          "shim against vramledger's plugin there, chained with the plugin "
                          "against native (verdict at --shim-target)")
     ap.add_argument("--shim-target", type=float, default=1.03,
-                    help="the shim's ratio to native the chained verdict is about (issue 7)")
+                    help="the shim's ratio to native the chained verdict is about")
     ap.add_argument("--mode", choices=("pluggable", "native"), default="pluggable",
                     help="vramledger's route into torch in the children: install(mode=...) "
                          "(native: torch's own CUDAAllocator, docs/design/torch-native-mode.md)")

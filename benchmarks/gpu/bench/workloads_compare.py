@@ -1,6 +1,6 @@
-"""GPU proof of issue 3: the three workloads of capture.py under three allocators.
+"""The three traced workloads (GPT-2-medium, Llama-1B, Llama-1B checkpointed) under three allocators.
 
-Workloads (../shared/device-examples/capture.py, random weights, bf16 autocast, AdamW lr 1e-4, a
+Workloads (as the runs behind traces/ were recorded: random weights, bf16 autocast, AdamW lr 1e-4, a
 new random sequence length every step, seeds random.seed(0), torch.manual_seed(0)):
   gpt2m         GPT-2 24 layers, hidden 1024, 16 heads; batch 8, seq U[128,1024], 12 steps
   llama1b       Llama 22 layers, hidden 2048, MLP 5632, 32/4 heads; batch 4, seq U[256,2048], 10 steps
@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "checks"))
 from train_compare import HostTimePerStep, calibrate, host_share_over_rounds  # noqa: E402
 
 RESULT = "RESULT_JSON "
@@ -298,7 +298,7 @@ def main() -> int:
                          f"{[round(x, 4) for x in r['round_median_step_s']]}")
     # Which steps raised the peak of allocated memory, and by how much (the running peak after
     # each step over the one before): a step that raises it past 1.01 x cannot be served with no
-    # driver call at 1.01 (expandable-segments.md, "Session 11").
+    # driver call at 1.01 (docs/design/expandable-segments.md, "What it does not do").
     for r in rows:
         peaks = r.get("peak_allocated_after_step")
         if peaks and len(peaks) > 3:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Proves the vramledger wheel (issue 4 item 5): `pip wheel .` builds the C++ libraries, the _core
+# Proves the vramledger wheel: `pip wheel .` builds the C++ libraries, the _core
 # module and the torch plugin against the installed torch, and the wheel installed into a fresh
 # environment runs with nothing but itself (and torch) providing its libraries.
 #
-#   here:      bash benchmarks/gpu/wheel_check.sh prepare
-#   GPU:       device run, carry [".devbuild/wheeldeps"], command: bash benchmarks/gpu/wheel_check.sh gpu
+#   here:      bash benchmarks/gpu/checks/wheel_check.sh prepare
+#   GPU:       device run, carry [".devbuild/wheeldeps"], command: bash benchmarks/gpu/checks/wheel_check.sh gpu
 #
 # `prepare` collects into .devbuild/wheeldeps/ what the build needs that the GPU image lacks:
 #   prefix/   an install prefix with Debian's Abseil (headers, shared libraries, CMake package),
@@ -26,7 +26,7 @@
 # .venv/bin/python), OUT (default .devbuild/out-wheel), WHEEL_BUILD_DIR (default build-wheel),
 # WHEEL_WORK (venvs; default /tmp/wheel-check), JOBS (build parallelism; default nproc).
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 DEPS="$ROOT/.devbuild/wheeldeps"
 MULTIARCH=x86_64-linux-gnu
 
@@ -109,7 +109,7 @@ gpu() {
   mkdir -p "$OUT" "$work"
   OUT="$(cd "$OUT" && pwd)"
   if [ ! -d "$DEPS/prefix" ] || [ ! -d "$DEPS/wheels" ]; then
-    echo "wheel_check: $DEPS is missing: run 'bash benchmarks/gpu/wheel_check.sh prepare' and carry it" >&2
+    echo "wheel_check: $DEPS is missing: run 'bash benchmarks/gpu/checks/wheel_check.sh prepare' and carry it" >&2
     exit 2
   fi
   TORCH_SITE="$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" || {

@@ -1,0 +1,377 @@
+#!/usr/bin/env bash
+# The one runner of the GPU checks (checks/: each passes or fails) and benchmarks (bench/: each
+# prints figures): `prepare` builds here what the H200 machine runs; the run mode prints one table.
+#
+#   here:  bash benchmarks/gpu/run.sh prepare        (WHEEL=1: also .devbuild/wheeldeps;
+#          PREBUILT=build-ci: copy from a tree built with tests and benchmarks, no second build)
+#   GPU:   device run, carry [".devbuild/lib"] (and ".devbuild/wheeldeps" for the wheel check),
+#          command: bash benchmarks/gpu/run.sh [ITEM ...]    (kind nvidia-h200-x2 for `multi`)
+#
+# Built here, not there: the GPU image has torch 2.11.0+cu130, cmake and g++ but no Abseil. The
+# plugin does not depend on the Python version (it links libc10 and libcudart, which the torch in
+# the process has already loaded), so it is built against the project venv's torch 2.11.0+cu130,
+# with every Abseil library it needs copied beside it (RPATH $ORIGIN), into .devbuild/lib (ignored
+# by git, carried to the machine). The Python package travels as source (torch_plugin/python on
+# PYTHONPATH); no run needs `_core`. The wheel check builds the wheel there from carried deps.
+#
+# Items, run in this order, each bounded by what is left of BUDGET_S (570: a call is 10 minutes);
+# an item without enough time left is listed as skipped, never as passed:
+#   checks (the default: every one)
+#     bundle        the plugin's libraries resolve from .devbuild/lib and torch's folders only
+#     unit          the C++ CudaBackend tests on the device (peer access with two GPUs)
+#     pytest        tests/gpu: the plugin on a real device
+#     train         checks/train_compare.py: GPT-2-medium, native vs vramledger, losses agree
+#     integration   checks/torch_integration_check.py: memory API, graphs, compile, observers
+#     native        the same with install(mode="native") (vramledger as torch's CUDAAllocator)
+#     streams       checks/streams_compile_check.py: record_stream canary, synchronized retry,
+#                   record_stream soak
+#     compile       checks/compile_graphs_check.py: reduce-overhead without cudagraph trees
+#     contiguous    checks/contiguous_check.py: contiguous_segments() and fragmentation()
+#     snapshot      checks/snapshot_check.py: history, snapshots and OOM dumps
+#     guard         checks/guard_check.py: the memory plan's guard (GUARD_MODEL=llama1b)
+#     preload       checks/preload_check.sh: an unmodified program under the LD_PRELOAD shim
+#     preload_plan  checks/preload_plan_check.sh: a plan 20% too small under the shim
+#     wheel         checks/wheel_check.sh gpu: the wheel built and run there (needs wheeldeps)
+#     multi         two GPUs: checks/two_gpu_check.py, then checks/ddp_check.py (DDP over NCCL,
+#                   native vs vramledger with a plan per rank) and `vramledger report`
+#   benchmarks ("bench": every one)
+#     workloads     bench/workloads_compare.py: three workloads x three allocators (~200-500 s
+#                   per round of the three on an H200)
+#     kernels       bench/vmm_kernel_time.py: kernel time on mapped pages vs cudaMalloc memory
+#     ab            bench/step_ab.py: step time, interleaved processes
+#     inprocess     bench/inprocess_ab.py: step time, both allocators in one process
+#     hostcost      vramledger_host_cost_bench: host ns per allocation, torch native vs vramledger
+# ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
+# Env: BUDGET_S (570), STEPS (multi's DDP steps, 8), GUARD_MODEL (gpt2), WORKLOADS
+# (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
+# AB_STEPS (10), INPROCESS_WORKLOADS (gpt2m,llama1b,llama1b-ckpt), INPROCESS_GROUPS (30),
+# INPROCESS_LENGTHS (repeat, steady or fresh), INPROCESS_SHIM (1: also under the shim),
+# INPROCESS_MODE (pluggable or native), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
+# HOSTCOST_SHIM (1: also under the shim), GPU_TEST (the C++ GPU test binary, cuda_backend_test).
+# Outputs: $OUT/table.txt and $OUT/gpu-run.tar.gz (every log and output; the device machine sends
+# back a few files only), $OUT default .devbuild/out. Exit status 0 when every item that ran
+# passed (a benchmark passes when it ran to its end) and none was skipped.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+LIBDIR="$ROOT/.devbuild/lib"
+PLUGIN="$LIBDIR/libvramledger_plugin.so"
+GPU_TEST="${GPU_TEST:-cuda_backend_test}"
+CHECKS="bundle unit pytest train integration native streams compile contiguous snapshot guard
+        preload preload_plan wheel multi"
+BENCH="workloads kernels ab inprocess hostcost"
+CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
+
+# ---- here: build what the GPU machine runs ----
+
+# Prints the Abseil libraries a process maps after loading the plugin through the package; fails
+# if one of them does not come from the plugin's own folder.
+check_bundle() {
+  "$1" - "$LIBDIR" <<'PY'
+import sys
+import vramledger._plugin as p
+p.load()
+maps = open("/proc/self/maps").read().split("\n")
+absl = sorted({l.split()[-1] for l in maps if "libabsl_" in l})
+outside = [a for a in absl if not a.startswith(sys.argv[1] + "/")]
+print(f"plugin loads: {len(absl)} Abseil libraries, all from {sys.argv[1]}: {not outside}")
+print("option keys:", ",".join(p.option_names()))
+sys.exit(1 if outside or not absl else 0)
+PY
+}
+
+prepare() {
+  set -e
+  local py="${PYTHON:-$ROOT/.venv/bin/python}"
+  local build="${PREBUILT:-$ROOT/.devbuild/build}"
+  if [ -z "${PREBUILT:-}" ]; then
+    # One build tree, with the tests on for the C++ GPU test; only the targets the run needs.
+    cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$py" \
+      -DVRAMLEDGER_BUILD_TESTS=ON -DVRAMLEDGER_BUILD_BENCHMARKS=ON -DVRAMLEDGER_BUILD_PYTHON=OFF \
+      >/dev/null
+    ninja -C "$build" vramledger_plugin vramledger_native vramledger_preload \
+      vramledger_driver_api_alloc vramledger_host_cost_bench vramledger_allocator_swap "$GPU_TEST"
+  fi  # else a tree already built with tests and benchmarks (scripts/test.sh's build-ci/)
+  rm -rf "$LIBDIR"
+  mkdir -p "$LIBDIR"
+  # The pluggable plugin, the torch-native allocator (install(mode="native"), found beside the
+  # plugin), the LD_PRELOAD shim and the driver-API program preload_check.sh runs under it, the
+  # host-cost bench and the allocator swap of inprocess_ab.py, each with its Abseil libraries.
+  local name file
+  for name in libvramledger_plugin.so libvramledger_native.so libvramledger_preload.so \
+              vramledger_driver_api_alloc vramledger_host_cost_bench \
+              libvramledger_allocator_swap.so "$GPU_TEST"; do
+    file="$(find "$build" -name "$name" -type f -not -path '*/CMakeFiles/*' | sort | head -1)"
+    [ -n "$file" ] || { echo "prepare: $name was not built"; exit 1; }
+    cp "$file" "$LIBDIR/"
+  done
+  find "$build" -name 'libabsl_*.so.*' -not -path '*/CMakeFiles/*' -exec cp -n {} "$LIBDIR/" \;
+  ldd "$LIBDIR/$GPU_TEST" | awk '/libabsl_|libgtest|libgmock/ {print $3}' |
+    xargs -r -I{} cp -n {} "$LIBDIR/"
+  # Debug info stays here: the carried folder must stay under the device call's 64 MiB.
+  find "$LIBDIR" -type f -exec strip --strip-debug {} \;
+  echo "--- $PLUGIN"
+  readelf -d "$PLUGIN" | grep -E 'NEEDED|RPATH|RUNPATH'
+  # Every NEEDED library outside torch's and the system's must sit beside the plugin.
+  local missing=0 lib needed
+  needed="$(readelf -d "$PLUGIN" "$LIBDIR"/libabsl_*.so.* | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p')"
+  for lib in $(echo "$needed" | sort -u); do
+    case "$lib" in
+      libc10.so|libcudart.so.13) ;;  # from the torch already loaded in the process
+      libstdc++.so.6|libgcc_s.so.1|libc.so.6|libm.so.6|ld-linux-x86-64.so.2) ;;
+      libdl.so.2|libpthread.so.0|librt.so.1) ;;
+      *) [ -f "$LIBDIR/$lib" ] || { echo "not bundled: $lib"; missing=1; } ;;
+    esac
+  done
+  [ "$missing" = 0 ] || { echo "prepare: the bundle is incomplete"; exit 1; }
+  VRAMLEDGER_PLUGIN="$PLUGIN" PYTHONPATH="$ROOT/torch_plugin/python" check_bundle "$py"
+  [ "${WHEEL:-0}" = 1 ] && bash "$ROOT/benchmarks/gpu/checks/wheel_check.sh" prepare
+  du -sh "$LIBDIR"
+  echo "prepare: done. On the GPU machine, carry [\".devbuild/lib\"]: bash benchmarks/gpu/run.sh"
+}
+
+# ---- there: run the items, then one table ----
+
+declare -A RESULT SECONDS_TAKEN
+ORDER=()
+
+# item NAME KIND MIN_LEFT_S COMMAND...: runs COMMAND with its output in $RUN/NAME.log, unless
+# fewer than MIN_LEFT_S seconds of the budget are left; records the result for the table.
+item() {
+  local name="$1" kind="$2" need="$3"
+  shift 3
+  ORDER+=("$name")
+  if [ "$(left)" -le "$need" ]; then
+    RESULT[$name]="skipped: $(left) s left of the budget, $need needed"
+    return
+  fi
+  local t0=$(date +%s) rc
+  echo "==== $name ($kind): $*" | cut -c1-200
+  "$@" > "$RUN/$name.log" 2>&1
+  rc=$?
+  SECONDS_TAKEN[$name]=$(( $(date +%s) - t0 ))
+  case "$rc" in
+    0) RESULT[$name]=$([ "$kind" = check ] && echo PASS || echo "ran (figures below)") ;;
+    124|137) RESULT[$name]="FAIL: timed out" ;;
+    *) RESULT[$name]="FAIL: exit $rc" ;;
+  esac
+}
+in_dir() { (cd "$1" && shift && "$@"); }  # in_dir DIR COMMAND...: outputs land in DIR
+not_run() { ORDER+=("$1"); RESULT[$1]="skipped: $2"; }
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+bound() { echo $(( $(left) - ${1:-5} )); }  # a timeout that ends inside the budget
+
+multi() {
+  local out="$RUN/multi"
+  mkdir -p "$out/ddp-native" "$out/ddp-vl"
+  timeout 180 "$PY" benchmarks/gpu/checks/two_gpu_check.py --json "$out/two_gpu.json" \
+    > "$out/two_gpu.log" 2>&1
+  local two_rc=$?
+  # One plan, a line per rank's GPU (rank r runs on GPU r).
+  cat > "$out/ddp-vl/plan.json" <<'JSON'
+{
+  "vramledger_plan": 1,
+  "comment": "GPT-2-medium DDP, 2 ranks, batch 8 per rank",
+  "limit": "40GiB",
+  "devices": {"0": {"limit": "40GiB"}, "1": {"limit": "38GiB"}}
+}
+JSON
+  local steps="${STEPS:-8}" a
+  for a in native vl; do
+    timeout 240 "$PY" -m torch.distributed.run --nproc_per_node=2 benchmarks/gpu/checks/ddp_check.py \
+      --worker --allocator "$([ $a = vl ] && echo vramledger || echo native)" --steps "$steps" \
+      --out "$out/ddp-$a" > "$out/ddp-$a.log" 2>&1
+    echo "DDP $a exit $?"
+  done
+  "$PY" benchmarks/gpu/checks/ddp_check.py --compare "$out/ddp-native" "$out/ddp-vl" \
+    > "$out/ddp_compare.txt" 2>&1
+  local ddp_rc=$?
+  "$PY" -m vramledger report "$out/ddp-vl/steps" > "$out/report.txt" 2>&1
+  local report_rc=$?
+  grep -E "^(PASS|FAIL|SKIP)" "$out/two_gpu.log"
+  cat "$out/ddp_compare.txt" "$out/report.txt"
+  echo "two_gpu_check exit $two_rc, ddp_check exit $ddp_rc, vramledger report exit $report_rc"
+  [ "$two_rc" = 0 ] && [ "$ddp_rc" = 0 ] && [ "$report_rc" = 0 ]
+}
+
+hostcost() {
+  local t rc=0
+  for t in ${HOSTCOST_TRACES:-gpt2m llama1b llama1b-ckpt}; do
+    LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" timeout 120 "$LIBDIR/vramledger_host_cost_bench" \
+      "traces/trace-$t-native.csv.gz" --passes 7 || rc=1
+    # Under the shim torch's row is the shim's path. The backend is named here because the
+    # bench links libc10_cuda, which may read the variable before the shim's constructor sets it
+    # (in Python, torch loads after the shim); the bench prints the backend it got.
+    if [ "${HOSTCOST_SHIM:-0}" = 1 ]; then
+      LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" VRAMLEDGER_PRELOAD_QUIET=1 \
+        PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+        VRAMLEDGER_CONF=expandable_segments:True,host_timing:True VRAMLEDGER_PRELOAD_NO_EXIT_DUMP=1 \
+        LD_PRELOAD="$LIBDIR/libvramledger_preload.so" timeout 120 \
+        "$LIBDIR/vramledger_host_cost_bench" "traces/trace-$t-native.csv.gz" --passes 7 || rc=1
+    fi
+  done
+  return $rc
+}
+
+bundle() {
+  LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -vE 'libabsl_'
+  if LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -q 'not found'; then
+    echo "unresolved dependencies"; return 1
+  fi
+  check_bundle "$PY"
+}
+
+# The figures that back each item's verdict, from its log.
+details() {
+  local f="$RUN/$1.log"
+  [ -f "$f" ] || return 0
+  case "$1" in
+    bundle) grep -E "plugin loads|unresolved" "$f" ;;
+    unit) grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] |^\[       OK \] .*Peer" "$f" ;;
+    pytest) tail -1 "$f" ;;
+    train) cat "$RUN/train/train_compare_table.txt" 2>/dev/null || tail -12 "$f" ;;
+    integration|native|snapshot|guard|contiguous) grep -E "PASS|FAIL" "$f" ;;
+    streams) grep -E "^(1a|1b|3) " "$f" ;;
+    compile) tail -3 "$f" ;;
+    preload) tail -12 "$f" ;;
+    preload_plan) tail -8 "$f" ;;
+    wheel) grep -E "PASS|FAIL|SKIP|wheel" "$f" | tail -15 ;;
+    multi) cat "$f" ;;
+    workloads) tail -40 "$f" ;;
+    kernels) tail -4 "$f" ;;
+    ab) tail -6 "$f" ;;
+    inprocess) sed -n '/^| workload | ratio/,$p' "$f" ;;
+    hostcost) grep -E "^(trace|\| |vramledger)" "$f" ;;
+  esac
+}
+
+run_items() {
+  local want=" $* "
+  want="${want// checks / $CHECKS }"
+  want="${want// bench / $BENCH }"
+  want="${want// all / $CHECKS $BENCH }"
+  local name
+  for name in $want; do
+    [[ " $CHECKS $BENCH " == *" $name "* ]] || { echo "run.sh: no item '$name'"; exit 2; }
+  done
+  OUT="${OUT:-$ROOT/.devbuild/out}"
+  RUN="$OUT/run"
+  rm -rf "$RUN"
+  mkdir -p "$RUN"
+  PY="${PYTHON:-/opt/torch/.venv/bin/python3}"
+  [ -x "$PY" ] || PY="$(command -v python3)"
+  if [ ! -f "$PLUGIN" ]; then
+    echo "run.sh: $PLUGIN is missing: run 'bash benchmarks/gpu/run.sh prepare' on the development"
+    echo "machine and carry .devbuild/lib to this one."
+    exit 2
+  fi
+  export PYTHONUNBUFFERED=1 VRAMLEDGER_PLUGIN="$PLUGIN"
+  export PYTHONPATH="$ROOT/torch_plugin/python${PYTHONPATH:+:$PYTHONPATH}"
+  cd "$ROOT"
+  START=$(date +%s)
+  BUDGET=${BUDGET_S:-570}
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
+  "$PY" -c "import sys, torch
+print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda,
+      '| GPUs', torch.cuda.device_count())"
+  TORCH_LIB="$("$PY" -c "import os, torch
+r = os.path.dirname(torch.__file__)
+print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 'cu13', 'lib'))")"
+  local shim="$LIBDIR/libvramledger_preload.so"
+
+  for name in $CHECKS $BENCH; do
+    [[ "$want" == *" $name "* ]] || continue
+    case "$name" in
+      bundle) item bundle check 20 bundle ;;
+      unit) item unit check 30 env LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" timeout 120 \
+              "$LIBDIR/$GPU_TEST" ;;
+      pytest) item pytest check 90 timeout "$(bound)" "$PY" -m pytest -q -p no:cacheprovider \
+                tests/gpu ;;
+      train) item train check 200 timeout "$(bound)" "$PY" benchmarks/gpu/checks/train_compare.py \
+               --out "$RUN/train" ;;
+      integration) item integration check 120 timeout "$(bound)" "$PY" \
+                     benchmarks/gpu/checks/torch_integration_check.py ;;
+      native) item native check 120 timeout "$(bound)" "$PY" \
+                benchmarks/gpu/checks/torch_integration_check.py --mode native ;;
+      streams) item streams check 60 timeout "$(bound)" "$PY" \
+                 benchmarks/gpu/checks/streams_compile_check.py --checks record_stream,soak \
+                 --out "$RUN/streams" --budget-s 100 ;;
+      compile) item compile check 150 timeout 140 "$PY" \
+                 benchmarks/gpu/checks/compile_graphs_check.py ;;
+      contiguous) item contiguous check 60 timeout "$(bound)" "$PY" \
+                    benchmarks/gpu/checks/contiguous_check.py ;;
+      snapshot) mkdir -p "$RUN/snapshot"
+                item snapshot check 120 in_dir "$RUN/snapshot" timeout "$(bound)" "$PY" \
+                  "$ROOT/benchmarks/gpu/checks/snapshot_check.py" --out "$RUN/snapshot" --steps 6 ;;
+      guard) mkdir -p "$RUN/guard"
+             item guard check 150 in_dir "$RUN/guard" timeout "$(bound)" "$PY" \
+               "$ROOT/benchmarks/gpu/checks/guard_check.py" --model "${GUARD_MODEL:-gpt2}" \
+               --out "$RUN/guard" ;;
+      preload) item preload check 200 env PYTHON="$PY" OUT="$RUN/preload" STEPS=6 \
+                 timeout "$(bound)" bash benchmarks/gpu/checks/preload_check.sh "$shim" ;;
+      preload_plan) item preload_plan check 150 env PYTHON="$PY" OUT="$RUN/preload_plan" \
+                      timeout "$(bound)" bash benchmarks/gpu/checks/preload_plan_check.sh "$shim" ;;
+      wheel) if [ -d .devbuild/wheeldeps ]; then
+               item wheel check 150 env OUT="$RUN/wheel" timeout "$(bound)" \
+                 bash benchmarks/gpu/checks/wheel_check.sh gpu
+             else
+               not_run wheel "no .devbuild/wheeldeps (WHEEL=1 run.sh prepare, and carry it)"
+             fi ;;
+      multi) if [ "$gpus" -ge 2 ]; then
+               item multi check 200 multi
+             else
+               not_run multi "$gpus GPU(s); it needs two (kind nvidia-h200-x2)"
+             fi ;;
+      workloads) item workloads bench 200 timeout "$(bound)" "$PY" \
+                   benchmarks/gpu/bench/workloads_compare.py --out "$RUN/workloads" \
+                   --workloads "${WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" --rounds "${ROUNDS:-1}" ;;
+      kernels) item kernels bench 90 timeout 150 "$PY" benchmarks/gpu/bench/vmm_kernel_time.py \
+                 --json "$RUN/kernels.json" ;;
+      ab) item ab bench 120 timeout "$(bound)" "$PY" benchmarks/gpu/bench/step_ab.py \
+            --rounds "${AB_ROUNDS:-$(( $(left) > 330 ? 3 : 2 ))}" --steps "${AB_STEPS:-10}" \
+            --modes "${AB_MODES:-native,plugin,shim,shim-noexp}" --json "$RUN/step_ab.json" ;;
+      inprocess)
+        local shim_arg=()
+        [ "${INPROCESS_SHIM:-0}" = 1 ] && shim_arg=(--shim "$shim")
+        item inprocess bench 120 timeout "$(bound)" "$PY" benchmarks/gpu/bench/inprocess_ab.py \
+          --workloads "${INPROCESS_WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" \
+          --groups "${INPROCESS_GROUPS:-30}" --lengths "${INPROCESS_LENGTHS:-repeat}" \
+          --mode "${INPROCESS_MODE:-pluggable}" --json "$RUN/inprocess_ab.json" "${shim_arg[@]}" ;;
+      hostcost) item hostcost bench 60 hostcost ;;
+    esac
+  done
+
+  echo
+  echo "==== details"
+  for name in "${ORDER[@]}"; do
+    [ -f "$RUN/$name.log" ] || continue
+    echo "-- $name"
+    details "$name"
+  done
+  {
+    echo
+    echo "==== GPU checks and benchmarks ($(nvidia-smi --query-gpu=name --format=csv,noheader |
+      head -1), $gpus GPU(s), $(( $(date +%s) - START )) s)"
+    printf '| %-13s | %-5s | %-8s | %s\n' item kind seconds result
+    local kind bad=0
+    for name in "${ORDER[@]}"; do
+      kind=check
+      [[ " $BENCH " == *" $name "* ]] && kind=bench
+      printf '| %-13s | %-5s | %-8s | %s\n' "$name" "$kind" "${SECONDS_TAKEN[$name]:--}" \
+        "${RESULT[$name]}"
+      [[ "${RESULT[$name]}" == PASS || "${RESULT[$name]}" == ran* ]] || bad=1
+    done
+    echo "logs: $OUT/gpu-run.tar.gz"
+    exit $bad  # of this block's subshell (a pipeline element): its status is the run's
+  } | tee "$OUT/table.txt"
+  local rc=${PIPESTATUS[0]}
+  tar czf "$OUT/gpu-run.tar.gz" -C "$OUT" run && rm -rf "$RUN"
+  return "$rc"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' ;;
+  *) run_items "${@:-${ONLY:-checks}}" ;;
+esac
