@@ -259,23 +259,40 @@ def test_options_markdown_is_docs_options_md():
             "regenerate: python -m vramledger._options --markdown > docs/options.md"
 
 
-def test_without_core_the_keyword_check_says_what_is_missing():
-    """The package from a source folder (no compiled _core): keywords are refused with a clear
-    message; install() without keywords needs no table."""
-    r = run_python("""
-        import sys
-        sys.modules["vramledger._core"] = None  # as if the extension were not built
-        from vramledger import _options
-        print(repr(_options.to_conf_string({})))
-        try:
-            _options.to_conf_string({"expandable_segments": True})
-        except RuntimeError as e:
-            print("RuntimeError:", e)
-    """)
+_WITHOUT_CORE = """
+    import sys
+    sys.modules["vramledger._core"] = None  # as if the extension were not built
+    from vramledger import _options
+    print(repr(_options.to_conf_string({})))
+    try:
+        print(_options.to_conf_string({"expandable_segments": True}))
+        _options.to_conf_string({"expandable_segment": True})
+    except (RuntimeError, ValueError) as e:
+        print(type(e).__name__ + ":", e)
+"""
+
+
+@needs_plugin
+def test_without_core_the_keyword_check_reads_the_plugins_c_abi():
+    """The package from a source folder (no compiled _core), as the GPU checks run it: the keys
+    come from the loaded plugin's C ABI, which reads the same C++ table."""
+    r = run_python(_WITHOUT_CORE)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["''", "expandable_segments:True"], r.stdout
+    assert lines[2].startswith("ValueError: unknown vramledger option 'expandable_segment' "
+                               "(did you mean 'expandable_segments'?)"), r.stdout
+
+
+def test_without_core_or_plugin_the_keyword_check_says_what_is_missing(tmp_path):
+    """Neither _core nor the plugin: keywords are refused with a message naming both; install()
+    without keywords needs no table."""
+    r = run_python(_WITHOUT_CORE, VRAMLEDGER_PLUGIN=str(tmp_path / "missing.so"))
     assert r.returncode == 0, r.stderr
     assert "''" in r.stdout
     assert "RuntimeError: vramledger's option table is in its C++ extension vramledger._core" \
         in r.stdout, r.stdout
+    assert "the plugin's option list is not available either" in r.stdout, r.stdout
 
 
 @needs_plugin

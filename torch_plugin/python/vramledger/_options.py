@@ -40,9 +40,26 @@ def markdown() -> str:
     return _core_module().options_markdown()
 
 
+@functools.cache
 def known_keys() -> tuple[str, ...]:
-    """The accepted keys, in the order errors list them (the allocator's, then the process's)."""
-    return tuple(row["name"] for row in option_table())
+    """The accepted keys, in the order errors list them (the allocator's, then the process's).
+
+    Read from the C++ table through vramledger._core, or, where the package runs from its source
+    folder without _core (the GPU checks), through the loaded plugin's C ABI
+    (vramledger_option_names), which reads the same table.
+
+    Raises:
+      RuntimeError: neither _core nor the plugin loads.
+    """
+    try:
+        return tuple(row["name"] for row in option_table())
+    except RuntimeError as core_error:
+        try:
+            from vramledger import _plugin
+            return tuple(_plugin.option_names())
+        except Exception as plugin_error:  # the plugin's own load errors vary (OSError, ...)
+            raise RuntimeError(f"{core_error}; the plugin's option list is not available either "
+                               f"({plugin_error})") from core_error
 
 
 # Characters the settings syntax reserves (it also drops whitespace), so a string value
@@ -87,7 +104,7 @@ def to_conf_string(options: Mapping[str, Any]) -> str:
     Raises:
       ValueError: an unknown key (the message names it and lists the accepted keys) or a value
         that cannot be written in the `key:value,...` syntax.
-      RuntimeError: `options` is not empty and vramledger._core is missing (option_table()).
+      RuntimeError: `options` is not empty and the option table cannot be read (known_keys()).
     """
     if not options:
         return ""
