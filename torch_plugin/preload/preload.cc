@@ -301,19 +301,7 @@ VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
   Preload* p = vramledger::preload::g_preload.load(std::memory_order_acquire);
   if (p == nullptr) return nullptr;
   const vramledger::preload::Counters& c = p->counters();
-  nlohmann::json j = {
-      {"cudaMalloc_calls", c.malloc_calls.load()},
-      {"cudaMallocAsync_calls", c.malloc_async_calls.load()},
-      {"cudaFree_calls", c.free_calls.load()},
-      {"cudaFreeAsync_calls", c.free_async_calls.load()},
-      {"served_allocations", c.served_allocs.load()},
-      {"served_frees", c.served_frees.load()},
-      {"forwarded_frees", c.forwarded_frees.load()},
-      {"zero_size_allocations", c.zero_size_allocs.load()},
-      {"refusals", c.refusals.load()},
-      {"errors", c.errors.load()},
-      {"inner_runtime_calls", c.inner_calls.load()},
-  };
+  nlohmann::json j = vramledger::preload::CountersJson(c);
   // Host time of the interposed calls, whole and inside the allocators' Malloc and Free, all
   // devices; zeros unless host_timing is on (step-time-measurement.md).
   double malloc_us = 0, free_us = 0;

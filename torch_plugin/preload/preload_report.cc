@@ -118,6 +118,22 @@ std::string Summary(Preload& p, const char* reason) {
 
 }  // namespace
 
+nlohmann::json CountersJson(const Counters& c) {
+  return {
+      {"cudaMalloc_calls", c.malloc_calls.load()},
+      {"cudaMallocAsync_calls", c.malloc_async_calls.load()},
+      {"cudaFree_calls", c.free_calls.load()},
+      {"cudaFreeAsync_calls", c.free_async_calls.load()},
+      {"served_allocations", c.served_allocs.load()},
+      {"served_frees", c.served_frees.load()},
+      {"forwarded_frees", c.forwarded_frees.load()},
+      {"zero_size_allocations", c.zero_size_allocs.load()},
+      {"refusals", c.refusals.load()},
+      {"errors", c.errors.load()},
+      {"inner_runtime_calls", c.inner_calls.load()},
+  };
+}
+
 void WriteDump(Preload& p, const std::string& tag) {
   InsideScope inside;
   try {
@@ -126,17 +142,8 @@ void WriteDump(Preload& p, const std::string& tag) {
     ::mkdir(p.options().process.dump_dir.c_str(), 0755);  // WriteSnapshotJsonFile needs it to exist
     SnapshotOptions snapshot = PluginSnapshotOptions();
     const Counters& c = p.counters();
-    snapshot.extra["preload"] = {
-        {"reason", tag},
-        {"cudaMalloc_calls", c.malloc_calls.load()},
-        {"cudaMallocAsync_calls", c.malloc_async_calls.load()},
-        {"cudaFree_calls", c.free_calls.load()},
-        {"cudaFreeAsync_calls", c.free_async_calls.load()},
-        {"served_allocations", c.served_allocs.load()},
-        {"served_frees", c.served_frees.load()},
-        {"forwarded_frees", c.forwarded_frees.load()},
-        {"refusals", c.refusals.load()},
-    };
+    snapshot.extra["preload"] = CountersJson(c);
+    snapshot.extra["preload"]["reason"] = tag;
     nlohmann::json outside = nlohmann::json::object();
     for (int d = 0; d < DeviceTable::Get().device_count(); ++d) {
       if (p.Existing(d) == nullptr) continue;

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "ledger/history.h"
+#include "nlohmann/json.hpp"
 #include "torch_plugin/runtime/device_table.h"
 #include "torch_plugin/runtime/plan_access.h"
 #include "vramledger/device_allocator.h"
@@ -217,6 +218,9 @@ class Preload {
 };
 
 // ---- Reports (preload_report.cc) ----
+
+/// The shim's call counters as JSON (the stats entry point and the dumps both show them).
+nlohmann::json CountersJson(const Counters& c);
 
 /// Writes <dump_dir>/vramledger-preload-pid<P>-<tag>.json (snapshot) and .txt (summary), and
 /// prints the summary unless VRAMLEDGER_PRELOAD_QUIET is set. Pre: no allocator lock held by
