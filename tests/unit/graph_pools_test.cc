@@ -1,5 +1,6 @@
-// CUDA graph private pools on SimBackend (core/graph_pools.cc, PYTORCH-FACTS §6): routing by the
-// filter, shared pools and use counts, release only after the blocks are free, failed captures.
+// CUDA graph private pools on SimBackend (core/graph_pools.cc, docs/design/torch-facts.md §8):
+// routing by the filter, shared pools and use counts, release only after the blocks are free,
+// failed captures.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -153,9 +154,9 @@ TEST_F(GraphPoolsTest, FailedCaptureLeaksNothing) {
 TEST_F(GraphPoolsTest, AnotherThreadBetweenTheEndOfACaptureAndEndKeepsThePool) {
   BeginCapture(kPool);
   const DevicePtr temporary = Alloc(1000, kCapture);
-  Free(temporary);                                 // freed during the capture: the graph's still
+  Free(temporary);  // freed during the capture: the graph's still
   const DevicePtr output = Alloc(4 * kMiB, kCapture);  // the graph's output, live
-  sim_->SetCapturing(kCapture, false);            // cudaStreamEndCapture
+  sim_->SetCapturing(kCapture, false);                 // cudaStreamEndCapture
   const std::int64_t reserved = Reserved();
   std::thread other([this] {
     EXPECT_TRUE(alloc_->EmptyCache().ok());
