@@ -107,7 +107,7 @@ class DeviceAllocatorImpl {
     const bool small = rounded_size <= 1 * kMiB;
     // Expandable: only requests up to 512 KiB take the small pool's 2 MiB pages; the rest (torch's
     // 1 MiB blocks among them) share the large pool's pages, whose partly used edges they fill
-    // (expandable-segments.md, "Pinned pages").
+    // (expandable-segments.md, "Placement").
     if (options_.expandable_segments && !contiguous)
       return rounded_size <= kExpandableSmallMax ? &exp_small_pool_ : &exp_large_pool_;
     return small ? &small_pool_ : &large_pool_;
@@ -208,7 +208,7 @@ class DeviceAllocatorImpl {
   // (driver-errors.md, "Two failures").
   absl::Status ReleaseCounted(PhysicalHandle handle, StatType types, std::int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Old mappings (expandable-segments.md, "Moves without a stall"): a handle that moves within
+  // Old mappings (page-recycling.md, "Moves without a stall"): a handle that moves within
   // its stream is taken out of the page table at once (counts, trace) but stays mapped at its
   // old address until `fence`, recorded on the stream at the move, has completed.
   // LeaveOldMapping starts that for the handle at `page`.
@@ -231,7 +231,7 @@ class DeviceAllocatorImpl {
   // request count) are taken back: the handle's page-table entry returns to the old address,
   // which still maps it with access granted, and its current place becomes an old mapping in
   // turn (fenced, like a move). No driver call but the fence's cudaEventRecord
-  // (expandable-segments.md, "Old mappings kept").
+  // (page-recycling.md, "Old mappings kept").
   absl::Status ReuseOldMappings(core::Block* block, std::size_t size,
                                 const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
