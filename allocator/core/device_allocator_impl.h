@@ -51,9 +51,9 @@ class DeviceAllocatorImpl {
   // Calls `reader` with a view of the core, under the lock (core/core_view.h).
   void Read(absl::FunctionRef<void(const core::CoreView&)> reader) const ABSL_LOCKS_EXCLUDED(mu_);
   OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The parts' own invariants (CheckParts, device_allocator_checks.cc), then the checks across
+  // them: segments against blocks, the free indexes, the live map and the stats.
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The parts' own invariants (device_allocator_checks.cc), then CheckInvariants.
-  absl::Status CheckAll() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckSegmentChain(const core::Segment& segment, std::int64_t* counts) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -74,8 +74,8 @@ class DeviceAllocatorImpl {
 
   // The parts' invariants: free indexes, private pools, stream events, stats.
   absl::Status CheckParts() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The result of public operation `operation`; with VRAMLEDGER_EXPENSIVE_CHECKS, CheckAll runs
-  // first and an invariant it finds broken is returned instead (an Internal error).
+  // The result of public operation `operation`; with VRAMLEDGER_EXPENSIVE_CHECKS, CheckInvariants
+  // runs first and an invariant it finds broken is returned instead (an Internal error).
 #ifdef VRAMLEDGER_EXPENSIVE_CHECKS
   static constexpr bool kExpensiveChecks = true;
 #else
