@@ -345,7 +345,7 @@ class DeviceAllocatorImpl {
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.
   core::LiveBlockMap live_blocks_ ABSL_GUARDED_BY(mu_);
-  // Spare events (record_stream's and the retiring fences'), and the record_stream events and
+  // Spare events (record_stream's and the old mappings' fences), and the record_stream events and
   // deferred frees.
   core::EventPool spare_events_ ABSL_GUARDED_BY(mu_);
   core::StreamEvents stream_events_ ABSL_GUARDED_BY(mu_){backend_, &spare_events_};
