@@ -260,8 +260,7 @@ def reset_tag_peaks(device: int = -1) -> None:
 def check_plan(path: str, device_count: int = 0, card_bytes: int = 0) -> dict[str, Any]:
     """Loads the plan file `path` with the same C++ parser the allocator uses and returns its
     summary (see vramledger_plan_check in torch_plugin/runtime/plan_access.h). Device keys are
-    checked
-    against `device_count` when > 0; sizes against a card of `card_bytes` when > 0.
+    checked against `device_count` when > 0; sizes against a card of `card_bytes` when > 0.
 
     Raises:
       ValueError: "<path>:<line>: field '<field>': ..." for a bad plan, or a directory.
