@@ -387,7 +387,7 @@ def test_run_sets_the_environment_and_names_a_missing_command(tmp_path):
 
 def test_run_blames_a_missing_or_bad_plan_on_the_flag(tmp_path):
     """--plan is checked before the command runs and blamed on --plan, not on VRAMLEDGER_CONF
-    (where `run` passes it to the shim, so a bad plan would blame a setting the user never wrote)."""
+    (where `run` passes it to the shim; blaming that names a setting the user never wrote)."""
     marker = tmp_path / "ran"
     bad = tmp_path / "bad.json"
     bad.write_text('{"limit": "40GiB",\n "limit": "50GiB"}\n')
