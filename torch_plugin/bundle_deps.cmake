@@ -3,7 +3,7 @@
 # Usage: cmake -DLIBRARY=path/libvramledger_plugin.so -DDESTINATION=dir [-DSEARCH_DIRS=dir;...]
 #              -P bundle_deps.cmake
 # SEARCH_DIRS: where to look for Abseil after the loader's own paths (ld.so.conf, default dirs),
-# e.g. the folder of an Abseil found through CMAKE_PREFIX_PATH (benchmarks/gpu/wheel_check.sh);
+# e.g. the folder of an Abseil found through CMAKE_PREFIX_PATH (benchmarks/gpu/checks/wheel_check.sh);
 # CMake does not read LD_LIBRARY_PATH here.
 cmake_minimum_required(VERSION 3.25)
 if(NOT LIBRARY OR NOT DESTINATION)

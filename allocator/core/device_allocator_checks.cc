@@ -1,5 +1,5 @@
-// The allocator's checking tier: its parts' own invariants (CheckParts) and, in a build with
-// VRAMLEDGER_EXPENSIVE_CHECKS, the full check after every public operation (AfterOperation).
+// The allocator's checking tier: its parts' own invariants (CheckParts, run by CheckInvariants)
+// and, in a build with VRAMLEDGER_EXPENSIVE_CHECKS, the full check after every public operation.
 #include "absl/strings/str_cat.h"
 #include "core/device_allocator_impl.h"
 
@@ -14,16 +14,8 @@ absl::Status DeviceAllocatorImpl::CheckParts() const {
   return stats_.CheckInvariants();
 }
 
-absl::Status DeviceAllocatorImpl::CheckAll() const {
-  {
-    core::DeviceMutexLock lock(&mu_);
-    if (absl::Status s = CheckParts(); !s.ok()) return s;
-  }
-  return CheckInvariants();
-}
-
 absl::Status DeviceAllocatorImpl::CheckAfter(const char* operation, absl::Status result) const {
-  absl::Status check = CheckAll();
+  absl::Status check = CheckInvariants();
   if (check.ok()) return result;
   // A broken invariant outranks the operation's own result, error or not: it is a bug here.
   return absl::InternalError(

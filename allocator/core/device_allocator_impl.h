@@ -51,9 +51,9 @@ class DeviceAllocatorImpl {
   // Calls `reader` with a view of the core, under the lock (core/core_view.h).
   void Read(absl::FunctionRef<void(const core::CoreView&)> reader) const ABSL_LOCKS_EXCLUDED(mu_);
   OutOfMemoryInfo last_oom() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The parts' own invariants (CheckParts, device_allocator_checks.cc), then the checks across
+  // them: segments against blocks, the free indexes, the live map and the stats.
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The parts' own invariants (device_allocator_checks.cc), then CheckInvariants.
-  absl::Status CheckAll() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckSegmentChain(const core::Segment& segment, std::int64_t* counts) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -74,8 +74,8 @@ class DeviceAllocatorImpl {
 
   // The parts' invariants: free indexes, private pools, stream events, stats.
   absl::Status CheckParts() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The result of public operation `operation`; with VRAMLEDGER_EXPENSIVE_CHECKS, CheckAll runs
-  // first and an invariant it finds broken is returned instead (an Internal error).
+  // The result of public operation `operation`; with VRAMLEDGER_EXPENSIVE_CHECKS, CheckInvariants
+  // runs first and an invariant it finds broken is returned instead (an Internal error).
 #ifdef VRAMLEDGER_EXPENSIVE_CHECKS
   static constexpr bool kExpensiveChecks = true;
 #else
@@ -107,7 +107,7 @@ class DeviceAllocatorImpl {
     const bool small = rounded_size <= 1 * kMiB;
     // Expandable: only requests up to 512 KiB take the small pool's 2 MiB pages; the rest (torch's
     // 1 MiB blocks among them) share the large pool's pages, whose partly used edges they fill
-    // (expandable-segments.md, "Pinned pages").
+    // (expandable-segments.md, "Placement").
     if (options_.expandable_segments && !contiguous)
       return rounded_size <= kExpandableSmallMax ? &exp_small_pool_ : &exp_large_pool_;
     return small ? &small_pool_ : &large_pool_;
@@ -208,7 +208,7 @@ class DeviceAllocatorImpl {
   // (driver-errors.md, "Two failures").
   absl::Status ReleaseCounted(PhysicalHandle handle, StatType types, std::int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Old mappings (expandable-segments.md, "Moves without a stall"): a handle that moves within
+  // Old mappings (page-recycling.md, "Moves without a stall"): a handle that moves within
   // its stream is taken out of the page table at once (counts, trace) but stays mapped at its
   // old address until `fence`, recorded on the stream at the move, has completed.
   // LeaveOldMapping starts that for the handle at `page`.
@@ -231,7 +231,7 @@ class DeviceAllocatorImpl {
   // request count) are taken back: the handle's page-table entry returns to the old address,
   // which still maps it with access granted, and its current place becomes an old mapping in
   // turn (fenced, like a move). No driver call but the fence's cudaEventRecord
-  // (expandable-segments.md, "Old mappings kept").
+  // (page-recycling.md, "Old mappings kept").
   absl::Status ReuseOldMappings(core::Block* block, std::size_t size,
                                 const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -345,7 +345,7 @@ class DeviceAllocatorImpl {
   absl::btree_map<DevicePtr, std::unique_ptr<core::Segment>> segments_ ABSL_GUARDED_BY(mu_);
   // Allocated and pending-free blocks by address.
   core::LiveBlockMap live_blocks_ ABSL_GUARDED_BY(mu_);
-  // Spare events (record_stream's and the retiring fences'), and the record_stream events and
+  // Spare events (record_stream's and the old mappings' fences), and the record_stream events and
   // deferred frees.
   core::EventPool spare_events_ ABSL_GUARDED_BY(mu_);
   core::StreamEvents stream_events_ ABSL_GUARDED_BY(mu_){backend_, &spare_events_};

@@ -196,6 +196,8 @@ absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
 
 absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   core::DeviceMutexLock lock(&mu_);
+  // The parts' own invariants first, so every caller of CheckInvariants covers them too.
+  if (absl::Status s = CheckParts(); !s.ok()) return s;
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   std::int64_t counts[8] = {};
   std::int64_t reserved = 0;

@@ -1,5 +1,5 @@
 // Spare device events of one allocator, shared by record_stream events (stream_events.h) and the
-// fences of retiring mappings: an event is created once and reused. Not locked: the owner's
+// fences of old mappings: an event is created once and reused. Not locked: the owner's
 // mutex guards it.
 #ifndef VRAMLEDGER_CORE_EVENT_POOL_H_
 #define VRAMLEDGER_CORE_EVENT_POOL_H_

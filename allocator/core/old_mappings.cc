@@ -159,7 +159,7 @@ bool OldMappings::Reusable(const PageTable& table, const Segment* seg, std::size
   if (at->stream != seg->stream) return false;  // its work there would race the new block's
   // Its home inside the block being placed in: a placement there may cover both places, and
   // the reuse then leaves the handle at home and maps over this page, which waits for the
-  // page's fence while the old mapping is in use (expandable-segments.md, "Repeated steps").
+  // page's fence while the old mapping is in use (page-recycling.md, "Repeated steps").
   if (within != nullptr && at == within->segment &&
       at->PageAddress(first) < within->ptr + within->size &&
       at->PageAddress(at->HandleEnd(first)) > within->ptr) {

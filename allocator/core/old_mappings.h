@@ -1,7 +1,7 @@
 // Old mappings of expandable segments: a handle that moves within its stream stays mapped at the
 // address it left until the work queued there has finished (its fence), and with
 // keep_old_mappings after that too, until the address is needed or the handle goes back there.
-// Design: docs/design/expandable-segments.md, "Moves without a stall" and "Old mappings kept".
+// Design: docs/design/page-recycling.md, "Moves without a stall" and "Old mappings kept".
 #ifndef VRAMLEDGER_CORE_OLD_MAPPINGS_H_
 #define VRAMLEDGER_CORE_OLD_MAPPINGS_H_
 

@@ -256,7 +256,7 @@ std::vector<std::pair<Segment*, std::size_t>> Placement::FreeMappedPages(
   // came from holes of 1-3 pages, with 2-21 fitting holes fully mapped). Not the default: on the
   // H200 it cut the checkpointed workload's moves by a quarter but raised Llama-1B's by a quarter
   // and its peak reserved / allocated from 1.0086 to 1.0094-1.0105, past the 1.01 target once
-  // (expandable-segments.md, "Steady-state churn").
+  // (page-recycling.md, "Recycling").
   const bool tails_first = recycle_tails_first_;
   for (const BlockPool* pool : pools_) {
     if (!tails_first || pool->page_size != page_size) continue;

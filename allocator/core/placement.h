@@ -54,7 +54,7 @@ class Placement {
   /// Whole mapped handles strictly inside free blocks of pools with `page_size` (up to `limit`
   /// pages), by their first page, in the order they are taken: `also`'s, then the free blocks
   /// smallest first; with recycle_tails_first, each segment's free tail (highest first) before
-  /// the holes (expandable-segments.md, "Steady-state churn"). `also` (optional): a free block
+  /// the holes (page-recycling.md, "Recycling"). `also` (optional): a free block
   /// taken out of the index, whose pages from `also_from` on count.
   std::vector<std::pair<Segment*, std::size_t>> FreeMappedPages(std::size_t page_size,
                                                                 std::size_t limit,
@@ -73,7 +73,7 @@ class Placement {
   // into a cycle that makes no such call. Except where the handle is mapped inside the same free
   // block (Reusable's `within`): the reuse would leave it there and map over the old mapping,
   // waiting for its fence if it is still in use; counting both places free also cost GPT-2's
-  // new-peak steps moves (expandable-segments.md, "Repeated steps").
+  // new-peak steps moves (page-recycling.md, "Repeated steps").
   static constexpr std::size_t kUnmappedPageCost = 2;
   static constexpr std::size_t kReusablePageCost = 0;
   static constexpr std::size_t kInUsePageCost = 64 * kUnmappedPageCost;

@@ -1,4 +1,5 @@
-// Torch's trace action names (PYTORCH-FACTS §4.2) for TraceAction, both ways. Pure; thread-safe.
+// Torch's trace action names (docs/design/torch-facts.md §6.2) for TraceAction, both ways. Pure;
+// thread-safe.
 #include <array>
 
 #include "vramledger/hooks.h"

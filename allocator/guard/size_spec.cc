@@ -78,7 +78,7 @@ absl::StatusOr<SizeSpec> ParseSizeString(std::string_view std_text) {
     std::string number(
         absl::StripAsciiWhitespace(lower.substr(0, lower.size() - unit.name.size())));
     double value = 0;
-    // Decimal only: SimpleAtod also reads "0x10" (a tester's finding: "0x10GiB" meant 16 GiB).
+    // Decimal only: SimpleAtod also reads "0x10", which made "0x10GiB" mean 16 GiB.
     if (number.empty() || absl::StrContains(number, 'x') || !absl::SimpleAtod(number, &value) ||
         !(value >= 0.0) || !std::isfinite(value) || value * unit.scale >= 1.8e19) {
       return Bad(absl::StrCat("\"", original, "\""));

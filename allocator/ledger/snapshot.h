@@ -1,5 +1,5 @@
-// Memory snapshots in torch 2.11's dict shape (PYTORCH-FACTS §4.2): segments with blocks,
-// per-device device_traces from the history, allocator_settings, plus a "vramledger" key.
+// Memory snapshots in torch 2.11's dict shape (docs/design/torch-facts.md §6.2): segments with
+// blocks, per-device device_traces from the history, allocator_settings, plus a "vramledger" key.
 // Thread-safety: stateless; reads each allocator and the history under their own locks.
 #ifndef VRAMLEDGER_LEDGER_SNAPSHOT_H_
 #define VRAMLEDGER_LEDGER_SNAPSHOT_H_

@@ -1,5 +1,5 @@
-// Flattens DeviceStats into torch.cuda.memory_stats()'s dotted key names (PYTORCH-FACTS §5).
-// Pure function; thread-safe.
+// Flattens DeviceStats into torch.cuda.memory_stats()'s dotted key names
+// (docs/design/torch-facts.md §7). Pure function; thread-safe.
 #include <string>
 
 #include "vramledger/stats.h"

@@ -1,5 +1,5 @@
 // Swaps torch's current CUDA allocator inside one process, between training steps, so that
-// benchmarks/gpu/inprocess_ab.py can time torch's native allocator and vramledger on the same
+// benchmarks/gpu/bench/inprocess_ab.py can time torch's native allocator and vramledger on the same
 // process, the same GPU clocks and the same batch shapes (docs/design/step-time-measurement.md,
 // "One process, both allocators").
 //

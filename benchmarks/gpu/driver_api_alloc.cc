@@ -1,8 +1,8 @@
-// The driver-API case of issue 7 on the GPU: a program that takes device memory with cuMemAlloc
-// directly (the driver API, libcuda.so.1 opened with dlopen) besides one cudaMalloc through the
-// runtime. Under libvramledger_preload.so the cudaMalloc is served and the cuMemAlloc memory is
-// left alone; the shim's exit summary then reports the kept bytes as "device bytes used outside
-// vramledger". benchmarks/gpu/preload_check.sh runs it.
+// The preload shim beside the driver API, on the GPU: a program that takes device memory with
+// cuMemAlloc directly (the driver API, libcuda.so.1 opened with dlopen) besides one cudaMalloc
+// through the runtime. Under libvramledger_preload.so the cudaMalloc is served and the cuMemAlloc
+// memory is left alone; the shim's exit summary then reports the kept bytes as "device bytes used
+// outside vramledger". benchmarks/gpu/checks/preload_check.sh runs it.
 //
 // Usage: driver_api_alloc LIBCUDART [KEEP_MIB]
 //   LIBCUDART: the runtime to load (torch's nvidia/cu13/lib/libcudart.so.13); it is opened with

@@ -1,6 +1,6 @@
 // Measures what a cuMemSetAccess costs when the pages it covers are slices of one physical
 // handle (cuMemMap with an offset) rather than one handle each, and whether a slice can be
-// unmapped and mapped elsewhere on its own (if the driver maps at an offset at all). Issue 3:
+// unmapped and mapped elsewhere on its own (if the driver maps at an offset at all). Why:
 // the replay's driver time is ~70% cuMemSetAccess, charged per mapping from
 // h200-vmm-latency.txt, which measured separate handles only. On the H200 (CUDA 13 driver) an
 // offset mapping is CUDA_ERROR_NOT_SUPPORTED (docs/design/expandable-segments.md). Prints one line

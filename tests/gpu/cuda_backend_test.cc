@@ -61,7 +61,7 @@ class CudaBackendTest : public ::testing::Test {
 
 // A handle moving within its stream is mapped at its new address while still mapped at the old
 // one, and the old mapping goes only after a fence recorded at the move has completed
-// (expandable-segments.md, "Moves without a stall"): work queued on the old address and work
+// (page-recycling.md, "Moves without a stall"): work queued on the old address and work
 // queued after it on the new one see the same memory, in stream order.
 TEST_F(CudaBackendTest, AHandleMapsAtTwoAddressesWhileOldWorkFinishes) {
   const std::size_t g = granularity_;

@@ -263,7 +263,7 @@ def test_install_rules_and_max_split_size():
             raise SystemExit("a second install with other options was accepted")
         except RuntimeError as e:
             assert "already installed" in str(e), str(e)
-        # The scenario of issue 2: the cached 300 MiB block is not split for 250 MiB.
+        # torch's max_split_size rule: the cached 300 MiB block is not split for 250 MiB.
         a = torch.empty(300 * MiB, dtype=torch.uint8, device="cuda")
         del a
         b = torch.empty(250 * MiB, dtype=torch.uint8, device="cuda")

@@ -387,7 +387,7 @@ def test_run_sets_the_environment_and_names_a_missing_command(tmp_path):
 
 def test_run_blames_a_missing_or_bad_plan_on_the_flag(tmp_path):
     """--plan is checked before the command runs and blamed on --plan, not on VRAMLEDGER_CONF
-    (where `run` passes it to the shim; a tester's finding)."""
+    (where `run` passes it to the shim; blaming that names a setting the user never wrote)."""
     marker = tmp_path / "ran"
     bad = tmp_path / "bad.json"
     bad.write_text('{"limit": "40GiB",\n "limit": "50GiB"}\n')
@@ -529,21 +529,26 @@ def test_snapshot_pickle_segments_are_checked(tmp_path, segments, message):
     assert_cli_error(run_cli("replay", path), f"{path}: {message}")
 
 
-def test_replay_warns_that_it_ignores_plan_and_step_log(tmp_path):
+def test_replay_warns_that_it_ignores_the_process_settings(tmp_path):
     trace = tmp_path / "split.csv"
     trace.write_text(MAX_SPLIT_TRACE)
     proc = run_cli("replay", trace, "--conf", "plan:/nonexist.json,step_log:/proc/x")
     assert proc.returncode == 0, proc.stderr
-    assert ("vramledger: warning: option plan:/nonexist.json is ignored by the replay: it neither "
-            "loads nor enforces plan files (it takes effect in the torch plugin"
+    assert ("vramledger: warning: option plan:/nonexist.json is ignored by the replay, which "
+            "simulates the allocator only (vramledger: path of the memory plan file): it takes "
+            "effect in the torch plugin" in proc.stderr)
+    assert ("vramledger: warning: option step_log:/proc/x is ignored by the replay, which "
+            "simulates the allocator only (vramledger: directory for per-step peak logs"
             in proc.stderr)
-    assert ("vramledger: warning: option step_log:/proc/x is ignored by the replay: it writes no "
-            "step logs" in proc.stderr)
     assert "LD_PRELOAD shim" in proc.stderr
     proc = run_cli("replay", trace, env_conf="plan:/from/env.json")  # VRAMLEDGER_CONF too
     assert proc.returncode == 0, proc.stderr
     assert "option plan:/from/env.json is ignored by the replay" in proc.stderr
     assert "ignored by the replay" not in run_cli("replay", trace).stderr
+    # Every process setting of the option table is named, the shim's too.
+    proc = run_cli("replay", trace, "--conf", "preload_quiet:True")
+    assert proc.returncode == 0, proc.stderr
+    assert "option preload_quiet:True is ignored by the replay" in proc.stderr
 
 
 def test_replay_warns_of_flags_and_settings_it_does_not_use(tmp_path):
@@ -554,8 +559,8 @@ def test_replay_warns_of_flags_and_settings_it_does_not_use(tmp_path):
     proc = run_cli("replay", trace, "--conf", "dump_dir:/x,max_dumps:2", "--at", "end",
                    "--max-entries", "10")
     assert proc.returncode == 0, proc.stderr
-    assert ("option dump_dir:/x is ignored by the replay: it writes no out-of-memory dumps"
-            in proc.stderr)
+    assert ("option dump_dir:/x is ignored by the replay, which simulates the allocator only "
+            "(vramledger: directory for OOM forensics)" in proc.stderr)
     assert "option max_dumps:2 is ignored by the replay" in proc.stderr
     assert "--at and --max-entries apply to --snapshot, not given: ignored" in proc.stderr
     proc = run_cli("replay", trace, "--at", "end", "--snapshot", tmp_path / "s.pickle")

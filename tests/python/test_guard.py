@@ -184,8 +184,8 @@ def test_the_bundled_configs_plan_the_traced_runs(config, args, peak):
 
 
 def test_a_plan_that_does_not_fit_exits_1_and_still_writes(tmp_path, gpt2_config):
-    """`plan` said DOES NOT FIT and exited 0, so `vramledger plan ... && train` went on (a new
-    user's finding)."""
+    """A plan that DOES NOT FIT exits 1, so `vramledger plan ... && train` stops instead of
+    training into an out-of-memory error."""
     out = tmp_path / "p.json"
     proc = run_cli("plan", "--config", gpt2_config, "--batch", 8, "--seq", 1024,
                    "--card-gib", 8, "--out", out)

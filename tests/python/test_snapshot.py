@@ -244,8 +244,8 @@ def test_inspect_names_a_device_the_snapshot_lacks(device, message):
 
 @pytest.mark.parametrize("flag", ["--html", "--plot"])
 def test_inspect_refuses_stdout_as_its_file(tmp_path, flag):
-    """`inspect --html -` wrote a file named '-' (a tester's finding); refused as replay's
-    --timeline - is."""
+    """`inspect --html -` would write a file named '-', where stdout is meant; refused as
+    replay's --timeline - is."""
     proc = run_cli("inspect", TORCH_SNAPSHOTS[2], flag, "-", cwd=tmp_path)
     assert_cli_error(proc, f"{flag} -: the file is not written to stdout; give a file name")
     assert not (tmp_path / "-").exists()
@@ -567,8 +567,8 @@ def test_inspect_header_writes_no_limit_and_no_context_in_words():
 
 
 def test_inspect_marks_the_stats_torch_does_not_keep_with_expandable_segments(tmp_path):
-    """An expandable replay's snapshot showed 'GPU reserved segments' 23 now and 0 at peak (a new
-    user's finding): torch keeps segment and inactive_split at 0 there, so the peak is n/a."""
+    """An expandable replay's snapshot showed 'GPU reserved segments' 23 now and 0 at peak, which
+    reads as a bug: torch keeps segment and inactive_split at 0 there, so the peak is n/a."""
     core()
     snap = tmp_path / "e.pickle"
     proc = run_cli("replay", GPT2_TRACE, "--conf", "expandable_segments:True", "--snapshot", snap)

@@ -1,6 +1,7 @@
 // The budget guard on SimBackend with a DeviceAllocator: the limit refused only after the cache
 // is released, category limits, warn_at once per step, per-tag and per-step peaks, the refusal
-// text, the two scenarios, and the hooks chain.
+// text, the two worked examples (half of the card refuses a 4 GiB request; idle memory of other
+// streams is reclaimed before a refusal), and the hooks chain.
 #include "guard/budget_guard.h"
 
 #include <gmock/gmock.h>

@@ -284,8 +284,9 @@ TEST_F(AllocatorTest, RequestLargerThanTheCardFailsClearly) {
 }
 
 TEST_F(AllocatorTest, MaxSplitSizeScenario) {
-  // Issue 2: with max_split_size_mb:200, alloc 300, free, alloc 250, alloc 300 -> the 300 MiB
-  // block is not split for 250; the second 300 MiB request reuses it; reserved 550 MiB.
+  // torch's max_split_size rule: with max_split_size_mb:200, alloc 300, free, alloc 250,
+  // alloc 300 -> the 300 MiB block is not split for 250; the second 300 MiB request reuses it;
+  // reserved 550 MiB.
   Make("max_split_size_mb:200");
   DevicePtr a = Alloc(300 * kMiB);
   Free(a);
@@ -406,7 +407,7 @@ TEST_F(GarbageCollectionTest, NeedsAMemoryFraction) {
 
 // large_segment_size_mb under a 1-10 MiB request: the segment is the request rounded up to
 // 2 MiB. A 4 MiB request got a 2 MiB segment, allocated exceeded reserved, and the split's
-// wrapped remainder handed out memory past the segment (a breaking helper's finding).
+// wrapped remainder handed out memory past the segment.
 TEST_F(AllocatorTest, ALargeSegmentSizeUnderTheRequestStillHoldsIt) {
   Make("large_segment_size_mb:2");
   const DevicePtr p = Alloc(4 * kMiB);

@@ -190,7 +190,7 @@ TEST_F(ExpandableTest, RecyclesFreePagesBeforeCreatingNewOnes) {
   EXPECT_EQ(Allocated(), static_cast<std::int64_t>(26 * kMiB));
 }
 
-// Which free pages recycling takes (expandable-segments.md, "Steady-state churn"). Stream 0, in
+// Which free pages recycling takes (page-recycling.md, "Recycling"). Stream 0, in
 // MiB from a, 2 MiB pages: a [0, 8) h1 [8, 12) b [12, 20) h2 [20, 22) c [22, 30); h1 is freed
 // and its pages returned (empty_cache), then h2 is freed (a 1-page hole); stream 1 has a free
 // tail of 4 mapped pages [u, u + 8). A 4 MiB request fills h1 and needs 2 pages. By default the
@@ -238,7 +238,7 @@ TEST_F(ExpandableTest, RecyclingTakesHolesFirstOrTailsFirst) {
   }
 }
 
-// Moves without a stall (expandable-segments.md): a page that moves within its stream is not
+// Moves without a stall (page-recycling.md): a page that moves within its stream is not
 // waited for; its old address stays mapped until a fence recorded on the stream at the move has
 // completed, and is unmapped by a later slow path (or waited for before anything is mapped over
 // it). A page from another stream's segment is waited for, as before.
@@ -513,8 +513,8 @@ TEST_F(ExpandableTest, FragmentationFigures) {
 TEST_F(ExpandableTest, RepeatedStepPatternMakesNoPageTableCallAfterWarmup) {
   // Warm-up passes over every shape until the layout settles: three by default (after two,
   // the next three passes still map 2 of their 44 moved pages anew); two without
-  // keep_old_mappings; three when free tails are recycled before holes (expandable-segments.md,
-  // "Steady-state churn").
+  // keep_old_mappings; three when free tails are recycled before holes (page-recycling.md,
+  // "Recycling").
   for (const auto& [conf, warmups] :
        {std::pair<const char*, int>{"expandable_segments:True", 3},
         std::pair<const char*, int>{"expandable_segments:True,keep_old_mappings:False", 2},

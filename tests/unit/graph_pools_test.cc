@@ -1,5 +1,6 @@
-// CUDA graph private pools on SimBackend (core/graph_pools.cc, PYTORCH-FACTS §6): routing by the
-// filter, shared pools and use counts, release only after the blocks are free, failed captures.
+// CUDA graph private pools on SimBackend (core/graph_pools.cc, docs/design/torch-facts.md §8):
+// routing by the filter, shared pools and use counts, release only after the blocks are free,
+// failed captures.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -148,14 +149,14 @@ TEST_F(GraphPoolsTest, FailedCaptureLeaksNothing) {
 
 // torch's capture_end calls cudaStreamEndCapture, then endAllocateToPool. Another thread's
 // empty_cache (or out-of-memory retry) in between must not take the graph's memory: a block
-// freed during the capture is the graph's on every replay (a breaking helper's finding: the
-// pool's segment was freed and handed to another stream).
+// freed during the capture is the graph's on every replay (otherwise the pool's segment could be
+// freed and handed to another stream while the graph still uses it).
 TEST_F(GraphPoolsTest, AnotherThreadBetweenTheEndOfACaptureAndEndKeepsThePool) {
   BeginCapture(kPool);
   const DevicePtr temporary = Alloc(1000, kCapture);
-  Free(temporary);                                 // freed during the capture: the graph's still
+  Free(temporary);  // freed during the capture: the graph's still
   const DevicePtr output = Alloc(4 * kMiB, kCapture);  // the graph's output, live
-  sim_->SetCapturing(kCapture, false);            // cudaStreamEndCapture
+  sim_->SetCapturing(kCapture, false);                 // cudaStreamEndCapture
   const std::int64_t reserved = Reserved();
   std::thread other([this] {
     EXPECT_TRUE(alloc_->EmptyCache().ok());
@@ -208,7 +209,7 @@ TEST_F(GraphPoolsTest, AFailedCaptureIsPrunedByItsOwnThreadAfterOthersCalled) {
 }
 
 // A failed capture whose thread never calls again: another thread prunes it once it has looked
-// over for a second (kFailedCaptureGrace), not before (a reviewer's finding: it held its pool,
+// over for a second (kFailedCaptureGrace), not before (otherwise it would hold its pool,
 // memory and the capture checks for good).
 TEST_F(GraphPoolsTest, AFailedCaptureOfAThreadThatExitsIsPrunedAfterTheGrace) {
   std::thread capturing([this] {

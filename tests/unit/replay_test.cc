@@ -529,7 +529,7 @@ TEST_P(BundledTraceTest, ReplayMatchesTheTracesOwnFigures) {
 
 // With keep_old_mappings, a GPU running behind the host (fences completing 2-20 ms of trace time
 // later, --gpu-lag-us) keeps the checkpointed trace's peak reserved / peak allocated at 1.01 or
-// less: the figure behind recycle_slack's default of 0.006 (expandable-segments.md, "Old
+// less: the figure behind recycle_slack's default of 0.006 (page-recycling.md, "Old
 // mappings kept"; 0.008 reached 1.0103 at 10 ms and 1.0117 at 20 ms).
 TEST(BundledTraceLagTest, CheckpointedTraceStaysWithinOnePercentUnderGpuLag) {
   const std::string path =
@@ -552,7 +552,8 @@ TEST(BundledTraceLagTest, CheckpointedTraceStaysWithinOnePercentUnderGpuLag) {
   }
 }
 
-// The expandable-segments utilization target on the GPT-2 trace, and the timeline against the final figures.
+// The expandable-segments utilization target on the GPT-2 trace, and the timeline against the final
+// figures.
 TEST(BundledTraceTimelineTest, Gpt2ExpandableReachesTheTargetUtilization) {
   const std::string path = std::string(VRAMLEDGER_SOURCE_DIR) + "/traces/trace-gpt2m-native.csv.gz";
   absl::StatusOr<std::vector<TraceEvent>> events = ReadTraceFile(path);

@@ -1,4 +1,4 @@
-// Retiring addresses out of placement (expandable-segments.md, "Retiring addresses out of
+// Old mapping addresses out of placement (page-recycling.md, "Old mapping addresses out of
 // placement") under stress: the `Segment::old_mapping` marks against the old-mapping entries
 // after every path that clears entries (empty_cache, the OOM retry, released handles, captures),
 // the one-query-per-stream shortcut with streams completing out of step, placement over a

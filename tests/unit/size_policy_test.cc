@@ -31,8 +31,8 @@ TEST(SizePolicy, PoolBoundaryIsOneMiB) {
 }
 
 TEST(SizePolicy, SegmentSizesFollowTorch) {
-  // PYTORCH-FACTS §2 probe: 400 B -> 2 MiB; 1 MiB+1 -> 20 MiB; 30 MiB+1 -> 32 MiB; 300 MiB -> 300
-  // MiB.
+  // Torch's segment sizes as measured (docs/design/torch-facts.md §4, "Sizes"): 400 B -> 2 MiB;
+  // 1 MiB+1 -> 20 MiB; 30 MiB+1 -> 32 MiB; 300 MiB -> 300 MiB.
   EXPECT_EQ(AllocationSize(RoundSize(400, kNoDivisions), 20 * kMiB), 2 * kMiB);
   EXPECT_EQ(AllocationSize(RoundSize(kMiB, kNoDivisions), 20 * kMiB), 2 * kMiB);
   EXPECT_EQ(AllocationSize(RoundSize(kMiB + 1, kNoDivisions), 20 * kMiB), 20 * kMiB);

@@ -225,7 +225,7 @@ TEST(ReadTraceFileTest, ErrorsNameThePath) {
 }
 
 // A NUL byte inside a line neither ends the line nor joins it with the next, and bytes that are
-// not printable ASCII are escaped in the message, so it stays valid UTF-8 (a tester's findings).
+// not printable ASCII are escaped in the message, so it stays valid UTF-8 for Python.
 TEST(ReadTraceFileTest, NulAndNonAsciiBytesAreBlamedOnTheirLineAndEscaped) {
   const std::string nul = TempPath("trace_reader_test_nul.csv");
   using std::string_literals::operator""s;  // keeps the NUL inside the literal
@@ -268,7 +268,7 @@ std::string FileBytes(const std::string& path) {
 
 // `cat a.gz b.gz` is one gzip file of two members (read whole, as gzip -d and Python read it);
 // NUL padding may follow the last member; anything else after it is an error, not ignored as
-// zlib's gzread ignores it (a tester's finding).
+// zlib's gzread ignores it (which would hide a corrupted file).
 TEST(ReadTraceFileTest, GzipMembersPaddingAndTrailingGarbage) {
   const std::string head = TempPath("trace_reader_test_head.csv.gz");
   const std::string rest = TempPath("trace_reader_test_rest.csv.gz");

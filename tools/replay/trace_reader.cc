@@ -42,8 +42,8 @@ constexpr std::size_t kMaxQuotedChars = 160;
 
 // The text as an error message shows it: cut at kMaxQuotedChars, and every byte that is not
 // printable ASCII (a NUL, a control character, a non-UTF-8 byte) written as \xNN, so that the
-// message stays valid UTF-8 for Python (a tester's finding: a Latin-1 byte made the message
-// undecodable and the file and line were lost).
+// message stays valid UTF-8 for Python (a Latin-1 byte would make the message undecodable, losing
+// the file and line).
 std::string Quote(absl::string_view text) {
   const bool cut = text.size() > kMaxQuotedChars;
   if (cut) text = text.substr(0, kMaxQuotedChars);
@@ -206,8 +206,8 @@ class LineParser {
 
 // Reads a file that is plain text or gzip (one member or several, as `cat a.gz b.gz` makes),
 // decompressed in chunks. After the last member only NUL padding may follow, as Python's gzip
-// module allows; anything else is an error (zlib's gzread ignores it silently, which lost the
-// fact that a file was corrupted or two files were joined wrongly: a tester's finding).
+// module allows; anything else is an error (zlib's gzread ignores it silently, which would hide
+// that a file was corrupted or two files were joined wrongly).
 class TraceInput {
  public:
   explicit TraceInput(std::string path) : path_(std::move(path)) {}

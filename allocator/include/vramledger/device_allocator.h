@@ -88,7 +88,7 @@ struct Fragmentation {
   std::int64_t other_stream_cached_bytes = 0;  // free bytes cached for streams != `stream`
   std::int64_t page_moves = 0;                 // pages recycled (unmapped here, mapped there)
   // Bytes of moved handles still mapped at the address they left: until work queued there before
-  // the move has finished (expandable-segments.md, "Moves without a stall"), and with
+  // the move has finished (page-recycling.md, "Moves without a stall"), and with
   // keep_old_mappings until that address is needed or empty_cache ("Old mappings kept"); not
   // reserved twice.
   std::int64_t retiring_bytes = 0;

@@ -15,7 +15,8 @@
 
 namespace vramledger {
 
-/// Torch's trace actions (PYTORCH-FACTS §4.2), in torch's spelling via TraceActionName().
+/// Torch's trace actions (docs/design/torch-facts.md §6.2), in torch's spelling via
+/// TraceActionName().
 enum class TraceAction : std::uint8_t {
   kAlloc,
   kFreeRequested,

@@ -70,7 +70,7 @@ struct Options {
   std::size_t expandable_page_size = 6 * kMiB;
   /// `recycle_slack` (vramledger): pages are recycled only when growing would take reserved past
   /// (1 + slack) x the peak of allocated bytes. Larger: fewer page moves per step, lower
-  /// utilization (docs/design/expandable-segments.md, "Recycling slack"; 0.006 since
+  /// utilization (docs/design/page-recycling.md, "Recycling"; 0.006 since
   /// keep_old_mappings: under a lagging GPU it kept the replay at 1.01 or less, "Old mappings
   /// kept").
   double recycle_slack = 0.006;
@@ -78,12 +78,12 @@ struct Options {
   /// (highest pages first) before the holes (smallest first). Fewer page moves where the same
   /// small holes are emptied and refilled every step (checkpointed training: -25% driver calls
   /// on the H200), more where steps set new peaks (Llama-1B: +25%), and a looser fit on the
-  /// H200 (expandable-segments.md, "Steady-state churn").
+  /// H200 (page-recycling.md, "Recycling").
   bool recycle_tails_first = false;
   /// `keep_old_mappings` (vramledger): a handle that moved keeps its old mapping after the work
   /// queued there has finished, until that address is needed for another handle (or empty_cache);
   /// a later allocation over the old address while the handle lies free takes it back with no
-  /// driver call (expandable-segments.md, "Old mappings kept").
+  /// driver call (page-recycling.md, "Old mappings kept").
   bool keep_old_mappings = true;
   /// `host_timing` (vramledger): time every Malloc and Free on the host (DeviceAllocator::
   /// host_time, fragmentation()["host_time"]; the LD_PRELOAD shim also times its interposed

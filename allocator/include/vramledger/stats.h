@@ -1,5 +1,5 @@
-// Device statistics with torch.cuda.memory_stats()'s keys and meanings (PYTORCH-FACTS §5).
-// Plain values; the allocator updates them under its own lock and hands out copies.
+// Device statistics with torch.cuda.memory_stats()'s keys and meanings (docs/design/torch-facts.md
+// §7). Plain values; the allocator updates them under its own lock and hands out copies.
 #ifndef VRAMLEDGER_STATS_H_
 #define VRAMLEDGER_STATS_H_
 

@@ -1,6 +1,7 @@
-# Expandable segments' figures for the Python package: the contiguous_segments() scope and the fragmentation figures,
-# over the plugin's C ABI (torch_plugin/plugin.h). The scope's depth is per OS thread, in the
-# plugin; this module keeps no state besides the ctypes declarations.
+# Expandable segments' figures for the Python package: the contiguous_segments() scope and the
+# fragmentation figures, over the runtime's C ABI (torch_plugin/runtime/c_api.h). The scope's
+# depth is per OS thread, in the plugin; this module keeps no state besides the ctypes
+# declarations.
 """Per-allocation opt-out of expandable segments, and fragmentation figures.
 
 ``with vramledger.contiguous_segments():`` makes the allocations of the calling thread come from

@@ -1,7 +1,7 @@
 """The budget guard from Python: tags, the phase, steps, per-tag stats, plan checks.
 
-Tags and the phase are plain ids in the plugin (torch_plugin/guard_api.h): `tag()` sets the calling
-thread's tag, `phase()` the process-wide one used by threads without their own tag (autograd's).
+Tags and the phase are plain ids in the plugin (torch_plugin/runtime/guard_api.h): `tag()` sets
+the calling thread's tag, `phase()` the process-wide one used by threads without their own tag (autograd's).
 Without the plugin library (a build without CUDA or torch) tags and steps do nothing, so code that
 uses them still runs. Refusal reports call back into `_python_stack` for the Python frames.
 """
@@ -259,8 +259,8 @@ def reset_tag_peaks(device: int = -1) -> None:
 
 def check_plan(path: str, device_count: int = 0, card_bytes: int = 0) -> dict[str, Any]:
     """Loads the plan file `path` with the same C++ parser the allocator uses and returns its
-    summary (see vramledger_plan_check in torch_plugin/guard_api.h). Device keys are checked
-    against `device_count` when > 0; sizes against a card of `card_bytes` when > 0.
+    summary (see vramledger_plan_check in torch_plugin/runtime/plan_access.h). Device keys are
+    checked against `device_count` when > 0; sizes against a card of `card_bytes` when > 0.
 
     Raises:
       ValueError: "<path>:<line>: field '<field>': ..." for a bad plan, or a directory.

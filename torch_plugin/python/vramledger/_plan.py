@@ -579,7 +579,7 @@ def run(args, cli_error: type[Exception]) -> int:
             text += (f"  plan file {args.out}: limit {gb(doc['limit'])}, headroom "
                      f"{gb(doc['headroom'])}, warn_at {doc['warn_at']:g}\n")
         print(text, end="")
-    if not est["fits"]:  # a script's `vramledger plan ... && train` stops here (a user's finding)
+    if not est["fits"]:  # a script's `vramledger plan ... && train` stops here
         print(f"vramledger: warning: the planned peak does not fit the card "
               f"({gb(est['total_bytes'] - est['card_bytes'])} over); exit status 1"
               + (f" (the plan file {args.out} is capped at the card)" if doc is not None else ""),

@@ -1,6 +1,7 @@
 """ctypes binding of libvramledger_plugin.so: finding, loading and typing its C ABI.
 
-The ABI is documented in torch_plugin/plugin.h. Nothing is loaded at import; load() imports torch
+The ABI is documented in torch_plugin/pluggable/plugin.h (the allocator pair and hooks) and
+torch_plugin/runtime/*_api.h, c_api.h (the rest). Nothing is loaded at import; load() imports torch
 first, because the plugin resolves libc10.so and libcudart.so.13 from the torch already loaded.
 """
 

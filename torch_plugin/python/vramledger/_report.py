@@ -2,7 +2,7 @@
 more than 5% above the median (a straggler holding more memory, or uneven sharding).
 
 Reads the JSON-lines files vramledger.step() writes (<DIR>/vramledger-steps-rank<R>.jsonl, one
-record per step and device; torch_plugin/guard_api.h). Pure Python, no torch.
+record per step and device; torch_plugin/runtime/guard_api.h). Pure Python, no torch.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class PlainUnpickler(pickle.Unpickler):
             f"refusing to load {module}.{name}: a memory snapshot holds plain values only")
 
 
-# ---- The plugin's history and snapshot functions (torch_plugin/plugin_history.h) ----
+# ---- The plugin's history and snapshot functions (torch_plugin/runtime/history_api.h) ----
 
 _declared: Any = None  # the plugin library whose history functions have their ctypes types
 

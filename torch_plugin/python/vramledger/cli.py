@@ -27,6 +27,7 @@ import sys
 from typing import Sequence
 
 from vramledger import _cli_shared
+from vramledger import _options  # the option table (process settings the replay ignores)
 from vramledger import _snapshot_cli  # inspect, convert, diff, replay --snapshot
 from vramledger import _guard_cli  # plan, report
 from vramledger import _run_cli  # run (LD_PRELOAD shim)
@@ -36,12 +37,15 @@ from vramledger._cli_shared import CliError
 _GIB = 1 << 30
 _H200_TOTAL_BYTES = 150109880320  # torch's total_memory of the H200 the bundled traces ran on
 _INT64_MAX = (1 << 63) - 1  # the C++ binding's std::int64_t (sample_every, gpu_lag_us)
-# Options the replay parses but never acts on: the guard and the step logs run in the torch
-# plugin (vramledger.install) or the LD_PRELOAD shim (vramledger run), not in the simulation.
-_IGNORED_BY_REPLAY = {"plan": "it neither loads nor enforces plan files",
-                      "step_log": "it writes no step logs",
-                      "dump_dir": "it writes no out-of-memory dumps (it stops at the error)",
-                      "max_dumps": "it writes no out-of-memory dumps (it stops at the error)"}
+
+
+def _ignored_by_replay() -> dict[str, str]:
+    """The options the replay parses but never acts on, with their help: the option table's
+    process settings (the guard, step logs, dumps, the shim's switches), which take effect in the
+    torch plugin (vramledger.install) or the LD_PRELOAD shim (vramledger run), not in the
+    simulation."""
+    return {row["name"]: row["help"] for row in _options.option_table()
+            if row["table"] == "process"}
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -229,11 +233,12 @@ def _warnings(r: dict, is_snapshot: bool, args: argparse.Namespace) -> list[str]
     # VRAMLEDGER_CONF, then --conf, as (key, value) pairs: a later pair wins, as in the allocator.
     options = [tuple(part.strip() for part in item.partition(":")[::2])
                for item in r["conf"].split(",") if item.strip()]
+    ignored = _ignored_by_replay() if options else {}
     for key, value in options:
-        if key in _IGNORED_BY_REPLAY and value:
-            out.append(f"option {key}:{value} is ignored by the replay: "
-                       f"{_IGNORED_BY_REPLAY[key]} (it takes effect in the torch plugin, "
-                       "vramledger.install(), or the LD_PRELOAD shim, vramledger run)")
+        if key in ignored and value:
+            out.append(f"option {key}:{value} is ignored by the replay, which simulates the "
+                       f"allocator only ({ignored[key]}): it takes effect in the torch plugin, "
+                       "vramledger.install(), or the LD_PRELOAD shim, vramledger run")
     if args.sample_every and not (args.timeline or args.plot):
         out.append("--sample-every applies to --timeline and --plot, neither given: it is ignored")
     if not args.snapshot:
