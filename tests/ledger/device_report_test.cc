@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../unit/sim_allocator_fixture.h"
+#include "../core/sim_allocator_fixture.h"
 
 namespace vramledger {
 namespace {

@@ -339,7 +339,7 @@ TEST_F(ExpandableTest, OldMappingsAreKeptAndTakenBackWithoutDriverCalls) {
 }
 
 // An old address still in use is not mapped over while another place costs fewer than 64 pages
-// per retiring page (RetiringTest covers the wait when it is the cheapest), and a page moved
+// per retiring page (OldMappingMovesTest covers the wait when it is the cheapest), and a page moved
 // from another stream's segment makes the allocation wait for that stream.
 TEST_F(ExpandableTest, RetiringAddressIsAvoidedWhileInUseAndOtherStreamsWait) {
   DevicePtr a = Alloc(8 * kMiB);

@@ -1,8 +1,8 @@
 // A DeviceBackend that forwards every call to a SimBackend. Test backends that watch some calls
-// (GpuModelBackend in retiring_placement_stress_test.cc, HazardBackend in
+// (GpuModelBackend in old_mapping_placement_stress_test.cc, HazardBackend in
 // old_mapping_hazard_test.cc) derive from it and override only those.
-#ifndef VRAMLEDGER_TESTS_UNIT_SIM_FORWARDING_BACKEND_H_
-#define VRAMLEDGER_TESTS_UNIT_SIM_FORWARDING_BACKEND_H_
+#ifndef VRAMLEDGER_TESTS_CORE_SIM_FORWARDING_BACKEND_H_
+#define VRAMLEDGER_TESTS_CORE_SIM_FORWARDING_BACKEND_H_
 
 #include <cstddef>
 
@@ -62,4 +62,4 @@ class SimForwardingBackend : public DeviceBackend {
 
 }  // namespace vramledger
 
-#endif  // VRAMLEDGER_TESTS_UNIT_SIM_FORWARDING_BACKEND_H_
+#endif  // VRAMLEDGER_TESTS_CORE_SIM_FORWARDING_BACKEND_H_

@@ -198,7 +198,7 @@ struct ChurnResult {
   std::int64_t event_waits = 0;   // kEventSynchronize made by Malloc calls
 };
 
-class RetiringPlacementStressTest : public SimAllocatorTest {
+class OldMappingPlacementStressTest : public SimAllocatorTest {
  protected:
   struct Retired {
     DevicePtr a, hole, b, big;
@@ -259,8 +259,8 @@ class RetiringPlacementStressTest : public SimAllocatorTest {
   std::unique_ptr<GpuModelBackend> gpu_;
 };
 
-ChurnResult RetiringPlacementStressTest::Churn(const ChurnConfig& c,
-                                               std::vector<std::pair<DevicePtr, StreamId>>* live) {
+ChurnResult OldMappingPlacementStressTest::Churn(
+    const ChurnConfig& c, std::vector<std::pair<DevicePtr, StreamId>>* live) {
   ChurnResult r;
   if (c.model_gpu) {
     MakeModel(c.conf, c.capacity);
@@ -373,7 +373,7 @@ ChurnResult RetiringPlacementStressTest::Churn(const ChurnConfig& c,
 
 // After empty_cache the old address costs what an unmapped page costs: the same best fit as if
 // it had never retired (the flags were cleared with the entries), and no fence is looked at.
-TEST_F(RetiringPlacementStressTest, EmptyCacheClearsRetiringFlags) {
+TEST_F(OldMappingPlacementStressTest, EmptyCacheClearsRetiringFlags) {
   std::vector<DevicePtr> live;
   const auto [a, hole, b, big] = MakeRetiring();
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
@@ -391,7 +391,7 @@ TEST_F(RetiringPlacementStressTest, EmptyCacheClearsRetiringFlags) {
 
 // The OOM retry waits for every fence and clears every flag: the next allocation maps over the
 // old address without a query or a wait.
-TEST_F(RetiringPlacementStressTest, OomRetryClearsRetiringFlags) {
+TEST_F(OldMappingPlacementStressTest, OomRetryClearsRetiringFlags) {
   Make("expandable_segments:True,expandable_page_mb:2", 40 * kMiB);
   const auto [a, hole, b, big] = MakeRetiring();  // 26 MiB used, 8 MiB retiring at `hole`
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
@@ -413,7 +413,7 @@ TEST_F(RetiringPlacementStressTest, OomRetryClearsRetiringFlags) {
 
 // The moved handles freed and released by empty_cache (their aliases unmapped first): the old
 // address is then plain unmapped, taken without a query or a second wait.
-TEST_F(RetiringPlacementStressTest, EmptyCacheAfterMovedHandlesFreedClearsFlags) {
+TEST_F(OldMappingPlacementStressTest, EmptyCacheAfterMovedHandlesFreedClearsFlags) {
   Make("expandable_segments:True,expandable_page_mb:2", 40 * kMiB);
   const auto [a, hole, b, big] = MakeRetiring();
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
@@ -432,7 +432,7 @@ TEST_F(RetiringPlacementStressTest, EmptyCacheAfterMovedHandlesFreedClearsFlags)
 
 // A 4-page handle's alias cleared through a one-page overlap clears all four flags: the three
 // pages left are plain unmapped (cost 1) for the next request and need no wait.
-TEST_F(RetiringPlacementStressTest, PartialClearOfMultiPageAliasClearsAllItsFlags) {
+TEST_F(OldMappingPlacementStressTest, PartialClearOfMultiPageAliasClearsAllItsFlags) {
   Make("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8");
   DevicePtr x = Alloc(600 * kMiB);
   DevicePtr y = Alloc(8 * kMiB);
@@ -458,7 +458,7 @@ TEST_F(RetiringPlacementStressTest, PartialClearOfMultiPageAliasClearsAllItsFlag
 // A stream-0 allocation that could go over stream 0's hole goes to the tail instead (no wait);
 // its slow path drops kS1's completed entry (stream 0's pending fence does not hide it), and
 // stream 0's stays. kS1's hole then costs what unmapped pages cost: best fit, no wait.
-TEST_F(RetiringPlacementStressTest, OneStreamCompletesTheOtherStaysRetiring) {
+TEST_F(OldMappingPlacementStressTest, OneStreamCompletesTheOtherStaysRetiring) {
   Make("expandable_segments:True,expandable_page_mb:2,keep_old_mappings:False");
   std::vector<DevicePtr> live;
   std::vector<DevicePtr> later;  // kept live: no free mapped page to recycle
@@ -484,7 +484,7 @@ TEST_F(RetiringPlacementStressTest, OneStreamCompletesTheOtherStaysRetiring) {
 
 // Ten fences pending on stream 0, the GPU reaching the fifth: a slow path queries the first
 // six (five done, dropped; the sixth pending blocks the rest) and drops exactly the five.
-TEST_F(RetiringPlacementStressTest, InOrderShortcutDropsExactlyTheCompletedPrefix) {
+TEST_F(OldMappingPlacementStressTest, InOrderShortcutDropsExactlyTheCompletedPrefix) {
   Make("expandable_segments:True,expandable_page_mb:2,keep_old_mappings:False");
   std::vector<DevicePtr> live;
   EventId marker = 0;
@@ -522,7 +522,7 @@ TEST_F(RetiringPlacementStressTest, InOrderShortcutDropsExactlyTheCompletedPrefi
 // A capture on another stream while stream 0 has a retiring address: an eager allocation that
 // could go over it goes elsewhere, makes no event call at all during the capture
 // (SettleOldMappings returns at once there), and nothing un-relaxed.
-TEST_F(RetiringPlacementStressTest, CaptureAvoidsRetiringAddressWithoutEventCalls) {
+TEST_F(OldMappingPlacementStressTest, CaptureAvoidsRetiringAddressWithoutEventCalls) {
   std::vector<DevicePtr> live;
   DevicePtr h = FreeBlockWithRetiringPages(/*retiring_first=*/true, 0, &live);
   ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId s) { return s == kCapture; }).ok());
@@ -552,7 +552,7 @@ TEST_F(RetiringPlacementStressTest, CaptureAvoidsRetiringAddressWithoutEventCall
 // An allocation placed wholly on mapped pages maps nothing and, before 5a515ef, made no driver
 // call. When its block's first bytes lie over a retiring address, BestPlacement's slide marks
 // saw_retiring and TakeExpandableBlock queries the fences although the best place costs 0.
-TEST_F(RetiringPlacementStressTest, AllocationOnMappedPagesMakesNoEventQuery) {
+TEST_F(OldMappingPlacementStressTest, AllocationOnMappedPagesMakesNoEventQuery) {
   std::vector<DevicePtr> live;
   DevicePtr h = FreeBlockWithRetiringPages(/*retiring_first=*/true, 0, &live);
   const auto q = Calls(DriverCall::kEventQuery);
@@ -567,7 +567,7 @@ TEST_F(RetiringPlacementStressTest, AllocationOnMappedPagesMakesNoEventQuery) {
 
 // The same with eight other streams holding pending fences: one query per stream, for fences
 // that cannot change a stream-0 placement.
-TEST_F(RetiringPlacementStressTest, OtherStreamsFencesAreNotQueriedForThisStream) {
+TEST_F(OldMappingPlacementStressTest, OtherStreamsFencesAreNotQueriedForThisStream) {
   std::vector<DevicePtr> live;
   std::vector<DevicePtr> later;
   for (int i = 1; i <= 8; ++i) FreeBlockWithRetiringPages(true, 0x100 + i, &live, &later);
@@ -590,7 +590,7 @@ TEST_F(RetiringPlacementStressTest, OtherStreamsFencesAreNotQueriedForThisStream
 
 // One slow path queries a pending fence once (PendingFenceIsQueriedOncePerSlowPath), also when a
 // candidate lay over its address: TakeExpandableBlock and then EnsureMapped each query it.
-TEST_F(RetiringPlacementStressTest, PendingFenceQueriedOncePerSlowPathWithRetiringCandidate) {
+TEST_F(OldMappingPlacementStressTest, PendingFenceQueriedOncePerSlowPathWithRetiringCandidate) {
   std::vector<DevicePtr> live;
   const auto [a, hole, b, big] = MakeRetiring();
   ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
@@ -603,7 +603,7 @@ TEST_F(RetiringPlacementStressTest, PendingFenceQueriedOncePerSlowPathWithRetiri
 
 // ---- Randomized churn against the GPU model ----
 
-TEST_F(RetiringPlacementStressTest, LaggingGpuOneStreamNoRace) {
+TEST_F(OldMappingPlacementStressTest, LaggingGpuOneStreamNoRace) {
   ChurnConfig c;
   c.ops = 100000;
   c.lag = 6;
@@ -624,7 +624,7 @@ TEST_F(RetiringPlacementStressTest, LaggingGpuOneStreamNoRace) {
   EXPECT_TRUE(gpu_->violations().empty());
 }
 
-TEST_F(RetiringPlacementStressTest, FourStreamsOnlyFirstProgressesRecordStreamNoRace) {
+TEST_F(OldMappingPlacementStressTest, FourStreamsOnlyFirstProgressesRecordStreamNoRace) {
   ChurnConfig c;
   c.conf = "expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8";
   c.ops = 60000;
@@ -646,7 +646,7 @@ TEST_F(RetiringPlacementStressTest, FourStreamsOnlyFirstProgressesRecordStreamNo
   EXPECT_TRUE(gpu_->violations().empty());
 }
 
-TEST_F(RetiringPlacementStressTest, SmallCardThreeStreamsEmptyCacheNoRace) {
+TEST_F(OldMappingPlacementStressTest, SmallCardThreeStreamsEmptyCacheNoRace) {
   ChurnConfig c;
   c.conf = "expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8";
   c.capacity = 1 * kGiB;
@@ -673,7 +673,7 @@ TEST_F(RetiringPlacementStressTest, SmallCardThreeStreamsEmptyCacheNoRace) {
 // orders (recycle_tails_first off, the default, and on). Which churns reach the wait path
 // depends on the placement and recycling policy (seed 8 with holes first; seeds 4 and 5 with
 // tails first): seeds are tried in turn until one does, each checked for races.
-TEST_F(RetiringPlacementStressTest, LargeRequestsTakeTheWaitPathNoRace) {
+TEST_F(OldMappingPlacementStressTest, LargeRequestsTakeTheWaitPathNoRace) {
   for (const char* conf : {"expandable_segments:True,expandable_page_mb:2",
                            "expandable_segments:True,expandable_page_mb:2,"
                            "recycle_tails_first:True"}) {
@@ -703,7 +703,7 @@ TEST_F(RetiringPlacementStressTest, LargeRequestsTakeTheWaitPathNoRace) {
 
 // The wait path on its own, with kernels: 200 MiB block whose last kernel is pending, 2 pages
 // moved away (retiring), a 202 MiB request over it: exactly one wait, and only then the unmap.
-TEST_F(RetiringPlacementStressTest, MappingOverPendingAliasWaitsBeforeUnmap) {
+TEST_F(OldMappingPlacementStressTest, MappingOverPendingAliasWaitsBeforeUnmap) {
   MakeModel("expandable_segments:True,expandable_page_mb:2", 64 * kGiB);
   DevicePtr x = Alloc(200 * kMiB);
   DevicePtr y = Alloc(4 * kMiB);
@@ -736,7 +736,7 @@ void PrintQueries(const char* label, const ChurnResult& r) {
       static_cast<long long>(r.event_waits), static_cast<long long>(r.max_retiring / kMiB));
 }
 
-TEST_F(RetiringPlacementStressTest, QueriesPerMallocStayBoundedOnLaggingGpu) {
+TEST_F(OldMappingPlacementStressTest, QueriesPerMallocStayBoundedOnLaggingGpu) {
   ChurnConfig c;
   c.model_gpu = false;
   c.ops = 100000;
@@ -754,7 +754,7 @@ TEST_F(RetiringPlacementStressTest, QueriesPerMallocStayBoundedOnLaggingGpu) {
   for (auto [p, s] : live) Free(p);
 }
 
-TEST_F(RetiringPlacementStressTest, QueriesPerMallocWithManyLaggingStreams) {
+TEST_F(OldMappingPlacementStressTest, QueriesPerMallocWithManyLaggingStreams) {
   ChurnConfig c;
   c.model_gpu = false;
   c.ops = 50000;

@@ -210,15 +210,15 @@ TEST(PreloadTest, RefusalWithoutPythonShowsNativeFrames) {
   std::filesystem::remove_all(dumps + "-plan");
 }
 
-// Runs tests/preload/python_frames.py in `mode` under the shim with the 64 MiB plan; returns
-// the refusal report written to the dump directory (and the output in *output).
+// Runs tests/torch_plugin/preload/python_frames.py in `mode` under the shim with the 64 MiB plan;
+// returns the refusal report written to the dump directory (and the output in *output).
 std::string PythonRefusalReport(const std::string& mode, std::string* output) {
   const std::string dumps = TempDir(("vl-preload-py-" + mode).c_str());
   const std::string plan = SmallPlan(dumps + "-plan");
-  const Result r =
-      RunUnderShim("VRAMLEDGER_PRELOAD_QUIET=1 VRAMLEDGER_CONF=dump_dir:" + dumps + ",plan:" + plan,
-                   std::string(VRAMLEDGER_PYTHON) + " " + VRAMLEDGER_SOURCE_DIR +
-                       "/tests/preload/python_frames.py " + VRAMLEDGER_FAKE_CUDART + " " + mode);
+  const Result r = RunUnderShim(
+      "VRAMLEDGER_PRELOAD_QUIET=1 VRAMLEDGER_CONF=dump_dir:" + dumps + ",plan:" + plan,
+      std::string(VRAMLEDGER_PYTHON) + " " + VRAMLEDGER_SOURCE_DIR +
+          "/tests/torch_plugin/preload/python_frames.py " + VRAMLEDGER_FAKE_CUDART + " " + mode);
   *output = r.output;
   std::string report;
   if (r.exit_code == 0 && std::filesystem::exists(dumps)) {

@@ -1,6 +1,6 @@
 # Replays one bundled trace with vramledger-replay and compares its whole output, byte for byte,
 # with the recorded one in tests/fixtures/replay-golden/: any change of placement, statistics or
-# modelled driver calls shows up here. Run by CTest (tests/CMakeLists.txt) as
+# modelled driver calls shows up here. Run by CTest (tests/tools/CMakeLists.txt) as
 #   cmake -DREPLAY=... -DTRACE=... -DCONF=... -DFORMAT=txt|json -DEXPECTED=... -DACTUAL_DIR=...
 #         -P replay_golden.cmake (ACTUAL_DIR: where a differing output is written)
 # Re-record (only for an intended change of figures): tests/fixtures/replay-golden/README.md.

@@ -17,7 +17,7 @@ constexpr StreamId kS1 = 0x33;
 constexpr StreamId kCapture = 0x20;
 constexpr MempoolId kPool{1, 0};
 
-class RetiringTest : public SimAllocatorTest {
+class OldMappingMovesTest : public SimAllocatorTest {
  protected:
   // a | hole | b, free hole, then a 10 MiB allocation at the tail: the hole's 4 pages move
   // within stream `s` and their old address retires.
@@ -53,9 +53,9 @@ class RetiringTest : public SimAllocatorTest {
              bool complete, std::vector<std::pair<DevicePtr, StreamId>>* live, int* ooms);
 };
 
-void RetiringTest::Churn(const std::string& conf, int ops, std::size_t capacity, bool two_streams,
-                         bool complete, std::vector<std::pair<DevicePtr, StreamId>>* live,
-                         int* ooms) {
+void OldMappingMovesTest::Churn(const std::string& conf, int ops, std::size_t capacity,
+                                bool two_streams, bool complete,
+                                std::vector<std::pair<DevicePtr, StreamId>>* live, int* ooms) {
   Make(conf, capacity);
   std::mt19937_64 rng(11);
   const StreamId streams[] = {0, kS1};
@@ -93,7 +93,7 @@ void RetiringTest::Churn(const std::string& conf, int ops, std::size_t capacity,
 }
 
 // 1. Many moves, no event ever completes, then empty_cache.
-TEST_F(RetiringTest, ManyMovesNoCompletionThenEmptyCache) {
+TEST_F(OldMappingMovesTest, ManyMovesNoCompletionThenEmptyCache) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   int ooms = 0;
   Churn("expandable_segments:True,expandable_page_mb:2", 20000, 64 * kGiB, false, false, &live,
@@ -112,7 +112,7 @@ TEST_F(RetiringTest, ManyMovesNoCompletionThenEmptyCache) {
 }
 
 // 1b. The same with multi-page handles (moves whole, and "released because they fit nowhere").
-TEST_F(RetiringTest, ManyMovesNoCompletionMultiPageHandles) {
+TEST_F(OldMappingMovesTest, ManyMovesNoCompletionMultiPageHandles) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   int ooms = 0;
   Churn("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", 20000, 64 * kGiB,
@@ -127,7 +127,7 @@ TEST_F(RetiringTest, ManyMovesNoCompletionMultiPageHandles) {
 }
 
 // 1c. Two streams, small card (OOM paths), multi-page handles, never completing.
-TEST_F(RetiringTest, TwoStreamsSmallCardNoCompletion) {
+TEST_F(OldMappingMovesTest, TwoStreamsSmallCardNoCompletion) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   int ooms = 0;
   Churn("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", 30000, 2 * kGiB,
@@ -140,7 +140,7 @@ TEST_F(RetiringTest, TwoStreamsSmallCardNoCompletion) {
   EXPECT_EQ(sim_->used_bytes(), 0u);
 }
 
-TEST_F(RetiringTest, TwoStreamsSmallCardSometimesCompleting) {
+TEST_F(OldMappingMovesTest, TwoStreamsSmallCardSometimesCompleting) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   int ooms = 0;
   Churn("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", 30000, 2 * kGiB,
@@ -152,7 +152,7 @@ TEST_F(RetiringTest, TwoStreamsSmallCardSometimesCompleting) {
 }
 
 // 2. Destroyed with retiring mappings outstanding: nothing leaks.
-TEST_F(RetiringTest, DestroyWithRetiringOutstanding) {
+TEST_F(OldMappingMovesTest, DestroyWithRetiringOutstanding) {
   std::vector<DevicePtr> live;
   MakeRetiring(0, &live);
   MakeRetiring(kS1, &live);
@@ -168,7 +168,7 @@ TEST_F(RetiringTest, DestroyWithRetiringOutstanding) {
   EXPECT_EQ(sim_->live_allocations(), 0);
 }
 
-TEST_F(RetiringTest, DestroyWithRetiringAndLiveBlocksAfterChurn) {
+TEST_F(OldMappingMovesTest, DestroyWithRetiringAndLiveBlocksAfterChurn) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   int ooms = 0;
   Churn("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", 5000, 2 * kGiB,
@@ -182,7 +182,7 @@ TEST_F(RetiringTest, DestroyWithRetiringAndLiveBlocksAfterChurn) {
 }
 
 // 3. A retiring address reused as a destination: waits while pending, not after completion.
-TEST_F(RetiringTest, RetiringAddressReusedAfterFenceCompletedDoesNotWait) {
+TEST_F(OldMappingMovesTest, RetiringAddressReusedAfterFenceCompletedDoesNotWait) {
   std::vector<DevicePtr> live;
   DevicePtr hole = MakeRetiring(0, &live);
   sim_->CompleteStream(0);
@@ -198,7 +198,7 @@ TEST_F(RetiringTest, RetiringAddressReusedAfterFenceCompletedDoesNotWait) {
 
 // While its fence is pending, a retiring address is taken only where every other place costs
 // more; then the allocation waits once, and only the overlapping entry is unmapped.
-TEST_F(RetiringTest, RetiringAddressAvoidedWhilePendingUnlessCheapest) {
+TEST_F(OldMappingMovesTest, RetiringAddressAvoidedWhilePendingUnlessCheapest) {
   std::vector<DevicePtr> live;
   DevicePtr hole = MakeRetiring(0, &live);  // 4 retiring pages at `hole`
   const auto esync = Calls(DriverCall::kEventSynchronize);
@@ -240,7 +240,7 @@ TEST_F(RetiringTest, RetiringAddressAvoidedWhilePendingUnlessCheapest) {
 }
 
 // Multi-page handle: the destination overlaps one page of a 4-page retiring alias.
-TEST_F(RetiringTest, PartialOverlapOfMultiPageRetiringAlias) {
+TEST_F(OldMappingMovesTest, PartialOverlapOfMultiPageRetiringAlias) {
   Make("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8");
   std::vector<DevicePtr> live;
   // 600 MiB mapped + one 8 MiB handle retiring; 602 MiB covers one page of it: 64 < 302 pages.
@@ -257,7 +257,7 @@ TEST_F(RetiringTest, PartialOverlapOfMultiPageRetiringAlias) {
 
 // 4. Mixed streams: a page that moved within stream 0 (alias pending) and whose new block was
 // freed moves to stream kS1: must wait for stream 0.
-TEST_F(RetiringTest, HandleWithPendingAliasMovesToAnotherStream) {
+TEST_F(OldMappingMovesTest, HandleWithPendingAliasMovesToAnotherStream) {
   std::vector<DevicePtr> live;
   MakeRetiring(0, &live);
   DevicePtr big = live.back();
@@ -283,7 +283,7 @@ TEST_F(RetiringTest, HandleWithPendingAliasMovesToAnotherStream) {
 // recycled, fits no run, and is released; it was released while still mapped at its old
 // address ("cuMemRelease: still mapped") before UnmapPage cleared its old mappings first.
 // Returns F's address; `live` gets the blocks to keep.
-DevicePtr RetiringTest::MakeReleasableAlias(std::vector<DevicePtr>* live) {
+DevicePtr OldMappingMovesTest::MakeReleasableAlias(std::vector<DevicePtr>* live) {
   Make("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8");
   DevicePtr a = Alloc(8 * kMiB);
   DevicePtr hole = Alloc(8 * kMiB);
@@ -305,7 +305,7 @@ DevicePtr RetiringTest::MakeReleasableAlias(std::vector<DevicePtr>* live) {
   return f1;
 }
 
-TEST_F(RetiringTest, ReleasedHandleWithPendingAlias) {
+TEST_F(OldMappingMovesTest, ReleasedHandleWithPendingAlias) {
   std::vector<DevicePtr> live;
   const DevicePtr f = MakeReleasableAlias(&live);
   const auto moves = FragmentationOf(*alloc_).page_moves;
@@ -317,7 +317,7 @@ TEST_F(RetiringTest, ReleasedHandleWithPendingAlias) {
 }
 
 // The same with a capture under way on another stream (SettleOldMappings returns at once then).
-TEST_F(RetiringTest, ReleasedHandleWithPendingAliasDuringCapture) {
+TEST_F(OldMappingMovesTest, ReleasedHandleWithPendingAliasDuringCapture) {
   std::vector<DevicePtr> live;
   const DevicePtr f = MakeReleasableAlias(&live);
   const auto moves = FragmentationOf(*alloc_).page_moves;
@@ -334,7 +334,7 @@ TEST_F(RetiringTest, ReleasedHandleWithPendingAliasDuringCapture) {
 }
 
 // 5. Out of memory while retiring mappings exist.
-TEST_F(RetiringTest, OomWithRetiringMappingsIsClean) {
+TEST_F(OldMappingMovesTest, OomWithRetiringMappingsIsClean) {
   Make("expandable_segments:True,expandable_page_mb:2", 64 * kMiB);
   std::vector<DevicePtr> live;
   MakeRetiring(0, &live);  // 24+... MiB reserved
@@ -364,7 +364,7 @@ TEST_F(RetiringTest, OomWithRetiringMappingsIsClean) {
 
 // 6. Capture under way (another stream captures into a private pool) while an eager move
 // happens: no event record/query, and no non-relaxed call.
-TEST_F(RetiringTest, MoveDuringCaptureRecordsNoFence) {
+TEST_F(OldMappingMovesTest, MoveDuringCaptureRecordsNoFence) {
   DevicePtr a = Alloc(8 * kMiB);
   DevicePtr hole = Alloc(8 * kMiB);
   DevicePtr b = Alloc(8 * kMiB);
@@ -386,7 +386,7 @@ TEST_F(RetiringTest, MoveDuringCaptureRecordsNoFence) {
 }
 
 // A retiring alias made before the capture, whose address is mapped over during the capture.
-TEST_F(RetiringTest, RetiringAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
+TEST_F(OldMappingMovesTest, RetiringAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
   std::vector<DevicePtr> live;
   DevicePtr hole = MakeRetiringInLargeHole(200 * kMiB, 2 * kMiB, &live);
   ASSERT_GT(Retiring(), 0);
@@ -409,7 +409,7 @@ TEST_F(RetiringTest, RetiringAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
 }
 
 // SettleOldMappings(wait=false) queries a pending fence once per slow path, not once per entry.
-TEST_F(RetiringTest, PendingFenceIsQueriedOncePerSlowPath) {
+TEST_F(OldMappingMovesTest, PendingFenceIsQueriedOncePerSlowPath) {
   std::vector<DevicePtr> live;
   MakeRetiring(0, &live);  // 4 entries share one pending fence
   const auto queries = Calls(DriverCall::kEventQuery);
@@ -419,7 +419,7 @@ TEST_F(RetiringTest, PendingFenceIsQueriedOncePerSlowPath) {
 }
 
 // 7. Event leak: a long loop of moves keeps live events bounded.
-TEST_F(RetiringTest, EventsStayBoundedOverManyMoves) {
+TEST_F(OldMappingMovesTest, EventsStayBoundedOverManyMoves) {
   DevicePtr a = Alloc(8 * kMiB);
   std::int64_t max_events = 0;
   std::int64_t moves = 0;
@@ -443,7 +443,7 @@ TEST_F(RetiringTest, EventsStayBoundedOverManyMoves) {
 }
 
 // Retiring mappings never completing, many moves without any slow path that waits.
-TEST_F(RetiringTest, EventsBoundedWhenFencesNeverComplete) {
+TEST_F(OldMappingMovesTest, EventsBoundedWhenFencesNeverComplete) {
   DevicePtr a = Alloc(8 * kMiB);
   std::int64_t max_events = 0;
   for (int i = 0; i < 500; ++i) {
@@ -466,7 +466,7 @@ TEST_F(RetiringTest, EventsBoundedWhenFencesNeverComplete) {
 // Training steps of changing shapes on a GPU that lags one step behind the host: the fences of
 // one step's page moves complete only midway through the next step. A retiring address is then
 // mapped over only where nothing else is as cheap, so no step waits for a fence.
-TEST_F(RetiringTest, LaggingStepsDoNotWaitForFences) {
+TEST_F(OldMappingMovesTest, LaggingStepsDoNotWaitForFences) {
   Make("expandable_segments:True");  // default 6 MiB pages, recycling and slack
   std::vector<DevicePtr> weights;
   for (int i = 0; i < 24; ++i) weights.push_back(Alloc(48 * kMiB + 4 * kMiB * i));

@@ -1,9 +1,9 @@
 // A DeviceAllocator on a SimBackend with expandable segments, for the expandable-segment tests
-// (expandable_test.cc, retiring_test.cc): every Alloc and Free checks the allocator's invariants
-// and that reserved bytes are exactly what the driver has mapped (plain segments included), each
-// handle counted once however many addresses it is mapped at.
-#ifndef VRAMLEDGER_TESTS_UNIT_SIM_ALLOCATOR_FIXTURE_H_
-#define VRAMLEDGER_TESTS_UNIT_SIM_ALLOCATOR_FIXTURE_H_
+// (expandable_test.cc, old_mapping_moves_test.cc): every Alloc and Free checks the allocator's
+// invariants and that reserved bytes are exactly what the driver has mapped (plain segments
+// included), each handle counted once however many addresses it is mapped at.
+#ifndef VRAMLEDGER_TESTS_CORE_SIM_ALLOCATOR_FIXTURE_H_
+#define VRAMLEDGER_TESTS_CORE_SIM_ALLOCATOR_FIXTURE_H_
 
 #include <cstdint>
 #include <memory>
@@ -63,4 +63,4 @@ class SimAllocatorTest : public ::testing::Test {
 
 }  // namespace vramledger
 
-#endif  // VRAMLEDGER_TESTS_UNIT_SIM_ALLOCATOR_FIXTURE_H_
+#endif  // VRAMLEDGER_TESTS_CORE_SIM_ALLOCATOR_FIXTURE_H_
