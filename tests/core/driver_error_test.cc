@@ -1,5 +1,5 @@
 // Driver errors at every call of every kind (SimBackend::FailCall), in the middle of a churn of
-// expandable-segment allocations with page moves, retiring mappings, record_stream and
+// expandable-segment allocations with page moves, old mappings, record_stream and
 // empty_cache: the failing call's operation returns an error, nothing crashes, the books stay
 // exact after every operation (CheckInvariants; reserved == mapped - aliased), and once the
 // workload ends nothing leaks (no handle, mapping, reservation or event left on the device).
@@ -35,8 +35,8 @@ class ChurnTest : public SimAllocatorTest {
     int injected_seen = 0;
     for (int op = 0; op < ops; ++op) {
       if (arm_every > 0 && op % arm_every == 0) {
-        sim_->FailCall(static_cast<DriverCall>(rng() % kNumDriverCalls), static_cast<int>(rng() % 3),
-                       absl::InternalError("injected driver error"));
+        sim_->FailCall(static_cast<DriverCall>(rng() % kNumDriverCalls),
+                       static_cast<int>(rng() % 3), absl::InternalError("injected driver error"));
       }
       const int what = static_cast<int>(rng() % 100);
       absl::Status status;
@@ -258,12 +258,12 @@ TEST_F(FlakyDriverTest, EveryMappingWithoutAccessIsRemembered) {
   flaky_->unmap_failures = 2;   // each mapping's clean-up unmap
   ASSERT_FALSE(alloc->Malloc(12 * kMiB, 0).ok());
   ASSERT_EQ(flaky_->mapped_at.size(), 2u);
-  ASSERT_FALSE(alloc->Malloc(6 * kMiB, 0).ok());   // refused
-  flaky_->fail_unmap_at = flaky_->mapped_at[1];     // the second page's unmap fails once more
-  EXPECT_FALSE(alloc->EmptyCache().ok());           // the first page goes, the second stays
+  ASSERT_FALSE(alloc->Malloc(6 * kMiB, 0).ok());  // refused
+  flaky_->fail_unmap_at = flaky_->mapped_at[1];   // the second page's unmap fails once more
+  EXPECT_FALSE(alloc->EmptyCache().ok());         // the first page goes, the second stays
   flaky_->fail_unmap_at = 0;
   auto still = alloc->Malloc(6 * kMiB, 0);
-  ASSERT_FALSE(still.ok());                          // still refused: one is left
+  ASSERT_FALSE(still.ok());  // still refused: one is left
   EXPECT_NE(still.status().message().find("without access"), std::string::npos);
   ASSERT_TRUE(alloc->EmptyCache().ok());
   auto p = alloc->Malloc(6 * kMiB, 0);

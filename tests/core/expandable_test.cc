@@ -257,7 +257,7 @@ TEST_F(ExpandableTest, MovesWithinAStreamDoNotWait) {
   EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kMemUnmap), 0);
   EXPECT_EQ(calls.count(DriverCall::kEventRecord), 1);  // one fence for the four handles
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(26 * kMiB));
   EXPECT_TRUE(sim_->IsAccessible(big, 10 * kMiB));
   EXPECT_TRUE(sim_->IsAccessible(hole, 8 * kMiB));  // still mapped: queued work may read it
@@ -269,7 +269,7 @@ TEST_F(ExpandableTest, MovesWithinAStreamDoNotWait) {
   EXPECT_EQ(calls.count(DriverCall::kMemUnmap), 4);
   EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kStreamSynchronize), 0);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_TRUE(sim_->IsAccessible(hole, 2 * kMiB));
   EXPECT_FALSE(sim_->IsAccessible(hole + 2 * kMiB, 2 * kMiB));
   for (DevicePtr p : {big, d}) Free(p);
@@ -290,7 +290,7 @@ TEST_F(ExpandableTest, OldMappingsAreKeptAndTakenBackWithoutDriverCalls) {
   DevicePtr after = Alloc(2 * kMiB);  // page 16's free half and one new page
   ASSERT_EQ(after, big + 10 * kMiB);
   EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 4);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   sim_->CompleteStream(0);
   // `big` goes. 4 MiB: the hole is the best fit, and its pages cost what mapped ones do (old
   // mappings of h4-h7, which lie free), so it lands there and h4, h5 go back to pages 4-5 with no
@@ -309,7 +309,7 @@ TEST_F(ExpandableTest, OldMappingsAreKeptAndTakenBackWithoutDriverCalls) {
   Fragmentation f = FragmentationOf(*alloc_);
   EXPECT_EQ(f.page_moves, 6);
   EXPECT_EQ(f.reused_old_mappings, 2);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));  // pages 6, 7, 12, 13
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));  // pages 6, 7, 12, 13
   EXPECT_TRUE(sim_->IsAccessible(hole, 8 * kMiB));
   EXPECT_TRUE(sim_->IsAccessible(big, 10 * kMiB));
   sim_->CompleteStream(0);
@@ -327,28 +327,28 @@ TEST_F(ExpandableTest, OldMappingsAreKeptAndTakenBackWithoutDriverCalls) {
   f = FragmentationOf(*alloc_);
   EXPECT_EQ(f.reused_old_mappings, 2);
   // Old mappings now: h6, h7 at pages 6-7 and h4 at page 12.
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(6 * kMiB));
   EXPECT_TRUE(sim_->IsAccessible(big, 10 * kMiB));
   EXPECT_TRUE(sim_->IsAccessible(hole, 8 * kMiB));
   // empty_cache unmaps every old mapping and releases every free page.
   for (DevicePtr p : {a, b, c, d, after}) Free(p);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(Reserved(), 0);
   EXPECT_EQ(sim_->aliased_bytes(), 0u);
 }
 
 // An old address still in use is not mapped over while another place costs fewer than 64 pages
-// per retiring page (OldMappingMovesTest covers the wait when it is the cheapest), and a page moved
-// from another stream's segment makes the allocation wait for that stream.
-TEST_F(ExpandableTest, RetiringAddressIsAvoidedWhileInUseAndOtherStreamsWait) {
+// per old-mapping page (OldMappingMovesTest covers the wait when it is the cheapest), and a page
+// moved from another stream's segment makes the allocation wait for that stream.
+TEST_F(ExpandableTest, OldMappingAddressIsAvoidedWhileInUseAndOtherStreamsWait) {
   DevicePtr a = Alloc(8 * kMiB);
   DevicePtr hole = Alloc(8 * kMiB);
   DevicePtr b = Alloc(8 * kMiB);
   Free(hole);
   DevicePtr big = Alloc(10 * kMiB);  // the hole's 4 pages move; their old address retires
   const DriverCallLedger& calls = sim_->calls();
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   // 8 MiB more: the hole (best fit) has no page and its old mappings are still in use (the
   // fence is queried, not waited for): four new pages at the tail instead, nothing waits.
   DevicePtr again = Alloc(8 * kMiB);
@@ -356,7 +356,7 @@ TEST_F(ExpandableTest, RetiringAddressIsAvoidedWhileInUseAndOtherStreamsWait) {
   EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kStreamSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kMemUnmap), 0);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(34 * kMiB));
   EXPECT_TRUE(sim_->IsAccessible(again, 8 * kMiB));
   // Once the fence completed, the hole is the best fit again and its old mappings go first.
@@ -365,7 +365,7 @@ TEST_F(ExpandableTest, RetiringAddressIsAvoidedWhileInUseAndOtherStreamsWait) {
   EXPECT_EQ(next, hole);
   EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kMemUnmap), 4);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   Free(next);
   for (DevicePtr p : {again, a, b, big}) Free(p);
   // Another stream: its allocation takes pages of stream 0's free blocks and waits for stream 0.
@@ -381,7 +381,7 @@ TEST_F(ExpandableTest, RetiringAddressIsAvoidedWhileInUseAndOtherStreamsWait) {
   EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 4);
   EXPECT_EQ(fresh.count(DriverCall::kStreamSynchronize), 1);
   EXPECT_EQ(fresh.count(DriverCall::kMemUnmap), 4);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   ASSERT_TRUE(alloc_->Free(*other).ok());
   for (DevicePtr p : {x, z}) Free(p);
 }
@@ -604,12 +604,12 @@ TEST_F(ExpandableTest, VariableSizeHandlesCoverRunsAndMoveWhole) {
   // before the move has finished (nothing waited), then empty_cache unmaps them.
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemUnmap), 0);
   EXPECT_EQ(sim_->calls().count(DriverCall::kStreamSynchronize), 0);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(100 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(100 * kMiB));
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemCreate) - creates, 1);  // 20 MiB left to create
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(130 * kMiB));
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(sim_->calls().count(DriverCall::kMemUnmap), 2);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(130 * kMiB));
   Free(b);
   Free(c);
@@ -674,7 +674,7 @@ void ExpandableTest::Randomized(const std::string& conf, int ops) {
     ASSERT_EQ(Reserved(), static_cast<std::int64_t>(sim_->mapped_bytes() - sim_->aliased_bytes()))
         << "op " << op;
     if (op % 1000 == 0) {  // the allocator's own figure for them, now and then (it walks)
-      ASSERT_EQ(Retiring(), static_cast<std::int64_t>(sim_->aliased_bytes())) << "op " << op;
+      ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(sim_->aliased_bytes())) << "op " << op;
     }
   }
   EXPECT_GT(ooms, 0);

@@ -1,5 +1,5 @@
-// Moves without a stall (retiring mappings, expandable-segments.md) under stress: events that
-// never complete, destruction with old mappings outstanding, reuse of a retiring address, other
+// Moves without a stall (old mappings, expandable-segments.md) under stress: events that
+// never complete, destruction with old mappings outstanding, reuse of a old-mapping address, other
 // streams, multi-page handles released while still mapped elsewhere, out of memory, captures,
 // and the event pool staying bounded. Written to break the feature; the bugs found are fixed.
 #include <cmath>
@@ -21,7 +21,7 @@ class OldMappingMovesTest : public SimAllocatorTest {
  protected:
   // a | hole | b, free hole, then a 10 MiB allocation at the tail: the hole's 4 pages move
   // within stream `s` and their old address retires.
-  DevicePtr MakeRetiring(StreamId s, std::vector<DevicePtr>* live) {
+  DevicePtr MakeOldMapping(StreamId s, std::vector<DevicePtr>* live) {
     DevicePtr a = Alloc(8 * kMiB, s);
     DevicePtr hole = Alloc(8 * kMiB, s);
     DevicePtr b = Alloc(8 * kMiB, s);
@@ -32,17 +32,17 @@ class OldMappingMovesTest : public SimAllocatorTest {
   }
   // x | y | z with x = `x_bytes`, y = `y_bytes`: y freed, then an allocation at the tail takes
   // y's handle (y's address retires, fence pending); then x is freed, so x and y form one free
-  // block whose pages are all mapped except y's retiring ones. Mapping over those is then the
-  // cheapest place for a request that covers them (placement counts a retiring page as 64, a
+  // block whose pages are all mapped except y's old-mapping ones. Mapping over those is then the
+  // cheapest place for a request that covers them (placement counts a old-mapping page as 64, a
   // missing one as 1: the tail costs x_bytes / 2 MiB + 1 pages). Returns x's address.
-  DevicePtr MakeRetiringInLargeHole(std::size_t x_bytes, std::size_t y_bytes,
-                                    std::vector<DevicePtr>* live) {
+  DevicePtr MakeOldMappingInLargeHole(std::size_t x_bytes, std::size_t y_bytes,
+                                      std::vector<DevicePtr>* live) {
     DevicePtr x = Alloc(x_bytes);
     DevicePtr y = Alloc(y_bytes);
     DevicePtr z = Alloc(8 * kMiB);
     Free(y);
     DevicePtr tail = Alloc(y_bytes + 2 * kMiB);
-    EXPECT_EQ(Retiring(), static_cast<std::int64_t>(y_bytes));
+    EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(y_bytes));
     Free(x);
     live->insert(live->end(), {z, tail});
     return x;
@@ -59,7 +59,7 @@ void OldMappingMovesTest::Churn(const std::string& conf, int ops, std::size_t ca
   Make(conf, capacity);
   std::mt19937_64 rng(11);
   const StreamId streams[] = {0, kS1};
-  std::int64_t max_retiring = 0;
+  std::int64_t max_old_mapping_bytes = 0;
   for (int op = 0; op < ops; ++op) {
     const int what = static_cast<int>(rng() % 100);
     if (what < 52 || live->empty()) {
@@ -85,8 +85,8 @@ void OldMappingMovesTest::Churn(const std::string& conf, int ops, std::size_t ca
     ASSERT_EQ(Reserved(), static_cast<std::int64_t>(sim_->mapped_bytes() - sim_->aliased_bytes()))
         << "op " << op;
     if (op % 500 == 0) {
-      max_retiring = std::max(max_retiring, Retiring());
-      ASSERT_EQ(Retiring(), static_cast<std::int64_t>(sim_->aliased_bytes())) << "op " << op;
+      max_old_mapping_bytes = std::max(max_old_mapping_bytes, OldMappingBytes());
+      ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(sim_->aliased_bytes())) << "op " << op;
     }
   }
   EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
@@ -100,7 +100,7 @@ TEST_F(OldMappingMovesTest, ManyMovesNoCompletionThenEmptyCache) {
         &ooms);
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_TRUE(alloc_->EmptyCache().ok());
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(sim_->aliased_bytes(), 0u);
   EXPECT_EQ(static_cast<std::size_t>(Reserved()), sim_->mapped_bytes());
   EXPECT_EQ(static_cast<std::size_t>(Reserved()), sim_->used_bytes());
@@ -151,12 +151,12 @@ TEST_F(OldMappingMovesTest, TwoStreamsSmallCardSometimesCompleting) {
   EXPECT_EQ(Reserved(), 0);
 }
 
-// 2. Destroyed with retiring mappings outstanding: nothing leaks.
-TEST_F(OldMappingMovesTest, DestroyWithRetiringOutstanding) {
+// 2. Destroyed with old mappings outstanding: nothing leaks.
+TEST_F(OldMappingMovesTest, DestroyWithOldMappingOutstanding) {
   std::vector<DevicePtr> live;
-  MakeRetiring(0, &live);
-  MakeRetiring(kS1, &live);
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(16 * kMiB));
+  MakeOldMapping(0, &live);
+  MakeOldMapping(kS1, &live);
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(16 * kMiB));
   ASSERT_GT(sim_->live_events(), 0);
   for (DevicePtr p : live) Free(p);  // cached, pages mapped
   alloc_.reset();
@@ -168,7 +168,7 @@ TEST_F(OldMappingMovesTest, DestroyWithRetiringOutstanding) {
   EXPECT_EQ(sim_->live_allocations(), 0);
 }
 
-TEST_F(OldMappingMovesTest, DestroyWithRetiringAndLiveBlocksAfterChurn) {
+TEST_F(OldMappingMovesTest, DestroyWithOldMappingAndLiveBlocksAfterChurn) {
   std::vector<std::pair<DevicePtr, StreamId>> live;
   int ooms = 0;
   Churn("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8", 5000, 2 * kGiB,
@@ -181,10 +181,10 @@ TEST_F(OldMappingMovesTest, DestroyWithRetiringAndLiveBlocksAfterChurn) {
   EXPECT_EQ(sim_->live_reservations(), 0);
 }
 
-// 3. A retiring address reused as a destination: waits while pending, not after completion.
-TEST_F(OldMappingMovesTest, RetiringAddressReusedAfterFenceCompletedDoesNotWait) {
+// 3. A old-mapping address reused as a destination: waits while pending, not after completion.
+TEST_F(OldMappingMovesTest, OldMappingAddressReusedAfterFenceCompletedDoesNotWait) {
   std::vector<DevicePtr> live;
-  DevicePtr hole = MakeRetiring(0, &live);
+  DevicePtr hole = MakeOldMapping(0, &live);
   sim_->CompleteStream(0);
   const auto esync = Calls(DriverCall::kEventSynchronize);
   const auto ssync = Calls(DriverCall::kStreamSynchronize);
@@ -192,20 +192,20 @@ TEST_F(OldMappingMovesTest, RetiringAddressReusedAfterFenceCompletedDoesNotWait)
   EXPECT_EQ(again, hole);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync);
   EXPECT_EQ(Calls(DriverCall::kStreamSynchronize), ssync);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_TRUE(sim_->IsAccessible(again, 8 * kMiB));
 }
 
-// While its fence is pending, a retiring address is taken only where every other place costs
+// While its fence is pending, a old-mapping address is taken only where every other place costs
 // more; then the allocation waits once, and only the overlapping entry is unmapped.
-TEST_F(OldMappingMovesTest, RetiringAddressAvoidedWhilePendingUnlessCheapest) {
+TEST_F(OldMappingMovesTest, OldMappingAddressAvoidedWhilePendingUnlessCheapest) {
   std::vector<DevicePtr> live;
-  DevicePtr hole = MakeRetiring(0, &live);  // 4 retiring pages at `hole`
+  DevicePtr hole = MakeOldMapping(0, &live);  // 4 old-mapping pages at `hole`
   const auto esync = Calls(DriverCall::kEventSynchronize);
   DevicePtr elsewhere = Alloc(2 * kMiB);  // one new page at the tail beats a retiring one
   EXPECT_NE(elsewhere, hole);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   Free(elsewhere);
   for (DevicePtr p : live) Free(p);
 
@@ -213,7 +213,7 @@ TEST_F(OldMappingMovesTest, RetiringAddressAvoidedWhilePendingUnlessCheapest) {
   live.clear();
   // 160 MiB mapped + 8 MiB (4 pages) retiring, a request covering all of it: 4 x 64 = 256 >
   // 84 new pages at the tail.
-  DevicePtr x = MakeRetiringInLargeHole(160 * kMiB, 8 * kMiB, &live);
+  DevicePtr x = MakeOldMappingInLargeHole(160 * kMiB, 8 * kMiB, &live);
   DevicePtr p = Alloc(168 * kMiB);
   EXPECT_NE(p, x);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), 0);
@@ -225,32 +225,32 @@ TEST_F(OldMappingMovesTest, RetiringAddressAvoidedWhilePendingUnlessCheapest) {
   // 200 MiB mapped + 4 MiB (2 pages) retiring: 2 x 64 = 128 > 101 new pages, but a request
   // covering one of them costs 64 < 101: it waits once, and the other page stays retiring
   // until the next slow path finds its (shared, now completed) fence.
-  x = MakeRetiringInLargeHole(200 * kMiB, 4 * kMiB, &live);
+  x = MakeOldMappingInLargeHole(200 * kMiB, 4 * kMiB, &live);
   const auto esync2 = Calls(DriverCall::kEventSynchronize);
   DevicePtr part = Alloc(202 * kMiB);
   EXPECT_EQ(part, x);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync2 + 1);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(2 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(2 * kMiB));
   DevicePtr rest = Alloc(2 * kMiB);
   EXPECT_EQ(rest, x + 202 * kMiB);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync2 + 1);  // completed: no second wait
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   for (DevicePtr q : {part, rest}) Free(q);
   for (DevicePtr q : live) Free(q);
 }
 
-// Multi-page handle: the destination overlaps one page of a 4-page retiring alias.
-TEST_F(OldMappingMovesTest, PartialOverlapOfMultiPageRetiringAlias) {
+// Multi-page handle: the destination overlaps one page of a 4-page old-mapping alias.
+TEST_F(OldMappingMovesTest, PartialOverlapOfMultiPageOldMappingAlias) {
   Make("expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8");
   std::vector<DevicePtr> live;
   // 600 MiB mapped + one 8 MiB handle retiring; 602 MiB covers one page of it: 64 < 302 pages.
-  DevicePtr x = MakeRetiringInLargeHole(600 * kMiB, 8 * kMiB, &live);
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  DevicePtr x = MakeOldMappingInLargeHole(600 * kMiB, 8 * kMiB, &live);
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   const auto esync = Calls(DriverCall::kEventSynchronize);
   DevicePtr p = Alloc(602 * kMiB);
   EXPECT_EQ(p, x);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync + 1);
-  EXPECT_EQ(Retiring(), 0);  // the whole handle's old mapping goes
+  EXPECT_EQ(OldMappingBytes(), 0);  // the whole handle's old mapping goes
   Free(p);
   for (DevicePtr q : live) Free(q);
 }
@@ -259,7 +259,7 @@ TEST_F(OldMappingMovesTest, PartialOverlapOfMultiPageRetiringAlias) {
 // freed moves to stream kS1: must wait for stream 0.
 TEST_F(OldMappingMovesTest, HandleWithPendingAliasMovesToAnotherStream) {
   std::vector<DevicePtr> live;
-  MakeRetiring(0, &live);
+  MakeOldMapping(0, &live);
   DevicePtr big = live.back();
   live.pop_back();
   Free(big);  // the moved handles are now in a free block of stream 0
@@ -299,7 +299,7 @@ DevicePtr OldMappingMovesTest::MakeReleasableAlias(std::vector<DevicePtr>* live)
   Free(hole);
   alloc_->ResetPeakStats();
   DevicePtr big = Alloc(9 * kMiB);  // page 11 mapped, 4 missing: H moves
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   Free(big);
   live->insert(live->end(), {a, b, g});
   return f1;
@@ -333,18 +333,18 @@ TEST_F(OldMappingMovesTest, ReleasedHandleWithPendingAliasDuringCapture) {
   EXPECT_EQ(*p, f);
 }
 
-// 5. Out of memory while retiring mappings exist.
-TEST_F(OldMappingMovesTest, OomWithRetiringMappingsIsClean) {
+// 5. Out of memory while old mappings exist.
+TEST_F(OldMappingMovesTest, OomWithOldMappingMappingsIsClean) {
   Make("expandable_segments:True,expandable_page_mb:2", 64 * kMiB);
   std::vector<DevicePtr> live;
-  MakeRetiring(0, &live);  // 24+... MiB reserved
-  ASSERT_GT(Retiring(), 0);
+  MakeOldMapping(0, &live);  // 24+... MiB reserved
+  ASSERT_GT(OldMappingBytes(), 0);
   auto p = alloc_->Malloc(60 * kMiB, 0);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
   Check();
   // fill the card with small pieces while the alias exists
-  MakeRetiring(kS1, &live);
+  MakeOldMapping(kS1, &live);
   std::vector<DevicePtr> fill;
   for (int i = 0; i < 100; ++i) {
     auto q = alloc_->Malloc(3 * kMiB, i % 2 ? kS1 : 0);
@@ -377,7 +377,7 @@ TEST_F(OldMappingMovesTest, MoveDuringCaptureRecordsNoFence) {
   EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
   EXPECT_EQ(Calls(DriverCall::kEventRecord), records);
   EXPECT_EQ(Calls(DriverCall::kEventQuery), queries);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
   sim_->SetCapturing(kCapture, false);
   ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
@@ -385,16 +385,16 @@ TEST_F(OldMappingMovesTest, MoveDuringCaptureRecordsNoFence) {
   for (DevicePtr p : {a, b, big}) Free(p);
 }
 
-// A retiring alias made before the capture, whose address is mapped over during the capture.
-TEST_F(OldMappingMovesTest, RetiringAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
+// A old-mapping alias made before the capture, whose address is mapped over during the capture.
+TEST_F(OldMappingMovesTest, OldMappingAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
   std::vector<DevicePtr> live;
-  DevicePtr hole = MakeRetiringInLargeHole(200 * kMiB, 2 * kMiB, &live);
-  ASSERT_GT(Retiring(), 0);
+  DevicePtr hole = MakeOldMappingInLargeHole(200 * kMiB, 2 * kMiB, &live);
+  ASSERT_GT(OldMappingBytes(), 0);
   ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId s) { return s == kCapture; }).ok());
   sim_->SetCapturing(kCapture, true);
   const auto queries = Calls(DriverCall::kEventQuery);
   const auto esync = Calls(DriverCall::kEventSynchronize);
-  DevicePtr again = Alloc(202 * kMiB);  // over the retiring address (64 < 101 new pages)
+  DevicePtr again = Alloc(202 * kMiB);  // over the old-mapping address (64 < 101 new pages)
   EXPECT_EQ(again, hole);
   EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
   // The old mapping must go before a handle is mapped there, so the fence (recorded before the
@@ -411,7 +411,7 @@ TEST_F(OldMappingMovesTest, RetiringAddressMappedOverDuringCaptureWaitsInRelaxed
 // SettleOldMappings(wait=false) queries a pending fence once per slow path, not once per entry.
 TEST_F(OldMappingMovesTest, PendingFenceIsQueriedOncePerSlowPath) {
   std::vector<DevicePtr> live;
-  MakeRetiring(0, &live);  // 4 entries share one pending fence
+  MakeOldMapping(0, &live);  // 4 entries share one pending fence
   const auto queries = Calls(DriverCall::kEventQuery);
   DevicePtr more = Alloc(20 * kMiB);  // new pages at the tail: a slow path
   (void)more;
@@ -442,7 +442,7 @@ TEST_F(OldMappingMovesTest, EventsStayBoundedOverManyMoves) {
   Free(a);
 }
 
-// Retiring mappings never completing, many moves without any slow path that waits.
+// Old mappings never completing, many moves without any slow path that waits.
 TEST_F(OldMappingMovesTest, EventsBoundedWhenFencesNeverComplete) {
   DevicePtr a = Alloc(8 * kMiB);
   std::int64_t max_events = 0;
@@ -457,14 +457,14 @@ TEST_F(OldMappingMovesTest, EventsBoundedWhenFencesNeverComplete) {
   }
   EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
   std::printf("max live events %lld, retiring %lld\n", static_cast<long long>(max_events),
-              static_cast<long long>(Retiring()));
+              static_cast<long long>(OldMappingBytes()));
   Free(a);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(sim_->aliased_bytes(), 0u);
 }
 
 // Training steps of changing shapes on a GPU that lags one step behind the host: the fences of
-// one step's page moves complete only midway through the next step. A retiring address is then
+// one step's page moves complete only midway through the next step. A old-mapping address is then
 // mapped over only where nothing else is as cheap, so no step waits for a fence.
 TEST_F(OldMappingMovesTest, LaggingStepsDoNotWaitForFences) {
   Make("expandable_segments:True");  // default 6 MiB pages, recycling and slack

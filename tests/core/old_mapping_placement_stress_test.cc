@@ -2,7 +2,7 @@
 // placement") under stress: the `Segment::old_mapping` marks against the old-mapping entries
 // after every path that clears entries (empty_cache, the OOM retry, released handles, captures),
 // the one-query-per-stream shortcut with streams completing out of step, placement over a
-// retiring address checked against a model of the GPU's work (no address is unmapped while work
+// old-mapping address checked against a model of the GPU's work (no address is unmapped while work
 // queued on it is pending, no handle is shared by two streams' pending work), and the number of
 // cudaEventQuery calls a Malloc makes while the GPU lags.
 #include <algorithm>
@@ -32,7 +32,7 @@ constexpr MempoolId kPool{1, 0};
 // is a kernel on `stream` touching [ptr, ptr + size) (an event recorded there). It reports a
 // violation when
 //  - an address is unmapped while a kernel that touched it through that mapping is pending
-//    (a retiring alias unmapped before its fence, or any unmap without a wait),
+//    (a old-mapping alias unmapped before its fence, or any unmap without a wait),
 //  - a kernel touches bytes that are not mapped, or
 //  - a kernel touches physical bytes that another stream's pending kernel touched, through any
 //    address, when a new block's first kernel runs on its stream (a handle moved across
@@ -190,7 +190,7 @@ struct ChurnConfig {
 struct ChurnResult {
   int mallocs = 0;
   int ooms = 0;
-  std::int64_t max_retiring = 0;
+  std::int64_t max_old_mapping_bytes = 0;
   std::int64_t queries = 0;       // kEventQuery made by Malloc calls (model_gpu off only)
   std::int64_t fast_mallocs = 0;  // Mallocs that mapped nothing
   std::int64_t fast_queries = 0;  // kEventQuery made by those
@@ -205,7 +205,7 @@ class OldMappingPlacementStressTest : public SimAllocatorTest {
   };
   // a | hole | b (8 MiB each), the hole freed, then 10 MiB at the tail: the hole's 4 pages move
   // within stream 0 and its 8 MiB retire (fence pending).
-  Retired MakeRetiring() {
+  Retired MakeOldMapping() {
     DevicePtr a = Alloc(8 * kMiB);
     DevicePtr hole = Alloc(8 * kMiB);
     DevicePtr b = Alloc(8 * kMiB);
@@ -230,22 +230,22 @@ class OldMappingPlacementStressTest : public SimAllocatorTest {
     alloc_.reset();
     gpu_.reset();
   }
-  // p1 | p2 | z (8 MiB each) on stream `s`; y (p1 if `retiring_first`, else p2) is freed and a
+  // p1 | p2 | z (8 MiB each) on stream `s`; y (p1 if `old_mapping_first`, else p2) is freed and a
   // 10 MiB allocation at the tail takes y's 4 handles (y's address retires, fence pending); then
-  // x (the other one) is freed, so one free block [p1, z) holds y's retiring pages and x's
+  // x (the other one) is freed, so one free block [p1, z) holds y's old-mapping pages and x's
   // mapped ones. Returns p1. With `later`, x is not freed but added there (free it once every
   // stream is set up: moving x's free pages to another stream would complete this one's fence).
-  DevicePtr FreeBlockWithRetiringPages(bool retiring_first, StreamId s,
-                                       std::vector<DevicePtr>* live,
-                                       std::vector<DevicePtr>* later = nullptr) {
+  DevicePtr FreeBlockWithOldMappingPages(bool old_mapping_first, StreamId s,
+                                         std::vector<DevicePtr>* live,
+                                         std::vector<DevicePtr>* later = nullptr) {
     DevicePtr p1 = Alloc(8 * kMiB, s);
     DevicePtr p2 = Alloc(8 * kMiB, s);
     DevicePtr z = Alloc(8 * kMiB, s);
-    DevicePtr y = retiring_first ? p1 : p2;
-    DevicePtr x = retiring_first ? p2 : p1;
+    DevicePtr y = old_mapping_first ? p1 : p2;
+    DevicePtr x = old_mapping_first ? p2 : p1;
     Free(y);
     DevicePtr tail = Alloc(10 * kMiB, s);
-    EXPECT_EQ(Retiring() % static_cast<std::int64_t>(8 * kMiB), 0);
+    EXPECT_EQ(OldMappingBytes() % static_cast<std::int64_t>(8 * kMiB), 0);
     if (later != nullptr) {
       later->push_back(x);
     } else {
@@ -342,7 +342,7 @@ ChurnResult OldMappingPlacementStressTest::Churn(
       live->pop_back();
     } else if (c.empty_cache_every > 0 && rng() % c.empty_cache_every == 0) {
       EXPECT_TRUE(alloc_->EmptyCache().ok());
-      EXPECT_EQ(Retiring(), 0) << "op " << op;
+      EXPECT_EQ(OldMappingBytes(), 0) << "op " << op;
     }
     if (c.catch_up_every > 0 && op % c.catch_up_every == c.catch_up_every - 1) {
       if (c.catch_up_all) {
@@ -357,9 +357,9 @@ ChurnResult OldMappingPlacementStressTest::Churn(
     EXPECT_EQ(Reserved(), static_cast<std::int64_t>(sim_->mapped_bytes() - sim_->aliased_bytes()))
         << "op " << op;
     if (op % 16 == 0) {  // GetFragmentation walks every free block's pages
-      const std::int64_t retiring = Retiring();
+      const std::int64_t retiring = OldMappingBytes();
       EXPECT_EQ(retiring, static_cast<std::int64_t>(sim_->aliased_bytes())) << "op " << op;
-      r.max_retiring = std::max(r.max_retiring, retiring);
+      r.max_old_mapping_bytes = std::max(r.max_old_mapping_bytes, retiring);
     }
     if (gpu_ != nullptr) {
       EXPECT_TRUE(gpu_->violations().empty()) << "op " << op << ": " << gpu_->violations()[0];
@@ -373,12 +373,12 @@ ChurnResult OldMappingPlacementStressTest::Churn(
 
 // After empty_cache the old address costs what an unmapped page costs: the same best fit as if
 // it had never retired (the flags were cleared with the entries), and no fence is looked at.
-TEST_F(OldMappingPlacementStressTest, EmptyCacheClearsRetiringFlags) {
+TEST_F(OldMappingPlacementStressTest, EmptyCacheClearsOldMappingFlags) {
   std::vector<DevicePtr> live;
-  const auto [a, hole, b, big] = MakeRetiring();
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  const auto [a, hole, b, big] = MakeOldMapping();
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   ASSERT_TRUE(alloc_->EmptyCache().ok());
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(sim_->aliased_bytes(), 0u);
   const auto q = Calls(DriverCall::kEventQuery);
   const auto w = Calls(DriverCall::kEventSynchronize);
@@ -391,16 +391,16 @@ TEST_F(OldMappingPlacementStressTest, EmptyCacheClearsRetiringFlags) {
 
 // The OOM retry waits for every fence and clears every flag: the next allocation maps over the
 // old address without a query or a wait.
-TEST_F(OldMappingPlacementStressTest, OomRetryClearsRetiringFlags) {
+TEST_F(OldMappingPlacementStressTest, OomRetryClearsOldMappingFlags) {
   Make("expandable_segments:True,expandable_page_mb:2", 40 * kMiB);
-  const auto [a, hole, b, big] = MakeRetiring();  // 26 MiB used, 8 MiB retiring at `hole`
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  const auto [a, hole, b, big] = MakeOldMapping();  // 26 MiB used, 8 MiB retiring at `hole`
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   const auto w = Calls(DriverCall::kEventSynchronize);
   auto p = alloc_->Malloc(16 * kMiB, 0);  // 26 + 16 > 40: the retry releases and waits, then OOM
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), w + 1);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(alloc_->GetStats().num_alloc_retries, 1);
   Check();
   const auto q = Calls(DriverCall::kEventQuery);
@@ -415,11 +415,11 @@ TEST_F(OldMappingPlacementStressTest, OomRetryClearsRetiringFlags) {
 // address is then plain unmapped, taken without a query or a second wait.
 TEST_F(OldMappingPlacementStressTest, EmptyCacheAfterMovedHandlesFreedClearsFlags) {
   Make("expandable_segments:True,expandable_page_mb:2", 40 * kMiB);
-  const auto [a, hole, b, big] = MakeRetiring();
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  const auto [a, hole, b, big] = MakeOldMapping();
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   Free(big);
   ASSERT_TRUE(alloc_->EmptyCache().ok());  // releases big's handles: their aliases go first
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(sim_->used_bytes(), 16 * kMiB);
   const auto w = Calls(DriverCall::kEventSynchronize);
   const auto q = Calls(DriverCall::kEventQuery);
@@ -439,13 +439,13 @@ TEST_F(OldMappingPlacementStressTest, PartialClearOfMultiPageAliasClearsAllItsFl
   DevicePtr z = Alloc(8 * kMiB);
   Free(y);
   DevicePtr tail = Alloc(10 * kMiB);
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   Free(x);
   const auto w = Calls(DriverCall::kEventSynchronize);
-  DevicePtr p = Alloc(602 * kMiB);  // one retiring page (64) beats 302 new pages at the tail
+  DevicePtr p = Alloc(602 * kMiB);  // one old-mapping page (64) beats 302 new pages at the tail
   EXPECT_EQ(p, x);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), w + 1);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   DevicePtr rest = Alloc(6 * kMiB);  // y's other 3 pages: 3 new pages, no wait
   EXPECT_EQ(rest, x + 602 * kMiB);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), w + 1);
@@ -462,21 +462,21 @@ TEST_F(OldMappingPlacementStressTest, OneStreamCompletesTheOtherStaysRetiring) {
   Make("expandable_segments:True,expandable_page_mb:2,keep_old_mappings:False");
   std::vector<DevicePtr> live;
   std::vector<DevicePtr> later;  // kept live: no free mapped page to recycle
-  DevicePtr h0 = FreeBlockWithRetiringPages(/*retiring_first=*/true, 0, &live, &later);
-  DevicePtr h1 = FreeBlockWithRetiringPages(/*retiring_first=*/true, kS1, &live, &later);
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(16 * kMiB));
+  DevicePtr h0 = FreeBlockWithOldMappingPages(/*old_mapping_first=*/true, 0, &live, &later);
+  DevicePtr h1 = FreeBlockWithOldMappingPages(/*old_mapping_first=*/true, kS1, &live, &later);
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(16 * kMiB));
   sim_->CompleteStream(kS1);
   const auto w = Calls(DriverCall::kEventSynchronize);
   const auto ss = Calls(DriverCall::kStreamSynchronize);
   DevicePtr p0 = Alloc(6 * kMiB);  // hole: 3 x 64; tail: 3 new pages
   EXPECT_NE(p0, h0);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), w);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));  // kS1's entry went
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));  // kS1's entry went
   DevicePtr p1 = Alloc(6 * kMiB, kS1);  // kS1's hole: 3 unmapped pages, ties the tail
   EXPECT_EQ(p1, h1);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), w);
   EXPECT_EQ(Calls(DriverCall::kStreamSynchronize), ss);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   for (DevicePtr p : {p0, p1}) Free(p);
   for (DevicePtr p : later) Free(p);
   for (DevicePtr p : live) Free(p);
@@ -489,28 +489,28 @@ TEST_F(OldMappingPlacementStressTest, InOrderShortcutDropsExactlyTheCompletedPre
   std::vector<DevicePtr> live;
   EventId marker = 0;
   for (int i = 0; i < 10; ++i) {
-    const auto [a, hole, b, big] = MakeRetiring();
+    const auto [a, hole, b, big] = MakeOldMapping();
     live.insert(live.end(), {a, b, big});
     if (i == 4) {  // a kernel queued after the fifth move's fence
       ASSERT_TRUE(sim_->CreateEvent(&marker).ok());
       ASSERT_TRUE(sim_->RecordEvent(marker, 0).ok());
     }
   }
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(80 * kMiB));
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(80 * kMiB));
   const auto q = Calls(DriverCall::kEventQuery);
   DevicePtr more = Alloc(20 * kMiB);  // slow path at the tail; no candidate touches a hole
   EXPECT_EQ(Calls(DriverCall::kEventQuery) - q, 1);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(80 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(80 * kMiB));
   ASSERT_TRUE(sim_->CompleteEvent(marker).ok());
   const auto q2 = Calls(DriverCall::kEventQuery);
   DevicePtr more2 = Alloc(20 * kMiB);
   EXPECT_EQ(Calls(DriverCall::kEventQuery) - q2, 6);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(40 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(40 * kMiB));
   sim_->CompleteStream(0);
   const auto q3 = Calls(DriverCall::kEventQuery);
   DevicePtr more3 = Alloc(20 * kMiB);
   EXPECT_EQ(Calls(DriverCall::kEventQuery) - q3, 5);
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), 0);
   ASSERT_TRUE(sim_->DestroyEvent(marker).ok());
   for (DevicePtr p : {more, more2, more3}) Free(p);
@@ -519,12 +519,12 @@ TEST_F(OldMappingPlacementStressTest, InOrderShortcutDropsExactlyTheCompletedPre
 
 // ---- Captures ----
 
-// A capture on another stream while stream 0 has a retiring address: an eager allocation that
+// A capture on another stream while stream 0 has a old-mapping address: an eager allocation that
 // could go over it goes elsewhere, makes no event call at all during the capture
 // (SettleOldMappings returns at once there), and nothing un-relaxed.
-TEST_F(OldMappingPlacementStressTest, CaptureAvoidsRetiringAddressWithoutEventCalls) {
+TEST_F(OldMappingPlacementStressTest, CaptureAvoidsOldMappingAddressWithoutEventCalls) {
   std::vector<DevicePtr> live;
-  DevicePtr h = FreeBlockWithRetiringPages(/*retiring_first=*/true, 0, &live);
+  DevicePtr h = FreeBlockWithOldMappingPages(/*old_mapping_first=*/true, 0, &live);
   ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId s) { return s == kCapture; }).ok());
   sim_->SetCapturing(kCapture, true);
   const auto q = Calls(DriverCall::kEventQuery);
@@ -535,7 +535,7 @@ TEST_F(OldMappingPlacementStressTest, CaptureAvoidsRetiringAddressWithoutEventCa
   EXPECT_EQ(Calls(DriverCall::kEventQuery), q);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), w);
   EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   sim_->SetCapturing(kCapture, false);
   ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
   Free(g);
@@ -543,21 +543,21 @@ TEST_F(OldMappingPlacementStressTest, CaptureAvoidsRetiringAddressWithoutEventCa
   Free(p);
   for (DevicePtr x : live) Free(x);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
-  EXPECT_EQ(Retiring(), 0);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_EQ(Reserved(), 0);
 }
 
 // ---- Hot-path cost (bugs: queries where nothing is mapped, and for other streams) ----
 
 // An allocation placed wholly on mapped pages maps nothing and, before 5a515ef, made no driver
-// call. When its block's first bytes lie over a retiring address, BestPlacement's slide marks
-// saw_retiring and TakeExpandableBlock queries the fences although the best place costs 0.
+// call. When its block's first bytes lie over a old-mapping address, BestPlacement's slide marks
+// saw_old_mapping and TakeExpandableBlock queries the fences although the best place costs 0.
 TEST_F(OldMappingPlacementStressTest, AllocationOnMappedPagesMakesNoEventQuery) {
   std::vector<DevicePtr> live;
-  DevicePtr h = FreeBlockWithRetiringPages(/*retiring_first=*/true, 0, &live);
+  DevicePtr h = FreeBlockWithOldMappingPages(/*old_mapping_first=*/true, 0, &live);
   const auto q = Calls(DriverCall::kEventQuery);
   const auto m = Calls(DriverCall::kMemMap);
-  DevicePtr p = Alloc(8 * kMiB);  // x's 4 mapped pages, behind y's 4 retiring ones
+  DevicePtr p = Alloc(8 * kMiB);  // x's 4 mapped pages, behind y's 4 old-mapping ones
   EXPECT_EQ(p, h + 8 * kMiB);
   EXPECT_EQ(Calls(DriverCall::kMemMap), m);
   EXPECT_EQ(Calls(DriverCall::kEventQuery), q);  // fails: 1
@@ -570,15 +570,15 @@ TEST_F(OldMappingPlacementStressTest, AllocationOnMappedPagesMakesNoEventQuery) 
 TEST_F(OldMappingPlacementStressTest, OtherStreamsFencesAreNotQueriedForThisStream) {
   std::vector<DevicePtr> live;
   std::vector<DevicePtr> later;
-  for (int i = 1; i <= 8; ++i) FreeBlockWithRetiringPages(true, 0x100 + i, &live, &later);
-  DevicePtr h = FreeBlockWithRetiringPages(/*retiring_first=*/true, 0, &live, &later);
+  for (int i = 1; i <= 8; ++i) FreeBlockWithOldMappingPages(true, 0x100 + i, &live, &later);
+  DevicePtr h = FreeBlockWithOldMappingPages(/*old_mapping_first=*/true, 0, &live, &later);
   for (DevicePtr x : later) Free(x);
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(9 * 8 * kMiB));
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(9 * 8 * kMiB));
   const auto q = Calls(DriverCall::kEventQuery);
   DevicePtr p = Alloc(8 * kMiB);  // maps nothing
   EXPECT_EQ(p, h + 8 * kMiB);
   EXPECT_EQ(Calls(DriverCall::kEventQuery) - q, 0);  // fails: 9
-  // A slow path (3 new pages at the tail) next to stream 0's retiring block: stream 0's one
+  // A slow path (3 new pages at the tail) next to stream 0's old-mapping block: stream 0's one
   // fence decides the placement; EnsureMapped's own SettleOldMappings may then drop completed ones.
   const auto q2 = Calls(DriverCall::kEventQuery);
   DevicePtr s = Alloc(6 * kMiB);
@@ -590,10 +590,10 @@ TEST_F(OldMappingPlacementStressTest, OtherStreamsFencesAreNotQueriedForThisStre
 
 // One slow path queries a pending fence once (PendingFenceIsQueriedOncePerSlowPath), also when a
 // candidate lay over its address: TakeExpandableBlock and then EnsureMapped each query it.
-TEST_F(OldMappingPlacementStressTest, PendingFenceQueriedOncePerSlowPathWithRetiringCandidate) {
+TEST_F(OldMappingPlacementStressTest, PendingFenceQueriedOncePerSlowPathWithOldMappingCandidate) {
   std::vector<DevicePtr> live;
-  const auto [a, hole, b, big] = MakeRetiring();
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(8 * kMiB));
+  const auto [a, hole, b, big] = MakeOldMapping();
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(8 * kMiB));
   const auto q = Calls(DriverCall::kEventQuery);
   DevicePtr p = Alloc(6 * kMiB);  // the hole is a candidate (3 x 64); the tail wins (3 new)
   EXPECT_NE(p, hole);
@@ -612,11 +612,12 @@ TEST_F(OldMappingPlacementStressTest, LaggingGpuOneStreamNoRace) {
   ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(gpu_->violations().empty());
   EXPECT_GT(FragmentationOf(*alloc_).page_moves, 1000);
-  EXPECT_GT(r.max_retiring, 0);
+  EXPECT_GT(r.max_old_mapping_bytes, 0);
   EXPECT_EQ(r.ooms, 0);
   std::printf("mallocs %d, page moves %lld, max retiring %lld MiB, event waits %lld\n", r.mallocs,
               static_cast<long long>(FragmentationOf(*alloc_).page_moves),
-              static_cast<long long>(r.max_retiring / kMiB), static_cast<long long>(r.event_waits));
+              static_cast<long long>(r.max_old_mapping_bytes / kMiB),
+              static_cast<long long>(r.event_waits));
   for (auto [p, s] : live) Free(p);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Reserved(), 0);
@@ -639,7 +640,7 @@ TEST_F(OldMappingPlacementStressTest, FourStreamsOnlyFirstProgressesRecordStream
   ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(gpu_->violations().empty());
   EXPECT_GT(FragmentationOf(*alloc_).page_moves, 100);
-  EXPECT_GT(r.max_retiring, 0);
+  EXPECT_GT(r.max_old_mapping_bytes, 0);
   for (auto [p, s] : live) Free(p);
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Reserved(), 0);
@@ -667,7 +668,7 @@ TEST_F(OldMappingPlacementStressTest, SmallCardThreeStreamsEmptyCacheNoRace) {
   EXPECT_EQ(sim_->used_bytes(), 0u);
 }
 
-// Requests of up to 256 MiB (128 pages): mapping over a retiring page (64) is then at times the
+// Requests of up to 256 MiB (128 pages): mapping over a old-mapping page (64) is then at times the
 // cheapest place, so the wait path (ClearOldMappings with a pending fence) runs; every such wait
 // must come before the unmap (the model sees no unmap under a pending kernel). Both recycling
 // orders (recycle_tails_first off, the default, and on). Which churns reach the wait path
@@ -714,12 +715,12 @@ TEST_F(OldMappingPlacementStressTest, MappingOverPendingAliasWaitsBeforeUnmap) {
   Free(y);
   DevicePtr tail = Alloc(6 * kMiB);  // takes y's 2 handles: y's address retires
   gpu_->Use(tail, 6 * kMiB, 0, 4, true);
-  ASSERT_EQ(Retiring(), static_cast<std::int64_t>(4 * kMiB));
+  ASSERT_EQ(OldMappingBytes(), static_cast<std::int64_t>(4 * kMiB));
   Free(x);
   DevicePtr p = Alloc(202 * kMiB);  // 64 < 101 new pages: over y's first page, after a wait
   EXPECT_EQ(p, x);
   EXPECT_EQ(Calls(DriverCall::kEventSynchronize), 1);
-  EXPECT_EQ(Retiring(), static_cast<std::int64_t>(2 * kMiB));
+  EXPECT_EQ(OldMappingBytes(), static_cast<std::int64_t>(2 * kMiB));
   gpu_->Use(p, 202 * kMiB, 0, 5, true);
   EXPECT_TRUE(gpu_->violations().empty()) << gpu_->violations()[0];
   for (DevicePtr q : {p, z, tail}) Free(q);
@@ -733,7 +734,8 @@ void PrintQueries(const char* label, const ChurnResult& r) {
       "making %lld queries, event waits %lld, max retiring %lld MiB\n",
       label, r.mallocs, static_cast<long long>(r.queries), static_cast<long long>(r.max_queries),
       static_cast<long long>(r.fast_mallocs), static_cast<long long>(r.fast_queries),
-      static_cast<long long>(r.event_waits), static_cast<long long>(r.max_retiring / kMiB));
+      static_cast<long long>(r.event_waits),
+      static_cast<long long>(r.max_old_mapping_bytes / kMiB));
 }
 
 TEST_F(OldMappingPlacementStressTest, QueriesPerMallocStayBoundedOnLaggingGpu) {

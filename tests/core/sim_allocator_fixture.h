@@ -40,7 +40,7 @@ class SimAllocatorTest : public ::testing::Test {
     for (const auto& seg : SegmentsOf(*alloc_)) plain += seg.is_expandable ? 0 : seg.total_size;
     ASSERT_EQ(static_cast<std::size_t>(Reserved()),
               sim_->mapped_bytes() - sim_->aliased_bytes() + plain);
-    ASSERT_EQ(static_cast<std::size_t>(Retiring()), sim_->aliased_bytes());
+    ASSERT_EQ(static_cast<std::size_t>(OldMappingBytes()), sim_->aliased_bytes());
   }
   DevicePtr Alloc(std::size_t size, StreamId stream = 0) {
     auto p = alloc_->Malloc(size, stream);
@@ -54,7 +54,7 @@ class SimAllocatorTest : public ::testing::Test {
   }
   std::int64_t Reserved() { return alloc_->GetStats().reserved_bytes[kAggregate].current; }
   std::int64_t Allocated() { return alloc_->GetStats().allocated_bytes[kAggregate].current; }
-  std::int64_t Retiring() { return FragmentationOf(*alloc_).retiring_bytes; }
+  std::int64_t OldMappingBytes() { return FragmentationOf(*alloc_).retiring_bytes; }
   std::int64_t Calls(DriverCall call) { return sim_->calls().count(call); }
 
   std::unique_ptr<SimBackend> sim_;
