@@ -535,10 +535,10 @@ def test_replay_warns_that_it_ignores_the_process_settings(tmp_path):
     proc = run_cli("replay", trace, "--conf", "plan:/nonexist.json,step_log:/proc/x")
     assert proc.returncode == 0, proc.stderr
     assert ("vramledger: warning: option plan:/nonexist.json is ignored by the replay, which "
-            "simulates the allocator only (vramledger: path of the memory plan file): it takes "
+            "simulates the allocator only (path of the memory plan file): it takes "
             "effect in the torch plugin" in proc.stderr)
     assert ("vramledger: warning: option step_log:/proc/x is ignored by the replay, which "
-            "simulates the allocator only (vramledger: directory for per-step peak logs"
+            "simulates the allocator only (directory for per-step peak logs"
             in proc.stderr)
     assert "LD_PRELOAD shim" in proc.stderr
     proc = run_cli("replay", trace, env_conf="plan:/from/env.json")  # VRAMLEDGER_CONF too

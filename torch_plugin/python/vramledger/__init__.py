@@ -82,9 +82,8 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
         "native" (torch's own then work).
       **options: allocator options with torch's key names and meanings (max_split_size_mb=200,
         expandable_segments=False, roundup_power2_divisions=[1, 2, 4], ...) plus vramledger's
-        own (page_recycling, expandable_page_mb, recycle_slack, expandable_handle_mb,
-        recycle_tails_first, host_timing, plan, dump_dir, max_dumps, step_log; README
-        "Options"). Settings from the VRAMLEDGER_CONF environment variable (`key:value,...`)
+        own and the process settings (plan, dump_dir, ...): every key, its default and range
+        in docs/options.md, generated from the C++ option table. Settings from the VRAMLEDGER_CONF environment variable (`key:value,...`)
         apply first; keywords win.
 
     A second call with the same options, mode (and environment) does nothing.

@@ -44,8 +44,10 @@ def _ignored_by_replay() -> dict[str, str]:
     process settings (the guard, step logs, dumps, the shim's switches), which take effect in the
     torch plugin (vramledger.install) or the LD_PRELOAD shim (vramledger run), not in the
     simulation."""
-    return {row["name"]: row["help"] for row in _options.option_table()
-            if row["table"] == "process"}
+    # The table marks vramledger's own keys' help "vramledger: ..."; inside this sentence the
+    # prefix would only repeat the program's name.
+    return {row["name"]: row["help"].removeprefix("vramledger: ")
+            for row in _options.option_table() if row["table"] == "process"}
 
 
 class _ArgumentParser(argparse.ArgumentParser):
