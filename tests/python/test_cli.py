@@ -560,7 +560,7 @@ def test_replay_warns_of_flags_and_settings_it_does_not_use(tmp_path):
                    "--max-entries", "10")
     assert proc.returncode == 0, proc.stderr
     assert ("option dump_dir:/x is ignored by the replay, which simulates the allocator only "
-            "(vramledger: directory for OOM forensics)" in proc.stderr)
+            "(directory for OOM forensics)" in proc.stderr)
     assert "option max_dumps:2 is ignored by the replay" in proc.stderr
     assert "--at and --max-entries apply to --snapshot, not given: ignored" in proc.stderr
     proc = run_cli("replay", trace, "--at", "end", "--snapshot", tmp_path / "s.pickle")
