@@ -200,7 +200,7 @@ std::vector<OptionField<Options>> MakeAllocatorFields() {
                             /*open=*/true, "free old cached blocks above this fraction of the cap",
                             WhenDefault::kOmit));
   f.push_back(BoolField("expandable_segments", &O::expandable_segments,
-                        "grow segments by mapping pages (torch's key)"));
+                        "grow segments by mapping pages (torch's key; True under install() and the shim)"));
   f.push_back(MiBField("large_segment_size_mb", &O::large_segment_size, 2, kMaxSegmentOrPageMiB,
                        /*even=*/true,
                        "segment size for 1-10 MiB requests (at least the request rounded up to "

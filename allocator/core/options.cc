@@ -186,8 +186,15 @@ std::string OptionsToString(const Options& o) {
   return absl::StrJoin(parts, ",");
 }
 
-absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf) {
-  Options base;
+Options RuntimeDefaults() {
+  Options defaults;
+  defaults.expandable_segments = true;
+  return defaults;
+}
+
+absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf,
+                                                const Options& defaults) {
+  Options base = defaults;
   for (const auto& f : ProcessOptionFields()) {
     const char* value = f.doc.env.empty() ? nullptr : std::getenv(f.doc.env.c_str());
     if (value == nullptr) continue;

@@ -26,6 +26,9 @@
 #     streams       checks/streams_compile_check.py: record_stream canary, synchronized retry,
 #                   record_stream soak
 #     compile       checks/compile_graphs_check.py: reduce-overhead without cudagraph trees
+#     matrix        checks/feature_matrix/run.py: every torch feature that reaches the allocator
+#                   (MemPool, graph trees, IPC, NCCL register hook, FSDP2, ...) under torch native,
+#                   torch expandable, vramledger default, vramledger pluggable and the shim
 #     contiguous    checks/contiguous_check.py: contiguous_segments() and fragmentation()
 #     snapshot      checks/snapshot_check.py: history, snapshots and OOM dumps
 #     guard         checks/guard_check.py: the memory plan's guard (GUARD_MODEL=llama1b)
@@ -41,6 +44,7 @@
 #     ab            bench/step_ab.py: step time, interleaved processes
 #     inprocess     bench/inprocess_ab.py: step time, both allocators in one process
 #     hostcost      vramledger_host_cost_bench: host ns per allocation, torch native vs vramledger
+#     graphstep     bench/graph_step_ab.py: reduce-overhead GPT-2-medium step, torch vs vramledger
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (multi's DDP steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
@@ -56,9 +60,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LIBDIR="$ROOT/.devbuild/lib"
 PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
-CHECKS="bundle unit pytest train integration native streams compile contiguous snapshot guard
-        preload preload_plan wheel multi"
-BENCH="workloads kernels ab inprocess hostcost"
+CHECKS="bundle unit pytest train integration native streams compile matrix contiguous snapshot
+        guard preload preload_plan wheel multi"
+BENCH="workloads kernels ab inprocess hostcost graphstep"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -232,6 +236,8 @@ details() {
     integration|native|snapshot|guard|contiguous) grep -E "PASS|FAIL" "$f" ;;
     streams) grep -E "^(1a|1b|3) " "$f" ;;
     compile) tail -3 "$f" ;;
+    matrix) sed -n '/^---- feature matrix/,$p' "$f" ;;
+    graphstep) tail -6 "$f" ;;
     preload) tail -12 "$f" ;;
     preload_plan) tail -8 "$f" ;;
     wheel) grep -E "PASS|FAIL|SKIP|wheel" "$f" | tail -15 ;;
@@ -299,6 +305,11 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
                  --out "$RUN/streams" --budget-s 100 ;;
       compile) item compile check 150 timeout 140 "$PY" \
                  benchmarks/gpu/checks/compile_graphs_check.py ;;
+      matrix) item matrix check 200 timeout "$(bound)" "$PY" \
+                benchmarks/gpu/checks/feature_matrix/run.py --shim "$shim" \
+                --out "$RUN/feature_matrix" --cell-timeout "$(bound 20)" ;;
+      graphstep) item graphstep bench 150 timeout "$(bound)" "$PY" \
+                   benchmarks/gpu/bench/graph_step_ab.py --rounds "${GRAPHSTEP_ROUNDS:-2}" ;;
       contiguous) item contiguous check 60 timeout "$(bound)" "$PY" \
                     benchmarks/gpu/checks/contiguous_check.py ;;
       snapshot) mkdir -p "$RUN/snapshot"

@@ -20,8 +20,9 @@ STEP_AB_PY = GPU / "bench" / "step_ab.py"
 TRAIN_COMPARE_PY = GPU / "checks" / "train_compare.py"
 WITH_HELP = ("checks/ddp_check", "checks/guard_check", "checks/snapshot_check",
              "checks/streams_compile_check", "checks/torch_integration_check",
-             "checks/train_compare", "checks/two_gpu_check", "bench/inprocess_ab", "bench/step_ab",
-             "bench/vmm_kernel_time", "bench/workloads_compare")
+             "checks/train_compare", "checks/two_gpu_check", "checks/feature_matrix/run",
+             "bench/graph_step_ab", "bench/inprocess_ab", "bench/step_ab", "bench/vmm_kernel_time",
+             "bench/workloads_compare")
 
 
 @pytest.mark.parametrize("script", sorted(str(p.relative_to(GPU)) for p in GPU.rglob("*.py")))
@@ -49,7 +50,8 @@ def test_the_runner_runs_every_check_and_benchmark():
     runner = (GPU / "run.sh").read_text()
     scripts = [p for p in (GPU / "checks").iterdir() if p.suffix in (".py", ".sh")]
     scripts += [p for p in (GPU / "bench").glob("*.py") if p.name != "inprocess_stats.py"]
-    assert len(scripts) == 16, scripts  # 12 checks, 4 benchmarks
+    scripts += [GPU / "checks" / "feature_matrix" / "run.py"]
+    assert len(scripts) == 18, scripts  # 13 checks, 5 benchmarks
     missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
     assert not missing, f"run.sh does not run {missing}"
 
@@ -338,3 +340,39 @@ def test_train_step_runs_on_a_stand_in_for_cuda():
     assert loss.item() > 0
     assert not torch.equal(before, model.emb.weight)
     assert model.emb.weight.grad is None
+
+
+def _load(path: pathlib.Path, name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_feature_matrix_compares_with_torch_native_within_its_tolerance(monkeypatch):
+    fm = _load(GPU / "checks" / "feature_matrix" / "run.py", "feature_matrix_run")
+    assert fm.agree([2.0, 10.0], [2.0, 10.0]) == (True, 0.0)
+    same, worst = fm.agree([1.0, 4.0], [1.0005, 4.0])
+    assert same and abs(worst - 0.0005 / 1.0005) < 1e-12
+    assert fm.agree([1.0], [1.01])[0] is False
+    assert fm.agree([1.0], [1.0, 2.0]) == (False, float("inf"))
+    monkeypatch.setenv("LD_PRELOAD", "/elsewhere.so")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:100")
+    assert "LD_PRELOAD" not in fm.column_env("native", "/s.so")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in fm.column_env("vramledger", "/s.so")
+    assert fm.column_env("expandable", "/s.so")["PYTORCH_CUDA_ALLOC_CONF"] == \
+        "expandable_segments:True"
+    assert fm.column_env("shim", "/s.so")["LD_PRELOAD"] == "/s.so"
+    assert set(fm.FEATURES) == set(_load(GPU / "checks" / "feature_matrix" / "cells.py",
+                                         "feature_matrix_cells").FEATURES)
+
+
+def test_graph_step_ab_interval_holds_the_ratio_of_medians():
+    gs = _load(GPU / "bench" / "graph_step_ab.py", "graph_step_ab")
+    a = [0.100 + 0.001 * (i % 7) for i in range(80)]
+    b = [1.05 * t for t in a]
+    lo, hi = gs.bootstrap_ratio(a, b)
+    ratio = statistics.median(b) / statistics.median(a)
+    assert lo <= ratio <= hi and hi - lo < 0.05
+    assert abs(ratio - 1.05) < 1e-9

@@ -28,7 +28,8 @@ typedef void (*vramledger_oom_observer_fn)(int device, std::size_t alloc_size, s
 VRAMLEDGER_EXPORT int vramledger_set_oom_observer(vramledger_oom_observer_fn observer);
 
 /// Sets the allocator options from `conf` (`key:value,...`, PYTORCH_CUDA_ALLOC_CONF syntax),
-/// merged over VRAMLEDGER_CONF from the environment (`conf` wins). Must precede the first
+/// merged over VRAMLEDGER_CONF from the environment (`conf` wins), over the defaults of a served
+/// process (RuntimeDefaults(): expandable segments on). Must precede the first
 /// allocation; afterwards only the same string is accepted. NULL means "".
 /// Returns VRAMLEDGER_INVALID_ARGUMENT for an unknown key or bad value (the message names it),
 /// VRAMLEDGER_FAILED if allocators already run with a different string.

@@ -94,7 +94,7 @@ void DeviceTable::SetBeforeCreate(std::function<void(int device)> before) {
 }
 
 absl::Status DeviceTable::Configure(const std::string& conf) {
-  absl::StatusOr<Options> parsed = OptionsFromEnvAndString(conf);
+  absl::StatusOr<Options> parsed = OptionsFromEnvAndString(conf, RuntimeDefaults());
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("vramledger: ", parsed.status().message()));
   }
@@ -114,7 +114,7 @@ absl::Status DeviceTable::Configure(const std::string& conf) {
 absl::StatusOr<Options> DeviceTable::CurrentOptions(bool freeze) {
   absl::MutexLock lock(&options_mu_);
   if (!configured_) {
-    absl::StatusOr<Options> parsed = OptionsFromEnvAndString("");
+    absl::StatusOr<Options> parsed = OptionsFromEnvAndString("", RuntimeDefaults());
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("vramledger: VRAMLEDGER_CONF: ", parsed.status().message()));

@@ -60,7 +60,8 @@ class DeviceTable {
   /// shim records the device's memory in use then). Set once, before the first allocation.
   void SetBeforeCreate(std::function<void(int device)> before);
 
-  /// Sets the options from `conf` merged over VRAMLEDGER_CONF (see vramledger_configure):
+  /// Sets the options from `conf` merged over VRAMLEDGER_CONF over RuntimeDefaults() (expandable
+  /// segments on; see vramledger_configure):
   /// InvalidArgument for a bad key or value, FailedPrecondition once allocators run with another
   /// string. Messages start with "vramledger: ".
   absl::Status Configure(const std::string& conf);

@@ -139,7 +139,17 @@ std::string OptionsToString(const Options& options);
 /// Defaults, then each process option's own environment variable (OptionDoc::env; a switch is
 /// True when its variable is set, whatever its value), then VRAMLEDGER_CONF (if set), then
 /// `explicit_conf` (which wins). conf_string holds VRAMLEDGER_CONF and `explicit_conf` only.
-absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf);
+/// `defaults` are the options before any of them: torch's (Options()) for the replay and the
+/// planner, RuntimeDefaults() for a process that vramledger serves.
+absl::StatusOr<Options> OptionsFromEnvAndString(std::string_view explicit_conf,
+                                                const Options& defaults = Options());
+
+/// The defaults of a process served by vramledger (install(), the LD_PRELOAD shim): torch's,
+/// with expandable segments on (page recycling is on by default). Memory then grows by pages
+/// that free ones are recycled into, which is where vramledger's utilization comes from;
+/// `expandable_segments:False` gives torch's plain policy. The replay and the planner keep
+/// torch's defaults, so that their figures compare against torch's allocator as it ships.
+Options RuntimeDefaults();
 
 }  // namespace vramledger
 

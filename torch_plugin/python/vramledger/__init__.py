@@ -20,7 +20,7 @@ import os
 import threading
 from typing import Any
 
-from vramledger import _options, _plugin, _summary
+from vramledger import _options, _pluggable_limits, _plugin, _summary
 from vramledger._snapshot import dump_snapshot, record_memory_history, snapshot
 from vramledger._guard import phase, step, step_scope, tag  # budget guard
 from vramledger import _guard
@@ -63,17 +63,19 @@ _installed_mode: str | None = None  # "pluggable" or "native"
 _allocator: Any = None
 
 
-def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **options: Any) -> None:
+def install(*, mode: str | None = None, patch_torch: bool | None = None, **options: Any) -> None:
     """Makes vramledger torch's CUDA allocator for this process.
 
     Args:
-      mode: "pluggable" (default): through torch's CUDAPluggableAllocator (a C ABI stable across
-        torch 2.x). "native": as torch's own CUDAAllocator (libvramledger_native.so, built
-        against this torch minor version), so torch's memory_stats, memory_summary,
-        _snapshot (segments, blocks, trace entries) and _record_memory_history answer from
-        vramledger unpatched, and
-        each allocation skips the pluggable allocator's map and mutex
-        (docs/design/torch-native-mode.md).
+      mode: None (default): "native" when libvramledger_native.so was built against the running
+        torch's minor version, else "pluggable" with one warning naming the two versions.
+        "native": as torch's own CUDAAllocator, so every torch call that reaches its allocator
+        (memory_stats, memory_summary, _snapshot, _record_memory_history, torch.cuda.MemPool,
+        CUDA graph trees of torch.compile(mode="reduce-overhead"), CUDA IPC, allocator trace
+        trackers) is served by vramledger (docs/design/torch-native-mode.md). "pluggable":
+        through torch's CUDAPluggableAllocator (a C ABI stable across torch 2.x); torch routes
+        only allocations, frees and CUDA graph pools there, and its calls that need more raise
+        a RuntimeError that names mode="native".
       patch_torch: also make torch.cuda's memory_stats, memory_stats_as_nested_dict,
         memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
         reset_peak_memory_stats, reset_accumulated_memory_stats and memory_summary (and the same
@@ -81,7 +83,8 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
         RuntimeError with a pluggable allocator. Default: True for "pluggable", False for
         "native" (torch's own then work).
       **options: allocator options with torch's key names and meanings (max_split_size_mb=200,
-        expandable_segments=False, roundup_power2_divisions=[1, 2, 4], ...) plus vramledger's
+        expandable_segments=False (the default is True: memory grows by pages that page
+        recycling reuses; False gives torch's plain policy), roundup_power2_divisions=[1, 2, 4], ...) plus vramledger's
         own and the process settings (plan, dump_dir, ...): every key, its default and range
         in docs/options.md, generated from the C++ option table. Settings from the VRAMLEDGER_CONF environment variable (`key:value,...`)
         apply first; keywords win.
@@ -98,10 +101,9 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
         built against another torch minor (the message names both versions).
     """
     global _installed, _allocator
-    if mode not in ("pluggable", "native"):
-        raise ValueError(f"vramledger.install(): mode must be 'pluggable' or 'native', got {mode!r}")
-    if patch_torch is None:
-        patch_torch = mode == "pluggable"
+    if mode not in (None, "pluggable", "native"):
+        raise ValueError(
+            f"vramledger.install(): mode must be None, 'pluggable' or 'native', got {mode!r}")
     try:
         conf = _options.to_conf_string(options)
     except ValueError as e:  # name the call, as install()'s other errors do
@@ -109,7 +111,7 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
     env = os.environ.get(_ENV_CONF, "")
     with _lock:
         if _installed is not None:
-            if _installed == (conf, env) and _installed_mode == mode:
+            if _installed == (conf, env) and mode in (None, _installed_mode):
                 return
             raise RuntimeError(
                 f"vramledger is already installed in this process (mode {_installed_mode!r}) "
@@ -133,9 +135,13 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
                 "CUDA tensor or torch.cuda call (at the top of the program, before the model is "
                 "moved to the GPU).")
         _plugin.set_oom_observer(_call_oom_observers)  # observers run before the throw
-        if mode == "native":
-            from vramledger import _native
+        from vramledger import _native
 
+        if mode is None:
+            mode = _native.default_mode()  # one warning when it falls back to "pluggable"
+        if patch_torch is None:
+            patch_torch = mode == "pluggable"
+        if mode == "native":
             _native.install()
             _set_installed(conf, env, mode)
             if patch_torch:
@@ -154,6 +160,7 @@ def install(*, mode: str = "pluggable", patch_torch: bool | None = None, **optio
         hooks.set_release_pool(_plugin.hook_address("vramledger_release_pool"))
         torch.cuda.memory.change_current_allocator(allocator)
         _allocator = allocator
+        _pluggable_limits.install(torch)  # its refusals name mode="native"
         _set_installed(conf, env, mode)
         if patch_torch:
             _patch_torch(torch)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 
 from vramledger import _plugin
 
@@ -45,7 +46,40 @@ def check_torch_version(built: str, running: str) -> None:
         raise RuntimeError(
             f"vramledger: {NATIVE_NAME} was built against torch {built}, but torch {running} is "
             f"running; the torch-native mode must be rebuilt against this torch "
-            f"(`pip install --no-build-isolation .`), or use install(mode='pluggable')")
+            f"(`pip install --no-build-isolation .`)")
+
+
+def _load(path: str) -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise RuntimeError(f"vramledger: cannot load the torch-native library {path}: {e}") from e
+    lib.vramledger_native_torch_version.argtypes = []
+    lib.vramledger_native_torch_version.restype = ctypes.c_char_p
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    """None when the torch-native mode can serve the running torch; else why not, one line
+    (the library is absent or does not load, or was built against another torch minor: both
+    versions named)."""
+    try:
+        lib = _load(native_path())
+        check_torch_version(lib.vramledger_native_torch_version().decode(), torch_version())
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def default_mode() -> str:
+    """install()'s mode when none is given: "native" when unavailable_reason() is None, else
+    "pluggable", after one RuntimeWarning that gives the reason."""
+    reason = unavailable_reason()
+    if reason is None:
+        return "native"
+    warnings.warn(f"{reason}; vramledger.install() uses mode='pluggable' instead",
+                  RuntimeWarning, stacklevel=3)
+    return "pluggable"
 
 
 def install() -> None:
@@ -57,13 +91,7 @@ def install() -> None:
       RuntimeError: the library is missing or cannot be loaded, or torch's allocator is
         already initialized (the message says so).
     """
-    path = native_path()
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as e:
-        raise RuntimeError(f"vramledger: cannot load the torch-native library {path}: {e}") from e
-    lib.vramledger_native_torch_version.argtypes = []
-    lib.vramledger_native_torch_version.restype = ctypes.c_char_p
+    lib = _load(native_path())
     check_torch_version(lib.vramledger_native_torch_version().decode(), torch_version())
     lib.vramledger_native_install.argtypes = []
     lib.vramledger_native_install.restype = ctypes.c_int
