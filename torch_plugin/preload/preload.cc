@@ -174,12 +174,7 @@ bool UsedCuda(Preload& p) {
     const Counters& c = p.counters();
     return c.malloc_calls.load() + c.malloc_async_calls.load() > 0;
   }
-  InsideScope inside;
-  DeviceFigures figures;
-  for (int d = 0; d < p.DeviceCount(); ++d) {
-    if (p.Figures(d, &figures)) return true;
-  }
-  return false;
+  return p.AnyAllocatorCreated();
 }
 
 void AtExit() {

@@ -198,6 +198,7 @@ class Preload {
   // Runs inside the creation of `device`'s allocator, before it exists: records the device's
   // bytes in use then (cudaMemGetInfo through the real runtime) for the exit summary.
   void BeforeCreate(int device) {
+    created_any_.store(true, std::memory_order_release);
     std::size_t free_bytes = 0, total_bytes = 0;
     if (device >= 0 && device < kMaxDevices && Runtime().mem_get_info != nullptr &&
         Runtime().mem_get_info(&free_bytes, &total_bytes) == cudaSuccess) {
@@ -259,10 +260,15 @@ class Preload {
     route_note_ = std::move(note);
   }
 
-  // Devices the serving runtime has (the reports loop over them).
+  // True once the serving runtime created an allocator (the first allocation on some device).
+  bool AnyAllocatorCreated() const { return created_any_.load(std::memory_order_acquire); }
+
+  // Devices the serving runtime has (the reports loop over them); 0 before its first allocator,
+  // so that a report never starts CUDA in a program that did not.
   int DeviceCount() const {
     const PluginRuntime* plugin = this->plugin();
     if (plugin == nullptr) return DeviceTable::Get().device_count();
+    if (!AnyAllocatorCreated()) return 0;
     const int n = plugin->device_count();
     return n > 0 ? n : 0;
   }
@@ -288,6 +294,7 @@ class Preload {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<void*, LiveBlock> live_ ABSL_GUARDED_BY(mu_);
   std::atomic<std::size_t> live_count_{0};
+  std::atomic<bool> created_any_{false};  // BeforeCreate ran once
   std::atomic<const PluginRuntime*> plugin_{nullptr};
   std::string route_note_ ABSL_GUARDED_BY(mu_) = "cudaMalloc/cudaMallocAsync interposition";
 };
