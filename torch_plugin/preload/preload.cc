@@ -1,5 +1,6 @@
 // libvramledger_preload.so: interposes cudaMalloc/cudaFree/cudaMallocAsync/cudaFreeAsync and
-// cudaMemGetInfo, serving device memory from the runtime's per-device allocators.
+// cudaMemGetInfo, serving device memory from the runtime's per-device allocators; once
+// vramledger is torch's allocator (the direct route, direct_route.cc) they forward.
 //
 // Recursion: CudaBackend (linked into this library) calls cudaMalloc/cudaFree/cudaMemGetInfo
 // itself, and those names bind to this library's definitions (it comes first in the global
@@ -371,39 +372,4 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t*
   *total_bytes = std::min(*total_bytes, static_cast<std::size_t>(limit));
   *free_bytes = std::min(*free_bytes, plan_free);
   return err;
-}
-
-// ---- Introspection (tests, scripts through ctypes) ----
-
-/// The shim's counters as a JSON object in a malloc'd string (free() it); NULL when inactive.
-VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
-  Preload* p = vramledger::preload::g_preload.load(std::memory_order_acquire);
-  if (p == nullptr) return nullptr;
-  const vramledger::preload::Counters& c = p->counters();
-  nlohmann::json j = vramledger::preload::CountersJson(c);
-  // Host time of the interposed calls, whole and inside the allocators' Malloc and Free, all
-  // devices; zeros unless host_timing is on (step-time-measurement.md).
-  double malloc_us = 0, free_us = 0;
-  vramledger::preload::InsideScope inside;
-  for (int d = 0; d < p->DeviceCount(); ++d) {
-    vramledger::preload::DeviceFigures figures;
-    if (p->Figures(d, &figures)) {
-      malloc_us += figures.host_time.malloc_ns / 1e3;
-      free_us += figures.host_time.free_ns / 1e3;
-    }
-  }
-  j["route"] = p->plugin() != nullptr ? "direct" : "interposition";
-  j["host_time_us"] = {{"interposed_calls", c.interposed_ns.load() / 1e3},
-                       {"allocator_malloc", malloc_us},
-                       {"allocator_free", free_us}};
-  const std::string text = j.dump();
-  char* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
-}
-
-/// Writes a snapshot and summary now (as SIGUSR1 does), tagged `tag` ("manual" when NULL).
-VRAMLEDGER_PRELOAD_EXPORT void vramledger_preload_dump(const char* tag) {
-  Preload* p = vramledger::preload::g_preload.load(std::memory_order_acquire);
-  if (p != nullptr) vramledger::preload::WriteDump(*p, tag == nullptr ? "manual" : tag);
 }

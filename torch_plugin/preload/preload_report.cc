@@ -1,10 +1,13 @@
-// The LD_PRELOAD shim's reports: the one-screen summary (calls seen, peaks, the device memory
-// used outside vramledger), the snapshot written beside it, and the refusal reports.
+// The LD_PRELOAD shim's reports: the one-screen summary (route, calls seen, peaks, the device
+// memory used outside vramledger), the snapshot written beside it, the refusal reports, and the
+// introspection entry points (counters as JSON, a dump on demand).
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <ostream>
 #include <sstream>
@@ -263,3 +266,40 @@ void WriteRefusalReport(Preload& p, std::int64_t n, absl::string_view report) {
 }
 
 }  // namespace vramledger::preload
+
+// ---- Introspection (tests, scripts through ctypes) ----
+
+using vramledger::preload::Preload;
+
+/// The shim's counters as a JSON object in a malloc'd string (free() it); NULL when inactive.
+extern "C" __attribute__((visibility("default"))) char* vramledger_preload_stats_json() {
+  Preload* p = vramledger::preload::Instance();
+  if (p == nullptr) return nullptr;
+  const vramledger::preload::Counters& c = p->counters();
+  nlohmann::json j = vramledger::preload::CountersJson(c);
+  // Host time of the interposed calls, whole and inside the allocators' Malloc and Free, all
+  // devices; zeros unless host_timing is on (step-time-measurement.md).
+  double malloc_us = 0, free_us = 0;
+  vramledger::preload::InsideScope inside;
+  for (int d = 0; d < p->DeviceCount(); ++d) {
+    vramledger::preload::DeviceFigures figures;
+    if (p->Figures(d, &figures)) {
+      malloc_us += figures.host_time.malloc_ns / 1e3;
+      free_us += figures.host_time.free_ns / 1e3;
+    }
+  }
+  j["route"] = p->plugin() != nullptr ? "direct" : "interposition";
+  j["host_time_us"] = {{"interposed_calls", c.interposed_ns.load() / 1e3},
+                       {"allocator_malloc", malloc_us},
+                       {"allocator_free", free_us}};
+  const std::string text = j.dump();
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
+/// Writes a snapshot and summary now (as SIGUSR1 does), tagged `tag` ("manual" when NULL).
+extern "C" __attribute__((visibility("default"))) void vramledger_preload_dump(const char* tag) {
+  Preload* p = vramledger::preload::Instance();
+  if (p != nullptr) vramledger::preload::WriteDump(*p, tag == nullptr ? "manual" : tag);
+}

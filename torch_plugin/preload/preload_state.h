@@ -1,6 +1,7 @@
-// The LD_PRELOAD shim's state, shared by its interposed functions (preload.cc) and its reports
-// (preload_report.cc): the real runtime's functions, the recursion flag, the counters of the
-// calls seen, and the live blocks the shim handed out. Process-wide, never destroyed.
+// The LD_PRELOAD shim's state, shared by its interposed functions (preload.cc), its route into
+// torch (direct_route.cc) and its reports (preload_report.cc): the real runtime's functions, the
+// recursion flag, the counters of the calls seen, the live blocks the shim handed out and, on the
+// direct route, the plugin's runtime. Process-wide, never destroyed.
 #ifndef VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
 #define VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
 
