@@ -231,7 +231,8 @@ link_map* CallerMap(const void* caller) {
 }
 
 // dlopen(file, mode) as if `caller` had called it: a bare name is looked up among the loaded
-// libraries, then in the caller's search path, then as dlopen would from here (ld.so.cache).
+// libraries, then in the caller's search path up to the default folders, then as dlopen would
+// from here (ld.so.cache, then the default folders).
 void* OpenAsCaller(const char* file, int mode, const void* caller) {
   const DlopenFn real = RealDlopen();
   if (file == nullptr || std::strchr(file, '/') != nullptr) return real(file, mode);
@@ -243,7 +244,10 @@ void* OpenAsCaller(const char* file, int mode, const void* caller) {
       auto* info = reinterpret_cast<Dl_serinfo*>(buffer.get());
       std::memcpy(info, &size, sizeof(size));
       if (dlinfo(map, RTLD_DI_SERINFO, info) == 0) {
-        for (unsigned i = 0; i < info->dls_cnt; ++i) {
+        // The default folders come last; dlopen searches them itself, after ld.so.cache.
+        unsigned count = info->dls_cnt;
+        while (count > 0 && IsDefaultLibraryDir(info->dls_serpath[count - 1].dls_name)) --count;
+        for (unsigned i = 0; i < count; ++i) {
           const std::string path = absl::StrCat(info->dls_serpath[i].dls_name, "/", file);
           if (access(path.c_str(), F_OK) != 0) continue;
           if (void* h = real(path.c_str(), mode)) return h;

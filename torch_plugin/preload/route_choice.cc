@@ -88,6 +88,19 @@ bool MayLoadTorch(absl::string_view path) {
          absl::StartsWith(name, "_C.");
 }
 
+bool IsDefaultLibraryDir(absl::string_view dir) {
+  absl::string_view rest = dir;
+  if (!absl::ConsumePrefix(&rest, "/usr/lib") && !absl::ConsumePrefix(&rest, "/lib")) return false;
+  absl::ConsumePrefix(&rest, "64");
+  if (rest.empty()) return true;
+  if (!absl::ConsumePrefix(&rest, "/")) return false;
+  const std::size_t hwcaps = rest.find("glibc-hwcaps");
+  if (hwcaps != absl::string_view::npos) rest = rest.substr(0, hwcaps);
+  absl::ConsumeSuffix(&rest, "/");
+  // One folder (the multiarch triplet) at most, besides glibc-hwcaps/...
+  return rest.find('/') == absl::string_view::npos;
+}
+
 std::string NamedBackend(const char* cuda_alloc_conf, const char* alloc_conf) {
   // torch reads the first of the two that is set (c10/cuda/CUDAAllocatorConfig.h), then splits
   // on commas and colons (allowing spaces).

@@ -30,6 +30,12 @@ bool MayLoadTorch(absl::string_view path);
 /// (PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF); "" when none is named.
 std::string NamedBackend(const char* cuda_alloc_conf, const char* alloc_conf);
 
+/// True for the dynamic loader's default folders (/lib, /usr/lib, /lib64, /usr/lib64, a
+/// multiarch folder under one of them, or a glibc-hwcaps folder under those), which it searches
+/// after ld.so.cache: a bare-name dlopen made on another library's behalf leaves them, and the
+/// cache before them, to dlopen itself.
+bool IsDefaultLibraryDir(absl::string_view dir);
+
 /// What the shim found when torch's libraries appeared.
 struct RouteInputs {
   std::string running_version;  // torch's own version ("" unknown)

@@ -79,6 +79,18 @@ TEST(RouteChoiceTest, OnlyTorchsOwnLibrariesAreWatched) {
   EXPECT_FALSE(MayLoadTorch("/x/torch/_C/libfoo.so"));
 }
 
+TEST(RouteChoiceTest, DefaultLibraryFoldersAreTheLoadersOwn) {
+  for (const char* dir : {"/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu",
+                          "/usr/lib/x86_64-linux-gnu/", "/usr/lib/glibc-hwcaps/x86-64-v3",
+                          "/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v2"}) {
+    EXPECT_TRUE(IsDefaultLibraryDir(dir)) << dir;
+  }
+  for (const char* dir : {"/usr/lib/x86_64-linux-gnu/openmpi/lib", "/usr/local/lib", "/libx",
+                          "/opt/venv/lib/python3.11/site-packages/torch/lib", "lib", ""}) {
+    EXPECT_FALSE(IsDefaultLibraryDir(dir)) << dir;
+  }
+}
+
 TEST(RouteChoiceTest, BackendAsTorchReadsIt) {
   EXPECT_EQ(NamedBackend(nullptr, nullptr), "");
   EXPECT_EQ(NamedBackend("expandable_segments:True", nullptr), "");
