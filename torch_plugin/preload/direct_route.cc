@@ -205,11 +205,29 @@ void DecideLoaded(void* c10) {
   EnterDirectRoute();
 }
 
-// After a dlopen returned (outermost only): decides once libc10_cuda.so is there.
+// False while torch's backend is not stored yet: libc10_cuda.so is loaded but its static
+// initializer has not run (a library linked into the program may be initialized after this one),
+// and would overwrite whatever were stored now.
+// The global scope first: a program linked to libc10_cuda may hold the variable itself (a copy
+// relocation, which libc10_cuda's own code then uses too).
+bool TorchPickedItsBackend(void* c10) {
+  constexpr char kAllocator[] = "_ZN3c104cuda20CUDACachingAllocator9allocatorE";  // `allocator`
+  void* symbol = dlsym(RTLD_DEFAULT, kAllocator);
+  if (symbol == nullptr) symbol = dlsym(c10, kAllocator);
+  const auto* current = reinterpret_cast<const std::atomic<const void*>*>(symbol);
+  return current == nullptr || current->load() != nullptr;
+}
+
+// After a dlopen returned (outermost only): decides once libc10_cuda.so is there and torch has
+// picked its backend.
 void AfterLoad() {
   if (g_route.load(std::memory_order_acquire) != Route::kPending) return;
   void* c10 = LoadedC10Cuda();
   if (c10 == nullptr) return;
+  if (!TorchPickedItsBackend(c10)) {
+    dlclose(c10);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(g_decide_mu);
     ++t_dlopen_depth;  // the native library's own loading decides nothing

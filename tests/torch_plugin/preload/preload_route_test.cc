@@ -255,6 +255,23 @@ TEST(PreloadRouteTest, NativeLibraryThatCannotLoadFallsBackAfterTorchLoaded) {
   fs::remove_all(root);
 }
 
+#ifdef VRAMLEDGER_LINKED_TORCH
+// A C++ program linked to libtorch: torch loaded and picked its backend before the shim's
+// constructor, which decides the route there; a backend the environment names keeps torch's.
+TEST(PreloadRouteTest, ProgramLinkedToTorchIsDecidedAtTheConstructor) {
+  const std::string env = "env -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF ";
+  const std::string shim = std::string(" LD_PRELOAD=") + VRAMLEDGER_PRELOAD_LIB + " ";
+  EXPECT_THAT(RunCommand(env + VRAMLEDGER_LINKED_TORCH).output, HasSubstr("ALLOCATOR native"));
+  const Result direct = RunCommand(env + shim + VRAMLEDGER_LINKED_TORCH);
+  EXPECT_EQ(direct.exit_code, 0) << direct.output;
+  EXPECT_THAT(direct.output, HasSubstr("ALLOCATOR vramledger"));
+  EXPECT_THAT(direct.output, Not(HasSubstr("vramledger: ")));
+  const Result named =
+      RunCommand(env + "PYTORCH_CUDA_ALLOC_CONF=backend:native" + shim + VRAMLEDGER_LINKED_TORCH);
+  EXPECT_THAT(named.output, HasSubstr("ALLOCATOR native"));
+}
+#endif
+
 // The real thing on a CPU: torch imported under the shim gets vramledger as its allocator before
 // CUDA starts (get_allocator_backend), with PYTORCH_CUDA_ALLOC_CONF left alone; allocations of the
 // plugin's runtime on a simulated device show in the shim's exit summary and snapshot, and a plan
