@@ -8,8 +8,6 @@
 // library that dlopens its siblings by name (cuDNN, NCCL's plugins) finds them as before.
 #include <dlfcn.h>
 #include <link.h>
-#include <pthread.h>
-#include <semaphore.h>
 #include <unistd.h>
 
 #include <atomic>
