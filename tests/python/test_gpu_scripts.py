@@ -49,7 +49,7 @@ def test_the_runner_runs_every_check_and_benchmark():
     runner = (GPU / "run.sh").read_text()
     scripts = [p for p in (GPU / "checks").iterdir() if p.suffix in (".py", ".sh")]
     scripts += [p for p in (GPU / "bench").glob("*.py") if p.name != "inprocess_stats.py"]
-    assert len(scripts) == 16, scripts  # 12 checks, 4 benchmarks
+    assert len(scripts) == 17, scripts  # 13 checks, 4 benchmarks
     missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
     assert not missing, f"run.sh does not run {missing}"
 
