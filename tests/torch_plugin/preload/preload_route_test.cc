@@ -292,7 +292,10 @@ TEST(PreloadRouteTest, TorchProcessGetsVramledgerAsItsAllocator) {
          "plugin.vramledger_testing_malloc.restype = ctypes.c_void_p\n"
          "ok = plugin.vramledger_testing_malloc(ctypes.c_size_t(8 << 20), 0, None)\n"
          "refused = plugin.vramledger_testing_malloc(ctypes.c_size_t(256 << 20), 0, None)\n"
-         "print('ALLOCATED', ok is not None, 'REFUSED', refused is None)\n";
+         "print('ALLOCATED', ok is not None, 'REFUSED', refused is None)\n"
+         "import signal, time\n"
+         "os.kill(os.getpid(), signal.SIGUSR1)  # dumped by the direct route's thread\n"
+         "time.sleep(1)\n";
   const fs::path lib_dir = fs::path(VRAMLEDGER_PRELOAD_LIB).parent_path();
   const Result r = RunCommand(
       "env -u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF VRAMLEDGER_CONF=dump_dir:" +
@@ -306,12 +309,13 @@ TEST(PreloadRouteTest, TorchProcessGetsVramledgerAsItsAllocator) {
   EXPECT_THAT(r.output, HasSubstr("refusals 1\n"));
   EXPECT_THAT(r.output, HasSubstr("device 0: peak allocated 8.00 MiB"));
   EXPECT_THAT(r.output, HasSubstr("vramledger: device 0: allocation refused; report: "));
-  std::string report, snapshot;
+  std::string report, snapshot, usr1;
   for (const auto& entry : fs::directory_iterator(root / "dumps")) {
     std::stringstream text;
     text << std::ifstream(entry.path()).rdbuf();
     const std::string name = entry.path().filename().string();
     if (name.find("-refusal-1.txt") != std::string::npos) report = text.str();
+    if (name.find("-sigusr1-1.txt") != std::string::npos) usr1 = text.str();
     if (name.find("preload-pid") != std::string::npos &&
         name.find("-exit.json") != std::string::npos) {
       snapshot = text.str();
@@ -319,10 +323,19 @@ TEST(PreloadRouteTest, TorchProcessGetsVramledgerAsItsAllocator) {
   }
   EXPECT_THAT(report, HasSubstr("vramledger plan violation: " + (root / "plan.json").string() +
                                 ":3: limit"));
+  EXPECT_THAT(usr1, HasSubstr("vramledger preload summary (sigusr1-1"));
+  EXPECT_THAT(usr1, HasSubstr("route: direct: "));
   ASSERT_FALSE(snapshot.empty());
   const nlohmann::json snap = nlohmann::json::parse(snapshot);
   EXPECT_THAT(snap["vramledger"]["preload"]["route"].get<std::string>(), HasSubstr("direct: "));
   EXPECT_EQ(snap["segments"].size(), 1u);
+  // preload_disable: the shim decides nothing, torch keeps its allocator.
+  const Result off =
+      RunCommand("VRAMLEDGER_PRELOAD_DISABLE=1 LD_PRELOAD=" + std::string(VRAMLEDGER_PRELOAD_LIB) +
+                 " " + python +
+                 " -c 'import torch; print(\"BACKEND\", "
+                 "torch.cuda.get_allocator_backend())'");
+  EXPECT_THAT(off.output, HasSubstr("BACKEND native")) << off.output;
   fs::remove_all(root);
 }
 
