@@ -253,6 +253,7 @@ void* OpenAsCaller(const char* file, int mode, const void* caller) {
   const DlopenFn real = RealDlopen();
   if (file == nullptr || std::strchr(file, '/') != nullptr) return real(file, mode);
   if (void* loaded = real(file, mode | RTLD_NOLOAD)) return loaded;
+  if ((mode & RTLD_NOLOAD) != 0) return nullptr;  // not loaded, and not to be
   if (link_map* map = CallerMap(caller)) {
     Dl_serinfo size;
     if (dlinfo(map, RTLD_DI_SERINFOSIZE, &size) == 0 && size.dls_size > 0) {
