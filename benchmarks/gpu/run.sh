@@ -34,6 +34,8 @@
 #     guard         checks/guard_check.py: the memory plan's guard (GUARD_MODEL=llama1b)
 #     preload       checks/preload_check.sh: an unmodified program under the LD_PRELOAD shim
 #     preload_plan  checks/preload_plan_check.sh: a plan 20% too small under the shim
+#     preload_direct checks/preload_direct_check.sh: the shim as torch's allocator (torch's
+#                   statistics, a plan refusal as torch.OutOfMemoryError) and its fallback
 #     wheel         checks/wheel_check.sh gpu: the wheel built and run there (needs wheeldeps)
 #     multi         two GPUs: checks/two_gpu_check.py, then checks/ddp_check.py (DDP over NCCL,
 #                   native vs vramledger with a plan per rank) and `vramledger report`
@@ -61,7 +63,7 @@ LIBDIR="$ROOT/.devbuild/lib"
 PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native streams compile matrix contiguous snapshot
-        guard preload preload_plan wheel multi"
+        guard preload preload_plan preload_direct wheel multi"
 BENCH="workloads kernels ab inprocess hostcost graphstep"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
@@ -240,6 +242,7 @@ details() {
     graphstep) tail -6 "$f" ;;
     preload) tail -12 "$f" ;;
     preload_plan) tail -8 "$f" ;;
+    preload_direct) grep -E "^(PASS|FAIL|SKIP)|MemPool" "$f" ;;
     wheel) grep -E "PASS|FAIL|SKIP|wheel" "$f" | tail -15 ;;
     multi) cat "$f" ;;
     workloads) tail -40 "$f" ;;
@@ -323,6 +326,9 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
                  timeout "$(bound)" bash benchmarks/gpu/checks/preload_check.sh "$shim" ;;
       preload_plan) item preload_plan check 150 env PYTHON="$PY" OUT="$RUN/preload_plan" \
                       timeout "$(bound)" bash benchmarks/gpu/checks/preload_plan_check.sh "$shim" ;;
+      preload_direct) item preload_direct check 60 env PYTHON="$PY" OUT="$RUN/preload_direct" \
+                        timeout "$(bound)" bash benchmarks/gpu/checks/preload_direct_check.sh \
+                        "$shim" ;;
       wheel) if [ -d .devbuild/wheeldeps ]; then
                item wheel check 150 env OUT="$RUN/wheel" timeout "$(bound)" \
                  bash benchmarks/gpu/checks/wheel_check.sh gpu

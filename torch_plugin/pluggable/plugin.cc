@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,8 @@ namespace {
   std::abort();  // unreachable: TORCH_CHECK(false) throws
 }
 
+std::atomic<vramledger_refusal_fn> g_refusal_reporter{nullptr};
+
 }  // namespace
 }  // namespace vramledger
 
@@ -51,10 +54,14 @@ void* vramledger_malloc(std::size_t size, int device, cudaStream_t stream) {
       (*allocator)->Malloc(size, reinterpret_cast<StreamId>(stream));
   // A guard refusal gets its full report; any other failure goes to WithOomDump.
   if (!ptr.ok()) {
-    if (absl::IsResourceExhausted(ptr.status())) {  // observers first, outside the device lock
+    const bool exhausted = absl::IsResourceExhausted(ptr.status());
+    if (exhausted) {  // observers first, outside the device lock
       vramledger::NotifyOutOfMemoryObservers(device, size, (*allocator)->last_oom());
     }
-    vramledger::Throw(vramledger::GuardRefusalOrOomDump(device, ptr.status()));
+    const absl::Status report = vramledger::GuardRefusalOrOomDump(device, ptr.status());
+    vramledger_refusal_fn reporter = vramledger::g_refusal_reporter.load();
+    if (exhausted && reporter != nullptr) reporter(device, std::string(report.message()).c_str());
+    vramledger::Throw(report);
   }
   TORCH_CHECK(*ptr != 0, "vramledger: allocation of ", size, " bytes on device ", device,
               " returned a null address");
@@ -150,6 +157,16 @@ void vramledger_release_pool(int device, vramledger_mempool_id pool_id) {
   if (!allocator.ok()) vramledger::Throw(allocator.status());
   const absl::Status s = (*allocator)->ReleasePool({pool_id.first, pool_id.second});
   if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_set_refusal_reporter(vramledger_refusal_fn fn) {
+  vramledger::g_refusal_reporter.store(fn);
+}
+
+void vramledger_set_before_create(void (*fn)(int device)) {
+  DeviceTable::Get().SetBeforeCreate([fn](int device) {
+    if (fn != nullptr) fn(device);
+  });
 }
 
 void* vramledger_testing_malloc(size_t size, int device, char** message_out) {

@@ -72,6 +72,19 @@ VRAMLEDGER_EXPORT void vramledger_end_allocate_to_pool(int device, vramledger_me
 /// c10::Error for an unknown pool.
 VRAMLEDGER_EXPORT void vramledger_release_pool(int device, vramledger_mempool_id pool_id);
 
+// ---- For the LD_PRELOAD shim, when it makes the native allocator torch's (preload-route.md) ----
+
+/// Called with the full report of each refusal (guard or out of memory) on the allocating thread,
+/// just before vramledger_malloc throws it. Never throws out of the callback's caller.
+typedef void (*vramledger_refusal_fn)(int device, const char* report);
+
+/// Sets the refusal callback (NULL: none), replacing any earlier one.
+VRAMLEDGER_EXPORT void vramledger_set_refusal_reporter(vramledger_refusal_fn fn);
+
+/// Runs `fn(device)` inside each allocator's creation, before anything of it exists
+/// (DeviceTable::SetBeforeCreate). Only before the first allocation.
+VRAMLEDGER_EXPORT void vramledger_set_before_create(void (*fn)(int device));
+
 // ---- Testing only ----
 
 /// vramledger_malloc(size, device, default stream) with the c10 error it throws caught: returns

@@ -1,5 +1,6 @@
 // libvramledger_preload.so: interposes cudaMalloc/cudaFree/cudaMallocAsync/cudaFreeAsync and
-// cudaMemGetInfo, serving device memory from the runtime's per-device allocators.
+// cudaMemGetInfo, serving device memory from the runtime's per-device allocators; once
+// vramledger is torch's allocator (the direct route, direct_route.cc) they forward.
 //
 // Recursion: CudaBackend (linked into this library) calls cudaMalloc/cudaFree/cudaMemGetInfo
 // itself, and those names bind to this library's definitions (it comes first in the global
@@ -10,6 +11,9 @@
 // Everything here is process-wide and never destroyed: frees can arrive during exit. The shim's
 // state is in preload_state.h, its summary and dumps in preload_report.cc.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -46,13 +50,20 @@ namespace {
 
 // Set by the constructor; nullptr until then (and forever when the shim is disabled).
 std::atomic<Preload*> g_preload{nullptr};
+// The state the interposed functions serve from: g_preload until vramledger becomes torch's
+// allocator (the direct route), then nullptr: every call forwards to the real runtime.
+std::atomic<Preload*> g_serving{nullptr};
 std::atomic<bool> g_dump_requested{false};  // SIGUSR1 arrived
 std::atomic<int> g_dump_sequence{0};
+std::atomic<bool> g_dump_thread{false};  // the direct route's dump thread waits on g_dump_sem
+sem_t g_dump_sem;
 struct sigaction g_previous_usr1;
 
-// SIGUSR1: only sets the flag; the dump runs on the next interposed call (async-signal-safe).
+// SIGUSR1: only sets the flag (or posts the dump thread's semaphore on the direct route); the
+// dump runs on the next interposed call or on that thread (both async-signal-safe).
 void OnUsr1(int signo, siginfo_t* info, void* context) {
   g_dump_requested.store(true, std::memory_order_relaxed);
+  if (g_dump_thread.load(std::memory_order_relaxed)) sem_post(&g_dump_sem);
   if (g_previous_usr1.sa_flags & SA_SIGINFO) {
     if (g_previous_usr1.sa_sigaction != nullptr) g_previous_usr1.sa_sigaction(signo, info, context);
   } else if (g_previous_usr1.sa_handler != SIG_DFL && g_previous_usr1.sa_handler != SIG_IGN &&
@@ -64,12 +75,18 @@ void OnUsr1(int signo, siginfo_t* info, void* context) {
 // The shim's state for a call from the program (nullptr: forward), doing a requested dump first.
 Preload* Active() {
   if (t_inside) return nullptr;
-  Preload* p = g_preload.load(std::memory_order_acquire);
+  Preload* p = g_serving.load(std::memory_order_acquire);
   if (p != nullptr && g_dump_requested.load(std::memory_order_relaxed) &&
       g_dump_requested.exchange(false)) {
     WriteDump(*p, absl::StrCat("sigusr1-", g_dump_sequence.fetch_add(1) + 1));
   }
   return p;
+}
+
+// True when `address` lies in the library loaded at `base`.
+bool CalledFrom(const void* address, const void* base) {
+  Dl_info info;
+  return base != nullptr && dladdr(address, &info) != 0 && info.dli_fbase == base;
 }
 
 int CurrentDevice() {
@@ -118,6 +135,15 @@ cudaError_t Allocate(Preload& p, void** out, size_t size, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+bool Release(Preload& p, void* ptr, cudaStream_t stream, bool async, cudaError_t* result);
+
+// On the direct route: frees `ptr` if the interposition served it before torch loaded (true).
+bool ServedBeforeDirectRoute(Preload& p, void* ptr, cudaStream_t stream, bool async,
+                             cudaError_t* result) {
+  if (t_inside || p.plugin() == nullptr || !p.HasLiveBlocks()) return false;
+  return Release(p, ptr, stream, async, result);
+}
+
 // Frees `ptr` if vramledger allocated it (true); false means the caller forwards it.
 bool Release(Preload& p, void* ptr, cudaStream_t stream, bool async, cudaError_t* result) {
   LiveBlock block;
@@ -143,18 +169,13 @@ bool Release(Preload& p, void* ptr, cudaStream_t stream, bool async, cudaError_t
   return true;
 }
 
-// PYTORCH_CUDA_ALLOC_CONF gains backend:cudaMallocAsync unless it names a backend already, so
-// that torch sends every tensor allocation through cudaMallocAsync (torch's native caching
-// allocator would otherwise keep its own cache and call cudaMalloc rarely). What this
-// route costs per call, and the alternative: docs/design/preload-route.md.
-void SelectTorchBackend() {
-  const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
-  if (conf == nullptr || conf[0] == '\0') {
-    setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", 1);
-    return;
+// True once the serving runtime allocated on some device.
+bool UsedCuda(Preload& p) {
+  if (p.plugin() == nullptr) {
+    const Counters& c = p.counters();
+    return c.malloc_calls.load() + c.malloc_async_calls.load() > 0;
   }
-  if (std::strstr(conf, "backend") != nullptr) return;
-  setenv("PYTORCH_CUDA_ALLOC_CONF", absl::StrCat(conf, ",backend:cudaMallocAsync").c_str(), 1);
+  return p.AnyAllocatorCreated();
 }
 
 void AtExit() {
@@ -162,9 +183,20 @@ void AtExit() {
   static std::atomic<bool> done{false};
   if (p == nullptr || done.exchange(true)) return;
   if (p->options().process.preload_no_exit_dump) return;
-  const Counters& c = p->counters();
-  if (c.malloc_calls.load() + c.malloc_async_calls.load() == 0) return;  // never used CUDA
+  if (!UsedCuda(*p)) return;
   WriteDump(*p, "exit");
+}
+
+// The direct route's SIGUSR1 dumps: the allocations no longer pass through the shim.
+void* DumpThread(void*) {
+  for (;;) {
+    if (sem_wait(&g_dump_sem) != 0) continue;  // EINTR
+    if (!g_dump_requested.exchange(false)) continue;
+    if (Preload* p = g_preload.load(std::memory_order_acquire)) {
+      WriteDump(*p, absl::StrCat("sigusr1-", g_dump_sequence.fetch_add(1) + 1));
+    }
+  }
+  return nullptr;
 }
 
 // Runs before the program's main: reads VRAMLEDGER_CONF (a bad value ends the process with one
@@ -188,13 +220,13 @@ __attribute__((constructor)) void PreloadInit() {
       std::_Exit(2);
     }
   }
-  SelectTorchBackend();
   // Never wait for the GIL on autograd's (or any non-main) thread: see
   // docs/design/preload-python-frames.md.
   SetPythonGilPolicy(PythonGilPolicy::kMainThreadOnly);
   Preload* preload = new Preload(*std::move(options));  // never destroyed
   DeviceTable::Get().SetBeforeCreate([preload](int device) { preload->BeforeCreate(device); });
   g_preload.store(preload, std::memory_order_release);
+  g_serving.store(preload, std::memory_order_release);
   struct sigaction action;
   std::memset(&action, 0, sizeof(action));
   action.sa_sigaction = OnUsr1;
@@ -202,11 +234,37 @@ __attribute__((constructor)) void PreloadInit() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGUSR1, &action, &g_previous_usr1);
   std::atexit(AtExit);
+  // Which route serves torch: decided here when torch is linked in, else at its dlopen.
+  InitTorchRoute();
 }
 
 __attribute__((destructor)) void PreloadFini() { AtExit(); }
 
 }  // namespace
+
+Preload* Instance() { return g_preload.load(std::memory_order_acquire); }
+
+void EnterDirectRoute() {
+  g_serving.store(nullptr, std::memory_order_release);
+  if (sem_init(&g_dump_sem, 0, 0) != 0) return;
+  pthread_t thread;
+  if (pthread_create(&thread, nullptr, DumpThread, nullptr) != 0) return;
+  pthread_detach(thread);
+  g_dump_thread.store(true, std::memory_order_release);
+}
+
+void OnDirectRefusal(int device, const char* report) {
+  Preload* p = Instance();
+  if (p == nullptr || report == nullptr) return;
+  InsideScope inside;
+  const std::int64_t n = p->counters().refusals.fetch_add(1, std::memory_order_relaxed) + 1;
+  WriteRefusalReport(*p, n, report);
+  // torch's OutOfMemoryError carries the report itself; one line says where the file is.
+  if (n <= std::max(p->options().process.max_dumps, 0)) {
+    std::fprintf(stderr, "vramledger: device %d: allocation refused; report: %s\n", device,
+                 RefusalReportPath(*p, n).c_str());
+  }
+}
 
 void RegisterExitDumpAfterRuntime() {
   static std::once_flag once;
@@ -248,6 +306,10 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
   if (p == nullptr) {
     if (Preload* q = vramledger::preload::g_preload.load(std::memory_order_relaxed)) {
       q->counters().inner_calls.fetch_add(1, std::memory_order_relaxed);
+      cudaError_t result = cudaSuccess;
+      if (vramledger::preload::ServedBeforeDirectRoute(*q, ptr, nullptr, false, &result)) {
+        return result;
+      }
     }
     return Runtime().free(ptr);
   }
@@ -261,7 +323,15 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
 
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   Preload* p = Active();
-  if (p == nullptr) return Runtime().free_async(ptr, stream);
+  if (p == nullptr) {
+    cudaError_t result = cudaSuccess;
+    Preload* q = vramledger::preload::g_preload.load(std::memory_order_relaxed);
+    if (q != nullptr &&
+        vramledger::preload::ServedBeforeDirectRoute(*q, ptr, stream, true, &result)) {
+      return result;
+    }
+    return Runtime().free_async(ptr, stream);
+  }
   const vramledger::preload::CallTimer timer(p->InterposedTimer());
   p->counters().free_async_calls.fetch_add(1, std::memory_order_relaxed);
   cudaError_t result = cudaSuccess;
@@ -272,9 +342,18 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stre
 
 // With a plan, the device looks as large as the plan's limit: total = limit, free = what the
 // limit leaves beyond vramledger's reserved bytes (never more than the real free memory).
+// On the direct route the plugin's own calls (its backend's device size) see the real figures,
+// as the interposition's inner calls do.
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   const cudaError_t err = Runtime().mem_get_info(free_bytes, total_bytes);
   Preload* p = Active();
+  if (p == nullptr && !vramledger::preload::t_inside) {
+    Preload* q = vramledger::preload::g_preload.load(std::memory_order_acquire);
+    if (q != nullptr && q->plugin() != nullptr &&
+        !vramledger::preload::CalledFrom(__builtin_return_address(0), q->plugin()->base)) {
+      p = q;
+    }
+  }
   if (p == nullptr || err != cudaSuccess || p->options().process.plan.empty() ||
       free_bytes == nullptr || total_bytes == nullptr) {
     return err;
@@ -285,44 +364,12 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t*
   const std::int64_t limit = p->PlanLimit(device, *total_bytes);
   if (limit < 0) return err;
   std::int64_t reserved = 0;
-  if (const vramledger::DeviceAllocator* a = p->Existing(device)) {
-    reserved = a->GetStats().reserved_bytes[vramledger::kAggregate].current;
+  vramledger::preload::DeviceFigures figures;
+  if (p->Figures(device, &figures)) {
+    reserved = figures.stats.reserved_bytes[vramledger::kAggregate].current;
   }
   const std::size_t plan_free = limit > reserved ? static_cast<std::size_t>(limit - reserved) : 0;
   *total_bytes = std::min(*total_bytes, static_cast<std::size_t>(limit));
   *free_bytes = std::min(*free_bytes, plan_free);
   return err;
-}
-
-// ---- Introspection (tests, scripts through ctypes) ----
-
-/// The shim's counters as a JSON object in a malloc'd string (free() it); NULL when inactive.
-VRAMLEDGER_PRELOAD_EXPORT char* vramledger_preload_stats_json() {
-  Preload* p = vramledger::preload::g_preload.load(std::memory_order_acquire);
-  if (p == nullptr) return nullptr;
-  const vramledger::preload::Counters& c = p->counters();
-  nlohmann::json j = vramledger::preload::CountersJson(c);
-  // Host time of the interposed calls, whole and inside the allocators' Malloc and Free, all
-  // devices; zeros unless host_timing is on (step-time-measurement.md).
-  double malloc_us = 0, free_us = 0;
-  for (int d = 0; d < vramledger::DeviceTable::Get().device_count(); ++d) {
-    if (const vramledger::DeviceAllocator* a = p->Existing(d)) {
-      const vramledger::HostTime t = a->host_time();
-      malloc_us += t.malloc_ns / 1e3;
-      free_us += t.free_ns / 1e3;
-    }
-  }
-  j["host_time_us"] = {{"interposed_calls", c.interposed_ns.load() / 1e3},
-                       {"allocator_malloc", malloc_us},
-                       {"allocator_free", free_us}};
-  const std::string text = j.dump();
-  char* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
-}
-
-/// Writes a snapshot and summary now (as SIGUSR1 does), tagged `tag` ("manual" when NULL).
-VRAMLEDGER_PRELOAD_EXPORT void vramledger_preload_dump(const char* tag) {
-  Preload* p = vramledger::preload::g_preload.load(std::memory_order_acquire);
-  if (p != nullptr) vramledger::preload::WriteDump(*p, tag == nullptr ? "manual" : tag);
 }

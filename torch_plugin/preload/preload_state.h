@@ -1,6 +1,7 @@
-// The LD_PRELOAD shim's state, shared by its interposed functions (preload.cc) and its reports
-// (preload_report.cc): the real runtime's functions, the recursion flag, the counters of the
-// calls seen, and the live blocks the shim handed out. Process-wide, never destroyed.
+// The LD_PRELOAD shim's state, shared by its interposed functions (preload.cc), its route into
+// torch (direct_route.cc) and its reports (preload_report.cc): the real runtime's functions, the
+// recursion flag, the counters of the calls seen, the live blocks the shim handed out and, on the
+// direct route, the plugin's runtime. Process-wide, never destroyed.
 #ifndef VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
 #define VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
 
@@ -134,6 +135,46 @@ struct LiveBlock {
   StreamId stream = 0;
 };
 
+// ---- The direct route (direct_route.cc) ----
+
+// The plugin's runtime, which serves torch once libvramledger_native.so is torch's allocator:
+// the entry points the reports read it through (torch_plugin/runtime/c_api.h, history_api.h),
+// resolved from the native library's dependencies. Set once, never freed.
+struct PluginRuntime {
+  int (*device_count)() = nullptr;
+  bool (*device_stats)(int device, DeviceStats* out) = nullptr;
+  int (*fragmentation_json)(int device, cudaStream_t stream, char** json_out) = nullptr;
+  int (*snapshot_json)(char** json_out) = nullptr;
+  void (*string_free)(char* s) = nullptr;
+  const void* base = nullptr;  // the plugin's load address (its own calls see the real runtime)
+  std::string torch_minor;     // the torch minor the native library was built for
+};
+
+/// At the constructor, after Instance() is set: a backend named in torch's allocator settings
+/// keeps the interposition; torch already loaded (a C++ program linked to libtorch) is decided
+/// now; otherwise the interposed dlopen decides when torch's libraries load.
+void InitTorchRoute();
+
+/// The shim's state (nullptr before the constructor, and when the shim is disabled).
+class Preload;
+Preload* Instance();
+
+/// Called once vramledger is torch's allocator: the interposed functions forward from then on,
+/// and SIGUSR1 dumps run on a thread of their own (no interposed call would carry them).
+void EnterDirectRoute();
+
+/// Writes the refusal report of the direct route (the plugin's callback; never throws).
+void OnDirectRefusal(int device, const char* report);
+
+// What the reports read of one device's allocator, from whichever runtime serves the program.
+struct DeviceFigures {
+  DeviceStats stats;
+  double utilization = 0;
+  std::int64_t largest_free_block = 0;
+  std::int64_t holes = 0;
+  HostTime host_time;
+};
+
 class Preload {
  public:
   explicit Preload(Options options) : options_(std::move(options)) {
@@ -158,6 +199,7 @@ class Preload {
   // Runs inside the creation of `device`'s allocator, before it exists: records the device's
   // bytes in use then (cudaMemGetInfo through the real runtime) for the exit summary.
   void BeforeCreate(int device) {
+    created_any_.store(true, std::memory_order_release);
     std::size_t free_bytes = 0, total_bytes = 0;
     if (device >= 0 && device < kMaxDevices && Runtime().mem_get_info != nullptr &&
         Runtime().mem_get_info(&free_bytes, &total_bytes) == cudaSuccess) {
@@ -187,6 +229,7 @@ class Preload {
   void Remember(void* ptr, LiveBlock block) {
     absl::MutexLock lock(&mu_);
     live_[ptr] = block;
+    live_count_.store(live_.size(), std::memory_order_relaxed);
   }
 
   // Removes `ptr` from the live table; false when vramledger did not allocate it.
@@ -196,8 +239,44 @@ class Preload {
     if (it == live_.end()) return false;
     *block = it->second;
     live_.erase(it);
+    live_count_.store(live_.size(), std::memory_order_relaxed);
     return true;
   }
+
+  // True while blocks the interposition served are live (on the direct route, those made before
+  // torch loaded are still freed here).
+  bool HasLiveBlocks() const { return live_count_.load(std::memory_order_relaxed) > 0; }
+
+  // The plugin's runtime once the direct route serves torch; nullptr on the interposition.
+  const PluginRuntime* plugin() const { return plugin_.load(std::memory_order_acquire); }
+  void set_plugin(const PluginRuntime* plugin) { plugin_.store(plugin, std::memory_order_release); }
+
+  // One line for the summary: the route and why (set before the route is published).
+  std::string route_note() const {
+    absl::MutexLock lock(&mu_);
+    return route_note_;
+  }
+  void set_route_note(std::string note) {
+    absl::MutexLock lock(&mu_);
+    route_note_ = std::move(note);
+  }
+
+  // True once the serving runtime created an allocator (the first allocation on some device).
+  bool AnyAllocatorCreated() const { return created_any_.load(std::memory_order_acquire); }
+
+  // Devices the serving runtime has (the reports loop over them); 0 before its first allocator,
+  // so that a report never starts CUDA in a program that did not.
+  int DeviceCount() const {
+    const PluginRuntime* plugin = this->plugin();
+    if (plugin == nullptr) return DeviceTable::Get().device_count();
+    if (!AnyAllocatorCreated()) return 0;
+    const int n = plugin->device_count();
+    return n > 0 ? n : 0;
+  }
+
+  // The figures of `device`'s allocator in the serving runtime; false when it has none.
+  // Pre: inside an InsideScope.
+  bool Figures(int device, DeviceFigures* out) const;
 
   // The plan's limit on `device` in bytes (-1: no plan or no limit), resolved once against
   // the card's total. Pre: inside an InsideScope.
@@ -213,8 +292,12 @@ class Preload {
   // each device was created; -1: unknown. The exit summary compares it with the bytes in use
   // then, less what vramledger reserved, for the memory the shim never saw (cuMemAlloc, ...).
   std::array<std::atomic<std::int64_t>, kMaxDevices> baseline_used_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<void*, LiveBlock> live_ ABSL_GUARDED_BY(mu_);
+  std::atomic<std::size_t> live_count_{0};
+  std::atomic<bool> created_any_{false};  // BeforeCreate ran once
+  std::atomic<const PluginRuntime*> plugin_{nullptr};
+  std::string route_note_ ABSL_GUARDED_BY(mu_) = "cudaMalloc/cudaMallocAsync interposition";
 };
 
 // ---- Reports (preload_report.cc) ----
@@ -226,6 +309,9 @@ nlohmann::json CountersJson(const Counters& c);
 /// prints the summary unless VRAMLEDGER_PRELOAD_QUIET is set. Pre: no allocator lock held by
 /// this thread. Never throws.
 void WriteDump(Preload& p, const std::string& tag);
+
+/// <dump_dir>/vramledger-preload-pid<P>-refusal-<n>.txt.
+std::string RefusalReportPath(const Preload& p, std::int64_t n);
 
 /// Writes the refusal report to <dump_dir>/vramledger-preload-pid<P>-refusal-<n>.txt (the first
 /// max_dumps of them; the guard's forensic snapshot is named in the text). Never throws.

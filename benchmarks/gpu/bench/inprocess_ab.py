@@ -211,9 +211,12 @@ def run(workload: str, a: argparse.Namespace, shim: str | None = None) -> dict:
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.setdefault("VRAMLEDGER_CONF", "expandable_segments:True")
     env["VRAMLEDGER_AB_MODE"] = a.mode
-    if shim:  # the shim's exit dump and its lines on stderr are not what is measured here
+    if shim:  # the shim's exit dump and its lines on stderr are not what is measured here; the
+        # backend named keeps the shim on its interposition (docs/design/preload-route.md), the
+        # route this A/B chains against the plugin
         env.update(LD_PRELOAD=shim, VRAMLEDGER_PRELOAD_QUIET="1",
-                   VRAMLEDGER_PRELOAD_NO_EXIT_DUMP="1")
+                   VRAMLEDGER_PRELOAD_NO_EXIT_DUMP="1",
+                   PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", workload,
                            "--groups", str(a.groups), "--warmup", str(a.warmup),
                            "--seed", str(a.seed), "--lengths", a.lengths], env=env,

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The LD_PRELOAD shim on the H200: GPT-2-medium training (train_compare.py's unmodified native child) with and
-# without the LD_PRELOAD shim, then a cudaMalloc-only CUDA C++ program under the shim,
-# then the driver-API program. Usage: benchmarks/gpu/checks/preload_check.sh [PRELOAD_SO] (default: the
-# installed package's copy, else .devbuild/lib's). Env: REPEATS (3 interleaved pairs), STEPS (10).
+# without the LD_PRELOAD shim (its direct route: vramledger as torch's allocator), then a
+# cudaMalloc-only CUDA C++ program under the shim (the interposition), then the driver-API
+# program (the direct route's own checks are preload_direct_check.sh's).
+# Usage: benchmarks/gpu/checks/preload_check.sh [PRELOAD_SO] (default: the installed package's
+# copy, else .devbuild/lib's). Env: REPEATS (3 interleaved pairs), STEPS (10).
 set -u
 cd "$(dirname "$0")/../../.."
 PY=${PYTHON:-python}
@@ -56,7 +58,7 @@ if snap:
           " count child below")
 if summ: print(open(summ[0]).read())
 P
-echo "== allocation counts: torch native count vs shim cudaMallocAsync count (same small script)"
+echo "== allocation counts: torch's allocation count, native vs under the shim (same small script)"
 cat > "$OUT/count.py" <<'P'
 import torch, random, sys
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -68,8 +70,9 @@ for _ in range(3):
     with torch.autocast("cuda", dtype=torch.bfloat16): loss = m(input_ids=x, labels=x).loss
     loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
 torch.cuda.synchronize()
-if torch.cuda.get_allocator_backend() == "native":
-    print("COUNT torch allocation.all.allocated", torch.cuda.memory_stats()["allocation.all.allocated"])
+backend = torch.cuda.get_allocator_backend()
+if backend in ("native", "vramledger"):  # torch's own, or vramledger as torch's (direct route)
+    print(f"COUNT {backend} allocation.all.allocated", torch.cuda.memory_stats()["allocation.all.allocated"])
 else:
     import ctypes, json
     lib = ctypes.CDLL(None); f = lib.vramledger_preload_stats_json; f.restype = ctypes.c_void_p

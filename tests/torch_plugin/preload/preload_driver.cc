@@ -40,8 +40,25 @@ int Bench(long rounds) {
   return failures == 0 ? 0 : 1;
 }
 
+// PRELOAD_DRIVER_DLOPEN=PATH: dlopens PATH (a fake torch library, or a library that dlopens its
+// sibling by bare name), calls its `int probe()` when it has one, and prints one JSON line with
+// the outcome and the PYTORCH_CUDA_ALLOC_CONF the program sees afterwards.
+int Dlopen(const char* path) {
+  void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  const char* error = handle == nullptr ? dlerror() : nullptr;
+  using ProbeFn = int (*)();
+  auto probe = handle != nullptr ? reinterpret_cast<ProbeFn>(dlsym(handle, "probe")) : nullptr;
+  const int probed = probe != nullptr ? probe() : -1;
+  const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  std::printf("{\"dlopen\": %s, \"error\": \"%s\", \"probe\": %d, \"alloc_conf\": \"%s\"}\n",
+              handle != nullptr ? "true" : "false", error != nullptr ? error : "", probed,
+              conf != nullptr ? conf : "");
+  return 0;
+}
+
 int main() {
   if (const char* bench = std::getenv("PRELOAD_DRIVER_BENCH")) return Bench(std::atol(bench));
+  if (const char* path = std::getenv("PRELOAD_DRIVER_DLOPEN")) return Dlopen(path);
   int failures = 0;
   std::vector<void*> blocks;
   for (int i = 0; i < 10; ++i) {

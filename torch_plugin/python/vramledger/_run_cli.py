@@ -94,9 +94,10 @@ def register(commands, cli_error: type[Exception]) -> None:
     p = commands.add_parser(
         "run", help="run an unmodified program with vramledger's LD_PRELOAD shim",
         description="Runs COMMAND with LD_PRELOAD=libvramledger_preload.so and VRAMLEDGER_CONF, "
-                    "so its cudaMalloc/cudaMallocAsync (and torch's tensors, through "
-                    "backend:cudaMallocAsync) are served by vramledger. A snapshot and summary "
-                    "are written to the dump directory at exit and on SIGUSR1.")
+                    "so its torch tensors (vramledger becomes torch's allocator as torch loads) "
+                    "or, without torch, its cudaMalloc/cudaMallocAsync are served by vramledger. "
+                    "A snapshot and summary are written to the dump directory at exit and on "
+                    "SIGUSR1.")
     p.add_argument("--conf", action="append", default=[],
                    help="allocator options (key:value,...), appended to VRAMLEDGER_CONF; given "
                         "twice, both apply")
