@@ -77,6 +77,7 @@ class CudaBackend final : public DeviceBackend {
 
   /// OK if the driver VMM entry points were resolved and the granularity queried; else why not.
   const absl::Status& vmm_status() const { return vmm_status_; }
+  absl::Status VirtualMemoryStatus() const override { return vmm_status_; }
 
   /// Devices (bit d = CUDA device d) that may read and write this device's mapped pages: the
   /// devices that cudaDeviceCanAccessPeer this one and whose primary context is active in this

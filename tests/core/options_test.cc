@@ -274,5 +274,27 @@ TEST(Options, DocsOptionsMdIsGeneratedFromTheTable) {
       << "`python -m vramledger._options --markdown > docs/options.md`";
 }
 
+// A served process (install(), the shim) gets expandable segments with page recycling unless
+// it says otherwise; the replay and the planner keep torch's defaults.
+TEST(Options, RuntimeDefaultsTurnExpandableSegmentsOnAndKeepTorchsOtherwise) {
+  const Options defaults = RuntimeDefaults();
+  EXPECT_TRUE(defaults.expandable_segments);
+  EXPECT_TRUE(defaults.page_recycling);
+  EXPECT_FALSE(Options().expandable_segments);
+  Options torch_but_expandable;
+  torch_but_expandable.expandable_segments = true;
+  EXPECT_EQ(OptionsToString(defaults), OptionsToString(torch_but_expandable));
+
+  auto served = OptionsFromEnvAndString("max_split_size_mb:200", RuntimeDefaults());
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE(served->expandable_segments);
+  auto plain = OptionsFromEnvAndString("expandable_segments:False", RuntimeDefaults());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->expandable_segments);
+  auto replay = OptionsFromEnvAndString("");
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_FALSE(replay->expandable_segments);
+}
+
 }  // namespace
 }  // namespace vramledger

@@ -30,7 +30,9 @@ class NativeAllocatorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     // No forensic dumps from the OOM cases into the working directory.
-    ASSERT_EQ(vramledger_configure("max_dumps:0"), VRAMLEDGER_OK) << vramledger_last_error();
+    // Plain segments: the cached-block figures below are the plain policy's.
+    ASSERT_EQ(vramledger_configure("max_dumps:0,expandable_segments:False"), VRAMLEDGER_OK)
+        << vramledger_last_error();
     ASSERT_EQ(vramledger_testing_use_sim_backend(2, kCapacity), VRAMLEDGER_OK)
         << vramledger_last_error();
   }

@@ -29,13 +29,15 @@ constexpr int kDevices = 2;
 cudaStream_t Stream(std::uintptr_t id) { return reinterpret_cast<cudaStream_t>(id); }
 
 // The plugin's state is process-wide: every test shares two simulated devices configured once
-// with max_split_size_mb:200, and leaves nothing allocated behind.
+// with max_split_size_mb:200 and plain segments (the books these cases count), and leaves
+// nothing allocated behind.
 void SetUpOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
     ASSERT_EQ(vramledger_testing_use_sim_backend(kDevices, kCapacity), VRAMLEDGER_OK)
         << vramledger_last_error();
-    ASSERT_EQ(vramledger_configure("max_split_size_mb:200,max_dumps:0"), VRAMLEDGER_OK)
+    ASSERT_EQ(vramledger_configure("max_split_size_mb:200,max_dumps:0,expandable_segments:False"),
+              VRAMLEDGER_OK)
         << vramledger_last_error();
   });
 }
@@ -140,7 +142,8 @@ TEST_F(PluginAbiTest, FreeOfUnknownPointerPrintsOneLineAndContinues) {
 TEST_F(PluginAbiTest, OptionsAreFrozenByTheFirstAllocation) {
   void* p = vramledger_malloc(512, 0, Stream(0));
   ASSERT_NE(p, nullptr);
-  EXPECT_EQ(vramledger_configure("max_split_size_mb:200,max_dumps:0"), VRAMLEDGER_OK);
+  EXPECT_EQ(vramledger_configure("max_split_size_mb:200,max_dumps:0,expandable_segments:False"),
+            VRAMLEDGER_OK);
   EXPECT_EQ(vramledger_configure("max_split_size_mb:300"), VRAMLEDGER_FAILED);
   EXPECT_NE(std::string(vramledger_last_error()).find("already running"), std::string::npos);
   EXPECT_EQ(vramledger_configure("no_such_key:1"), VRAMLEDGER_INVALID_ARGUMENT);

@@ -4,8 +4,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+#include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "device/cuda_backend.h"
 #include "torch_plugin/runtime/guard_api.h"
@@ -145,9 +148,21 @@ absl::Status DeviceTable::ForDevices(int device,
   return fn(a);
 }
 
+Options WithinBackendLimits(Options options, const absl::Status& vmm, std::string* warning) {
+  warning->clear();
+  if (!options.expandable_segments || vmm.ok() ||
+      absl::StrContains(options.conf_string, "expandable_segments")) {
+    return options;
+  }
+  options.expandable_segments = false;
+  *warning = absl::StrCat("vramledger: expandable segments (the default) are not supported here (",
+                          vmm.message(), "); this device uses plain segments (torch's policy)");
+  return options;
+}
+
 absl::Status DeviceTable::CreateSlot(int device, Slot* slot) {
-  absl::StatusOr<Options> options = CurrentOptions(/*freeze=*/true);
-  if (!options.ok()) return options.status();
+  absl::StatusOr<Options> current = CurrentOptions(/*freeze=*/true);
+  if (!current.ok()) return current.status();
   if (before_create_) before_create_(device);
   if (sim_capacity_ > 0) {
     SimBackendConfig config;
@@ -158,9 +173,13 @@ absl::Status DeviceTable::CreateSlot(int device, Slot* slot) {
     // CudaBackend makes `device` current around each of its calls, so no caller here needs to.
     slot->backend = std::make_unique<CudaBackend>(device);
   }
-  slot->allocator = std::make_unique<DeviceAllocator>(*options, slot->backend.get());
+  std::string warning;
+  const Options options =
+      WithinBackendLimits(*std::move(current), slot->backend->VirtualMemoryStatus(), &warning);
+  if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
+  slot->allocator = std::make_unique<DeviceAllocator>(options, slot->backend.get());
   // The budget guard, chained before the memory history (history_api.h).
-  if (absl::Status s = AttachGuard(device, device_count(), *options, slot->backend.get(),
+  if (absl::Status s = AttachGuard(device, device_count(), options, slot->backend.get(),
                                    slot->allocator.get(), LedgerHooks());
       !s.ok()) {
     return s;

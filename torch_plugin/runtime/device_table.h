@@ -23,6 +23,13 @@
 
 namespace vramledger {
 
+/// `options` as a device whose backend reports `vmm` (DeviceBackend::VirtualMemoryStatus) can
+/// serve them: expandable segments that only the defaults asked for (no
+/// `expandable_segments` key in options.conf_string) become plain segments there, with
+/// *warning set to one line that says why, as torch falls back on a platform without them; an
+/// explicit request is kept (its first allocation then fails naming the driver's error).
+Options WithinBackendLimits(Options options, const absl::Status& vmm, std::string* warning);
+
 class DeviceTable {
  public:
   /// The process's table.

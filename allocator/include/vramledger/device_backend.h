@@ -97,6 +97,9 @@ class DeviceBackend {
   virtual absl::Status Free(DevicePtr ptr) = 0;
 
   // ---- Virtual memory management (driver VMM) ----
+  /// OK when the VMM calls below work on this device; else why not (a driver without its entry
+  /// points, a device without VMM support). Expandable segments need them.
+  virtual absl::Status VirtualMemoryStatus() const { return absl::OkStatus(); }
   /// Physical allocation granularity in bytes (2 MiB on the H200).
   virtual std::size_t Granularity() const = 0;
   /// Reserves `size` bytes (multiple of Granularity()) of virtual address space, nothing mapped.
