@@ -169,6 +169,13 @@ absl::StatusOr<PoolRestore> DeviceAllocatorImpl::RestorePool(MempoolId id,
       return s;
     }
     for (const SegmentCheckpoint& seg : checkpoint.segments) {
+      const Block* head = segments_.at(seg.ptr)->head;
+      if (head->next != nullptr || !head->is_free()) {  // the frees above leave none such
+        return absl::InternalError(absl::StrFormat(
+            "vramledger: segment 0x%x is not one free block after its pool's frees", seg.ptr));
+      }
+    }
+    for (const SegmentCheckpoint& seg : checkpoint.segments) {
       LayOutSegment(segments_.at(seg.ptr).get(), seg, &restored);
     }
     return restored;
