@@ -47,11 +47,11 @@ void AddDriverCalls(const DriverCallLedger& calls, bool modelled, nlohmann::json
 void FreeOnAnyDevice(void* ptr) {
   vramledger::DeviceTable& state = vramledger::DeviceTable::Get();
   if (!state.EnsureDevices().ok()) return;
-  // Every DataPtr of the torch-native mode is freed here: with one device there is nothing to
-  // choose, so the current-device query is skipped.
+  // Every DataPtr of the torch-native mode is freed here: with one device (or simulated ones,
+  // where device 0 is current) there is nothing to ask, so the current-device query is skipped.
   const int count = state.device_count();
   int current = 0;
-  if (count > 1 && (cudaGetDevice(&current) != cudaSuccess || state.simulated())) {
+  if (count > 1 && !state.simulated() && cudaGetDevice(&current) != cudaSuccess) {
     (void)cudaGetLastError();
     current = 0;
   }
