@@ -38,6 +38,12 @@ absl::Status CheckPoolUsable(const core::PrivatePools::Pool* pool, MempoolId id,
     return absl::NotFoundError(absl::StrFormat(
         "vramledger: %s: Could not find pool of id %s on device %d", call, PoolName(id), device));
   }
+  if (pool->small.expandable || pool->large.expandable) {  // the walks here see plain segments
+    return absl::UnimplementedError(absl::StrFormat(
+        "vramledger: %s: private pool %s on device %d has expandable segments, which pool "
+        "checkpoints do not cover",
+        call, PoolName(id), device));
+  }
   if (pool->use_count <= 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "vramledger: %s: private pool %s on device %d was released (torch: Not expected to "
@@ -243,6 +249,12 @@ absl::StatusOr<bool> DeviceAllocatorImpl::CheckPoolLiveAllocations(
   if (pool == nullptr) {
     return absl::NotFoundError(absl::StrFormat(
         "vramledger: checkPoolLiveAllocations: Could not find pool of id %s on device %d",
+        PoolName(id), device_));
+  }
+  if (pool->small.expandable || pool->large.expandable) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "vramledger: checkPoolLiveAllocations: private pool %s on device %d has expandable "
+        "segments, which the check does not cover",
         PoolName(id), device_));
   }
   const absl::flat_hash_set<DevicePtr> expected(live.begin(), live.end());
