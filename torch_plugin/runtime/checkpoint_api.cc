@@ -13,15 +13,15 @@ namespace vramledger {
 namespace {
 
 // The allocator of `device`; a device without one has no private pool yet (torch's words).
-absl::StatusOr<DeviceAllocator*> AllocatorWithPools(int device, MempoolId pool) {
+absl::StatusOr<DeviceAllocator*> AllocatorWithPools(int device, MempoolId pool, const char* call) {
   DeviceTable& table = DeviceTable::Get();
   if (absl::Status s = table.EnsureDevices(); !s.ok()) return s;
   if (absl::Status s = table.CheckDevice(device); !s.ok()) return s;
   DeviceAllocator* allocator = table.Existing(device);
   if (allocator == nullptr) {
     return absl::NotFoundError(
-        absl::StrFormat("vramledger: Could not find pool of id (%d, %d) on device %d", pool.first,
-                        pool.second, device));
+        absl::StrFormat("vramledger: %s: Could not find pool of id (%d, %d) on device %d", call,
+                        pool.first, pool.second, device));
   }
   return allocator;
 }
@@ -36,7 +36,7 @@ int vramledger_checkpoint_pool(int device, std::uint64_t pool_first, std::uint64
   return vramledger::CatchAll([&]() -> absl::Status {
     const vramledger::MempoolId pool{pool_first, pool_second};
     absl::StatusOr<vramledger::DeviceAllocator*> allocator =
-        vramledger::AllocatorWithPools(device, pool);
+        vramledger::AllocatorWithPools(device, pool, "getCheckpointState");
     if (!allocator.ok()) return allocator.status();
     absl::StatusOr<vramledger::core::PoolCheckpoint> checkpoint =
         (*allocator)->CheckpointPool(pool);
@@ -50,7 +50,7 @@ int vramledger_restore_pool(int device, const vramledger::core::PoolCheckpoint* 
                             vramledger::core::PoolRestore* out) {
   return vramledger::CatchAll([&]() -> absl::Status {
     absl::StatusOr<vramledger::DeviceAllocator*> allocator =
-        vramledger::AllocatorWithPools(device, checkpoint->pool);
+        vramledger::AllocatorWithPools(device, checkpoint->pool, "setCheckpointPoolState");
     if (!allocator.ok()) return allocator.status();
     absl::StatusOr<vramledger::core::PoolRestore> restored =
         (*allocator)->RestorePool(checkpoint->pool, *checkpoint);
@@ -65,7 +65,7 @@ int vramledger_check_pool_live(int device, std::uint64_t pool_first, std::uint64
   return vramledger::CatchAll([&]() -> absl::Status {
     const vramledger::MempoolId pool{pool_first, pool_second};
     absl::StatusOr<vramledger::DeviceAllocator*> allocator =
-        vramledger::AllocatorWithPools(device, pool);
+        vramledger::AllocatorWithPools(device, pool, "checkPoolLiveAllocations");
     if (!allocator.ok()) return allocator.status();
     absl::StatusOr<bool> result = (*allocator)->CheckPoolLiveAllocations(pool, *live);
     if (!result.ok()) return result.status();
