@@ -27,6 +27,7 @@
 #include "core/old_mappings.h"
 #include "core/page_table.h"
 #include "core/placement.h"
+#include "core/pool_checkpoint.h"
 #include "core/pool_stats.h"
 #include "core/private_pools.h"
 #include "core/stream_events.h"
@@ -61,6 +62,14 @@ class DeviceAllocatorImpl {
   absl::Status EndAllocateToPool(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReleasePool(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   int PoolUseCount(MempoolId id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Checkpoints of a private pool (core/pool_checkpoint.h; graph_checkpoints.cc).
+  absl::StatusOr<core::PoolCheckpoint> CheckpointPool(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<core::PoolRestore> RestorePool(MempoolId id,
+                                                const core::PoolCheckpoint& checkpoint)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> CheckPoolLiveAllocations(MempoolId id,
+                                                const std::vector<DevicePtr>& live) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   void SetHooks(AllocatorHooks* hooks) { hooks_.store(hooks, std::memory_order_release); }
   const Options& options() const { return options_; }
@@ -129,6 +138,19 @@ class DeviceAllocatorImpl {
   }
   // Returns the whole free segments (unsplit free blocks) of plain pool `pool`.
   absl::Status ReleaseWholeFreeSegments(core::BlockPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Checkpoints of a private pool (graph_checkpoints.cc) ----
+  // The segments of private pool `pool`, in address order.
+  std::vector<core::Segment*> PoolSegments(const core::PrivatePools::Pool& pool) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no block of `segments` is pending free (the deferred frees recorded, then every
+  // event waited for); FailedPrecondition naming `torch_words` while a capture is under way.
+  absl::Status SettlePendingFrees(const std::vector<core::Segment*>& segments,
+                                  const char* torch_words) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lays out `segment`, one whole free block, as `checkpoint`: split at its blocks, the allocated
+  // ones allocated again (appended to `restored`), the free ones indexed.
+  void LayOutSegment(core::Segment* segment, const core::SegmentCheckpoint& checkpoint,
+                     core::PoolRestore* restored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Expandable segments: expandable.cc composes the parts (page_table_, old_mappings_,
   //      placement_) with driver calls, stats and trace; ensure_mapped.cc maps a block's pages;

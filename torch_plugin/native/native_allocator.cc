@@ -30,29 +30,9 @@ namespace {
 
 namespace torch_alloc = c10::cuda::CUDACachingAllocator;
 
-// One deleter per device (the DataPtr's context is the address itself, so the device must come
-// from the function): vramledger_free never throws, as a deleter must not.
-template <int kDevice>
-void DeleteOnDevice(void* ptr) {
-  vramledger_free(ptr, 0, kDevice, nullptr);
-}
-
-template <std::size_t... kDevices>
-constexpr std::array<c10::DeleterFnPtr, sizeof...(kDevices)> MakeDeleters(
-    std::index_sequence<kDevices...>) {
-  return {&DeleteOnDevice<static_cast<int>(kDevices)>...};
-}
-
-constexpr std::array<c10::DeleterFnPtr, NativeAllocator::kMaxDevices> kDeleters =
-    MakeDeleters(std::make_index_sequence<NativeAllocator::kMaxDevices>{});
-
-bool IsOurDeleter(c10::DeleterFnPtr deleter) {
-  if (deleter == &vramledger_free_any_device) return true;
-  for (c10::DeleterFnPtr d : kDeleters) {
-    if (d == deleter) return true;
-  }
-  return false;
-}
+// Every DataPtr's deleter is raw_deleter(): CUDA graph trees swap a storage's deleter only after
+// comparing it with raw_deleter() (native_checkpoint.cc). It finds the address's device itself.
+bool IsOurDeleter(c10::DeleterFnPtr deleter) { return deleter == &vramledger_free_any_device; }
 
 void CheckDevice(c10::DeviceIndex device, const char* call) {
   TORCH_CHECK(device >= 0 && device < NativeAllocator::kMaxDevices, "vramledger: ", call,
@@ -132,10 +112,10 @@ c10::DataPtr NativeAllocator::AllocateOn(c10::DeviceIndex device, cudaStream_t s
                                          std::size_t n) {
   CheckDevice(device, "allocate");
   const c10::Device where(c10::DeviceType::CUDA, device);
-  if (n == 0) return {nullptr, nullptr, kDeleters[device], where};
+  if (n == 0) return {nullptr, nullptr, &vramledger_free_any_device, where};
   // Throws c10::OutOfMemoryError after the OOM observers ran, as on the pluggable route.
   void* ptr = vramledger_malloc(n, device, stream);
-  return {ptr, ptr, kDeleters[device], where};
+  return {ptr, ptr, &vramledger_free_any_device, where};
 }
 
 c10::DataPtr NativeAllocator::allocate(std::size_t n) {
@@ -433,19 +413,7 @@ cudaError_t NativeAllocator::memcpyAsync(void* dst, int dst_device, const void* 
   return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
 }
 
-std::shared_ptr<torch_alloc::AllocatorState> NativeAllocator::getCheckpointState(
-    c10::DeviceIndex device, c10::MempoolId_t id) {
-  (void)device;
-  (void)id;
-  Unsupported("getCheckpointState (CUDA graph trees' checkpointing)");
-}
-
-torch_alloc::CheckpointDelta NativeAllocator::setCheckpointPoolState(
-    c10::DeviceIndex device, std::shared_ptr<torch_alloc::AllocatorState> pps) {
-  (void)device;
-  (void)pps;
-  Unsupported("setCheckpointPoolState (CUDA graph trees' checkpointing)");
-}
+// getCheckpointState, setCheckpointPoolState, checkPoolLiveAllocations: native_checkpoint.cc.
 
 std::string NativeAllocator::name() { return "vramledger"; }
 

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "vramledger/hooks.h"
@@ -27,15 +28,16 @@ namespace vramledger {
 /// libvramledger_plugin.so, the same ones the pluggable route uses; options, guard and history
 /// are the runtime's).
 ///
-/// Each DataPtr's context is its address and its deleter a per-device function, so a free needs
-/// no map of its own (the ledger keys blocks by address). Errors follow torch's allocator: an
-/// allocation that cannot be served throws c10::OutOfMemoryError (torch.OutOfMemoryError) after
-/// the plugin's OOM observers ran; IPC, checkpoint state and base allocations throw c10::Error
-/// naming the call, as torch's pluggable allocator does. Thread-safe.
+/// Each DataPtr's context is its address and its deleter raw_deleter(), which finds the
+/// address's device, so a free needs no map of its own (the ledger keys blocks by address) and
+/// CUDA graph trees can swap storages' deleters (they compare them with raw_deleter()). Errors
+/// follow torch's allocator: an allocation that cannot be served throws c10::OutOfMemoryError
+/// (torch.OutOfMemoryError) after the plugin's OOM observers ran; IPC and base allocations throw
+/// c10::Error naming the call, as torch's pluggable allocator does. Thread-safe.
 class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
     : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
  public:
-  /// Devices whose DataPtrs get a deleter of their own; a higher index is refused (c10::Error).
+  /// Devices with a memory fraction slot of their own; a higher index is refused (c10::Error).
   static constexpr int kMaxDevices = 64;
 
   /// The process's instance (never destroyed: tensors may die after static destructors ran).
@@ -97,6 +99,9 @@ class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex device,
       std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> pps) override;
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+      const std::unordered_set<void*>& expected_live_allocations) override;
   /// "vramledger" (torch.cuda.get_allocator_backend()).
   std::string name() override;
 

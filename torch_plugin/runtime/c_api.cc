@@ -47,12 +47,14 @@ void AddDriverCalls(const DriverCallLedger& calls, bool modelled, nlohmann::json
 void FreeOnAnyDevice(void* ptr) {
   vramledger::DeviceTable& state = vramledger::DeviceTable::Get();
   if (!state.EnsureDevices().ok()) return;
+  // Every DataPtr of the torch-native mode is freed here: with one device (or simulated ones,
+  // where device 0 is current) there is nothing to ask, so the current-device query is skipped.
+  const int count = state.device_count();
   int current = 0;
-  if (cudaGetDevice(&current) != cudaSuccess || state.simulated()) {
+  if (count > 1 && !state.simulated() && cudaGetDevice(&current) != cudaSuccess) {
     (void)cudaGetLastError();
     current = 0;
   }
-  const int count = state.device_count();
   for (int i = 0; i < count; ++i) {
     const int d = i == 0 ? current : (i <= current ? i - 1 : i);  // current, then the rest
     vramledger::DeviceAllocator* allocator = state.Existing(d);

@@ -138,6 +138,8 @@ struct HostTime {
 class DeviceAllocatorImpl;
 namespace core {
 struct CoreView;
+struct PoolCheckpoint;  // core/pool_checkpoint.h
+struct PoolRestore;     // core/pool_checkpoint.h
 }  // namespace core
 
 /// Decides whether an allocation on a stream goes to a private pool (torch's filter callback).
@@ -218,6 +220,29 @@ class DeviceAllocator {
   absl::Status ReleasePool(MempoolId pool);
   /// Use count of `pool`, 0 if it does not exist (any more).
   int PoolUseCount(MempoolId pool) const;
+
+  // ---- Checkpoints of a private pool, for CUDA graph trees (core/pool_checkpoint.h,
+  //      core/graph_checkpoints.cc) ----
+
+  /// The state of private pool `pool`: each of its segments with its blocks in address order.
+  /// Blocks of the pool still waiting on record_stream events are waited for first (a checkpoint
+  /// holds allocated and free blocks only). NotFound for an unknown pool; FailedPrecondition for
+  /// a released one, or when blocks of the pool wait on events while a capture is under way.
+  absl::StatusOr<core::PoolCheckpoint> CheckpointPool(MempoolId pool);
+  /// Sets private pool `pool` to `checkpoint`: every allocated block of the pool is freed (its
+  /// address in PoolRestore::freed), each segment of the checkpoint is split again at its
+  /// blocks' addresses and sizes, and the checkpoint's allocated blocks are allocated again
+  /// (PoolRestore::allocated: the caller owns them), with their requested sizes, tags and
+  /// contexts; segments of the pool the checkpoint does not name end free. Checked before
+  /// anything changes: InvalidArgument for a checkpoint of another pool or device, or one whose
+  /// blocks do not tile their segments; FailedPrecondition for a stale one (a segment it names is
+  /// no longer the pool's) or a released pool; NotFound for an unknown pool.
+  absl::StatusOr<core::PoolRestore> RestorePool(MempoolId pool,
+                                                const core::PoolCheckpoint& checkpoint);
+  /// True when the allocated blocks of private pool `pool` are exactly the addresses in `live`
+  /// (torch's checkPoolLiveAllocations; duplicates count once). NotFound for an unknown pool.
+  absl::StatusOr<bool> CheckPoolLiveAllocations(MempoolId pool,
+                                                const std::vector<DevicePtr>& live) const;
 
   /// Installs `hooks` (borrowed; nullptr removes them). They must outlive their installation.
   /// Safe to call at any time; an allocation in flight sees either the old or the new hooks.

@@ -1,0 +1,111 @@
+// The fixture of the private-pool checkpoint tests (pool_checkpoint_test.cc,
+// pool_checkpoint_refusal_test.cc): an allocator on SimBackend whose every step is followed by
+// its invariant check, recordings into a private pool, and the ledger's per-tag live bytes.
+#ifndef VRAMLEDGER_TESTS_CORE_POOL_CHECKPOINT_FIXTURE_H_
+#define VRAMLEDGER_TESTS_CORE_POOL_CHECKPOINT_FIXTURE_H_
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/pool_checkpoint.h"
+#include "device/sim_backend.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/hooks.h"
+
+namespace vramledger {
+
+inline constexpr StreamId kEager = 0x10;
+inline constexpr StreamId kCapture = 0x20;
+inline constexpr StreamId kSide = 0x30;
+inline constexpr MempoolId kPool{1, 0};
+inline constexpr MempoolId kOtherPool{2, 0};
+
+// Live requested bytes per tag, from the trace entries (what the ledger's per-tag figures read).
+class TagLedger : public AllocatorHooks {
+ public:
+  std::uint32_t CurrentTag() override { return tag; }
+  void OnEvent(const TraceEntry& e) override {
+    if (e.action == TraceAction::kAlloc) live[e.tag] += static_cast<std::int64_t>(e.size);
+    if (e.action == TraceAction::kFreeCompleted) live[e.tag] -= static_cast<std::int64_t>(e.size);
+    if (live[e.tag] == 0) live.erase(e.tag);
+  }
+  std::uint32_t tag = 0;
+  std::map<std::uint32_t, std::int64_t> live;
+};
+
+class PoolCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SimBackend::Config config;
+    config.capacity = 64 * kGiB;
+    sim_ = std::make_unique<SimBackend>(config);
+    auto options = ParseOptions("");
+    ASSERT_TRUE(options.ok()) << options.status();
+    alloc_ = std::make_unique<DeviceAllocator>(*options, sim_.get());
+    alloc_->SetHooks(&ledger_);
+  }
+  void TearDown() override {
+    Check();
+    alloc_->SetHooks(nullptr);
+  }
+  void Check() { ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants(); }
+  DevicePtr Alloc(std::size_t size, StreamId stream = kCapture) {
+    auto p = alloc_->Malloc(size, stream);
+    EXPECT_TRUE(p.ok()) << p.status();
+    Check();
+    return p.ok() ? *p : 0;
+  }
+  void Free(DevicePtr p) {
+    ASSERT_TRUE(alloc_->Free(p).ok());
+    Check();
+  }
+  // Routes kCapture's allocations to `pool` (a recording, as torch's capture does).
+  void Begin(MempoolId pool = kPool) {
+    ASSERT_TRUE(alloc_->BeginAllocateToPool(pool, [](StreamId s) { return s == kCapture; }).ok());
+    Check();
+  }
+  void End(MempoolId pool = kPool) {
+    ASSERT_TRUE(alloc_->EndAllocateToPool(pool).ok());
+    Check();
+  }
+  core::PoolCheckpoint Checkpoint(MempoolId pool = kPool) {
+    auto cp = alloc_->CheckpointPool(pool);
+    EXPECT_TRUE(cp.ok()) << cp.status();
+    Check();
+    return cp.ok() ? *cp : core::PoolCheckpoint{};
+  }
+  core::PoolRestore Restore(const core::PoolCheckpoint& cp, MempoolId pool = kPool) {
+    auto r = alloc_->RestorePool(pool, cp);
+    EXPECT_TRUE(r.ok()) << r.status();
+    Check();
+    return r.ok() ? *r : core::PoolRestore{};
+  }
+  bool Live(const std::vector<DevicePtr>& live, MempoolId pool = kPool) {
+    auto r = alloc_->CheckPoolLiveAllocations(pool, live);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() && *r;
+  }
+  static std::vector<DevicePtr> Allocated(const core::PoolCheckpoint& cp) {
+    std::vector<DevicePtr> out;
+    for (const auto& seg : cp.segments) {
+      for (const auto& b : seg.blocks) {
+        if (b.allocated) out.push_back(b.ptr);
+      }
+    }
+    return out;
+  }
+  std::int64_t Stat(StatArray DeviceStats::*field, StatType type = kAggregate) {
+    return (alloc_->GetStats().*field)[type].current;
+  }
+
+  TagLedger ledger_;
+  std::unique_ptr<SimBackend> sim_;
+  std::unique_ptr<DeviceAllocator> alloc_;
+};
+
+}  // namespace vramledger
+
+#endif  // VRAMLEDGER_TESTS_CORE_POOL_CHECKPOINT_FIXTURE_H_

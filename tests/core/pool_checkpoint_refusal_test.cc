@@ -1,0 +1,121 @@
+// Checkpoints of a private pool on SimBackend: the refusals of a restore (a stale checkpoint,
+// another pool's or device's, a malformed one, an unknown or released pool), each with torch's
+// words or clearer ones, and the pool left as it was.
+#include <string>
+
+#include "pool_checkpoint_fixture.h"
+
+namespace vramledger {
+namespace {
+
+TEST_F(PoolCheckpointTest, StaleCheckpointIsRefusedAndThePoolUnchanged) {
+  Begin();
+  const DevicePtr old_block = Alloc(6 * kMiB);
+  End();
+  const core::PoolCheckpoint stale = Checkpoint();
+  Free(old_block);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());  // its segment goes back to the driver
+  Check();
+  Begin();  // the same id again: a new pool with a segment of another size
+  const DevicePtr now = Alloc(40 * kMiB);
+  End();
+  const core::PoolCheckpoint current = Checkpoint();
+  const DeviceStats stats = alloc_->GetStats();
+
+  auto r = alloc_->RestorePool(kPool, stale);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("no longer has"), std::string::npos) << r.status();
+  Check();
+  EXPECT_EQ(Checkpoint(), current);
+  EXPECT_TRUE(Live({now}));
+  EXPECT_EQ(Stat(&DeviceStats::allocated_bytes), stats.allocated_bytes[kAggregate].current);
+  Free(now);
+}
+
+TEST_F(PoolCheckpointTest, CheckpointOfAnotherPoolIsRefused) {
+  Begin(kPool);
+  const DevicePtr mine = Alloc(4 * kMiB);
+  End(kPool);
+  Begin(kOtherPool);
+  const DevicePtr theirs = Alloc(4 * kMiB);
+  End(kOtherPool);
+  const core::PoolCheckpoint other = Checkpoint(kOtherPool);
+  const core::PoolCheckpoint own = Checkpoint(kPool);
+
+  auto r = alloc_->RestorePool(kPool, other);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("checkpoint of private pool (2, 0)"), std::string::npos);
+  // Relabelled as this pool's, its segments still belong to the other pool.
+  core::PoolCheckpoint relabelled = other;
+  relabelled.pool = kPool;
+  r = alloc_->RestorePool(kPool, relabelled);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  // Another device's checkpoint.
+  core::PoolCheckpoint elsewhere = own;
+  elsewhere.device = 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(alloc_->RestorePool(kPool, elsewhere).status()));
+  Check();
+  EXPECT_EQ(Checkpoint(kPool), own);
+  EXPECT_EQ(Checkpoint(kOtherPool), other);
+  EXPECT_TRUE(Live({mine}, kPool));
+  EXPECT_TRUE(Live({theirs}, kOtherPool));
+  Free(mine);
+  Free(theirs);
+}
+
+TEST_F(PoolCheckpointTest, MalformedCheckpointsAreRefusedBeforeAnyChange) {
+  Begin();
+  const DevicePtr a = Alloc(3 * kMiB);
+  const DevicePtr b = Alloc(2 * kMiB);
+  End();
+  const core::PoolCheckpoint good = Checkpoint();
+  auto refused = [&](core::PoolCheckpoint cp) {
+    auto r = alloc_->RestorePool(kPool, cp);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    Check();
+    EXPECT_EQ(Checkpoint(), good);
+  };
+  core::PoolCheckpoint cp = good;
+  cp.segments[0].blocks[0].size += 512;  // past the next block
+  refused(cp);
+  cp = good;
+  cp.segments[0].blocks.pop_back();  // short of the segment's end
+  refused(cp);
+  cp = good;
+  cp.segments[0].blocks[0].size = 100;  // not a multiple of 512
+  refused(cp);
+  cp = good;
+  for (auto& blk : cp.segments[0].blocks) blk.allocated = false;  // neighbouring free blocks
+  refused(cp);
+  cp = good;
+  cp.segments.push_back(cp.segments[0]);  // one segment twice
+  refused(cp);
+  EXPECT_TRUE(Live({a, b}));
+  Free(a);
+  Free(b);
+}
+
+TEST_F(PoolCheckpointTest, UnknownAndReleasedPoolsGetTorchsErrors) {
+  auto cp = alloc_->CheckpointPool(kPool);
+  ASSERT_FALSE(cp.ok());
+  EXPECT_TRUE(absl::IsNotFound(cp.status()));
+  EXPECT_NE(cp.status().message().find("Could not find pool of id"), std::string::npos);
+  Begin();
+  const DevicePtr held = Alloc(4 * kMiB);
+  End();
+  const core::PoolCheckpoint saved = Checkpoint();
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());  // released; its block still holds the segment
+  cp = alloc_->CheckpointPool(kPool);
+  ASSERT_FALSE(cp.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(cp.status()));
+  EXPECT_NE(cp.status().message().find("Not expected to checkpoint freeable graph"),
+            std::string::npos);
+  EXPECT_TRUE(absl::IsFailedPrecondition(alloc_->RestorePool(kPool, saved).status()));
+  Free(held);
+}
+
+}  // namespace
+}  // namespace vramledger
