@@ -369,8 +369,10 @@ class PageTracker final : public AllocatorHooks {
   int errors = 0;
 };
 
-TEST_F(MemPoolsTest, TrackerFollowsMappedPagesThroughRecycling) {
-  Make("expandable_segments:True,expandable_page_mb:2", 1 * kGiB);
+class TrackerTest : public MemPoolsTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(TrackerTest, FollowsMappedPagesThroughRecycling) {
+  Make(GetParam(), 1 * kGiB);
   PageTracker tracker;
   alloc_->SetHooks(&tracker);
   std::uint64_t x = 7;
@@ -399,11 +401,21 @@ TEST_F(MemPoolsTest, TrackerFollowsMappedPagesThroughRecycling) {
     ASSERT_EQ(tracker.errors, 0) << "op " << op;
   }
   EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
+  if (std::string(GetParam()).find("keep_old_mappings:True") != std::string::npos) {
+    EXPECT_GT(FragmentationOf(*alloc_).reused_old_mappings, 0);
+  }
   for (DevicePtr p : live) ASSERT_TRUE(alloc_->Free(p).ok());
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_TRUE(tracker.pages.empty());
   alloc_->SetHooks(nullptr);
 }
+
+// Page moves, old mappings taken back, and handles of several pages.
+INSTANTIATE_TEST_SUITE_P(
+    ExpandableKinds, TrackerTest,
+    ::testing::Values("expandable_segments:True,expandable_page_mb:2",
+                      "expandable_segments:True,expandable_page_mb:2,keep_old_mappings:True",
+                      "expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8"));
 
 }  // namespace
 }  // namespace vramledger
