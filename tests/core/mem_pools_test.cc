@@ -1,116 +1,16 @@
 // torch.cuda.MemPool on SimBackend (core/mem_pools.cc, core/private_pools.h): pool lifecycle
 // with a per-thread filter, pools whose segments come from a SegmentSource, use_on_oom, no_split,
-// the empty_cache of one pool, trace entries for every segment change, and bad input.
+// the empty_cache of one pool, and bad input.
 #include <gtest/gtest.h>
 
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
-#include <vector>
 
-#include "device/sim_backend.h"
-#include "ledger/device_report.h"
-#include "vramledger/device_allocator.h"
-#include "vramledger/hooks.h"
+#include "mem_pools_fixture.h"
 
 namespace vramledger {
 namespace {
-
-constexpr MempoolId kPool{0, 1};
-constexpr MempoolId kOther{0, 2};
-constexpr StreamId kStream = 0x10;
-
-// A segment source handing out addresses far from SimBackend's, counting its calls.
-class FakeSource final : public SegmentSource {
- public:
-  absl::StatusOr<DevicePtr> Allocate(std::size_t size, StreamId stream) override {
-    (void)stream;
-    if (refuse) return absl::ResourceExhaustedError("fake source: no memory");
-    ++allocs;
-    const DevicePtr p = next_;
-    next_ += (size + kGiB - 1) / kGiB * kGiB;
-    live.insert(p);
-    return p;
-  }
-  absl::Status Free(DevicePtr ptr) override {
-    if (live.erase(ptr) != 1) return absl::NotFoundError("fake source: unknown pointer");
-    ++frees;
-    return absl::OkStatus();
-  }
-  int allocs = 0;
-  int frees = 0;
-  bool refuse = false;
-  std::set<DevicePtr> live;
-
- private:
-  DevicePtr next_ = DevicePtr{1} << 46;
-};
-
-// Every trace entry, in order.
-class RecordingHooks final : public AllocatorHooks {
- public:
-  void OnEvent(const TraceEntry& e) override { events.push_back(e); }
-  std::vector<TraceEntry> events;
-};
-
-class MemPoolsTest : public ::testing::Test {
- protected:
-  void Make(const std::string& conf, std::size_t capacity = 16 * kGiB) {
-    alloc_.reset();
-    SimBackend::Config config;
-    config.capacity = capacity;
-    sim_ = std::make_unique<SimBackend>(config);
-    auto options = ParseOptions(conf);
-    ASSERT_TRUE(options.ok()) << options.status();
-    alloc_ = std::make_unique<DeviceAllocator>(*options, sim_.get());
-  }
-  void SetUp() override { Make(""); }
-  void TearDown() override {
-    if (alloc_ != nullptr) {
-      EXPECT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
-    }
-  }
-  DevicePtr Alloc(std::size_t size, StreamId stream = kStream) {
-    auto p = alloc_->Malloc(size, stream);
-    EXPECT_TRUE(p.ok()) << p.status();
-    EXPECT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
-    return p.ok() ? *p : 0;
-  }
-  void Free(DevicePtr p) {
-    ASSERT_TRUE(alloc_->Free(p).ok());
-    ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants();
-  }
-  // The pool owning the segment that holds `p` ({9, 9} if none does).
-  MempoolId OwnerOf(DevicePtr p) {
-    for (const SegmentInfo& s : SegmentsOf(*alloc_)) {
-      if (p >= s.address && p < s.address + s.total_size) return s.pool_id;
-    }
-    return {9, 9};
-  }
-  std::size_t SegmentsIn(MempoolId pool) {
-    std::size_t n = 0;
-    for (const SegmentInfo& s : SegmentsOf(*alloc_)) n += s.pool_id == pool ? 1 : 0;
-    return n;
-  }
-  // Allocations on this thread go to `pool` while `fn` runs (torch's use_mem_pool: begin with a
-  // filter accepting the calling thread, end, release the use the begin took).
-  template <typename Fn>
-  void OnThisThreadIn(MempoolId pool, Fn fn) {
-    const std::thread::id me = std::this_thread::get_id();
-    ASSERT_TRUE(
-        alloc_
-            ->BeginAllocateToPool(pool, [me](StreamId) { return std::this_thread::get_id() == me; })
-            .ok());
-    fn();
-    ASSERT_TRUE(alloc_->EndAllocateToPool(pool).ok());
-    ASSERT_TRUE(alloc_->ReleasePool(pool).ok());
-  }
-
-  std::unique_ptr<SimBackend> sim_;
-  std::unique_ptr<DeviceAllocator> alloc_;
-};
 
 TEST_F(MemPoolsTest, LifecycleWithAThreadFilter) {
   ASSERT_TRUE(alloc_->CreateOrIncrefPool(kPool).ok());
@@ -309,113 +209,6 @@ TEST_F(MemPoolsTest, BadInputIsRefused) {
   EXPECT_TRUE(absl::IsNotFound(twice)) << twice;
   EXPECT_NE(twice.message().find("(0, 1)"), std::string::npos) << twice;
 }
-
-TEST_F(MemPoolsTest, TraceEntriesNameThePoolOfEachSegmentAndBlock) {
-  RecordingHooks hooks;
-  alloc_->SetHooks(&hooks);
-  ASSERT_TRUE(alloc_->CreateOrIncrefPool(kPool).ok());
-  DevicePtr a = 0;
-  OnThisThreadIn(kPool, [&] { a = Alloc(4 * kMiB); });
-  const DevicePtr b = Alloc(4 * kMiB);
-  Free(a);
-  Free(b);
-  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
-  ASSERT_TRUE(alloc_->EmptyCache().ok());
-  alloc_->SetHooks(nullptr);
-  std::vector<std::pair<TraceAction, MempoolId>> seen;
-  for (const TraceEntry& e : hooks.events) {
-    if (e.addr == a || e.addr == b) seen.emplace_back(e.action, e.pool);
-  }
-  using A = TraceAction;
-  const std::vector<std::pair<TraceAction, MempoolId>> want = {
-      {A::kSegmentAlloc, kPool},   {A::kAlloc, kPool},          {A::kSegmentAlloc, {0, 0}},
-      {A::kAlloc, {0, 0}},         {A::kFreeRequested, kPool},  {A::kFreeCompleted, kPool},
-      {A::kFreeRequested, {0, 0}}, {A::kFreeCompleted, {0, 0}}, {A::kSegmentFree, kPool},
-      {A::kSegmentFree, {0, 0}}};
-  EXPECT_EQ(seen, want);
-}
-
-// The pages a tracker sees mapped (segment alloc/map minus free/unmap) are the allocator's
-// segments after every operation, through random churn with page recycling; a page is never
-// mapped twice nor unmapped unmapped, and an allocation's pages are mapped before its alloc
-// event.
-class PageTracker final : public AllocatorHooks {
- public:
-  void OnEvent(const TraceEntry& e) override {
-    switch (e.action) {
-      case TraceAction::kSegmentAlloc:
-      case TraceAction::kSegmentMap:
-        for (DevicePtr p = e.addr; p < e.addr + e.size; p += kPage) {
-          if (!pages.insert(p).second) ++errors;
-        }
-        break;
-      case TraceAction::kSegmentFree:
-      case TraceAction::kSegmentUnmap:
-        for (DevicePtr p = e.addr; p < e.addr + e.size; p += kPage) {
-          if (pages.erase(p) != 1) ++errors;
-        }
-        break;
-      case TraceAction::kAlloc:
-        for (DevicePtr p = e.addr / kPage * kPage; p < e.addr + e.size; p += kPage) {
-          if (pages.count(p) == 0) ++errors;
-        }
-        break;
-      default:
-        break;
-    }
-  }
-  static constexpr std::size_t kPage = 2 * kMiB;
-  std::set<DevicePtr> pages;
-  int errors = 0;
-};
-
-class TrackerTest : public MemPoolsTest, public ::testing::WithParamInterface<const char*> {};
-
-TEST_P(TrackerTest, FollowsMappedPagesThroughRecycling) {
-  Make(GetParam(), 1 * kGiB);
-  PageTracker tracker;
-  alloc_->SetHooks(&tracker);
-  std::uint64_t x = 7;
-  std::vector<DevicePtr> live;
-  for (int op = 0; op < 3000; ++op) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    const unsigned r = static_cast<unsigned>(x >> 33);
-    if (r % 100 < 55 || live.empty()) {
-      auto p = alloc_->Malloc(1 + (r % (48 * kMiB)), op % 3 == 0 ? 0 : kStream);
-      if (p.ok()) live.push_back(*p);
-    } else if (r % 100 < 98) {
-      const std::size_t i = r % live.size();
-      ASSERT_TRUE(alloc_->Free(live[i]).ok());
-      live[i] = live.back();
-      live.pop_back();
-    } else {
-      ASSERT_TRUE(alloc_->EmptyCache().ok());
-    }
-    std::set<DevicePtr> want;
-    for (const SegmentInfo& s : SegmentsOf(*alloc_)) {
-      for (DevicePtr p = s.address; p < s.address + s.total_size; p += PageTracker::kPage) {
-        want.insert(p);
-      }
-    }
-    ASSERT_EQ(tracker.pages, want) << "op " << op;
-    ASSERT_EQ(tracker.errors, 0) << "op " << op;
-  }
-  EXPECT_GT(FragmentationOf(*alloc_).page_moves, 0);
-  if (std::string(GetParam()).find("keep_old_mappings:True") != std::string::npos) {
-    EXPECT_GT(FragmentationOf(*alloc_).reused_old_mappings, 0);
-  }
-  for (DevicePtr p : live) ASSERT_TRUE(alloc_->Free(p).ok());
-  ASSERT_TRUE(alloc_->EmptyCache().ok());
-  EXPECT_TRUE(tracker.pages.empty());
-  alloc_->SetHooks(nullptr);
-}
-
-// Page moves, old mappings taken back, and handles of several pages.
-INSTANTIATE_TEST_SUITE_P(
-    ExpandableKinds, TrackerTest,
-    ::testing::Values("expandable_segments:True,expandable_page_mb:2",
-                      "expandable_segments:True,expandable_page_mb:2,keep_old_mappings:True",
-                      "expandable_segments:True,expandable_page_mb:2,expandable_handle_mb:8"));
 
 }  // namespace
 }  // namespace vramledger
