@@ -6,8 +6,10 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -284,6 +286,19 @@ TEST_F(NativePoolsTest, TrackersSeeTorchsEntriesForEverySegmentChange) {
   EXPECT_GE(unmaps, 1);
   EXPECT_GE(mapped, 6 * kMiB);
   EXPECT_EQ(mapped, unmapped);  // emptyCache returned every mapped page
+}
+
+// Last in the file: the throwing tracker stays attached for the rest of the process.
+TEST_F(NativePoolsTest, ATrackerThatThrowsLeavesTheAllocationAndTheOthersAlone) {
+  static std::atomic<int> after{0};
+  a_->attachAllocatorTraceTracker(
+      [](const TorchTrace&) { throw std::runtime_error("tracker failure"); });
+  a_->attachAllocatorTraceTracker([](const TorchTrace&) { after.fetch_add(1); });
+  c10::DataPtr t = a_->AllocateOn(0, nullptr, 3 * kMiB);
+  EXPECT_NE(t.get(), nullptr);
+  t.clear();
+  EXPECT_GE(after.load(), 3);  // alloc, free_requested, free_completed at least
+  EXPECT_TRUE(a_->snapshot({0, 0}, false).segments.size() >= 1);
 }
 
 }  // namespace
