@@ -55,7 +55,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
   (void)SynchronizeAndFreeEvents();
   ReleaseExpandableAtExit();  // old mappings, unreleased handles (expandable.cc)
   for (auto& [ptr, segment] : segments_) {
-    (void)backend_->Free(ptr);
+    (void)SegmentFree(segment->pool, ptr);
     for (Block* b = segment->head; b != nullptr;) {
       Block* next = b->next;
       delete b;
@@ -154,6 +154,9 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::GrowPool(BlockPool* pool,
     if (!grown.ok()) return grown.status();
   }
   if (*grown != nullptr) return *grown;
+  if (growth_refusal_.ok()) {  // out of memory, not refused: torch's last resort first
+    if (Block* taken = TakeFromUseOnOomPools(pool, request); taken != nullptr) return taken;
+  }
   if (!growth_refusal_.ok()) {  // the guard said no, even after the cache was released
     ++stats_.num_ooms;
     Emit(TraceAction::kOom, 0, request.rounded, request.stream, request.context, request.tag);
@@ -163,7 +166,8 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::GrowPool(BlockPool* pool,
 }
 
 void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size,
-                                      StreamId stream, std::uint64_t context, std::uint32_t tag) {
+                                      StreamId stream, std::uint64_t context, std::uint32_t tag,
+                                      MempoolId pool) {
   AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed);
   if (hooks == nullptr) return;
   TraceEntry e;
@@ -174,6 +178,7 @@ void DeviceAllocatorImpl::EmitToHooks(TraceAction action, DevicePtr addr, std::s
   e.stream = stream;
   e.context = context;
   e.tag = tag;
+  e.pool = pool;
   hooks->OnEvent(e);
 }
 
@@ -195,7 +200,7 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
   absl::Status s;
   {
     RelaxedCaptureScope relaxed(backend_);  // cudaMalloc must not break a capture under way
-    s = backend_->Malloc(alloc_size, &ptr);
+    s = SegmentMalloc(pool, alloc_size, stream, &ptr);
   }
   if (absl::IsResourceExhausted(s)) return nullptr;
   if (!s.ok()) return s;
@@ -215,12 +220,14 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
   const StatType types = StatTypesFor(pool);
   stats_.SegmentReserved(types, static_cast<std::int64_t>(alloc_size));
   if (alloc_size >= options_.max_split_size) stats_.oversize_segments.Increase(1);
-  Emit(TraceAction::kSegmentAlloc, ptr, alloc_size, stream, request.context, request.tag);
+  Emit(TraceAction::kSegmentAlloc, ptr, alloc_size, stream, request.context, request.tag,
+       pool->owner);
   return block;
 }
 
 bool DeviceAllocatorImpl::ShouldSplit(const Block* block, std::size_t size) const {
   const std::size_t remaining = block->size - size;
+  if (block->pool->no_split) return false;  // a MemPool's no_split
   if (block->pool->is_small || block->pool->expandable) return remaining >= sp::kMinBlockSize;
   return size < options_.max_split_size && remaining > sp::kSmallSize;
 }
@@ -262,7 +269,8 @@ Block* DeviceAllocatorImpl::UseBlock(Block* block, const AllocationRequest& requ
   stats_.Allocated(types, static_cast<std::int64_t>(block->size),
                    static_cast<std::int64_t>(requested));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Increase(1);
-  Emit(TraceAction::kAlloc, block->ptr, requested, block->stream, request.context, request.tag);
+  Emit(TraceAction::kAlloc, block->ptr, requested, block->stream, request.context, request.tag,
+       pool->owner);
   return block;
 }
 
@@ -290,7 +298,7 @@ absl::Status DeviceAllocatorImpl::FreeLocked(DevicePtr ptr, std::uint64_t contex
   block->allocated = false;
   block->free_context = context;
   Emit(TraceAction::kFreeRequested, block->ptr, block->requested_size, block->stream, context,
-       block->tag);
+       block->tag, block->pool->owner);
   const StatType types = StatTypesFor(block->pool);
   stats_.FreeRequested(types, static_cast<std::int64_t>(block->size));
   if (block->size >= options_.max_split_size) stats_.oversize_allocations.Decrease(1);
@@ -309,7 +317,7 @@ void DeviceAllocatorImpl::FreeBlock(Block* block) {
   const auto original_size = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(block->requested_size);
   Emit(TraceAction::kFreeCompleted, block->ptr, block->requested_size, block->stream,
-       block->free_context, block->tag);
+       block->free_context, block->tag, pool->owner);
   if (pool->expandable) CountUse(block, -1);
   const core::FreeBlockIndex::Merged merged = pool->blocks.Merge(block);
   for (int i = 0; i < merged.num_gone; ++i) DeleteBlock(merged.gone[i]);

@@ -71,6 +71,13 @@ class DeviceAllocatorImpl {
                                                 const std::vector<DevicePtr>& live) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // torch.cuda.MemPool's calls on the private pools (core/mem_pools.cc).
+  absl::Status CreateOrIncrefPool(MempoolId id, std::shared_ptr<SegmentSource> source)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetUseOnOOM(MempoolId id, bool use_on_oom) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetNoSplit(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EmptyCache(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+
   void SetHooks(AllocatorHooks* hooks) { hooks_.store(hooks, std::memory_order_release); }
   const Options& options() const { return options_; }
   DeviceBackend* backend() const { return backend_; }
@@ -130,12 +137,25 @@ class DeviceAllocatorImpl {
   }
   // Records events for blocks whose frees were deferred during a capture.
   absl::Status FlushDeferredFrees() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns whole free segments of pools with no use left; forgets pools with no segment left.
-  absl::Status ReleaseFreeablePrivatePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns whole free segments of pools with no use left (only `*only` if given); forgets pools
+  // with no segment left.
+  absl::Status ReleaseFreeablePrivatePools(const MempoolId* only = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free blocks indexed in private pools (for CheckInvariants).
   std::int64_t PrivatePoolFreeBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return private_pools_.FreeBlocks();
   }
+  // torch's last resort before an out-of-memory error (core/mem_pools.cc): a free block of a
+  // use_on_oom private pool that fits `request`, taken out of its index; nullptr if none, or if
+  // `pool`, where the request was to go, is itself a private pool's.
+  core::Block* TakeFromUseOnOomPools(const core::BlockPool* pool, const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A plain segment's memory from / back to where its pool takes it: the pool's SegmentSource
+  // (a MemPool's allocator), else the backend.
+  absl::Status SegmentMalloc(const core::BlockPool* pool, std::size_t size, StreamId stream,
+                             DevicePtr* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SegmentFree(const core::BlockPool* pool, DevicePtr ptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the whole free segments (unsplit free blocks) of plain pool `pool`.
   absl::Status ReleaseWholeFreeSegments(core::BlockPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -288,14 +308,17 @@ class DeviceAllocatorImpl {
                                             std::size_t alloc_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One trace entry to the hooks, if any (the check is inline: the hot path pays one load).
+  // `pool`: the private pool's id for its blocks and segments.
   void Emit(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
-            std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            std::uint64_t context, std::uint32_t tag, MempoolId pool = {0, 0})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (hooks_.load(std::memory_order_relaxed) != nullptr) {
-      EmitToHooks(action, addr, size, stream, context, tag);
+      EmitToHooks(action, addr, size, stream, context, tag, pool);
     }
   }
   void EmitToHooks(TraceAction action, DevicePtr addr, std::size_t size, StreamId stream,
-                   std::uint64_t context, std::uint32_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                   std::uint64_t context, std::uint32_t tag, MempoolId pool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Free and RecordStream under the lock (`context`: the hooks' capture of the free request).
   absl::Status FreeLocked(DevicePtr ptr, std::uint64_t context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecordStreamLocked(DevicePtr ptr, StreamId stream)

@@ -55,11 +55,12 @@ absl::Status DeviceAllocatorImpl::GarbageCollectCachedBlocks() {
 absl::Status DeviceAllocatorImpl::ReleaseSegment(Block* block) {
   // Pre: `block` spans its whole segment and is in its pool's free index.
   Segment* segment = block->segment;
-  if (absl::Status s = backend_->Free(segment->ptr); !s.ok()) return s;
+  if (absl::Status s = SegmentFree(block->pool, segment->ptr); !s.ok()) return s;
   const StatType types = StatTypesFor(block->pool);
   stats_.SegmentReleased(types, static_cast<std::int64_t>(segment->size));
   if (segment->size >= options_.max_split_size) stats_.oversize_segments.Decrease(1);
-  Emit(TraceAction::kSegmentFree, segment->ptr, segment->size, segment->stream, 0, 0);
+  Emit(TraceAction::kSegmentFree, segment->ptr, segment->size, segment->stream, 0, 0,
+       block->pool->owner);
   block->pool->blocks.erase(block);
   DeleteBlock(block);
   segments_.erase(segment->ptr);

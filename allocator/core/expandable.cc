@@ -74,6 +74,9 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocExpandable(BlockPool* pool,
     Emit(TraceAction::kOom, 0, size, request.stream, request.context, request.tag);
     return growth_refusal_;
   }
+  if (Block* taken = TakeFromUseOnOomPools(pool, request); taken != nullptr) {
+    return UseBlock(taken, request, nullptr)->ptr;  // torch's last resort: a use_on_oom pool
+  }
   return OutOfMemory(request, size);
 }
 

@@ -12,6 +12,10 @@
 #include "absl/status/status.h"
 #include "core/block.h"
 
+namespace vramledger {
+class SegmentSource;  // vramledger/device_allocator.h
+}  // namespace vramledger
+
 namespace vramledger::core {
 
 /// A pool's free blocks in best-fit order (stream, size, address): a std::set whose insert also
@@ -122,6 +126,12 @@ struct BlockPool {
   // get_free_blocks_call_count): the clock of Block::gc_base.
   std::uint64_t free_lookups = 0;
   const std::size_t page_size;  // expandable only: bytes per physical page
+  // Private pools only (core/private_pools.h): the owner's id (trace entries carry it), torch's
+  // no_split (no block of the pool is split), and where its segments come from when not from
+  // the backend (borrowed: the private pool holds it).
+  std::pair<std::uint64_t, std::uint64_t> owner{0, 0};
+  bool no_split = false;
+  SegmentSource* source = nullptr;
 };
 
 }  // namespace vramledger::core

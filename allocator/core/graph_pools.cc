@@ -55,7 +55,7 @@ absl::Status DeviceAllocatorImpl::FlushDeferredFrees() {
       [this](Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ReleaseAfterEvents(b); });
 }
 
-absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools() {
+absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools(const MempoolId* only) {
   return private_pools_.ReleaseUnused(
       [this](BlockPool* pool)
           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReleaseWholeFreeSegments(pool); },
@@ -63,7 +63,8 @@ absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools() {
         return std::any_of(segments_.begin(), segments_.end(), [&](const auto& entry) {
           return entry.second->pool == &pool.small || entry.second->pool == &pool.large;
         });
-      });
+      },
+      only);
 }
 
 absl::Status DeviceAllocator::BeginAllocateToPool(MempoolId pool, StreamFilter filter) {

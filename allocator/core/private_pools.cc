@@ -20,6 +20,62 @@ std::string PoolName(MempoolId id) { return absl::StrFormat("(%d, %d)", id.first
 
 }  // namespace
 
+PrivatePools::Pool::Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_source)
+    : source(std::move(segment_source)) {
+  for (BlockPool* blocks : {&small, &large}) {
+    blocks->owner = id;
+    blocks->source = source.get();
+  }
+}
+
+absl::Status PrivatePools::CreateOrIncref(MempoolId id, std::shared_ptr<SegmentSource> source) {
+  if (id == MempoolId{0, 0}) {
+    return absl::InvalidArgumentError(
+        "vramledger: (0, 0) is the default pool, not a private pool to create");
+  }
+  auto [it, created] = pools_.try_emplace(id);
+  if (created) {
+    it->second = std::make_unique<Pool>(id, std::move(source));
+    return absl::OkStatus();
+  }
+  if (source != nullptr) {  // torch: only the creation names the allocator
+    return absl::InvalidArgumentError(
+        absl::StrCat("vramledger: private pool ", PoolName(id),
+                     " exists already; an allocator can only be given when it is created"));
+  }
+  ++it->second->use_count;
+  return absl::OkStatus();
+}
+
+absl::Status PrivatePools::SetUseOnOOM(MempoolId id, bool use_on_oom) {
+  auto it = pools_.find(id);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("vramledger: set_use_on_oom of unknown private pool ", PoolName(id)));
+  }
+  it->second->use_on_oom = use_on_oom;
+  return absl::OkStatus();
+}
+
+absl::Status PrivatePools::SetNoSplit(MempoolId id) {
+  auto it = pools_.find(id);
+  if (it == pools_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("vramledger: set_no_split of unknown private pool ", PoolName(id)));
+  }
+  it->second->small.no_split = true;
+  it->second->large.no_split = true;
+  return absl::OkStatus();
+}
+
+std::vector<PrivatePools::Pool*> PrivatePools::UseOnOomPools() {
+  std::vector<Pool*> out;
+  for (auto& [id, pool] : pools_) {
+    if (pool->use_on_oom && pool->use_count > 0) out.push_back(pool.get());
+  }
+  return out;
+}
+
 absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter) {
   PruneFailedCaptures();
   for (const Active& active : active_) {
@@ -31,7 +87,7 @@ absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter) {
   pruned_.erase(std::remove(pruned_.begin(), pruned_.end(), id), pruned_.end());
   auto [it, created] = pools_.try_emplace(id);
   if (created) {
-    it->second = std::make_unique<Pool>();
+    it->second = std::make_unique<Pool>(id);
   } else {
     ++it->second->use_count;  // shared: another graph captures into the same pool
   }
@@ -129,10 +185,11 @@ bool PrivatePools::CaptureUnderway() {
 }
 
 absl::Status PrivatePools::ReleaseUnused(absl::FunctionRef<absl::Status(BlockPool*)> release,
-                                         absl::FunctionRef<bool(const Pool&)> has_segments) {
+                                         absl::FunctionRef<bool(const Pool&)> has_segments,
+                                         const MempoolId* only) {
   for (auto it = pools_.begin(); it != pools_.end();) {
     Pool& pool = *it->second;
-    if (pool.use_count > 0) {
+    if (pool.use_count > 0 || (only != nullptr && it->first != *only)) {
       ++it;
       continue;
     }
@@ -170,6 +227,12 @@ absl::Status PrivatePools::CheckInvariants() const {
   }
   for (const auto& [id, pool] : pools_) {
     if (pool->use_count < 0) return fail(id, "use count ", pool->use_count);
+    for (const BlockPool* blocks : {&pool->small, &pool->large}) {
+      if (blocks->owner != id) return fail(id, "a block pool names another owner");
+      if (blocks->source != pool->source.get()) return fail(id, "a block pool's source differs");
+      if (blocks->expandable) return fail(id, "an expandable block pool");
+    }
+    if (pool->small.no_split != pool->large.no_split) return fail(id, "no_split set on one half");
     for (const BlockPool* blocks : {&pool->small, &pool->large}) {
       if (absl::Status s = blocks->blocks.CheckInvariants(); !s.ok()) {
         return fail(id, s.message());

@@ -23,11 +23,15 @@ namespace vramledger::core {
 
 class PrivatePools {
  public:
-  /// One private pool: plain (never expandable) small and large pools of its own.
+  /// One private pool: plain (never expandable) small and large pools of its own, and what a
+  /// torch.cuda.MemPool sets on it.
   struct Pool {
+    explicit Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_source = nullptr);
     int use_count = 1;
     BlockPool small{true};
     BlockPool large{false};
+    std::shared_ptr<SegmentSource> source;  // null: segments from the backend
+    bool use_on_oom = false;
   };
   /// By id. Ordered (a btree): released in the same order in every process (trace entries too).
   using Map = absl::btree_map<MempoolId, std::unique_ptr<Pool>>;
@@ -43,6 +47,17 @@ class PrivatePools {
   absl::StatusOr<int> Release(MempoolId id);
   /// Uses of `id` (0: unknown).
   int UseCount(MempoolId id) const;
+
+  // torch.cuda.MemPool's calls (DeviceAllocator's CreateOrIncrefPool, SetUseOnOOM, SetNoSplit).
+  /// Creates `id` (one use, segments from `source` if given) or adds a use to it. InvalidArgument
+  /// for {0, 0} or a source for a pool that exists.
+  absl::Status CreateOrIncref(MempoolId id, std::shared_ptr<SegmentSource> source);
+  /// NotFound for an unknown pool.
+  absl::Status SetUseOnOOM(MempoolId id, bool use_on_oom);
+  absl::Status SetNoSplit(MempoolId id);
+  /// Pools whose free blocks an out-of-memory default-pool allocation may take: use_on_oom and
+  /// still in use, in id order.
+  std::vector<Pool*> UseOnOomPools();
 
   /// True while some pool is being allocated to (the allocator routes requests then).
   bool any_active() const { return !active_.empty(); }
@@ -63,11 +78,12 @@ class PrivatePools {
   void PruneFailedCaptures();
   static constexpr absl::Duration kFailedCaptureGrace = absl::Seconds(1);
 
-  /// For each pool with no use left: `release` on its large then small pool (returning their
-  /// whole free segments), then the pool is forgotten unless `has_segments` says it still owns
-  /// some. Stops at the first error.
+  /// For each pool with no use left (only `*only` when given): `release` on its large then small
+  /// pool (returning their whole free segments), then the pool is forgotten unless
+  /// `has_segments` says it still owns some. Stops at the first error.
   absl::Status ReleaseUnused(absl::FunctionRef<absl::Status(BlockPool*)> release,
-                             absl::FunctionRef<bool(const Pool&)> has_segments);
+                             absl::FunctionRef<bool(const Pool&)> has_segments,
+                             const MempoolId* only = nullptr);
   /// Free blocks indexed in all private pools.
   std::int64_t FreeBlocks() const;
 

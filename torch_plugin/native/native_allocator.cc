@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "ledger/history.h"
+#include "torch_plugin/native/native_trace.h"
 #include "torch_plugin/pluggable/plugin.h"
 #include "torch_plugin/runtime/c_errors.h"
 #include "torch_plugin/runtime/history_api.h"
@@ -70,31 +71,6 @@ void CopyStats(const StatArray& from, c10::CachingAllocator::StatArray* to) {
   for (int i = 0; i < kNumStatTypes; ++i) CopyStat(from[i], &(*to)[i]);
 }
 
-c10::CachingDeviceAllocator::TraceEntry::Action TorchAction(TraceAction action) {
-  using Torch = c10::CachingDeviceAllocator::TraceEntry;
-  switch (action) {
-    case TraceAction::kAlloc:
-      return Torch::ALLOC;
-    case TraceAction::kFreeRequested:
-      return Torch::FREE_REQUESTED;
-    case TraceAction::kFreeCompleted:
-      return Torch::FREE_COMPLETED;
-    case TraceAction::kSegmentAlloc:
-      return Torch::SEGMENT_ALLOC;
-    case TraceAction::kSegmentFree:
-      return Torch::SEGMENT_FREE;
-    case TraceAction::kSegmentMap:
-      return Torch::SEGMENT_MAP;
-    case TraceAction::kSegmentUnmap:
-      return Torch::SEGMENT_UNMAP;
-    case TraceAction::kSnapshot:
-      return Torch::SNAPSHOT;
-    case TraceAction::kOom:
-      return Torch::OOM;
-  }
-  return Torch::ALLOC;  // unreachable: every action is listed
-}
-
 [[noreturn]] void Unsupported(const char* call) {
   TORCH_CHECK(false, "vramledger (torch-native mode) does not support ", call,
               " (docs/design/torch-native-mode.md)");
@@ -132,11 +108,6 @@ void NativeAllocator::copy_data(void* dest, const void* src, std::size_t count) 
 }
 
 bool NativeAllocator::initialized() { return initialized_.load(std::memory_order_acquire); }
-
-void NativeAllocator::emptyCache(c10::MempoolId_t mempool_id) {
-  (void)mempool_id;  // every pool's free cache (a private pool's blocks go with ReleasePool)
-  ThrowIfFailed(vramledger_empty_cache(-1), "empty_cache");
-}
 
 c10::CachingDeviceAllocator::DeviceStats NativeAllocator::getDeviceStats(c10::DeviceIndex device) {
   CheckDeviceExists(device, "memory_stats");
@@ -305,9 +276,10 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
     trace.reserve(entries.size());
     for (const RecordedEntry& e : entries) {
       if (std::find(skipped.begin(), skipped.end(), e.action) != skipped.end()) continue;
-      trace.emplace_back(
-          TorchAction(e.action), static_cast<c10::DeviceIndex>(d), static_cast<std::size_t>(e.addr),
-          e.size, reinterpret_cast<void*>(e.stream), c10::MempoolId_t{0, 0}, c10::approx_time_t{0});
+      trace.emplace_back(TorchTraceAction(e.action), static_cast<c10::DeviceIndex>(d),
+                         static_cast<std::size_t>(e.addr), e.size,
+                         reinterpret_cast<void*>(e.stream), c10::MempoolId_t{0, 0},
+                         c10::approx_time_t{0});
       trace.back().time_.t_ = static_cast<time_t>(e.time_us);  // torch's snapshot: epoch us
     }
   }
@@ -323,20 +295,6 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
     info.config_metadata.roundup_power2_divisions.push_back(v);
   }
   return info;
-}
-
-void NativeAllocator::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
-                                          std::function<bool(cudaStream_t)> filter) {
-  vramledger_begin_allocate_to_pool(device, {mempool_id.first, mempool_id.second},
-                                    std::move(filter));
-}
-
-void NativeAllocator::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
-  vramledger_end_allocate_to_pool(device, {mempool_id.first, mempool_id.second});
-}
-
-void NativeAllocator::releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
-  vramledger_release_pool(device, {mempool_id.first, mempool_id.second});
 }
 
 torch_alloc::ShareableHandle NativeAllocator::shareIpcHandle(void* ptr) {
@@ -385,11 +343,6 @@ void NativeAllocator::recordHistory(bool enabled,
 
 void NativeAllocator::attachOutOfMemoryObserver(torch_alloc::OutOfMemoryObserver observer) {
   vramledger_add_oom_observer(std::move(observer));
-}
-
-void NativeAllocator::attachAllocatorTraceTracker(torch_alloc::AllocatorTraceTracker tracker) {
-  (void)tracker;
-  Unsupported("attachAllocatorTraceTracker (use vramledger's history)");
 }
 
 void NativeAllocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {

@@ -54,7 +54,6 @@ class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
 
   // c10::CachingDeviceAllocator::DeviceAllocator
   bool initialized() override;
-  void emptyCache(c10::MempoolId_t mempool_id) override;
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
@@ -76,10 +75,6 @@ class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
   c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot(c10::MempoolId_t mempool_id,
                                                          bool include_traces) override;
-  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
-                           std::function<bool(cudaStream_t)> filter) override;
-  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
-  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override;
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
   bool isHistoryEnabled() override;
@@ -89,8 +84,6 @@ class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
                      const std::vector<std::string>& skip_actions) override;
   void attachOutOfMemoryObserver(
       c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
-  void attachAllocatorTraceTracker(
-      c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
   cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
                           std::size_t count, cudaStream_t stream, bool p2p_enabled) override;
@@ -104,6 +97,26 @@ class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
       const std::unordered_set<void*>& expected_live_allocations) override;
   /// "vramledger" (torch.cuda.get_allocator_backend()).
   std::string name() override;
+
+  // Private pools: CUDA graph pools and torch.cuda.MemPool (native_pools.cc). A MemPool made
+  // with another allocator takes that allocator's memory as its segments.
+  void createOrIncrefPool(
+      c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  /// {0, 0}: every pool's free cache; a private pool's: its whole free segments once unused.
+  void emptyCache(c10::MempoolId_t mempool_id) override;
+
+  // Trace trackers (native_trace.cc): each sees every trace entry in torch's form, under the
+  // device allocator's lock.
+  void attachAllocatorTraceTracker(
+      c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
 
  private:
   NativeAllocator() {

@@ -19,6 +19,7 @@
 #include "torch_plugin/runtime/device_table.h"
 #include "torch_plugin/runtime/guard_api.h"
 #include "torch_plugin/runtime/oom_observers.h"
+#include "torch_plugin/runtime/trace_trackers.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -167,6 +168,46 @@ void vramledger_set_before_create(void (*fn)(int device)) {
   DeviceTable::Get().SetBeforeCreate([fn](int device) {
     if (fn != nullptr) fn(device);
   });
+}
+
+void vramledger_create_or_incref_pool(int device, vramledger_mempool_id pool_id,
+                                      std::shared_ptr<vramledger::SegmentSource> source) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s =
+      (*allocator)->CreateOrIncrefPool({pool_id.first, pool_id.second}, std::move(source));
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_set_use_on_oom(int device, vramledger_mempool_id pool_id, bool use_on_oom) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->SetUseOnOOM({pool_id.first, pool_id.second}, use_on_oom);
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_set_no_split(int device, vramledger_mempool_id pool_id) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) vramledger::Throw(allocator.status());
+  const absl::Status s = (*allocator)->SetNoSplit({pool_id.first, pool_id.second});
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+int vramledger_pool_use_count(int device, vramledger_mempool_id pool_id) {
+  if (absl::Status s = DeviceTable::Get().CheckDevice(device); !s.ok()) vramledger::Throw(s);
+  DeviceAllocator* allocator = DeviceTable::Get().Existing(device);
+  return allocator == nullptr ? 0 : allocator->PoolUseCount({pool_id.first, pool_id.second});
+}
+
+void vramledger_empty_pool_cache(vramledger_mempool_id pool_id) {
+  const vramledger::MempoolId id{pool_id.first, pool_id.second};
+  const absl::Status s = DeviceTable::Get().ForDevices(
+      -1, [id](DeviceAllocator* allocator) { return allocator->EmptyCache(id); });
+  if (!s.ok()) vramledger::Throw(s);
+}
+
+void vramledger_attach_trace_tracker(std::function<void(const vramledger::TraceEntry&)> tracker) {
+  vramledger::TraceTrackers::Get().Add(std::move(tracker));
 }
 
 void* vramledger_testing_malloc(size_t size, int device, char** message_out) {

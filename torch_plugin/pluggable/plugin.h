@@ -7,9 +7,12 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <utility>
 
 #include "torch_plugin/runtime/c_api.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/hooks.h"
 
 // Two kinds of entry point, with different error rules:
 //
@@ -84,6 +87,36 @@ VRAMLEDGER_EXPORT void vramledger_set_refusal_reporter(vramledger_refusal_fn fn)
 /// Runs `fn(device)` inside each allocator's creation, before anything of it exists
 /// (DeviceTable::SetBeforeCreate). Only before the first allocation.
 VRAMLEDGER_EXPORT void vramledger_set_before_create(void (*fn)(int device));
+
+// torch.cuda.MemPool and allocator trace trackers (the torch-native mode calls these; C++
+// parameters as above). Errors: c10::ValueError for a bad argument, c10::Error otherwise.
+
+/// createOrIncrefPool: creates private pool `pool_id` on `device` with one use, or adds one.
+/// With `source`, the new pool's segments come from it (a MemPool's CUDAPluggableAllocator).
+/// Throws c10::ValueError for the pool (0, 0) or a source given for a pool that exists.
+VRAMLEDGER_EXPORT void vramledger_create_or_incref_pool(
+    int device, vramledger_mempool_id pool_id, std::shared_ptr<vramledger::SegmentSource> source);
+
+/// setUseOnOOM: the pool's free blocks serve default-pool allocations that would fail out of
+/// memory. Throws c10::Error for an unknown pool.
+VRAMLEDGER_EXPORT void vramledger_set_use_on_oom(int device, vramledger_mempool_id pool_id,
+                                                 bool use_on_oom);
+
+/// setNoSplit: no block of the pool is split. Throws c10::Error for an unknown pool.
+VRAMLEDGER_EXPORT void vramledger_set_no_split(int device, vramledger_mempool_id pool_id);
+
+/// getPoolUseCount: the pool's uses (0 for a pool that does not exist, or no longer).
+VRAMLEDGER_EXPORT int vramledger_pool_use_count(int device, vramledger_mempool_id pool_id);
+
+/// emptyCache(mempool_id) on every device: (0, 0) empties every cache (vramledger_reset); a
+/// private pool with no use left returns its whole free segments. Throws c10::Error on a driver
+/// failure.
+VRAMLEDGER_EXPORT void vramledger_empty_pool_cache(vramledger_mempool_id pool_id);
+
+/// attachAllocatorTraceTracker: `tracker` sees every trace entry of every device from now on,
+/// under that device's allocator lock (runtime/trace_trackers.h).
+VRAMLEDGER_EXPORT void vramledger_attach_trace_tracker(
+    std::function<void(const vramledger::TraceEntry&)> tracker);
 
 // ---- Testing only ----
 

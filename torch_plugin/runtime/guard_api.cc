@@ -32,6 +32,7 @@
 #include "nlohmann/json.hpp"
 #include "torch_plugin/runtime/history_api.h"
 #include "torch_plugin/runtime/process_env.h"
+#include "torch_plugin/runtime/trace_trackers.h"
 
 namespace vramledger {
 namespace {
@@ -222,8 +223,9 @@ absl::Status AttachGuard(int device, int device_count, const Options& options,
         }
         return path;
       });
-  entry->chain =
-      std::make_unique<guard::HooksChain>(std::vector<AllocatorHooks*>{entry->guard.get(), ledger});
+  // The trace trackers last: they see each entry after the history recorded it.
+  entry->chain = std::make_unique<guard::HooksChain>(
+      std::vector<AllocatorHooks*>{entry->guard.get(), ledger, &TraceTrackers::Get()});
   allocator->SetHooks(entry->chain.get());
   G().devices[device].store(entry.release(), std::memory_order_release);  // never destroyed
   return absl::OkStatus();

@@ -145,6 +145,19 @@ struct PoolRestore;     // core/pool_checkpoint.h
 /// Decides whether an allocation on a stream goes to a private pool (torch's filter callback).
 using StreamFilter = std::function<bool(StreamId)>;
 
+/// Where a private pool's segments come from instead of the device backend (torch: a MemPool
+/// created with a CUDAPluggableAllocator takes its segments from that allocator). Called under
+/// the device lock: it must not call the allocator.
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  /// `size` bytes for `stream`. ResourceExhausted when it has no memory (the allocation then
+  /// takes the out-of-memory path); any other error fails the allocation with it.
+  virtual absl::StatusOr<DevicePtr> Allocate(std::size_t size, StreamId stream) = 0;
+  /// Returns a pointer Allocate gave.
+  virtual absl::Status Free(DevicePtr ptr) = 0;
+};
+
 /// The caching allocator of one device. Construct one per device from options and a backend;
 /// the backend must outlive it.
 class DeviceAllocator {
@@ -243,6 +256,24 @@ class DeviceAllocator {
   /// (torch's checkPoolLiveAllocations; duplicates count once). NotFound for an unknown pool.
   absl::StatusOr<bool> CheckPoolLiveAllocations(MempoolId pool,
                                                 const std::vector<DevicePtr>& live) const;
+
+  // ---- torch.cuda.MemPool (core/mem_pools.cc): the same private pools, made and set apart
+  //      from a capture ----
+
+  /// Creates private pool `pool` with one use, or adds a use to it (torch's createOrIncrefPool).
+  /// With `source`, the new pool's segments come from it and go back to it, not the backend.
+  /// InvalidArgument for the default pool {0, 0}, or a source given for a pool that exists.
+  absl::Status CreateOrIncrefPool(MempoolId pool, std::shared_ptr<SegmentSource> source = nullptr);
+  /// When a default-pool allocation cannot be served, the free blocks of the pools set so are
+  /// tried before the out-of-memory error (torch's use_on_oom; no new segment is made for it).
+  /// NotFound for an unknown pool.
+  absl::Status SetUseOnOOM(MempoolId pool, bool use_on_oom);
+  /// No block of `pool` is split from now on (torch's no_split). NotFound for an unknown pool.
+  absl::Status SetNoSplit(MempoolId pool);
+  /// EmptyCache() for {0, 0}. For a private pool, as torch's emptyCache(mempool_id): once it has
+  /// no use left, its whole free segments are returned and it is forgotten when none is left;
+  /// other pools, and a pool still in use or unknown, are left as they are.
+  absl::Status EmptyCache(MempoolId pool);
 
   /// Installs `hooks` (borrowed; nullptr removes them). They must outlive their installation.
   /// Safe to call at any time; an allocation in flight sees either the old or the new hooks.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "vramledger/stats.h"
@@ -48,6 +49,8 @@ struct TraceEntry {
   std::uint64_t context = 0;
   /// Tag id from AllocatorHooks::CurrentTag when the block was allocated (0 untagged).
   std::uint32_t tag = 0;
+  /// The private pool of the block or segment (torch's MempoolId_t; {0, 0}: the default pools).
+  std::pair<std::uint64_t, std::uint64_t> pool{0, 0};
 };
 
 /// What an allocation asks for, as the guard sees it.
