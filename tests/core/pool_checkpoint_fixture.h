@@ -20,7 +20,7 @@ namespace vramledger {
 inline constexpr StreamId kEager = 0x10;
 inline constexpr StreamId kCapture = 0x20;
 inline constexpr StreamId kSide = 0x30;
-inline constexpr MempoolId kPool{1, 0};
+inline constexpr MempoolId kGraphPool{1, 0};
 inline constexpr MempoolId kOtherPool{2, 0};
 
 // Live requested bytes per tag, from the trace entries (what the ledger's per-tag figures read).
@@ -63,27 +63,27 @@ class PoolCheckpointTest : public ::testing::Test {
     Check();
   }
   // Routes kCapture's allocations to `pool` (a recording, as torch's capture does).
-  void Begin(MempoolId pool = kPool) {
+  void Begin(MempoolId pool = kGraphPool) {
     ASSERT_TRUE(alloc_->BeginAllocateToPool(pool, [](StreamId s) { return s == kCapture; }).ok());
     Check();
   }
-  void End(MempoolId pool = kPool) {
+  void End(MempoolId pool = kGraphPool) {
     ASSERT_TRUE(alloc_->EndAllocateToPool(pool).ok());
     Check();
   }
-  core::PoolCheckpoint Checkpoint(MempoolId pool = kPool) {
+  core::PoolCheckpoint Checkpoint(MempoolId pool = kGraphPool) {
     auto cp = alloc_->CheckpointPool(pool);
     EXPECT_TRUE(cp.ok()) << cp.status();
     Check();
     return cp.ok() ? *cp : core::PoolCheckpoint{};
   }
-  core::PoolRestore Restore(const core::PoolCheckpoint& cp, MempoolId pool = kPool) {
+  core::PoolRestore Restore(const core::PoolCheckpoint& cp, MempoolId pool = kGraphPool) {
     auto r = alloc_->RestorePool(pool, cp);
     EXPECT_TRUE(r.ok()) << r.status();
     Check();
     return r.ok() ? *r : core::PoolRestore{};
   }
-  bool Live(const std::vector<DevicePtr>& live, MempoolId pool = kPool) {
+  bool Live(const std::vector<DevicePtr>& live, MempoolId pool = kGraphPool) {
     auto r = alloc_->CheckPoolLiveAllocations(pool, live);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() && *r;

@@ -14,7 +14,7 @@ TEST_F(PoolCheckpointTest, StaleCheckpointIsRefusedAndThePoolUnchanged) {
   End();
   const core::PoolCheckpoint stale = Checkpoint();
   Free(old_block);
-  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());  // its segment goes back to the driver
+  ASSERT_TRUE(alloc_->ReleasePool(kGraphPool).ok());  // its segment goes back to the driver
   Check();
   Begin();  // the same id again: a new pool with a segment of another size
   const DevicePtr now = Alloc(40 * kMiB);
@@ -22,7 +22,7 @@ TEST_F(PoolCheckpointTest, StaleCheckpointIsRefusedAndThePoolUnchanged) {
   const core::PoolCheckpoint current = Checkpoint();
   const DeviceStats stats = alloc_->GetStats();
 
-  auto r = alloc_->RestorePool(kPool, stale);
+  auto r = alloc_->RestorePool(kGraphPool, stale);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
   EXPECT_NE(r.status().message().find("no longer has"), std::string::npos) << r.status();
@@ -34,33 +34,33 @@ TEST_F(PoolCheckpointTest, StaleCheckpointIsRefusedAndThePoolUnchanged) {
 }
 
 TEST_F(PoolCheckpointTest, CheckpointOfAnotherPoolIsRefused) {
-  Begin(kPool);
+  Begin(kGraphPool);
   const DevicePtr mine = Alloc(4 * kMiB);
-  End(kPool);
+  End(kGraphPool);
   Begin(kOtherPool);
   const DevicePtr theirs = Alloc(4 * kMiB);
   End(kOtherPool);
   const core::PoolCheckpoint other = Checkpoint(kOtherPool);
-  const core::PoolCheckpoint own = Checkpoint(kPool);
+  const core::PoolCheckpoint own = Checkpoint(kGraphPool);
 
-  auto r = alloc_->RestorePool(kPool, other);
+  auto r = alloc_->RestorePool(kGraphPool, other);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   EXPECT_NE(r.status().message().find("checkpoint of private pool (2, 0)"), std::string::npos);
   // Relabelled as this pool's, its segments still belong to the other pool.
   core::PoolCheckpoint relabelled = other;
-  relabelled.pool = kPool;
-  r = alloc_->RestorePool(kPool, relabelled);
+  relabelled.pool = kGraphPool;
+  r = alloc_->RestorePool(kGraphPool, relabelled);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
   // Another device's checkpoint.
   core::PoolCheckpoint elsewhere = own;
   elsewhere.device = 1;
-  EXPECT_TRUE(absl::IsInvalidArgument(alloc_->RestorePool(kPool, elsewhere).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(alloc_->RestorePool(kGraphPool, elsewhere).status()));
   Check();
-  EXPECT_EQ(Checkpoint(kPool), own);
+  EXPECT_EQ(Checkpoint(kGraphPool), own);
   EXPECT_EQ(Checkpoint(kOtherPool), other);
-  EXPECT_TRUE(Live({mine}, kPool));
+  EXPECT_TRUE(Live({mine}, kGraphPool));
   EXPECT_TRUE(Live({theirs}, kOtherPool));
   Free(mine);
   Free(theirs);
@@ -73,7 +73,7 @@ TEST_F(PoolCheckpointTest, MalformedCheckpointsAreRefusedBeforeAnyChange) {
   End();
   const core::PoolCheckpoint good = Checkpoint();
   auto refused = [&](core::PoolCheckpoint cp) {
-    auto r = alloc_->RestorePool(kPool, cp);
+    auto r = alloc_->RestorePool(kGraphPool, cp);
     EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
     Check();
     EXPECT_EQ(Checkpoint(), good);
@@ -99,7 +99,7 @@ TEST_F(PoolCheckpointTest, MalformedCheckpointsAreRefusedBeforeAnyChange) {
 }
 
 TEST_F(PoolCheckpointTest, UnknownAndReleasedPoolsGetTorchsErrors) {
-  auto cp = alloc_->CheckpointPool(kPool);
+  auto cp = alloc_->CheckpointPool(kGraphPool);
   ASSERT_FALSE(cp.ok());
   EXPECT_TRUE(absl::IsNotFound(cp.status()));
   EXPECT_NE(cp.status().message().find("Could not find pool of id"), std::string::npos);
@@ -107,13 +107,13 @@ TEST_F(PoolCheckpointTest, UnknownAndReleasedPoolsGetTorchsErrors) {
   const DevicePtr held = Alloc(4 * kMiB);
   End();
   const core::PoolCheckpoint saved = Checkpoint();
-  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());  // released; its block still holds the segment
-  cp = alloc_->CheckpointPool(kPool);
+  ASSERT_TRUE(alloc_->ReleasePool(kGraphPool).ok());  // released; its block still holds the segment
+  cp = alloc_->CheckpointPool(kGraphPool);
   ASSERT_FALSE(cp.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(cp.status()));
   EXPECT_NE(cp.status().message().find("Not expected to checkpoint freeable graph"),
             std::string::npos);
-  EXPECT_TRUE(absl::IsFailedPrecondition(alloc_->RestorePool(kPool, saved).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(alloc_->RestorePool(kGraphPool, saved).status()));
   Free(held);
 }
 

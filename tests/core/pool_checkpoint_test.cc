@@ -192,7 +192,7 @@ TEST_F(PoolCheckpointTest, WaitingBlocksDuringACaptureAreRefused) {
   ASSERT_TRUE(alloc_->RecordStream(used, kSide).ok());
   sim_->SetCapturing(kCapture, true);
   Free(used);  // deferred: no event may be recorded during the capture
-  auto cp = alloc_->CheckpointPool(kPool);
+  auto cp = alloc_->CheckpointPool(kGraphPool);
   ASSERT_FALSE(cp.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(cp.status()));
   EXPECT_NE(cp.status().message().find("Events should have synchronized"), std::string::npos);
