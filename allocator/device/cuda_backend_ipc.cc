@@ -121,11 +121,18 @@ absl::Status CudaBackend::ImportPhysical(int pid, const std::vector<int>& fds,
     const long mine = syscall(SYS_pidfd_getfd, pidfd, fd, 0);
     if (mine == -1) {
       const int err = errno;
-      status =
-          err == ENOSYS
-              ? absl::FailedPreconditionError(NoPidfd("pidfd_getfd"))
-              : absl::NotFoundError(absl::StrFormat("pidfd_getfd(process %d, descriptor %d): %s",
-                                                    pid, fd, std::strerror(err)));
+      const std::string what = absl::StrFormat("pidfd_getfd(process %d, descriptor %d): %s", pid,
+                                               fd, std::strerror(err));
+      if (err == ENOSYS) {
+        status = absl::FailedPreconditionError(NoPidfd("pidfd_getfd"));
+      } else if (err == EPERM) {
+        status = absl::PermissionDeniedError(
+            what +
+            ": this process may not take the sender's descriptors (a seccomp profile, or "
+            "kernel.yama.ptrace_scope, which the sender can lift with prctl(PR_SET_PTRACER))");
+      } else {
+        status = absl::NotFoundError(what);
+      }
       break;
     }
     CUmemGenericAllocationHandle handle = 0;
