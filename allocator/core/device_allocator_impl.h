@@ -250,6 +250,9 @@ class DeviceAllocatorImpl {
   absl::StatusOr<int> ExportedFd(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes `handle`'s descriptor, if it was exported: the handle is released.
   void CloseExportedFd(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every exported descriptor's handle is still held: mapped in a page table, an old mapping,
+  // or kept to be released again.
+  absl::Status CheckExports() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the parts hand back fences they no longer need: the event pool.
   auto GiveBackFence() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return [this](EventId e) ABSL_NO_THREAD_SAFETY_ANALYSIS { spare_events_.push_back(e); };

@@ -5,6 +5,7 @@
 #include <iterator>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_format.h"
 #include "core/device_allocator_impl.h"
 #include "core/ipc_format.h"
@@ -64,6 +65,20 @@ void DeviceAllocatorImpl::CloseExportedFd(PhysicalHandle handle) {
   if (it == exported_fds_.end()) return;
   (void)backend_->CloseExported(it->second);  // the handle is gone: nothing else to do on error
   exported_fds_.erase(it);
+}
+
+absl::Status DeviceAllocatorImpl::CheckExports() const {
+  for (const auto& [handle, fd] : exported_fds_) {
+    if (page_table_.HomeOf(handle) != nullptr ||
+        old_mappings_.Find(handle) != old_mappings_.entries().size() ||
+        absl::c_linear_search(page_table_.unreleased(), handle)) {
+      continue;
+    }
+    return absl::InternalError(absl::StrFormat(
+        "exported descriptor %d names handle %#x, which the allocator no longer holds", fd,
+        handle));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<IpcShare> DeviceAllocatorImpl::ShareIpcHandle(DevicePtr ptr) {

@@ -218,7 +218,9 @@ absl::Status SimBackend::Free(DevicePtr ptr) {
   RecordCallLocked(DriverCall::kFree, charged);
   if (absl::Status s = InjectedLocked(DriverCall::kFree); !s.ok()) return s;
   mallocs_.erase(it);
-  ForgetMallocExport(ProcessId(), config_.device, ptr);  // its IPC handle opens nothing now
+  if (!exported_mallocs_.empty() && exported_mallocs_.erase(ptr) > 0) {
+    ForgetMallocExport(ProcessId(), config_.device, ptr);  // its IPC handle opens nothing now
+  }
   used_ -= charged;
   GiveBackAddressLocked(ptr, charged);
   return absl::OkStatus();

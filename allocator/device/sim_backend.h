@@ -232,8 +232,10 @@ class SimBackend final : public DeviceBackend {
       ABSL_GUARDED_BY(mu_);
   std::int64_t now_us_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Interprocess sharing: this backend's open descriptors (fd -> handle) and opened addresses.
+  // Interprocess sharing: this backend's open descriptors (fd -> handle), its exported Malloc
+  // addresses, and the addresses it opened.
   absl::flat_hash_map<int, PhysicalHandle> exports_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<DevicePtr> exported_mallocs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DevicePtr, std::size_t> opened_ ABSL_GUARDED_BY(mu_);
 
   absl::flat_hash_set<StreamId> capturing_ ABSL_GUARDED_BY(mu_);

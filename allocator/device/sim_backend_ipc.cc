@@ -51,15 +51,11 @@ void SimBackend::ForgetMallocExport(int pid, int device, DevicePtr base) {
 }
 
 absl::Status SimBackend::ExportMalloc(DevicePtr base, IpcMemHandle* out) {
-  std::size_t size = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    const auto it = mallocs_.find(base);
-    if (it == mallocs_.end() || out == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cudaIpcGetMemHandle: %#x does not start a live cudaMalloc allocation", base));
-    }
-    size = it->second;
+  absl::MutexLock lock(&mu_);  // with the registry's inside, so a Free cannot come between
+  const auto it = mallocs_.find(base);
+  if (it == mallocs_.end() || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cudaIpcGetMemHandle: %#x does not start a live cudaMalloc allocation", base));
   }
   SimMallocHandle h{};
   std::memcpy(h.tag, kHandleTag, sizeof(kHandleTag));
@@ -68,9 +64,10 @@ absl::Status SimBackend::ExportMalloc(DevicePtr base, IpcMemHandle* out) {
   h.base = base;
   out->fill(0);
   std::memcpy(out->data(), &h, sizeof(h));
+  exported_mallocs_.insert(base);
   SimIpcRegistry& registry = SimIpcRegistry::Get();
-  absl::MutexLock lock(&registry.mu);
-  registry.mallocs[{h.pid, h.device, base}] = size;
+  absl::MutexLock registry_lock(&registry.mu);
+  registry.mallocs[{h.pid, h.device, base}] = it->second;
   return absl::OkStatus();
 }
 
