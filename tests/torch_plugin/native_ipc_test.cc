@@ -55,8 +55,9 @@ TEST_F(NativeIpcTest, ExpandableBlockOpensOnceOnTheReceivingDeviceUntilItsLastRe
   EXPECT_NE(first.get(), p.get());  // a mapping of its own on the receiving device
   first.reset();
   second.reset();
-  EXPECT_NE(ErrorOf([&] { a_->getBaseAllocation(p.get(), nullptr); })
-                .find("Tensors allocated with expandable_segments:True cannot be shared"),
+  EXPECT_NE(ErrorOf([&] {
+              a_->getBaseAllocation(p.get(), nullptr);
+            }).find("Tensors allocated with expandable_segments:True cannot be shared"),
             std::string::npos);
 }
 
@@ -81,15 +82,33 @@ TEST_F(NativeIpcTest, FreedUnknownAndMalformedAreRefusedByName) {
   void* freed = p.get();
   p.clear();
   EXPECT_NE(ErrorOf([&] { a_->shareIpcHandle(freed); }).find("freed"), std::string::npos);
-  EXPECT_NE(ErrorOf([&] { a_->shareIpcHandle(reinterpret_cast<void*>(0x1000)); })
-                .find("invalid device pointer"),
+  EXPECT_NE(ErrorOf([&] {
+              a_->shareIpcHandle(reinterpret_cast<void*>(0x1000));
+            }).find("invalid device pointer"),
             std::string::npos);
-  EXPECT_NE(ErrorOf([&] { a_->OpenIpcOn(0, std::string("\x02q", 2)); })
-                .find("unexpected or illformed shareable handle type"),
+  EXPECT_NE(ErrorOf([&] {
+              a_->OpenIpcOn(0, std::string("\x02q", 2));
+            }).find("unexpected or illformed shareable handle type"),
             std::string::npos);
-  EXPECT_NE(ErrorOf([&] { a_->OpenIpcOn(0, std::string("\x05" "e", 2)); })
-                .find("future version of torch"),
+  EXPECT_NE(ErrorOf([&] {
+              a_->OpenIpcOn(0, std::string("\x05"
+                                           "e",
+                                           2));
+            }).find("future version of torch"),
             std::string::npos);
+}
+
+TEST_F(NativeIpcTest, TorchsOwnEntryPointsReachVramledgerOnceInstalled) {
+  namespace torch_alloc = c10::cuda::CUDACachingAllocator;
+  torch_alloc::CUDAAllocator* previous = torch_alloc::allocator.load();
+  ASSERT_EQ(vramledger_native_install(), VRAMLEDGER_OK) << vramledger_native_last_error();
+  c10::DataPtr p = a_->AllocateOn(0, nullptr, 4 * kMiB);
+  // What storage._share_cuda_() calls, through torch's current allocator.
+  const auto share = torch_alloc::shareIpcHandle(p.get());
+  EXPECT_EQ(share.handle, a_->shareIpcHandle(p.get()).handle);
+  std::size_t size = 0;
+  EXPECT_THROW(torch_alloc::getBaseAllocation(p.get(), &size), c10::Error);  // expandable
+  torch_alloc::allocator.store(previous);
 }
 
 }  // namespace

@@ -261,12 +261,6 @@ void NativeAllocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_bl
   }
 }
 
-void* NativeAllocator::getBaseAllocation(void* ptr, std::size_t* size) {
-  (void)ptr;
-  (void)size;
-  Unsupported("getBaseAllocation (CUDA IPC of its tensors)");
-}
-
 void NativeAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
   // As torch's own allocator: a block another allocator made (e.g. before a swap) is skipped.
   if (ptr.get() == nullptr || !IsOurDeleter(ptr.get_deleter())) return;
@@ -357,16 +351,6 @@ void NativeAllocator::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_
 
 void NativeAllocator::releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
   vramledger_release_pool(device, {mempool_id.first, mempool_id.second});
-}
-
-torch_alloc::ShareableHandle NativeAllocator::shareIpcHandle(void* ptr) {
-  (void)ptr;
-  Unsupported("shareIpcHandle (CUDA IPC)");
-}
-
-std::shared_ptr<void> NativeAllocator::getIpcDevPtr(std::string handle) {
-  (void)handle;
-  Unsupported("getIpcDevPtr (CUDA IPC)");
 }
 
 bool NativeAllocator::isHistoryEnabled() { return vramledger_history_recording(); }
