@@ -99,7 +99,9 @@ absl::StatusOr<IpcShare> DeviceAllocatorImpl::ShareIpcHandle(DevicePtr ptr) {
   // pages under the block; with one handle per page, the same ones).
   std::size_t first = seg->PageOf(block->ptr);
   const std::size_t last = seg->PageOf(block->ptr + block->size - 1);
-  while (first > 0 && seg->pages[first - 1] == seg->pages[first]) --first;
+  while (first > 0 && seg->pages[first] != 0 && seg->pages[first - 1] == seg->pages[first]) {
+    --first;
+  }
   const std::size_t end = seg->HandleEnd(last);
   handle.pages = true;
   handle.pid = backend_->ProcessId();
