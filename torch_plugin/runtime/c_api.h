@@ -159,8 +159,7 @@ VRAMLEDGER_EXPORT int vramledger_trace_action(const char* name);
 
 /// The handle bytes and offset of the live block at `ptr`, on whichever device's allocator
 /// holds it (the current device first).
-VRAMLEDGER_EXPORT int vramledger_ipc_share(void* ptr, std::ptrdiff_t* offset,
-                                           std::string* handle);
+VRAMLEDGER_EXPORT int vramledger_ipc_share(void* ptr, std::ptrdiff_t* offset, std::string* handle);
 /// Opens `handle` (another process's share) on `device`, whose allocator is created if needed.
 VRAMLEDGER_EXPORT int vramledger_ipc_open(int device, const std::string* handle,
                                           std::shared_ptr<void>* out);
