@@ -242,7 +242,9 @@ class DeviceAllocatorImpl {
   absl::Status ReuseOldMappings(core::Block* block, std::size_t size,
                                 const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CUDA IPC (ipc.cc). The live allocated block that starts at `ptr`, else why it cannot be
+  // CUDA IPC (ipc.cc). ShareIpcHandle under the lock.
+  absl::StatusOr<IpcShare> ShareLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live allocated block that starts at `ptr`, else why it cannot be
   // shared (`call` names the operation in the message).
   absl::StatusOr<const core::Block*> SharedBlock(DevicePtr ptr, const char* call) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

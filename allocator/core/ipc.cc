@@ -82,7 +82,15 @@ absl::Status DeviceAllocatorImpl::CheckExports() const {
 }
 
 absl::StatusOr<IpcShare> DeviceAllocatorImpl::ShareIpcHandle(DevicePtr ptr) {
-  core::DeviceMutexLock lock(&mu_);
+  absl::StatusOr<IpcShare> result;
+  {
+    core::DeviceMutexLock lock(&mu_);
+    result = ShareLocked(ptr);
+  }
+  return AfterOperation("shareIpcHandle", std::move(result));
+}
+
+absl::StatusOr<IpcShare> DeviceAllocatorImpl::ShareLocked(DevicePtr ptr) {
   absl::StatusOr<const Block*> found = SharedBlock(ptr, "shareIpcHandle");
   if (!found.ok()) return found.status();
   const Block* block = *found;
