@@ -63,6 +63,7 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
     }
   }
   ReleaseExpandableSegmentsAtExit();
+  for (const auto& [handle, fd] : exported_fds_) (void)backend_->CloseExported(fd);
   spare_events_.DestroyAll(backend_);
 }
 

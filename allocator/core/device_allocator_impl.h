@@ -23,6 +23,7 @@
 #include "core/device_mutex.h"
 #include "core/event_pool.h"
 #include "core/free_block_index.h"
+#include "core/ipc_imports.h"
 #include "core/live_block_map.h"
 #include "core/old_mappings.h"
 #include "core/page_table.h"
@@ -77,6 +78,12 @@ class DeviceAllocatorImpl {
   absl::Status SetUseOnOOM(MempoolId id, bool use_on_oom) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status SetNoSplit(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EmptyCache(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- CUDA IPC (ipc.cc): the sender's exports; the receiver's imports are ipc_imports_ ----
+  absl::StatusOr<IpcShare> ShareIpcHandle(DevicePtr ptr) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::pair<DevicePtr, std::size_t>> BaseAllocation(DevicePtr ptr) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  core::IpcImports& ipc_imports() { return ipc_imports_; }
 
   void SetHooks(AllocatorHooks* hooks) { hooks_.store(hooks, std::memory_order_release); }
   const Options& options() const { return options_; }
@@ -277,6 +284,19 @@ class DeviceAllocatorImpl {
   absl::Status ReuseOldMappings(core::Block* block, std::size_t size,
                                 const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CUDA IPC (ipc.cc). ShareIpcHandle under the lock.
+  absl::StatusOr<IpcShare> ShareLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live allocated block that starts at `ptr`, else why it cannot be
+  // shared (`call` names the operation in the message).
+  absl::StatusOr<const core::Block*> SharedBlock(DevicePtr ptr, const char* call) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The descriptor of `handle`, exported on first use.
+  absl::StatusOr<int> ExportedFd(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes `handle`'s descriptor, if it was exported: the handle is released.
+  void CloseExportedFd(PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every exported descriptor's handle is still held: mapped in a page table, an old mapping,
+  // or kept to be released again.
+  absl::Status CheckExports() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the parts hand back fences they no longer need: the event pool.
   auto GiveBackFence() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return [this](EventId e) ABSL_NO_THREAD_SAFETY_ANALYSIS { spare_events_.push_back(e); };
@@ -403,6 +423,10 @@ class DeviceAllocatorImpl {
   core::PrivatePools private_pools_ ABSL_GUARDED_BY(mu_){backend_};
   // The guard's refusal of the current Malloc's growth, if any (reset per Malloc).
   absl::Status growth_refusal_ ABSL_GUARDED_BY(mu_);
+  // CUDA IPC: descriptors of the physical handles shared so far, closed as each is released
+  // (a receiver may duplicate one until then); memory other processes shared, opened here.
+  absl::flat_hash_map<PhysicalHandle, int> exported_fds_ ABSL_GUARDED_BY(mu_);
+  core::IpcImports ipc_imports_{backend_};
 };
 
 }  // namespace vramledger

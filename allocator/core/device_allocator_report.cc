@@ -259,6 +259,7 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   if (!(allocated <= active && active <= reserved))
     return fail("allocated <= active <= reserved broken");
   if (absl::Status s = page_table_.CheckInvariants(); !s.ok()) return s;
+  if (absl::Status s = CheckExports(); !s.ok()) return s;  // ipc.cc
   return old_mappings_.CheckInvariants(page_table_);
 }
 

@@ -186,6 +186,7 @@ absl::Status DeviceAllocatorImpl::ReleaseHandle(PhysicalHandle handle) {
   absl::Status s = ClearOldMappings([&](const OldMapping& r) { return r.handle == handle; });
   if (s.ok()) s = backend_->ReleasePhysical(handle);
   if (!s.ok()) page_table_.KeepUnreleased(handle);
+  if (s.ok() && !exported_fds_.empty()) CloseExportedFd(handle);  // shared through IPC
   return s;
 }
 

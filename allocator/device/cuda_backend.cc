@@ -14,29 +14,36 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "device/cuda_internal.h"
 
 namespace vramledger {
 
 static_assert(std::is_base_of_v<DeviceBackend, CudaBackend> && !std::is_abstract_v<CudaBackend>,
               "CudaBackend must implement every DeviceBackend primitive");
 
-// Driver ABI versions: all VMM entry points have had one ABI since CUDA 10.2 (the _v10020
-// typedefs). Asking for the 12.0 ABI pins those and stays valid on newer drivers.
-struct CudaDriverApi {
-  PFN_cuMemAddressReserve_v10020 mem_address_reserve = nullptr;
-  PFN_cuMemAddressFree_v10020 mem_address_free = nullptr;
-  PFN_cuMemCreate_v10020 mem_create = nullptr;
-  PFN_cuMemRelease_v10020 mem_release = nullptr;
-  PFN_cuMemMap_v10020 mem_map = nullptr;
-  PFN_cuMemUnmap_v10020 mem_unmap = nullptr;
-  PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
-  PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity = nullptr;
-  PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
-  PFN_cuDeviceGet_v2000 device_get = nullptr;
-  PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state = nullptr;
-  PFN_cuGetErrorString_v6000 get_error_string = nullptr;
-  PFN_cuGetErrorName_v6000 get_error_name = nullptr;
-};
+// Maps a runtime error; clears the runtime's last error so later checks do not see it.
+absl::Status RuntimeStatus(cudaError_t err, std::string_view call, int device) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  const std::string message = absl::StrFormat("%s on device %d: %s (%s)", call, device,
+                                              cudaGetErrorString(err), cudaGetErrorName(err));
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+// Maps a driver error, naming it through the driver's own error strings.
+absl::Status DriverStatus(CUresult err, std::string_view call, int device,
+                          const CudaDriverApi& api) {
+  if (err == CUDA_SUCCESS) return absl::OkStatus();
+  const char* name = "unknown CUresult";
+  const char* text = "no description";
+  if (api.get_error_name(err, &name) != CUDA_SUCCESS) name = "unknown CUresult";
+  if (api.get_error_string(err, &text) != CUDA_SUCCESS) text = "no description";
+  const std::string message = absl::StrFormat("%s on device %d: %s (%s, %d)", call, device, text,
+                                              name, static_cast<int>(err));
+  if (err == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
 
 namespace {
 
@@ -78,6 +85,8 @@ absl::Status LoadDriverApi(CudaDriverApi* api) {
            LoadEntryPoint("cuDevicePrimaryCtxGetState", &api->primary_ctx_get_state),
            LoadEntryPoint("cuGetErrorString", &api->get_error_string),
            LoadEntryPoint("cuGetErrorName", &api->get_error_name),
+           LoadEntryPoint("cuMemExportToShareableHandle", &api->mem_export_to_shareable_handle),
+           LoadEntryPoint("cuMemImportFromShareableHandle", &api->mem_import_from_shareable_handle),
        }) {
     if (!status.ok()) return status;
   }
@@ -94,70 +103,6 @@ auto Timed(DriverCallLedger& ledger, DriverCall call, Fn&& fn) {
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
   return result;
 }
-
-// Maps a runtime error; clears the runtime's last error so later checks do not see it.
-absl::Status RuntimeStatus(cudaError_t err, std::string_view call, int device) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();
-  const std::string message = absl::StrFormat("%s on device %d: %s (%s)", call, device,
-                                              cudaGetErrorString(err), cudaGetErrorName(err));
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
-}
-
-// Maps a driver error, naming it through the driver's own error strings.
-absl::Status DriverStatus(CUresult err, std::string_view call, int device,
-                          const CudaDriverApi& api) {
-  if (err == CUDA_SUCCESS) return absl::OkStatus();
-  const char* name = "unknown CUresult";
-  const char* text = "no description";
-  if (api.get_error_name(err, &name) != CUDA_SUCCESS) name = "unknown CUresult";
-  if (api.get_error_string(err, &text) != CUDA_SUCCESS) text = "no description";
-  const std::string message = absl::StrFormat("%s on device %d: %s (%s, %d)", call, device, text,
-                                              name, static_cast<int>(err));
-  if (err == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
-}
-
-// Makes `device` current for the scope (and, for driver calls, gives the thread a context);
-// restores the previous device on exit. Does nothing when the device is already current.
-class ScopedDevice {
- public:
-  ScopedDevice(int device, const CudaDriverApi* driver_for_context) {
-    int current = -1;
-    if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
-      status_ = RuntimeStatus(err, "cudaGetDevice", device);
-      return;
-    }
-    if (current != device) {
-      if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
-        status_ = RuntimeStatus(err, "cudaSetDevice", device);
-        return;
-      }
-      previous_ = current;
-      return;
-    }
-    if (driver_for_context != nullptr) {
-      // cudaGetDevice reports device 0 on a thread that never touched CUDA, with no context
-      // bound; the driver VMM calls need one. cudaSetDevice binds the primary context (CUDA 12+).
-      CUcontext context = nullptr;
-      if (driver_for_context->ctx_get_current(&context) == CUDA_SUCCESS && context == nullptr) {
-        status_ = RuntimeStatus(cudaSetDevice(device), "cudaSetDevice", device);
-      }
-    }
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;  // Device to restore, or -1 if nothing was switched.
-  absl::Status status_;
-};
 
 cudaStream_t ToStream(StreamId stream) { return reinterpret_cast<cudaStream_t>(stream); }
 cudaEvent_t ToEvent(EventId event) { return reinterpret_cast<cudaEvent_t>(event); }
@@ -397,11 +342,21 @@ absl::Status CudaBackend::CreatePhysical(std::size_t size, PhysicalHandle* out) 
   if (absl::Status s = CheckGranular("cuMemCreate", "size", size); !s.ok()) return s;
   ScopedDevice scope(device_, driver_.get());
   if (!scope.status().ok()) return scope.status();
-  const CUmemAllocationProp prop = PinnedDeviceProp(device_);
+  // Shareable as a POSIX descriptor (CUDA IPC, docs/design/ipc.md), as torch asks for its
+  // expandable segments; a device or platform that refuses that type gets plain handles from
+  // then on (ExportPhysical then says so).
+  CUmemAllocationProp prop = PinnedDeviceProp(device_);
+  const bool shareable = posix_handles_.load(std::memory_order_relaxed);
+  if (shareable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle handle = 0;
-  const CUresult err = Timed(calls_, DriverCall::kMemCreate, [&] {
-    return driver_->mem_create(&handle, size, &prop, /*flags=*/0);
-  });
+  CUresult err = Timed(calls_, DriverCall::kMemCreate,
+                       [&] { return driver_->mem_create(&handle, size, &prop, /*flags=*/0); });
+  if (shareable && err != CUDA_SUCCESS && err != CUDA_ERROR_OUT_OF_MEMORY) {
+    posix_handles_.store(false, std::memory_order_relaxed);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    err = Timed(calls_, DriverCall::kMemCreate,
+                [&] { return driver_->mem_create(&handle, size, &prop, /*flags=*/0); });
+  }
   if (err != CUDA_SUCCESS) {
     return DriverStatus(err, absl::StrFormat("cuMemCreate(%d bytes)", size), device_, *driver_);
   }

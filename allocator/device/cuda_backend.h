@@ -1,11 +1,14 @@
 // CudaBackend: the DeviceBackend over the CUDA runtime and the driver's VMM entry points, each
-// call timed into calls(). Thread-safe: immutable after construction; CUDA itself is thread-safe.
+// call timed into calls(). Thread-safe: immutable after construction but for one atomic flag;
+// CUDA is thread-safe.
 #ifndef VRAMLEDGER_DEVICE_CUDA_BACKEND_H_
 #define VRAMLEDGER_DEVICE_CUDA_BACKEND_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
@@ -75,6 +78,20 @@ class CudaBackend final : public DeviceBackend {
   int EnterRelaxedCapture() override;
   void ExitRelaxedCapture(int previous_mode) override;
 
+  // Interprocess sharing (cuda_backend_ipc.cc; docs/design/ipc.md).
+  int ProcessId() const override;
+  absl::Status ExportMalloc(DevicePtr base, IpcMemHandle* out) override;
+  absl::Status OpenMalloc(const IpcMemHandle& handle, DevicePtr* out) override;
+  absl::Status CloseMalloc(DevicePtr ptr) override;
+  /// FailedPrecondition when cuMemCreate refused POSIX-descriptor handles on this device.
+  absl::Status ExportPhysical(PhysicalHandle handle, int* fd) override;
+  absl::Status CloseExported(int fd) override;
+  /// The kernel's pidfd_open and pidfd_getfd (Linux 5.6) are needed; without them the error
+  /// says so, as torch's does.
+  absl::Status ImportPhysical(int pid, const std::vector<int>& fds,
+                              std::vector<PhysicalHandle>* out) override;
+  absl::Status SynchronizeDevice() override;
+
   /// OK if the driver VMM entry points were resolved and the granularity queried; else why not.
   const absl::Status& vmm_status() const { return vmm_status_; }
   absl::Status VirtualMemoryStatus() const override { return vmm_status_; }
@@ -104,6 +121,8 @@ class CudaBackend final : public DeviceBackend {
   absl::Status vmm_status_;
   std::size_t granularity_ = 2 * kMiB;
   std::uint64_t peer_capable_ = 0;  // devices that can access this one (cudaDeviceCanAccessPeer)
+  // cuMemCreate asks for POSIX-descriptor handles until the driver refuses that type once.
+  std::atomic<bool> posix_handles_{true};
 
   // Every mapped handle (address -> size), for granting peers that appear later.
   mutable absl::Mutex mapped_mu_;

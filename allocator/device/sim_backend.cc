@@ -218,6 +218,9 @@ absl::Status SimBackend::Free(DevicePtr ptr) {
   RecordCallLocked(DriverCall::kFree, charged);
   if (absl::Status s = InjectedLocked(DriverCall::kFree); !s.ok()) return s;
   mallocs_.erase(it);
+  if (!exported_mallocs_.empty() && exported_mallocs_.erase(ptr) > 0) {
+    ForgetMallocExport(ProcessId(), config_.device, ptr);  // its IPC handle opens nothing now
+  }
   used_ -= charged;
   GiveBackAddressLocked(ptr, charged);
   return absl::OkStatus();
@@ -295,7 +298,7 @@ absl::Status SimBackend::ReleasePhysical(PhysicalHandle handle) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cuMemRelease: handle %#x is still mapped %d time(s)", handle, it->second.map_count));
   }
-  used_ -= it->second.size;
+  if (!it->second.imported) used_ -= it->second.size;
   handles_.erase(it);
   return absl::OkStatus();
 }

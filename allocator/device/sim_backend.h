@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -34,6 +35,9 @@ struct SimBackendConfig {
   /// the host; an event completes once the clock (AdvanceClock) has passed its record time by
   /// this much (trace replay with a lagging GPU; synchronizes still complete at once).
   std::int64_t event_lag_us = 0;
+  /// The simulated process's id (ProcessId(); 0: the real one). Two backends with different
+  /// ids act as two processes sharing memory through IPC (sim_backend_ipc.cc).
+  int pid = 0;
 };
 
 /// Simulated device. Semantics, beyond the DeviceBackend contract:
@@ -83,6 +87,19 @@ class SimBackend final : public DeviceBackend {
   bool IsCapturing(StreamId stream) override ABSL_LOCKS_EXCLUDED(mu_);
   int EnterRelaxedCapture() override;
   void ExitRelaxedCapture(int previous_mode) override;
+  // Interprocess sharing (sim_backend_ipc.cc): one registry per host process stands for the
+  // driver's; a handle names (process, device, address), a descriptor (process, number). Its
+  // mutex is taken inside mu_ (Free forgets an export), never the other way round.
+  int ProcessId() const override;
+  absl::Status ExportMalloc(DevicePtr base, IpcMemHandle* out) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status OpenMalloc(const IpcMemHandle& handle, DevicePtr* out) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CloseMalloc(DevicePtr ptr) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ExportPhysical(PhysicalHandle handle, int* fd) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CloseExported(int fd) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ImportPhysical(int pid, const std::vector<int>& fds,
+                              std::vector<PhysicalHandle>* out) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SynchronizeDevice() override ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Test controls (not driver calls: nothing is recorded in calls()) ----
   /// Completes `event` and every event recorded before it on the same stream.
@@ -121,6 +138,12 @@ class SimBackend final : public DeviceBackend {
   std::int64_t live_allocations() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Live virtual address reservations.
   std::int64_t live_reservations() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Descriptors ExportPhysical gave and CloseExported has not closed.
+  std::int64_t live_exports() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// Addresses OpenMalloc gave and CloseMalloc has not closed.
+  std::int64_t live_opened() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// The physical handle mapped at `va` (0: none).
+  PhysicalHandle HandleAt(DevicePtr va) const ABSL_LOCKS_EXCLUDED(mu_);
   /// Events created and not destroyed.
   std::int64_t live_events() const ABSL_LOCKS_EXCLUDED(mu_);
   /// True if every byte of `[va, va + size)` is mapped and had SetAccess called on it.
@@ -140,6 +163,7 @@ class SimBackend final : public DeviceBackend {
   struct Handle {
     std::size_t size = 0;
     int map_count = 0;
+    bool imported = false;  // ImportPhysical's: another process's memory, not in used_
   };
   struct Event {
     StreamId stream = 0;
@@ -151,6 +175,8 @@ class SimBackend final : public DeviceBackend {
     double micros = 0;  // Modelled cost of the call over the covered mappings.
   };
 
+  // Drops the IPC export of the allocation at `base` of (pid, device): it was freed.
+  static void ForgetMallocExport(int pid, int device, DevicePtr base);
   // The injected failure for `call`, if it is due now (FailCall); OK otherwise.
   absl::Status InjectedLocked(DriverCall call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records one driver call with its modelled cost, and counts it if a capture is under way.
@@ -205,6 +231,12 @@ class SimBackend final : public DeviceBackend {
   absl::flat_hash_map<StreamId, std::deque<std::pair<std::uint64_t, std::int64_t>>> lagging_
       ABSL_GUARDED_BY(mu_);
   std::int64_t now_us_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Interprocess sharing: this backend's open descriptors (fd -> handle), its exported Malloc
+  // addresses, and the addresses it opened.
+  absl::flat_hash_map<int, PhysicalHandle> exports_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<DevicePtr> exported_mallocs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DevicePtr, std::size_t> opened_ ABSL_GUARDED_BY(mu_);
 
   absl::flat_hash_set<StreamId> capturing_ ABSL_GUARDED_BY(mu_);
   std::int64_t capture_calls_relaxed_ ABSL_GUARDED_BY(mu_) = 0;

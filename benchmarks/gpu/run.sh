@@ -23,6 +23,8 @@
 #     train         checks/train_compare.py: GPT-2-medium, native vs vramledger, losses agree
 #     integration   checks/torch_integration_check.py: memory API, graphs, compile, observers
 #     native        the same with install(mode="native") (vramledger as torch's CUDAAllocator)
+#     ipc           checks/ipc_check.py: a CUDA tensor sent both ways between a vramledger
+#                   (native mode) process and a torch-allocator one, plain and expandable
 #     streams       checks/streams_compile_check.py: record_stream canary, synchronized retry,
 #                   record_stream soak
 #     compile       checks/compile_graphs_check.py: reduce-overhead without cudagraph trees
@@ -62,8 +64,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LIBDIR="$ROOT/.devbuild/lib"
 PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
-CHECKS="bundle unit pytest train integration native streams compile matrix contiguous snapshot
-        guard preload preload_plan preload_direct wheel multi"
+CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
+        snapshot guard preload preload_plan preload_direct wheel multi"
 BENCH="workloads kernels ab inprocess hostcost graphstep"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
@@ -236,6 +238,7 @@ details() {
     pytest) tail -1 "$f" ;;
     train) cat "$RUN/train/train_compare_table.txt" 2>/dev/null || tail -12 "$f" ;;
     integration|native|snapshot|guard|contiguous) grep -E "PASS|FAIL" "$f" ;;
+    ipc) sed -n '/^| sender/,$p' "$f" ;;
     streams) grep -E "^(1a|1b|3) " "$f" ;;
     compile) tail -3 "$f" ;;
     matrix) sed -n '/^---- feature matrix/,$p' "$f" ;;
@@ -303,6 +306,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
                      benchmarks/gpu/checks/torch_integration_check.py ;;
       native) item native check 120 timeout "$(bound)" "$PY" \
                 benchmarks/gpu/checks/torch_integration_check.py --mode native ;;
+      ipc) item ipc check 90 timeout "$(bound)" "$PY" benchmarks/gpu/checks/ipc_check.py ;;
       streams) item streams check 60 timeout "$(bound)" "$PY" \
                  benchmarks/gpu/checks/streams_compile_check.py --checks record_stream,soak \
                  --out "$RUN/streams" --budget-s 100 ;;

@@ -55,6 +55,23 @@ class SimForwardingBackend : public DeviceBackend {
   bool IsCapturing(StreamId stream) override { return sim_->IsCapturing(stream); }
   int EnterRelaxedCapture() override { return sim_->EnterRelaxedCapture(); }
   void ExitRelaxedCapture(int previous_mode) override { sim_->ExitRelaxedCapture(previous_mode); }
+  int ProcessId() const override { return sim_->ProcessId(); }
+  absl::Status ExportMalloc(DevicePtr base, IpcMemHandle* out) override {
+    return sim_->ExportMalloc(base, out);
+  }
+  absl::Status OpenMalloc(const IpcMemHandle& handle, DevicePtr* out) override {
+    return sim_->OpenMalloc(handle, out);
+  }
+  absl::Status CloseMalloc(DevicePtr ptr) override { return sim_->CloseMalloc(ptr); }
+  absl::Status ExportPhysical(PhysicalHandle handle, int* fd) override {
+    return sim_->ExportPhysical(handle, fd);
+  }
+  absl::Status CloseExported(int fd) override { return sim_->CloseExported(fd); }
+  absl::Status ImportPhysical(int pid, const std::vector<int>& fds,
+                              std::vector<PhysicalHandle>* out) override {
+    return sim_->ImportPhysical(pid, fds, out);
+  }
+  absl::Status SynchronizeDevice() override { return sim_->SynchronizeDevice(); }
 
  protected:
   SimBackend* sim_;

@@ -3,6 +3,8 @@
 #ifndef VRAMLEDGER_TESTS_DEVICE_BACKEND_CONFORMANCE_H_
 #define VRAMLEDGER_TESTS_DEVICE_BACKEND_CONFORMANCE_H_
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -31,7 +33,8 @@
 //   void ExpectNoStickyError();       a failed call left no error for the next one
 //   void ExpectWritable(DevicePtr, std::size_t, unsigned char);  write the byte, read it back
 //   void ExpectHolds(DevicePtr, std::size_t, unsigned char);     the memory there holds it
-//   void ExpectNothingLive();         every allocation, handle and event was released
+//   void ExpectNothingLive();         every allocation, handle, event, exported descriptor and
+//                                     opened IPC handle was released
 
 namespace vramledger {
 namespace conformance {
@@ -313,13 +316,73 @@ TYPED_TEST_P(BackendConformance, ConcurrentMallocFreeFromEightThreads) {
   EXPECT_EQ(backend->calls().count(DriverCall::kFree), kThreads * kRounds * kPerRound);
 }
 
+// A cudaMalloc'd allocation has an IPC handle, an address that starts none has not, and a process
+// cannot open its own handle (CUDA refuses it; another process opens it: ipc_check.py).
+TYPED_TEST_P(BackendConformance, MallocHandlesNameTheirAllocationToOtherProcessesOnly) {
+  DeviceBackend* backend = this->backend_;
+  EXPECT_EQ(backend->ProcessId(), static_cast<int>(getpid()));
+  DevicePtr ptr = 0;
+  ASSERT_TRUE(backend->Malloc(4 * kMiB, &ptr).ok());
+  IpcMemHandle handle{};
+  ASSERT_TRUE(backend->ExportMalloc(ptr, &handle).ok());
+  EXPECT_NE(handle, IpcMemHandle{});
+  IpcMemHandle none{};
+  EXPECT_FALSE(backend->ExportMalloc(0x1000, &none).ok());
+  this->h_.ExpectNoStickyError();
+  DevicePtr opened = 0;
+  EXPECT_FALSE(backend->OpenMalloc(handle, &opened).ok());
+  this->h_.ExpectNoStickyError();
+  ASSERT_TRUE(backend->SynchronizeDevice().ok());
+  ASSERT_TRUE(backend->Free(ptr).ok());
+  this->h_.ExpectNothingLive();
+}
+
+// A physical handle shared as a POSIX descriptor: imported (this process may duplicate its own
+// descriptors) and mapped at a second address, it is the same memory; a descriptor that names
+// nothing fails the whole import and leaves no handle.
+TYPED_TEST_P(BackendConformance, SharedPhysicalHandlesImportAsTheSameMemory) {
+  DeviceBackend* backend = this->backend_;
+  const std::size_t g = this->granularity_;
+  DevicePtr va = 0, va2 = 0;
+  PhysicalHandle handle = 0;
+  ASSERT_TRUE(backend->ReserveAddress(g, &va).ok());
+  ASSERT_TRUE(backend->CreatePhysical(g, &handle).ok());
+  ASSERT_TRUE(backend->Map(va, g, handle).ok());
+  ASSERT_TRUE(backend->SetAccess(va, g).ok());
+  this->h_.ExpectWritable(va, g, 0x3c);
+  int fd = -1;
+  ASSERT_TRUE(backend->ExportPhysical(handle, &fd).ok());
+  EXPECT_GE(fd, 0);
+  std::vector<PhysicalHandle> imported;
+  absl::Status status = backend->ImportPhysical(backend->ProcessId(), {fd, 1 << 20}, &imported);
+  EXPECT_FALSE(status.ok());
+  EXPECT_TRUE(imported.empty());
+  ASSERT_TRUE(backend->ImportPhysical(backend->ProcessId(), {fd}, &imported).ok());
+  ASSERT_EQ(imported.size(), 1u);
+  ASSERT_TRUE(backend->ReserveAddress(g, &va2).ok());
+  ASSERT_TRUE(backend->Map(va2, g, imported[0]).ok());
+  ASSERT_TRUE(backend->SetAccess(va2, g).ok());
+  this->h_.ExpectHolds(va2, g, 0x3c);
+  ASSERT_TRUE(backend->SynchronizeDevice().ok());
+  ASSERT_TRUE(backend->Unmap(va2, g).ok());
+  ASSERT_TRUE(backend->ReleasePhysical(imported[0]).ok());
+  ASSERT_TRUE(backend->ReleaseAddress(va2, g).ok());
+  ASSERT_TRUE(backend->CloseExported(fd).ok());
+  ASSERT_TRUE(backend->Unmap(va, g).ok());
+  ASSERT_TRUE(backend->ReleasePhysical(handle).ok());
+  ASSERT_TRUE(backend->ReleaseAddress(va, g).ok());
+  this->h_.ExpectNothingLive();
+}
+
 REGISTER_TYPED_TEST_SUITE_P(BackendConformance, ReportsDeviceZeroAPowerOfTwoGranularityAndItsMemory,
                             MallocGivesDistinctAlignedAddresses,
                             OutOfMemoryIsResourceExhaustedAndLeavesTheDeviceUsable,
                             MisuseIsAnErrorButNotOutOfMemory, MappedMemoryIsWritableAndPagesCanMove,
                             EventsCompleteWhenTheirStreamGetsThere,
                             DetectsCaptureAndAllocatesInRelaxedMode,
-                            ConcurrentMallocFreeFromEightThreads);
+                            ConcurrentMallocFreeFromEightThreads,
+                            MallocHandlesNameTheirAllocationToOtherProcessesOnly,
+                            SharedPhysicalHandlesImportAsTheSameMemory);
 
 }  // namespace conformance
 }  // namespace vramledger

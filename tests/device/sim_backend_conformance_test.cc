@@ -52,6 +52,8 @@ class SimHarness {
     EXPECT_EQ(sim_.live_allocations(), 0);
     EXPECT_EQ(sim_.live_reservations(), 0);
     EXPECT_EQ(sim_.live_events(), 0);
+    EXPECT_EQ(sim_.live_exports(), 0);
+    EXPECT_EQ(sim_.live_opened(), 0);
   }
 
  private:

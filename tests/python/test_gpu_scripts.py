@@ -44,6 +44,17 @@ def test_usage_without_a_gpu(name):
     assert "usage:" in proc.stdout
 
 
+def test_ipc_check_skips_without_a_gpu():
+    """ipc_check.py has no options; without a device it says SKIP and passes."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the check would run for real")
+    proc = subprocess.run([sys.executable, str(GPU / "checks" / "ipc_check.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("SKIP: no CUDA device"), proc.stdout
+
+
 def test_the_runner_runs_every_check_and_benchmark():
     """run.sh names every script of checks/ and bench/ (inprocess_stats.py is inprocess_ab.py's
     library, train_compare.py also the benchmarks'), so a new check cannot be left out of it."""
@@ -51,7 +62,7 @@ def test_the_runner_runs_every_check_and_benchmark():
     scripts = [p for p in (GPU / "checks").iterdir() if p.suffix in (".py", ".sh")]
     scripts += [p for p in (GPU / "bench").glob("*.py") if p.name != "inprocess_stats.py"]
     scripts += [GPU / "checks" / "feature_matrix" / "run.py"]
-    assert len(scripts) == 19, scripts  # 14 checks, 5 benchmarks
+    assert len(scripts) == 20, scripts  # 15 checks, 5 benchmarks
     missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
     assert not missing, f"run.sh does not run {missing}"
 

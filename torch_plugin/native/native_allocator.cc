@@ -71,12 +71,6 @@ void CopyStats(const StatArray& from, c10::CachingAllocator::StatArray* to) {
   for (int i = 0; i < kNumStatTypes; ++i) CopyStat(from[i], &(*to)[i]);
 }
 
-[[noreturn]] void Unsupported(const char* call) {
-  TORCH_CHECK(false, "vramledger (torch-native mode) does not support ", call,
-              " (docs/design/torch-native-mode.md)");
-  std::abort();  // unreachable
-}
-
 }  // namespace
 
 NativeAllocator* NativeAllocator::Get() {
@@ -212,12 +206,6 @@ void NativeAllocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_bl
   }
 }
 
-void* NativeAllocator::getBaseAllocation(void* ptr, std::size_t* size) {
-  (void)ptr;
-  (void)size;
-  Unsupported("getBaseAllocation (CUDA IPC of its tensors)");
-}
-
 void NativeAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
   // As torch's own allocator: a block another allocator made (e.g. before a swap) is skipped.
   if (ptr.get() == nullptr || !IsOurDeleter(ptr.get_deleter())) return;
@@ -295,16 +283,6 @@ torch_alloc::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id,
     info.config_metadata.roundup_power2_divisions.push_back(v);
   }
   return info;
-}
-
-torch_alloc::ShareableHandle NativeAllocator::shareIpcHandle(void* ptr) {
-  (void)ptr;
-  Unsupported("shareIpcHandle (CUDA IPC)");
-}
-
-std::shared_ptr<void> NativeAllocator::getIpcDevPtr(std::string handle) {
-  (void)handle;
-  Unsupported("getIpcDevPtr (CUDA IPC)");
 }
 
 bool NativeAllocator::isHistoryEnabled() { return vramledger_history_recording(); }

@@ -32,8 +32,8 @@ namespace vramledger {
 /// address's device, so a free needs no map of its own (the ledger keys blocks by address) and
 /// CUDA graph trees can swap storages' deleters (they compare them with raw_deleter()). Errors
 /// follow torch's allocator: an allocation that cannot be served throws c10::OutOfMemoryError
-/// (torch.OutOfMemoryError) after the plugin's OOM observers ran; IPC and base allocations throw
-/// c10::Error naming the call, as torch's pluggable allocator does. Thread-safe.
+/// (torch.OutOfMemoryError) after the plugin's OOM observers ran. CUDA IPC follows torch's
+/// native allocator (native_ipc.cc, docs/design/ipc.md). Thread-safe.
 class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
     : public c10::cuda::CUDACachingAllocator::CUDAAllocator {
  public:
@@ -46,6 +46,9 @@ class VRAMLEDGER_NATIVE_EXPORT NativeAllocator final
   /// `n` bytes on `device` for `stream` (raw_alloc_with_stream with an explicit device); the C++
   /// tests call it on simulated devices, where torch's current-device query has no GPU to ask.
   c10::DataPtr AllocateOn(c10::DeviceIndex device, cudaStream_t stream, std::size_t n);
+  /// getIpcDevPtr on `device` rather than the current one (native_ipc.cc; the C++ tests call it
+  /// on simulated devices).
+  std::shared_ptr<void> OpenIpcOn(c10::DeviceIndex device, const std::string& handle);
 
   // c10::Allocator
   c10::DataPtr allocate(std::size_t n) override;

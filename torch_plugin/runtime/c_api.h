@@ -104,6 +104,8 @@ VRAMLEDGER_EXPORT int vramledger_testing_complete_events(int device);
 #ifdef __cplusplus
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 namespace vramledger {
@@ -151,6 +153,19 @@ VRAMLEDGER_EXPORT void vramledger_history_entries(int device,
 /// The vramledger::TraceAction named `name` in torch's spelling ("alloc", "free_requested", ...)
 /// as an int, or -1 for an unknown or null name (the core's ParseTraceAction).
 VRAMLEDGER_EXPORT int vramledger_trace_action(const char* name);
+
+// CUDA IPC (ipc_api.cc; docs/design/ipc.md): torch's shareIpcHandle, getIpcDevPtr and
+// getBaseAllocation on the runtime's allocators. 0 or a vramledger_status code, the message in
+// vramledger_last_error().
+
+/// The handle bytes and offset of the live block at `ptr`, on whichever device's allocator
+/// holds it (the current device first).
+VRAMLEDGER_EXPORT int vramledger_ipc_share(void* ptr, std::ptrdiff_t* offset, std::string* handle);
+/// Opens `handle` (another process's share) on `device`, whose allocator is created if needed.
+VRAMLEDGER_EXPORT int vramledger_ipc_open(int device, const std::string* handle,
+                                          std::shared_ptr<void>* out);
+/// The plain segment {*base, *size} under the live block at `ptr` (any device).
+VRAMLEDGER_EXPORT int vramledger_base_allocation(void* ptr, void** base, std::size_t* size);
 
 /// Adds an out-of-memory observer with torch's arguments (device, allocation size, limit,
 /// device free bytes), called before every OutOfMemoryError a torch route throws, after the C one.

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,13 @@ struct SegmentInfo {
   std::size_t handles = 1;        // physical handles backing it (expandable: one per page, or
                                   // per expandable_handle_mb of a run)
   std::vector<BlockInfo> blocks;  // in address order
+};
+
+/// What torch's shareIpcHandle returns (its ShareableHandle): the handle bytes another process
+/// opens (torch's format, docs/design/ipc.md) and the block's offset into what they name.
+struct IpcShare {
+  std::ptrdiff_t offset = 0;
+  std::string handle;
 };
 
 /// Fragmentation figures of one device (all sizes in bytes).
@@ -274,6 +282,31 @@ class DeviceAllocator {
   /// no use left, its whole free segments are returned and it is forgotten when none is left;
   /// other pools, and a pool still in use or unknown, are left as they are.
   absl::Status EmptyCache(MempoolId pool);
+
+  // ---- CUDA IPC (core/ipc.cc, core/ipc_imports.h; docs/design/ipc.md) ----
+
+  /// torch's shareIpcHandle of the live block that starts at `ptr`: a plain segment's
+  /// cudaIpcMemHandle_t and the block's offset from the segment's base; for an expandable
+  /// segment, POSIX descriptors of the physical handles under the block's pages (exported once
+  /// per handle, open until the handle is released) and its offset from the first. The pages
+  /// stay where they are while the block lives (a block's pages are never recycled or
+  /// unmapped), which torch's IPC reference count makes last until every receiver let go.
+  /// FailedPrecondition for a freed block (also one waiting for its streams) or pages of
+  /// unequal handles (expandable_handle_mb), NotFound for an address the allocator never gave,
+  /// InvalidArgument inside a block; the backend's error if the export fails.
+  absl::StatusOr<IpcShare> ShareIpcHandle(DevicePtr ptr);
+  /// torch's getIpcDevPtr: opens what another process shared (IpcShare::handle, or torch's own
+  /// bytes) on this device, once per handle, closed when the last reference goes. The memory is
+  /// not the allocator's: it never serves an allocation. Errors: a malformed handle
+  /// (InvalidArgument naming what is wrong), the backend's. A reference must not outlive the
+  /// allocator (after it the memory is closed).
+  absl::StatusOr<std::shared_ptr<void>> OpenIpcHandle(std::string_view handle);
+  /// Handles opened by OpenIpcHandle and still referenced.
+  std::size_t open_ipc_handles() const;
+  /// torch's getBaseAllocation: {base, size} of the plain segment holding the live block that
+  /// starts at `ptr`. FailedPrecondition for expandable memory (no single allocation backs it:
+  /// share it with ShareIpcHandle); the errors of ShareIpcHandle for other addresses.
+  absl::StatusOr<std::pair<DevicePtr, std::size_t>> BaseAllocation(DevicePtr ptr) const;
 
   /// Installs `hooks` (borrowed; nullptr removes them). They must outlive their installation.
   /// Safe to call at any time; an allocation in flight sees either the old or the new hooks.

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +39,9 @@ enum class DriverCall : int {
   kCount,
 };
 inline constexpr int kNumDriverCalls = static_cast<int>(DriverCall::kCount);
+
+/// A cudaIpcMemHandle_t: the 64 bytes that name a cudaMalloc'd allocation to another process.
+using IpcMemHandle = std::array<std::uint8_t, 64>;
 
 /// Name of a call kind as the CUDA API spells it, e.g. "cudaMalloc", "cuMemMap".
 std::string_view DriverCallName(DriverCall call);
@@ -139,6 +143,36 @@ class DeviceBackend {
   /// the previous mode to pass back. Allocation calls made during a capture must be wrapped in it.
   virtual int EnterRelaxedCapture() = 0;
   virtual void ExitRelaxedCapture(int previous_mode) = 0;
+
+  // ---- Interprocess sharing (CUDA IPC, docs/design/ipc.md) ----
+  // Off the allocation path, so not counted in calls(). Torch's IPC handle names the exporting
+  // process and its descriptors; these primitives give and take exactly those.
+  /// The id other processes know this one by (getpid(); a simulated process's own id).
+  virtual int ProcessId() const = 0;
+  /// The cudaIpcMemHandle_t of the Malloc'd allocation that starts at `base`
+  /// (cudaIpcGetMemHandle). An error for an address that starts no live allocation.
+  virtual absl::Status ExportMalloc(DevicePtr base, IpcMemHandle* out) = 0;
+  /// Opens a handle another process exported (cudaIpcOpenMemHandle, peer access enabled lazily):
+  /// *out is that allocation's address here. A process cannot open its own handles (CUDA refuses
+  /// them); a handle whose allocation is gone is an error.
+  virtual absl::Status OpenMalloc(const IpcMemHandle& handle, DevicePtr* out) = 0;
+  /// Closes an address OpenMalloc returned (cudaIpcCloseMemHandle).
+  virtual absl::Status CloseMalloc(DevicePtr ptr) = 0;
+  /// A POSIX file descriptor for physical `handle` (cuMemExportToShareableHandle). CreatePhysical
+  /// asks for handles shareable that way; FailedPrecondition where the device gave none. The
+  /// descriptor is the caller's: it keeps the memory alive until CloseExported.
+  virtual absl::Status ExportPhysical(PhysicalHandle handle, int* fd) = 0;
+  /// Closes a descriptor ExportPhysical gave.
+  virtual absl::Status CloseExported(int fd) = 0;
+  /// Imports the physical handles process `pid` exported as descriptors `fds` (its numbers):
+  /// each is duplicated into this process (pidfd_open, pidfd_getfd) and imported
+  /// (cuMemImportFromShareableHandle). *out gets one handle per descriptor, to Map and
+  /// ReleasePhysical like a created one. All or nothing: on failure no handle is left.
+  virtual absl::Status ImportPhysical(int pid, const std::vector<int>& fds,
+                                      std::vector<PhysicalHandle>* out) = 0;
+  /// Blocks until all work on the device completed (cudaDeviceSynchronize): imported memory is
+  /// unmapped only after it, since the work that used it may be on any stream.
+  virtual absl::Status SynchronizeDevice() = 0;
 
   /// Counts and time of every call made so far.
   const DriverCallLedger& calls() const { return calls_; }
