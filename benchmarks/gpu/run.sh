@@ -314,7 +314,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
                  benchmarks/gpu/checks/compile_graphs_check.py ;;
       matrix) item matrix check 200 timeout "$(bound)" "$PY" \
                 benchmarks/gpu/checks/feature_matrix/run.py --shim "$shim" \
-                --out "$RUN/feature_matrix" --cell-timeout "$(bound 20)" ;;
+                --out "$RUN/feature_matrix" --cell-timeout 240 --budget-s "$(bound 30)" ;;
       graphstep) item graphstep bench 150 timeout "$(bound)" "$PY" \
                    benchmarks/gpu/bench/graph_step_ab.py --rounds "${GRAPHSTEP_ROUNDS:-2}" ;;
       contiguous) item contiguous check 60 timeout "$(bound)" "$PY" \

@@ -182,4 +182,4 @@ def test_nccl_register_hook_follows_vramledgers_segments(tmp_path, options):
             torch.cuda.empty_cache()
         dist.destroy_process_group()
         print("OK")
-    """, options=options, env_extra={{"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": "1"}})
+    """, options=options, env_extra={"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": "1"})

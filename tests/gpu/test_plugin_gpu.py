@@ -1,5 +1,7 @@
-"""vramledger.install() on a real GPU: tensors, frees and stats with torch's meanings, size 0, OOM
-as torch.OutOfMemoryError, the memory-fraction cap, empty_cache, threads and record_stream.
+"""vramledger.install(mode="pluggable") on a real GPU: tensors, frees and stats with torch's
+meanings, size 0, OOM as torch.OutOfMemoryError, the memory-fraction cap, empty_cache, threads and
+record_stream. The figures are those of torch's plain policy, so every snippet runs with
+VRAMLEDGER_CONF=expandable_segments:False (install()'s default is expandable segments).
 
 Every test runs in its own interpreter, because install() must precede CUDA's initialisation and
 can happen once per process. Skipped where torch or CUDA is missing.
@@ -21,7 +23,7 @@ if not torch.cuda.is_available():
 PRELUDE = """
 import os, random, sys, threading
 import vramledger
-vramledger.install({options})
+vramledger.install(mode="pluggable"{sep}{options})
 import torch
 MiB = 1 << 20
 """
@@ -31,8 +33,10 @@ def run_snippet(body: str, options: str = "", prelude: bool = True,
                 timeout: int = 300) -> subprocess.CompletedProcess:
     """Runs PRELUDE (install with `options`) plus `body` in a fresh interpreter; the body must
     print OK last. Fails the test with both streams otherwise."""
-    code = (PRELUDE.format(options=options) if prelude else "") + textwrap.dedent(body)
+    code = (PRELUDE.format(sep=", " if options else "", options=options) if prelude else "")
+    code += textwrap.dedent(body)
     env = dict(os.environ)
+    env["VRAMLEDGER_CONF"] = "expandable_segments:False"
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env["PYTHONUNBUFFERED"] = "1"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

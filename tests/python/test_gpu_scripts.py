@@ -387,3 +387,15 @@ def test_graph_step_ab_interval_holds_the_ratio_of_medians():
     ratio = statistics.median(b) / statistics.median(a)
     assert lo <= ratio <= hi and hi - lo < 0.05
     assert abs(ratio - 1.05) < 1e-9
+
+
+def test_feature_matrix_lists_cells_past_its_budget_as_not_run():
+    """A column whose budget is spent starts no cell: each is listed as not run, never as
+    passed (a run that ends early must still print its table)."""
+    import time
+    fm = _load(GPU / "checks" / "feature_matrix" / "run.py", "feature_matrix_run_budget")
+    results = fm.run_column("vramledger", ["stats", "oom"], "/s.so", "/nonexistent", 60,
+                            deadline=time.time() + 5)
+    assert [r["feature"] for r in results] == ["stats", "oom"]
+    assert all(r.get("not_run") and not r["ok"] for r in results)
+    assert results[0]["detail"] == "not run: the budget was spent"

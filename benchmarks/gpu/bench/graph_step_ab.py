@@ -34,25 +34,23 @@ def child(allocator: str, warmup: int, steps: int) -> None:
     model = GPT2LMHeadModel(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    def step(ids):
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        return out.loss.detach()
-
-    compiled = torch.compile(step, mode="reduce-overhead")
+    compiled = torch.compile(model, mode="reduce-overhead")
     gen = torch.Generator(device="cuda").manual_seed(1)
     times, losses = [], []
     for i in range(warmup + steps):
         ids = torch.randint(0, 50257, (4, 256), device="cuda", generator=gen)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = compiled(ids)
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are done with
+        loss = compiled(input_ids=ids, labels=ids).loss
+        loss.backward()
+        value = float(loss.item())
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-        losses.append(float(loss.item()))
+        losses.append(value)
     print("GSAB " + json.dumps({"allocator": allocator, "times": times, "losses": losses,
                                 "backend": torch.cuda.get_allocator_backend()}), flush=True)
 

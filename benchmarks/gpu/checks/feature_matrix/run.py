@@ -69,8 +69,20 @@ def run_cell(feature: str, column: str, shim: str, out: str, timeout: int) -> di
     return result
 
 
-def run_column(column: str, features, shim: str, out: str, timeout: int) -> list[dict]:
-    return [run_cell(f, column, shim, out, timeout) for f in features]
+def run_column(column: str, features, shim: str, out: str, timeout: int,
+               deadline: float) -> list[dict]:
+    """The column's cells in turn; a cell that would start past `deadline` is listed as not
+    run, and none runs past it, so the table is printed within the budget."""
+    results = []
+    for f in features:
+        left = int(deadline - time.time())
+        if left < 10:
+            results.append({"feature": f, "column": column, "ok": False, "values": [],
+                            "detail": "not run: the budget was spent", "seconds": 0.0,
+                            "not_run": True})
+            continue
+        results.append(run_cell(f, column, shim, out, min(timeout, left)))
+    return results
 
 
 def agree(a: list, b: list) -> tuple[bool, float]:
@@ -89,14 +101,17 @@ def main() -> int:
     ap.add_argument("--features", default=",".join(FEATURES))
     ap.add_argument("--columns", default=",".join(COLUMNS))
     ap.add_argument("--cell-timeout", type=int, default=240)
+    ap.add_argument("--budget-s", type=int, default=3600,
+                    help="no cell runs past this many seconds from the start")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.environ["FM_OUT"] = os.path.abspath(args.out)
     features = args.features.split(",")
     columns = args.columns.split(",")
+    deadline = time.time() + args.budget_s
     with concurrent.futures.ThreadPoolExecutor(len(columns)) as pool:
         futures = {c: pool.submit(run_column, c, features, os.path.abspath(args.shim), args.out,
-                                  args.cell_timeout) for c in columns}
+                                  args.cell_timeout, deadline) for c in columns}
         results = {c: {r["feature"]: r for r in futures[c].result()} for c in columns}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -112,7 +127,9 @@ def main() -> int:
                 r["detail"] += f" (vs native: worst rel. {worst:.1e})"
                 if not same:
                     r["ok"] = False
-            if column in MUST_MATCH and base and base["ok"] and not r["ok"]:
+            if column in MUST_MATCH and (r.get("not_run") or (base and base.get("not_run"))):
+                failures.append(f"{feature} under {TITLES[column]}: not run (budget)")
+            elif column in MUST_MATCH and base and base["ok"] and not r["ok"]:
                 failures.append(f"{feature} under {TITLES[column]}: {r['detail']}")
 
     print("\n---- details")
@@ -121,11 +138,12 @@ def main() -> int:
             r = results[column][feature]
             print(f"{feature:17} {TITLES[column]:21} {'ok' if r['ok'] else 'FAIL':4} "
                   f"{r['seconds']:6.1f}s  {r['detail']}")
-    print("\n---- feature matrix (ok / FAIL; details above)")
+    print("\n---- feature matrix (ok / FAIL / not run; details above)")
     width = max(len(TITLES[c]) for c in columns)
     print(f"| {'feature':17} | " + " | ".join(f"{TITLES[c]:{width}}" for c in columns) + " |")
     for feature in features:
-        cells = ["ok" if results[c][feature]["ok"] else "FAIL" for c in columns]
+        cells = ["not run" if results[c][feature].get("not_run") else
+                 "ok" if results[c][feature]["ok"] else "FAIL" for c in columns]
         print(f"| {feature:17} | " + " | ".join(f"{x:{width}}" for x in cells) + " |")
     for line in failures:
         print("FAIL", line)
