@@ -543,7 +543,8 @@ def test_plugin_records_python_frames_and_dumps(tmp_path):
     result = json.loads(lines[0])
     frame = {"name": "model_forward", "filename": "<string>", "line": 14}
     assert result["frames"] == [frame, frame]  # with the GIL held, and released (torch's case)
-    assert result["actions"] == ["segment_alloc", "alloc", "alloc", "snapshot"]
+    # Expandable segments (a served process's default) map their first pages.
+    assert result["actions"] == ["segment_map", "alloc", "alloc", "snapshot"]
     assert lines[1].startswith("ValueError vramledger: record_memory_history: context='sometimes'")
     assert json.loads((tmp_path / "s.json").read_text())["device_traces"][0][-1]["action"] == \
         "snapshot"
