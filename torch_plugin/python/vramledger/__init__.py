@@ -8,9 +8,11 @@ Swap it in once, first thing in the process, before any CUDA tensor or torch.cud
     x = torch.empty(1 << 20, device="cuda")    # served by vramledger
     print(vramledger.max_memory_allocated())
 
-With a pluggable allocator torch's own torch.cuda.memory_stats() and friends raise, so this
-package offers them under the same names and meanings. Importing it does not import torch and
-works without a GPU or a built plugin; install() says what is missing.
+By default vramledger becomes torch's own CUDA allocator, so torch.cuda.memory_stats(), MemPool,
+CUDA graph trees and CUDA IPC all reach it; on the pluggable route (install(mode="pluggable"))
+torch's own memory_stats() and friends raise, so this package offers them under the same names
+and meanings either way. Importing it does not import torch and works without a GPU or a built
+plugin; install() says what is missing.
 """
 
 from __future__ import annotations
