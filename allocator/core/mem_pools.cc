@@ -1,6 +1,7 @@
 // torch.cuda.MemPool on the allocator's private pools: creation with an optional segment source,
 // use_on_oom and no_split, the empty_cache of one pool, and the out-of-memory path's last resort.
 // Locking: docs/design/locking.md.
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -45,12 +46,13 @@ absl::Status DeviceAllocatorImpl::EmptyCache(MempoolId id) {
   {
     core::DeviceMutexLock lock(&mu_);
     // torch releases only a pool with no use left (a live graph's or MemPool's free blocks stay
-    // its own); nothing is freed while a capture may be under way.
-    if (private_pools_.UseCount(id) == 0 && !CaptureUnderway()) {
-      result = FlushDeferredFrees();
-      // Blocks of the pool whose record_stream events are pending become free first, as torch
-      // synchronizes the pool's events (every pending event here: they are few).
-      if (result.ok()) result = SynchronizeAndFreeEvents();
+    // its own), waits only for that pool's events, and leaves an unknown pool and every other
+    // pool alone; nothing is freed while a capture may be under way.
+    const auto it = std::find_if(private_pools_.begin(), private_pools_.end(),
+                                 [&](const auto& entry) { return entry.first == id; });
+    if (it != private_pools_.end() && it->second->use_count == 0 && !CaptureUnderway()) {
+      result = SettlePendingFrees(PoolSegments(*it->second),
+                                  "Events should have synchronized when emptying a pool");
       if (result.ok()) result = ReleaseFreeablePrivatePools(&id);
     }
   }

@@ -351,7 +351,10 @@ absl::Status CudaBackend::CreatePhysical(std::size_t size, PhysicalHandle* out) 
   CUmemGenericAllocationHandle handle = 0;
   CUresult err = Timed(calls_, DriverCall::kMemCreate,
                        [&] { return driver_->mem_create(&handle, size, &prop, /*flags=*/0); });
-  if (shareable && err != CUDA_SUCCESS && err != CUDA_ERROR_OUT_OF_MEMORY) {
+  // Only a refusal of the handle type turns it off; a transient or sticky error must not cost
+  // every later handle its shareability.
+  if (shareable && (err == CUDA_ERROR_NOT_SUPPORTED || err == CUDA_ERROR_INVALID_VALUE ||
+                    err == CUDA_ERROR_NOT_PERMITTED)) {
     posix_handles_.store(false, std::memory_order_relaxed);
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     err = Timed(calls_, DriverCall::kMemCreate,

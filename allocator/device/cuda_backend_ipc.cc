@@ -1,5 +1,6 @@
 // CudaBackend's interprocess sharing: cudaIpc*MemHandle for cudaMalloc'd memory, POSIX
 // descriptors of physical handles (duplicated across processes with pidfd_getfd). Thread-safe.
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "device/cuda_backend.h"
 #include "device/cuda_internal.h"
@@ -24,13 +26,15 @@ namespace {
 
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(IpcMemHandle));
 
-// torch's advice when the kernel lacks a pidfd call, with the call's name.
+// torch's explanation when the kernel lacks a pidfd call, with vramledger's own switches (it
+// does not read torch's allocator settings).
 std::string NoPidfd(const char* call) {
   return absl::StrFormat(
       "The kernel on this machine does not support the %s syscall needed to use IPC for CUDA "
-      "tensors when expandable_segments:True is set. Consider using expandable_segments:False "
-      "via torch.cuda.memory._set_allocator_settings('expandable_segments:False') for this "
-      "allocation.",
+      "tensors in expandable segments. Allocate the shared tensors inside "
+      "`with vramledger.contiguous_segments():` in the sending process, or turn expandable "
+      "segments off there (vramledger.install(expandable_segments=False), or "
+      "VRAMLEDGER_CONF=expandable_segments:False).",
       call);
 }
 
@@ -81,15 +85,31 @@ absl::Status CudaBackend::ExportPhysical(PhysicalHandle handle, int* fd) {
         "tensor inside vramledger.contiguous_segments() to share it",
         device_));
   }
+  // Each shared page keeps a descriptor open while its handle lives, so a large tensor needs
+  // thousands: the soft limit is raised to the hard one once, before the first export.
+  static const bool raised = [] {
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return false;
+    limit.rlim_cur = limit.rlim_max;
+    return setrlimit(RLIMIT_NOFILE, &limit) == 0;
+  }();
+  (void)raised;
   ScopedDevice scope(device_, driver_.get());
   if (!scope.status().ok()) return scope.status();
   int exported = -1;
+  errno = 0;  // the driver's own dup sets it when the process is out of descriptors
   const CUresult err = driver_->mem_export_to_shareable_handle(
       &exported, static_cast<CUmemGenericAllocationHandle>(handle),
       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, /*flags=*/0);
   if (err != CUDA_SUCCESS) {
-    return DriverStatus(err, absl::StrFormat("cuMemExportToShareableHandle(%#x)", handle), device_,
-                        *driver_);
+    const absl::Status status = DriverStatus(
+        err, absl::StrFormat("cuMemExportToShareableHandle(%#x)", handle), device_, *driver_);
+    if (errno != EMFILE) return status;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        status.message(),
+        ": the process has no file descriptor left (one stays open per shared page); raise "
+        "`ulimit -n`, set expandable_handle_mb (fewer, larger handles), or allocate the shared "
+        "tensors inside vramledger.contiguous_segments()"));
   }
   *fd = exported;
   return absl::OkStatus();

@@ -440,3 +440,14 @@ def test_device_arguments_follow_torch():
     # memory_stats(-1) raised; a negative index is refused for every call.
     with pytest.raises(ValueError, match="index >= 0, got -1"):
         vramledger._device_index(-1)
+
+
+def test_a_native_library_without_its_version_guard_falls_back(monkeypatch):
+    """A library that loads but does not say which torch it was built for (an older build) is a
+    reason to take the pluggable route, not an AttributeError out of install()."""
+    import ctypes
+    from vramledger import _native
+    monkeypatch.setattr(_native, "native_path", lambda: "/lib/libvramledger_native.so")
+    monkeypatch.setattr(ctypes, "CDLL", lambda path: object())
+    with pytest.warns(RuntimeWarning, match="does not say which torch it was built against"):
+        assert _native.default_mode() == "pluggable"

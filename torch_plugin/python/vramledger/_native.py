@@ -54,8 +54,12 @@ def _load(path: str) -> ctypes.CDLL:
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise RuntimeError(f"vramledger: cannot load the torch-native library {path}: {e}") from e
-    lib.vramledger_native_torch_version.argtypes = []
-    lib.vramledger_native_torch_version.restype = ctypes.c_char_p
+    try:
+        lib.vramledger_native_torch_version.argtypes = []
+        lib.vramledger_native_torch_version.restype = ctypes.c_char_p
+    except AttributeError as e:  # a build older than the version guard
+        raise RuntimeError(f"vramledger: the torch-native library {path} does not say which torch "
+                           f"it was built against ({e}); rebuild it") from e
     return lib
 
 
