@@ -12,6 +12,7 @@
 
 #include "core/pool_checkpoint.h"
 #include "device/sim_backend.h"
+#include "sim_allocator_fixture.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/hooks.h"
 
@@ -36,31 +37,20 @@ class TagLedger : public AllocatorHooks {
   std::map<std::uint32_t, std::int64_t> live;
 };
 
-class PoolCheckpointTest : public ::testing::Test {
+// SimAllocatorTest (every step checked) with torch's defaults, the tag ledger attached, its
+// allocations on kCapture.
+class PoolCheckpointTest : public SimAllocatorTest {
  protected:
   void SetUp() override {
-    SimBackend::Config config;
-    config.capacity = 64 * kGiB;
-    sim_ = std::make_unique<SimBackend>(config);
-    auto options = ParseOptions("");
-    ASSERT_TRUE(options.ok()) << options.status();
-    alloc_ = std::make_unique<DeviceAllocator>(*options, sim_.get());
+    Make("");
     alloc_->SetHooks(&ledger_);
   }
   void TearDown() override {
     Check();
     alloc_->SetHooks(nullptr);
   }
-  void Check() { ASSERT_TRUE(alloc_->CheckInvariants().ok()) << alloc_->CheckInvariants(); }
   DevicePtr Alloc(std::size_t size, StreamId stream = kCapture) {
-    auto p = alloc_->Malloc(size, stream);
-    EXPECT_TRUE(p.ok()) << p.status();
-    Check();
-    return p.ok() ? *p : 0;
-  }
-  void Free(DevicePtr p) {
-    ASSERT_TRUE(alloc_->Free(p).ok());
-    Check();
+    return SimAllocatorTest::Alloc(size, stream);
   }
   // Routes kCapture's allocations to `pool` (a recording, as torch's capture does).
   void Begin(MempoolId pool = kGraphPool) {
@@ -102,8 +92,6 @@ class PoolCheckpointTest : public ::testing::Test {
   }
 
   TagLedger ledger_;
-  std::unique_ptr<SimBackend> sim_;
-  std::unique_ptr<DeviceAllocator> alloc_;
 };
 
 }  // namespace vramledger

@@ -1,7 +1,8 @@
-// A DeviceAllocator on a SimBackend with expandable segments, for the expandable-segment tests
-// (expandable_test.cc, old_mapping_moves_test.cc): every Alloc and Free checks the allocator's
-// invariants and that reserved bytes are exactly what the driver has mapped (plain segments
-// included), each handle counted once however many addresses it is mapped at.
+// A DeviceAllocator on a SimBackend (expandable segments unless a test's Make says otherwise), for
+// the core's scenario tests (expandable segments, old mappings, pools, checkpoints, IPC): every
+// Alloc and Free checks the allocator's invariants and that reserved bytes are exactly what the
+// driver has mapped (plain segments included), each handle counted once however many addresses
+// it is mapped at.
 #ifndef VRAMLEDGER_TESTS_CORE_SIM_ALLOCATOR_FIXTURE_H_
 #define VRAMLEDGER_TESTS_CORE_SIM_ALLOCATOR_FIXTURE_H_
 

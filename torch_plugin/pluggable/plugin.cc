@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "torch_plugin/runtime/device_table.h"
@@ -36,6 +37,16 @@ namespace {
 }
 
 std::atomic<vramledger_refusal_fn> g_refusal_reporter{nullptr};
+
+// Runs `fn` on the allocator of `device` (created if need be), throwing either one's error as
+// the matching c10 error: the shape of every per-device call torch makes.
+void OnDevice(int device, absl::FunctionRef<absl::Status(DeviceAllocator*)> fn) {
+  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
+  if (!allocator.ok()) Throw(allocator.status());
+  if (const absl::Status s = fn(*allocator); !s.ok()) Throw(s);
+}
+
+MempoolId Id(vramledger_mempool_id id) { return {id.first, id.second}; }
 
 }  // namespace
 }  // namespace vramledger
@@ -110,10 +121,8 @@ void vramledger_reset() {
 }
 
 void vramledger_set_memory_fraction(double fraction, int device) {
-  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
-  if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s = (*allocator)->SetMemoryFraction(fraction);
-  if (!s.ok()) vramledger::Throw(s);
+  vramledger::OnDevice(
+      device, [&](DeviceAllocator* allocator) { return allocator->SetMemoryFraction(fraction); });
 }
 
 void vramledger_record_stream(void* ptr, cudaStream_t stream) {
@@ -135,29 +144,24 @@ void vramledger_record_stream(void* ptr, cudaStream_t stream) {
 
 void vramledger_begin_allocate_to_pool(int device, vramledger_mempool_id pool_id,
                                        std::function<bool(cudaStream_t)> filter) {
-  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
-  if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s =
-      (*allocator)
-          ->BeginAllocateToPool({pool_id.first, pool_id.second},
-                                [filter = std::move(filter)](StreamId stream) {
-                                  return filter && filter(reinterpret_cast<cudaStream_t>(stream));
-                                });
-  if (!s.ok()) vramledger::Throw(s);
+  vramledger::OnDevice(device, [&](DeviceAllocator* allocator) {
+    return allocator->BeginAllocateToPool(
+        vramledger::Id(pool_id), [filter = std::move(filter)](StreamId stream) {
+          return filter && filter(reinterpret_cast<cudaStream_t>(stream));
+        });
+  });
 }
 
 void vramledger_end_allocate_to_pool(int device, vramledger_mempool_id pool_id) {
-  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
-  if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s = (*allocator)->EndAllocateToPool({pool_id.first, pool_id.second});
-  if (!s.ok()) vramledger::Throw(s);
+  vramledger::OnDevice(device, [&](DeviceAllocator* allocator) {
+    return allocator->EndAllocateToPool(vramledger::Id(pool_id));
+  });
 }
 
 void vramledger_release_pool(int device, vramledger_mempool_id pool_id) {
-  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
-  if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s = (*allocator)->ReleasePool({pool_id.first, pool_id.second});
-  if (!s.ok()) vramledger::Throw(s);
+  vramledger::OnDevice(device, [&](DeviceAllocator* allocator) {
+    return allocator->ReleasePool(vramledger::Id(pool_id));
+  });
 }
 
 void vramledger_set_refusal_reporter(vramledger_refusal_fn fn) {
@@ -172,35 +176,31 @@ void vramledger_set_before_create(void (*fn)(int device)) {
 
 void vramledger_create_or_incref_pool(int device, vramledger_mempool_id pool_id,
                                       std::shared_ptr<vramledger::SegmentSource> source) {
-  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
-  if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s =
-      (*allocator)->CreateOrIncrefPool({pool_id.first, pool_id.second}, std::move(source));
-  if (!s.ok()) vramledger::Throw(s);
+  vramledger::OnDevice(device, [&](DeviceAllocator* allocator) {
+    return allocator->CreateOrIncrefPool(vramledger::Id(pool_id), std::move(source));
+  });
 }
 
 void vramledger_set_use_on_oom(int device, vramledger_mempool_id pool_id, bool use_on_oom) {
-  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
-  if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s = (*allocator)->SetUseOnOOM({pool_id.first, pool_id.second}, use_on_oom);
-  if (!s.ok()) vramledger::Throw(s);
+  vramledger::OnDevice(device, [&](DeviceAllocator* allocator) {
+    return allocator->SetUseOnOOM(vramledger::Id(pool_id), use_on_oom);
+  });
 }
 
 void vramledger_set_no_split(int device, vramledger_mempool_id pool_id) {
-  absl::StatusOr<DeviceAllocator*> allocator = DeviceTable::Get().GetOrCreate(device);
-  if (!allocator.ok()) vramledger::Throw(allocator.status());
-  const absl::Status s = (*allocator)->SetNoSplit({pool_id.first, pool_id.second});
-  if (!s.ok()) vramledger::Throw(s);
+  vramledger::OnDevice(device, [&](DeviceAllocator* allocator) {
+    return allocator->SetNoSplit(vramledger::Id(pool_id));
+  });
 }
 
 int vramledger_pool_use_count(int device, vramledger_mempool_id pool_id) {
   if (absl::Status s = DeviceTable::Get().CheckDevice(device); !s.ok()) vramledger::Throw(s);
   DeviceAllocator* allocator = DeviceTable::Get().Existing(device);
-  return allocator == nullptr ? 0 : allocator->PoolUseCount({pool_id.first, pool_id.second});
+  return allocator == nullptr ? 0 : allocator->PoolUseCount(vramledger::Id(pool_id));
 }
 
 void vramledger_empty_pool_cache(vramledger_mempool_id pool_id) {
-  const vramledger::MempoolId id{pool_id.first, pool_id.second};
+  const vramledger::MempoolId id = vramledger::Id(pool_id);
   const absl::Status s = DeviceTable::Get().ForDevices(
       -1, [id](DeviceAllocator* allocator) { return allocator->EmptyCache(id); });
   if (!s.ok()) vramledger::Throw(s);
