@@ -51,7 +51,7 @@
 #     graphstep     bench/graph_step_ab.py: reduce-overhead GPT-2-medium step, torch vs vramledger
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (multi's DDP steps, 8), GUARD_MODEL (gpt2), WORKLOADS
-# (gpt2m,llama1b,llama1b-ckpt), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
+# (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
 # AB_STEPS (10), INPROCESS_WORKLOADS (gpt2m,llama1b,llama1b-ckpt), INPROCESS_GROUPS (30),
 # INPROCESS_LENGTHS (repeat, steady or fresh), INPROCESS_SHIM (1: also under the shim),
 # INPROCESS_MODE (pluggable or native), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
@@ -314,7 +314,9 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
                  benchmarks/gpu/checks/compile_graphs_check.py ;;
       matrix) item matrix check 200 timeout "$(bound)" "$PY" \
                 benchmarks/gpu/checks/feature_matrix/run.py --shim "$shim" \
-                --out "$RUN/feature_matrix" --cell-timeout 240 --budget-s "$(bound 30)" ;;
+                --out "$RUN/feature_matrix" --cell-timeout 240 --budget-s "$(bound 30)" \
+                ${MATRIX_FEATURES:+--features "$MATRIX_FEATURES"} \
+                ${MATRIX_COLUMNS:+--columns "$MATRIX_COLUMNS"} ;;
       graphstep) item graphstep bench 150 timeout "$(bound)" "$PY" \
                    benchmarks/gpu/bench/graph_step_ab.py --rounds "${GRAPHSTEP_ROUNDS:-2}" ;;
       contiguous) item contiguous check 60 timeout "$(bound)" "$PY" \
