@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -78,45 +78,55 @@ std::vector<PrivatePools::Pool*> PrivatePools::UseOnOomPools() {
 
 absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter) {
   PruneFailedCaptures();
-  for (const Active& active : active_) {
-    if (active.id == id) {
-      return absl::InvalidArgumentError(absl::StrCat("vramledger: private pool ", PoolName(id),
-                                                     " is already being allocated to"));
-    }
-  }
-  pruned_.erase(std::remove(pruned_.begin(), pruned_.end(), id), pruned_.end());
+  const std::thread::id self = std::this_thread::get_id();
+  // As torch: a pool may be allocated to by several entries at once (use_mem_pool on two
+  // threads or nested on one, a capture into the pool inside use_mem_pool of it); each entry
+  // has its own filter and owner, and routing takes the first entry that accepts a stream.
+  pruned_.erase(std::remove_if(pruned_.begin(), pruned_.end(),
+                               [&](const Pruned& p) { return p.id == id && p.owner == self; }),
+                pruned_.end());
   auto [it, created] = pools_.try_emplace(id);
   if (created) {
     it->second = std::make_unique<Pool>(id);
   } else {
-    ++it->second->use_count;  // shared: another graph captures into the same pool
+    ++it->second->use_count;  // shared: another graph or use_mem_pool allocates to it
   }
   Active active;
   active.id = id;
   active.filter = std::move(filter);
-  active.owner = std::this_thread::get_id();
+  active.owner = self;
   active_.push_back(std::move(active));
   return absl::OkStatus();
 }
 
 absl::Status PrivatePools::End(MempoolId id) {
-  auto it =
-      std::find_if(active_.begin(), active_.end(), [&](const Active& a) { return a.id == id; });
-  if (it != active_.end()) {
-    active_.erase(it);
+  const std::thread::id self = std::this_thread::get_id();
+  // The calling thread's own entry first (the innermost when nested), so one thread's end never
+  // removes another thread's filter; then any entry of the pool, as torch does.
+  auto mine = std::find_if(active_.rbegin(), active_.rend(),
+                           [&](const Active& a) { return a.id == id && a.owner == self; });
+  if (mine != active_.rend()) {
+    active_.erase(std::next(mine).base());
     return absl::OkStatus();
   }
   // Pruned as failed by a call of its own thread between the end of its capture and this one
   // (not torch's order, which makes no call in between): undo the lost use.
-  auto pruned = std::find(pruned_.begin(), pruned_.end(), id);
+  auto pruned = std::find_if(pruned_.begin(), pruned_.end(),
+                             [&](const Pruned& p) { return p.id == id && p.owner == self; });
   auto pool = pools_.find(id);
-  if (pruned == pruned_.end() || pool == pools_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("vramledger: private pool ", PoolName(id), " is not being allocated to"));
+  if (pruned != pruned_.end() && pool != pools_.end()) {
+    pruned_.erase(pruned);
+    ++pool->second->use_count;
+    return absl::OkStatus();
   }
-  pruned_.erase(pruned);
-  ++pool->second->use_count;
-  return absl::OkStatus();
+  auto any =
+      std::find_if(active_.begin(), active_.end(), [&](const Active& a) { return a.id == id; });
+  if (any != active_.end()) {
+    active_.erase(any);
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(
+      absl::StrCat("vramledger: private pool ", PoolName(id), " is not being allocated to"));
 }
 
 absl::StatusOr<int> PrivatePools::Release(MempoolId id) {
@@ -139,7 +149,11 @@ BlockPool* PrivatePools::Route(StreamId stream, std::size_t rounded) {
     if (std::find(active.streams.begin(), active.streams.end(), stream) == active.streams.end()) {
       active.streams.push_back(stream);
     }
-    if (backend_->IsCapturing(stream)) active.saw_capture = true;
+    if (backend_->IsCapturing(stream)) {
+      active.saw_capture = true;
+    } else {
+      active.served_plain = true;  // a capture's filter accepts capturing streams only
+    }
     Pool& pool = *pools_.at(active.id);
     return rounded <= 1 * kMiB ? &pool.small : &pool.large;
   }
@@ -148,9 +162,16 @@ BlockPool* PrivatePools::Route(StreamId stream, std::size_t rounded) {
 
 void PrivatePools::PruneFailedCaptures() {
   for (auto it = active_.begin(); it != active_.end();) {
-    const bool over =
-        it->saw_capture && std::none_of(it->streams.begin(), it->streams.end(),
-                                        [&](StreamId s) { return backend_->IsCapturing(s); });
+    bool over = it->saw_capture && !it->served_plain &&
+                std::none_of(it->streams.begin(), it->streams.end(),
+                             [&](StreamId s) { return backend_->IsCapturing(s); });
+    // A use_mem_pool entry that has served only a capture so far looks like one; on its own
+    // thread its filter still accepts a stream that no longer captures, a capture's does not.
+    if (over && it->owner == std::this_thread::get_id() && it->filter &&
+        it->filter(it->streams.front())) {
+      it->served_plain = true;
+      over = false;
+    }
     if (!over) {
       it->ended_seen = absl::InfiniteFuture();
       ++it;
@@ -167,7 +188,7 @@ void PrivatePools::PruneFailedCaptures() {
     if (auto pool = pools_.find(it->id); pool != pools_.end()) {
       --pool->second->use_count;  // no End and no Release will come for this capture
     }
-    pruned_.push_back(it->id);
+    pruned_.push_back({it->id, it->owner});
     it = active_.erase(it);
   }
 }
@@ -217,16 +238,17 @@ absl::Status PrivatePools::CheckInvariants() const {
   auto fail = [](MempoolId id, auto&&... parts) {
     return absl::InternalError(absl::StrCat("private pool ", PoolName(id), ": ", parts...));
   };
-  absl::flat_hash_set<MempoolId> active;
+  absl::flat_hash_map<MempoolId, int> entries;  // active entries per pool
   for (const Active& a : active_) {
-    if (!active.insert(a.id).second) return fail(a.id, "active twice");
     if (!pools_.contains(a.id)) return fail(a.id, "active but unknown");
-    if (std::find(pruned_.begin(), pruned_.end(), a.id) != pruned_.end()) {
-      return fail(a.id, "active and pruned");
-    }
+    ++entries[a.id];
   }
   for (const auto& [id, pool] : pools_) {
     if (pool->use_count < 0) return fail(id, "use count ", pool->use_count);
+    // Each entry took a use that only a Release after its End gives back.
+    if (auto n = entries.find(id); n != entries.end() && pool->use_count < n->second) {
+      return fail(id, n->second, " active entries but a use count of ", pool->use_count);
+    }
     for (const BlockPool* blocks : {&pool->small, &pool->large}) {
       if (blocks->owner != id) return fail(id, "a block pool names another owner");
       if (blocks->source != pool->source.get()) return fail(id, "a block pool's source differs");

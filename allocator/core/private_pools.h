@@ -39,9 +39,11 @@ class PrivatePools {
   explicit PrivatePools(DeviceBackend* backend) : backend_(backend) {}
 
   /// Starts allocating to pool `id` (created, or one more use of it) for the streams `filter`
-  /// accepts, owned by the calling thread. InvalidArgument if it is already being allocated to.
+  /// accepts, owned by the calling thread. A pool may have several such entries at once (as in
+  /// torch: use_mem_pool on two threads, nested, or a capture into it inside use_mem_pool).
   absl::Status Begin(MempoolId id, StreamFilter filter);
-  /// Stops allocating to `id`. NotFound if it is not being allocated to (nor was pruned).
+  /// Stops allocating to `id`: the calling thread's latest entry of it, else (as torch) the
+  /// first entry of it. NotFound if it is not being allocated to (nor was pruned).
   absl::Status End(MempoolId id);
   /// One use of `id` less; returns the uses left. NotFound for an unknown or unused pool.
   absl::StatusOr<int> Release(MempoolId id);
@@ -91,8 +93,8 @@ class PrivatePools {
   Map::const_iterator begin() const { return pools_.begin(); }
   Map::const_iterator end() const { return pools_.end(); }
 
-  /// Every active pool exists, is active once and is not pruned; use counts are not negative;
-  /// each pool's free indexes hold their invariants (FreeBlockIndex::CheckInvariants).
+  /// Every active entry's pool exists; a pool's use count is at least its active entries and not
+  /// negative; each pool's free indexes hold their invariants (FreeBlockIndex::CheckInvariants).
   absl::Status CheckInvariants() const;
 
  private:
@@ -102,6 +104,7 @@ class PrivatePools {
     StreamFilter filter;
     std::vector<StreamId> streams;  // streams routed to it so far
     bool saw_capture = false;       // one of them was capturing when routed
+    bool served_plain = false;      // one was not: a use_mem_pool entry, never pruned
     std::thread::id owner;          // the thread that began it (torch's capturing thread)
     // When another thread first found its capture over (InfiniteFuture: not found so): after
     // kFailedCaptureGrace of that, any thread may prune it.
@@ -111,7 +114,12 @@ class PrivatePools {
   DeviceBackend* const backend_;
   Map pools_;
   std::vector<Active> active_;
-  std::vector<MempoolId> pruned_;  // pruned as failed captures, until their End or next Begin
+  // An entry pruned as a failed capture, until its owner's End or next Begin of the pool.
+  struct Pruned {
+    MempoolId id;
+    std::thread::id owner;
+  };
+  std::vector<Pruned> pruned_;
 };
 
 }  // namespace vramledger::core

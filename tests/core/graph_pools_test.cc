@@ -45,7 +45,12 @@ class GraphPoolsTest : public ::testing::Test {
   }
   // Starts a capture on kCapture into `pool`, as torch's capture_begin does.
   void BeginCapture(MempoolId pool) {
-    ASSERT_TRUE(alloc_->BeginAllocateToPool(pool, [](StreamId s) { return s == kCapture; }).ok());
+    // torch's filter: the capture's stream while it captures.
+    SimBackend* sim = sim_.get();
+    ASSERT_TRUE(alloc_
+                    ->BeginAllocateToPool(
+                        pool, [sim](StreamId s) { return s == kCapture && sim->IsCapturing(s); })
+                    .ok());
     sim_->SetCapturing(kCapture, true);
   }
   // Ends it successfully (capture_end).
@@ -116,15 +121,50 @@ TEST_F(GraphPoolsTest, MemoryReturnsOnlyAfterReleaseAndFree) {
   EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
 }
 
-TEST_F(GraphPoolsTest, BeginningAnActivePoolTwiceIsAnError) {
+// torch allows a graph captured into pool=p.id inside use_mem_pool(p): two entries of one pool.
+TEST_F(GraphPoolsTest, ACaptureIntoAPoolInsideUseMemPoolOfItShareIt) {
+  const std::thread::id me = std::this_thread::get_id();
+  auto this_thread = [me](StreamId) { return std::this_thread::get_id() == me; };
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, this_thread).ok());  // use_mem_pool
   BeginCapture(kPool);
-  EXPECT_FALSE(alloc_->BeginAllocateToPool(kPool, [](StreamId) { return true; }).ok());
-  ASSERT_TRUE(alloc_->BeginAllocateToPool(kOtherPool, [](StreamId) { return false; }).ok());
-  EndCapture(kPool);
-  ASSERT_TRUE(alloc_->EndAllocateToPool(kOtherPool).ok());
-  EXPECT_FALSE(alloc_->EndAllocateToPool(kOtherPool).ok());
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 2);
+  const DevicePtr captured = Alloc(kMiB, kCapture);
+  EndCapture(kPool);                            // this thread's latest entry: the capture's
+  const DevicePtr eager = Alloc(kMiB, kEager);  // still use_mem_pool's
+  const std::int64_t reserved = Reserved();
+  Free(captured);
+  Free(eager);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), reserved);  // both in the pool, which is in use
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  EXPECT_FALSE(alloc_->EndAllocateToPool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+// Inside use_mem_pool(p) a capture into its own pool routes to p first (as torch: the first
+// entry that accepts the stream). Once that capture ends, p's entry is not a failed capture.
+TEST_F(GraphPoolsTest, AUseMemPoolThatServedACaptureIsKeptAfterIt) {
+  const std::thread::id me = std::this_thread::get_id();
+  auto this_thread = [me](StreamId) { return std::this_thread::get_id() == me; };
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, this_thread).ok());
+  BeginCapture(kOtherPool);
+  const DevicePtr captured = Alloc(kMiB, kCapture);
+  EndCapture(kOtherPool);
+  const DevicePtr eager = Alloc(kMiB, kEager);
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
+  const std::int64_t reserved = Reserved();
+  Free(captured);
+  Free(eager);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), reserved);  // still kPool's, which is in use
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
   ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
   ASSERT_TRUE(alloc_->ReleasePool(kOtherPool).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
 }
 
 TEST_F(GraphPoolsTest, FailedCaptureLeaksNothing) {

@@ -1,6 +1,6 @@
 // PrivatePools alone on a SimBackend (capture state set by the test): use counts, routing by
-// stream filter, capture detection, failed-capture pruning by the owner thread only, and the
-// release of pools with no use left.
+// stream filter, several entries of one pool, capture detection, failed-capture pruning by the
+// owner thread only, and the release of pools with no use left.
 #include "core/private_pools.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +23,10 @@ class PrivatePoolsTest : public ::testing::Test {
   }
   static StreamFilter Only(StreamId stream) {
     return [stream](StreamId s) { return s == stream; };
+  }
+  // A capture's filter, as torch's capture_begin gives: its stream, while it captures.
+  StreamFilter CaptureOf(StreamId stream) {
+    return [this, stream](StreamId s) { return s == stream && sim_.IsCapturing(s); };
   }
 
   SimBackend sim_;
@@ -47,12 +51,35 @@ TEST_F(PrivatePoolsTest, UseCountsFollowBeginAndRelease) {
   EXPECT_TRUE(absl::IsNotFound(pools_.Release(kOther).status()));  // never begun
 }
 
-TEST_F(PrivatePoolsTest, BeginWhileActiveAndEndWhileInactiveAreErrors) {
+// As torch: a pool may be allocated to by several entries at once (use_mem_pool on two threads
+// or nested, a capture into it inside use_mem_pool); each takes a use, each End one entry.
+TEST_F(PrivatePoolsTest, APoolMayBeBegunTwiceAndEachEndTakesOneEntry) {
   ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(pools_.Begin(kGraph, Only(1))));
-  EXPECT_TRUE(absl::IsNotFound(pools_.End(kOther)));
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(2)).ok());
+  EXPECT_EQ(pools_.UseCount(kGraph), 2);
+  EXPECT_NE(pools_.Route(2, 512), nullptr);
+  ASSERT_TRUE(pools_.End(kGraph).ok());  // the latest entry: stream 2's
+  EXPECT_EQ(pools_.Route(2, 512), nullptr);
+  EXPECT_NE(pools_.Route(1, 512), nullptr);
   ASSERT_TRUE(pools_.End(kGraph).ok());
+  EXPECT_FALSE(pools_.any_active());
   EXPECT_TRUE(absl::IsNotFound(pools_.End(kGraph)));
+  EXPECT_TRUE(absl::IsNotFound(pools_.End(kOther)));
+  EXPECT_EQ(pools_.UseCount(kGraph), 2);
+}
+
+// One thread's End never removes another thread's entry of the same pool.
+TEST_F(PrivatePoolsTest, AnEndTakesTheCallingThreadsEntry) {
+  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  std::thread other([this] {
+    ASSERT_TRUE(pools_.Begin(kGraph, Only(2)).ok());
+    ASSERT_TRUE(pools_.End(kGraph).ok());
+  });
+  other.join();
+  EXPECT_NE(pools_.Route(1, 512), nullptr);  // this thread's entry is still there
+  EXPECT_EQ(pools_.Route(2, 512), nullptr);
+  ASSERT_TRUE(pools_.End(kGraph).ok());
+  EXPECT_FALSE(pools_.any_active());
 }
 
 TEST_F(PrivatePoolsTest, RoutesOnlyTheStreamsItsFilterAcceptsBySize) {
@@ -87,7 +114,7 @@ TEST_F(PrivatePoolsTest, ACaptureIsUnderwayUntilItsStreamsAreKnownAndNoneCapture
 }
 
 TEST_F(PrivatePoolsTest, TheOwnerThreadPrunesAFailedCaptureAndItsEndRestoresTheUse) {
-  ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  ASSERT_TRUE(pools_.Begin(kGraph, CaptureOf(1)).ok());
   sim_.SetCapturing(1, true);
   ASSERT_NE(pools_.Route(1, 512), nullptr);  // routed while capturing
   sim_.SetCapturing(1, false);               // the capture ended with no End (failed)
@@ -98,8 +125,21 @@ TEST_F(PrivatePoolsTest, TheOwnerThreadPrunesAFailedCaptureAndItsEndRestoresTheU
   EXPECT_EQ(pools_.UseCount(kGraph), 1);
 }
 
-TEST_F(PrivatePoolsTest, AnotherThreadDoesNotPruneWithinTheGrace) {
+// A use_mem_pool entry (its filter: the owner's thread, any stream) that has served only a
+// capturing stream is not a failed capture once that capture ends.
+TEST_F(PrivatePoolsTest, AnEntryWhoseFilterStillAcceptsTheStreamIsNotPruned) {
   ASSERT_TRUE(pools_.Begin(kGraph, Only(1)).ok());
+  sim_.SetCapturing(1, true);
+  ASSERT_NE(pools_.Route(1, 512), nullptr);
+  sim_.SetCapturing(1, false);
+  EXPECT_FALSE(pools_.CaptureUnderway());
+  EXPECT_TRUE(pools_.any_active());
+  EXPECT_EQ(pools_.UseCount(kGraph), 1);
+  ASSERT_TRUE(pools_.End(kGraph).ok());
+}
+
+TEST_F(PrivatePoolsTest, AnotherThreadDoesNotPruneWithinTheGrace) {
+  ASSERT_TRUE(pools_.Begin(kGraph, CaptureOf(1)).ok());
   sim_.SetCapturing(1, true);
   ASSERT_NE(pools_.Route(1, 512), nullptr);
   sim_.SetCapturing(1, false);

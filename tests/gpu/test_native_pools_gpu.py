@@ -86,6 +86,50 @@ def test_mempool_and_use_mem_pool():
     """)
 
 
+def test_one_pool_allocated_to_twice_at_once():
+    # As under torch's own allocator: use_mem_pool nested and on two threads at once, and a
+    # graph captured into the pool inside use_mem_pool of it.
+    run_snippet("""
+        import threading
+        pool = torch.cuda.MemPool()
+        def owner(t):
+            for s in pool.snapshot():
+                if s["address"] <= t.data_ptr() < s["address"] + s["total_size"]:
+                    return True
+            return False
+        kept = []
+        with torch.cuda.use_mem_pool(pool):
+            with torch.cuda.use_mem_pool(pool):
+                kept.append(torch.ones(MiB, device="cuda"))
+            kept.append(torch.ones(MiB, device="cuda"))  # the outer entry still routes
+            started, done = threading.Event(), threading.Event()
+            def other():
+                with torch.cuda.use_mem_pool(pool):
+                    kept.append(torch.ones(MiB, device="cuda"))
+                    started.set(); done.wait()
+                kept.append(torch.ones(MiB, device="cuda"))  # outside: the default pool
+            t = threading.Thread(target=other); t.start(); started.wait()
+            kept.append(torch.ones(MiB, device="cuda"))  # both threads' entries open
+            done.set(); t.join()
+            kept.append(torch.ones(MiB, device="cuda"))  # the other thread's end left ours
+            g = torch.cuda.CUDAGraph()
+            static_in = torch.ones(MiB, device="cuda")
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                with torch.cuda.graph(g, pool=pool.id, stream=s):
+                    static_out = static_in * 2
+            torch.cuda.current_stream().wait_stream(s)
+        assert pool.use_count() >= 1, pool.use_count()
+        inside = [owner(t) for t in kept]
+        assert inside == [True, True, True, True, False, True][:len(inside)] or \
+            inside == [True, True, True, False, True, True], inside
+        assert owner(static_out), "the graph's output is not in the pool"
+        static_in.fill_(3.0); g.replay(); torch.cuda.synchronize()
+        assert float(static_out[0]) == 6.0
+        print("OK")
+    """)
+
 def test_mempool_use_on_oom_serves_the_default_pool():
     run_snippet("""
         free, total = torch.cuda.mem_get_info()

@@ -61,8 +61,8 @@ typedef std::pair<unsigned long long, unsigned long long> vramledger_mempool_id;
 /// set_begin_allocate_to_pool hook (`void(int, MempoolId_t, std::function<bool(cudaStream_t)>)`,
 /// torch's capture_begin and use_mem_pool): allocations on `device` on streams for which
 /// `filter` is true go to private pool `pool_id` (shared if it exists) until the end hook.
-/// C++ parameters by value: built with torch's libstdc++ and C++11 ABI. Throws c10::ValueError
-/// if the pool is already being allocated to, c10::Error for a bad device.
+/// A pool may be allocated to by several such entries at once, as in torch. C++ parameters by
+/// value: built with torch's libstdc++ and C++11 ABI. Throws c10::Error for a bad device.
 VRAMLEDGER_EXPORT void vramledger_begin_allocate_to_pool(int device, vramledger_mempool_id pool_id,
                                                          std::function<bool(cudaStream_t)> filter);
 
