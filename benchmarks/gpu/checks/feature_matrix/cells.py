@@ -204,7 +204,9 @@ def _ipc_peer(queue_in, queue_out):
 
 def ipc(torch, column):
     """A CUDA tensor sent to a process on torch's own allocator, and one received from it; with
-    a contiguous (plain) segment and with the column's default segments."""
+    a contiguous (plain) segment and with the column's default segments. Only the default
+    layout's sums are compared across columns (torch's columns have no contiguous layout); the
+    contiguous layout's are checked exactly here."""
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     details, values = [], []
@@ -240,7 +242,8 @@ def ipc(torch, column):
         assert seen == expect and doubled == 2 * expect and got == 7.0 * (1 << 20), (
             seen, doubled, got)
         details.append(f"{layout}: sent and received")
-        values += [seen, doubled, got]
+        if layout == "default":
+            values += [seen, doubled, got]
     return "; ".join(details), values
 
 
