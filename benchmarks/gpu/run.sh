@@ -317,8 +317,8 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
                 --out "$RUN/feature_matrix" --cell-timeout 240 --budget-s "$(bound 30)" \
                 ${MATRIX_FEATURES:+--features "$MATRIX_FEATURES"} \
                 ${MATRIX_COLUMNS:+--columns "$MATRIX_COLUMNS"} ;;
-      graphstep) item graphstep bench 150 timeout "$(bound)" "$PY" \
-                   benchmarks/gpu/bench/graph_step_ab.py --rounds "${GRAPHSTEP_ROUNDS:-2}" ;;
+      graphstep) item graphstep bench 280 timeout "$(bound)" "$PY" \
+                   benchmarks/gpu/bench/graph_step_ab.py --rounds "${GRAPHSTEP_ROUNDS:-2}" --budget-s "$(bound 20)" ;;
       contiguous) item contiguous check 60 timeout "$(bound)" "$PY" \
                     benchmarks/gpu/checks/contiguous_check.py ;;
       snapshot) mkdir -p "$RUN/snapshot"

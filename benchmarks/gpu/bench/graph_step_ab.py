@@ -68,6 +68,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--budget-s", type=float, default=0,
+                    help="start no round after this many seconds (0: no limit); the table is "
+                         "printed from the rounds that finished")
     ap.add_argument("--child", choices=("native", "vramledger"))
     args = ap.parse_args()
     if args.child:
@@ -77,7 +80,12 @@ def main() -> int:
            if k not in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF")}
     runs: dict[str, list] = {"native": [], "vramledger": []}
     per_round = []
+    start = time.monotonic()
     for r in range(args.rounds):
+        if r and args.budget_s and time.monotonic() - start > args.budget_s * r / (r + 1):
+            # Another round would likely outlast the budget: print what the finished rounds give.
+            print(f"budget: {r} of {args.rounds} rounds run", flush=True)
+            break
         medians = {}
         for allocator in ("native", "vramledger"):
             proc = subprocess.run([sys.executable, __file__, "--child", allocator, "--warmup",
@@ -91,6 +99,8 @@ def main() -> int:
             result = json.loads(lines[-1][5:])
             runs[allocator].append(result)
             medians[allocator] = statistics.median(result["times"])
+            print(f"round {r} {allocator}: median step {medians[allocator] * 1e3:.2f} ms over "
+                  f"{len(result['times'])} steps ({time.monotonic() - start:.0f} s)", flush=True)
         per_round.append(medians["vramledger"] / medians["native"])
     a = [t for run in runs["native"] for t in run["times"]]
     b = [t for run in runs["vramledger"] for t in run["times"]]
