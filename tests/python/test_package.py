@@ -280,6 +280,46 @@ def test_pluggable_limits_wrap_each_entry_point_of_torch_once():
         fake._C._cuda_getCheckpointState(0, (1, 0))
 
 
+def test_pluggable_route_refuses_nccl_register_hook_before_torch_aborts(monkeypatch):
+    """torch ends the process when ProcessGroupNCCL's register hook meets a pluggable allocator;
+    under the pluggable route the group's creation raises first, naming the variable and the
+    native mode; without the variable, or with gloo, the call passes unchanged."""
+    import types
+    from vramledger import _pluggable_limits
+
+    calls = []
+
+    def init_process_group(backend=None, **kwargs):
+        calls.append(backend)
+        return "group"
+
+    def new_group(ranks=None, timeout=None, backend=None):
+        calls.append(backend)
+        return "subgroup"
+
+    fake = types.SimpleNamespace(distributed=types.SimpleNamespace(
+        init_process_group=init_process_group, new_group=new_group))
+    names = _pluggable_limits.install(fake)
+    assert "torch.distributed.init_process_group" in names
+    assert "torch.distributed.new_group" in names
+    monkeypatch.setenv("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", "1")
+    for call in (lambda: fake.distributed.init_process_group("nccl"),
+                 lambda: fake.distributed.init_process_group(),
+                 lambda: fake.distributed.init_process_group(backend="cpu:gloo,cuda:nccl"),
+                 lambda: fake.distributed.new_group([0], backend="nccl"),
+                 lambda: fake.distributed.new_group([0])):
+        with pytest.raises(RuntimeError) as info:
+            call()
+        assert "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1" in str(info.value)
+        assert "vramledger.install(mode='native')" in str(info.value)
+    assert calls == []
+    assert fake.distributed.init_process_group("gloo") == "group"
+    monkeypatch.setenv("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", "0")
+    assert fake.distributed.init_process_group("nccl") == "group"
+    assert fake.distributed.new_group([0]) == "subgroup"
+    assert calls == ["gloo", "nccl", None]
+
+
 @pytest.mark.parametrize("options, expected", [
     ({}, ""),
     ({"max_split_size_mb": 200}, "max_split_size_mb:200"),

@@ -6,6 +6,12 @@ IPC (torch.multiprocessing) and torch's own snapshot and history raise there wit
 "... does not yet support ..." RuntimeError. Under install(mode="pluggable") each such entry
 point is wrapped so that the same RuntimeError also names vramledger's torch-native mode, which
 serves all of them (docs/design/torch-native-mode.md).
+
+One call torch does not refuse but ends the process on: ProcessGroupNCCL with
+TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK on attaches a trace tracker to the allocator, the
+pluggable allocator refuses it while the process group's threads are running, and the process
+ends with "terminate called without an active exception". Under the pluggable route, creating a
+NCCL process group with that variable on is therefore refused before torch starts it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ _ENTRY_POINTS = (
     ("cuda.memory", "_record_memory_history",
      "torch.cuda.memory._record_memory_history (use vramledger.record_memory_history())"),
 )
+
+# (owner path, attribute, position of `backend`) of each function that creates process groups.
+_GROUP_MAKERS = (("distributed", "init_process_group", 0), ("distributed", "new_group", 2))
+_HOOK_VARIABLE = "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK"
 
 # Originals, by (owner path, attribute), so that wrapping twice wraps once.
 _originals: dict[tuple[str, str], Any] = {}
@@ -56,6 +66,34 @@ def wrap(function: Callable[..., Any], what: str) -> Callable[..., Any]:
     return wrapper
 
 
+def _register_hook_on() -> bool:
+    import os
+    return os.environ.get(_HOOK_VARIABLE, "0").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
+def _may_use_nccl(args: tuple, kwargs: dict, position: int) -> bool:
+    backend = kwargs.get("backend", args[position] if len(args) > position else None)
+    # No backend: torch picks NCCL for CUDA devices.
+    return backend is None or "nccl" in str(backend).lower()
+
+
+def refuse_register_hook(function: Callable[..., Any], position: int) -> Callable[..., Any]:
+    """`function` (a process-group maker), refusing with a RuntimeError before it runs when the
+    group may use NCCL and NCCL's allocator register hook is on; otherwise unchanged."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _register_hook_on() and _may_use_nccl(args, kwargs, position):
+            raise RuntimeError(
+                f"{_HOOK_VARIABLE}=1 makes ProcessGroupNCCL attach a trace tracker to the CUDA "
+                "allocator, which torch cannot route to a pluggable allocator (torch would end "
+                "the process); unset it, or " + _HINT.format(what="allocator trace trackers"))
+        return function(*args, **kwargs)
+
+    wrapper.__vramledger_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _owner(torch: Any, path: str) -> Any:
     owner = torch
     for part in path.split("."):
@@ -66,7 +104,8 @@ def _owner(torch: Any, path: str) -> Any:
 
 
 def install(torch: Any) -> list[str]:
-    """Wraps every entry point of _ENTRY_POINTS that this torch has; returns their names."""
+    """Wraps every entry point of _ENTRY_POINTS and _GROUP_MAKERS that this torch has; returns
+    their names."""
     wrapped = []
     for path, name, what in _ENTRY_POINTS:
         owner = _owner(torch, path)
@@ -76,5 +115,14 @@ def install(torch: Any) -> list[str]:
         if not getattr(original, "__vramledger_wrapped__", False):
             _originals[(path, name)] = original
             setattr(owner, name, wrap(original, what))
+        wrapped.append(f"torch.{path}.{name}")
+    for path, name, position in _GROUP_MAKERS:
+        owner = _owner(torch, path)
+        original = getattr(owner, name, None) if owner is not None else None
+        if original is None:
+            continue
+        if not getattr(original, "__vramledger_wrapped__", False):
+            _originals[(path, name)] = original
+            setattr(owner, name, refuse_register_hook(original, position))
         wrapped.append(f"torch.{path}.{name}")
     return wrapped
