@@ -101,22 +101,22 @@ Recorded RecordMultiStream(int phases, bool empty_cache) {
 TEST(TraceReleasesTest, RunsAreFoundAndClassified) {
   const std::vector<TraceEvent> events = Parse(
       "action,addr,size,stream,time_us\n"
-      "segment_alloc,100,41943040,0,1\n"    // line 2: reserved 40 MiB
+      "segment_alloc,100,41943040,0,1\n"  // line 2: reserved 40 MiB
       "alloc,100,41943040,0,2\n"
       "free_completed,100,41943040,0,3\n"
-      "segment_free,100,41943040,0,4\n"     // line 5: a run of one, then growth of 20 MiB:
-      "segment_alloc,200,20971520,0,5\n"    //   40 + 20 MiB <= the trace's peak (100 MiB, line
-      "alloc,200,20971520,0,6\n"            //   11): the program's empty_cache()
+      "segment_free,100,41943040,0,4\n"   // line 5: a run of one, then growth of 20 MiB:
+      "segment_alloc,200,20971520,0,5\n"  //   40 + 20 MiB <= the trace's peak (100 MiB, line
+      "alloc,200,20971520,0,6\n"          //   11): the program's empty_cache()
       "free_completed,200,20971520,0,7\n"
-      "segment_free,200,20971520,0,8\n"     // line 9: no growth before the next alloc
+      "segment_free,200,20971520,0,8\n"  // line 9: no growth before the next alloc
       "alloc,300,1,0,9\n"
       "segment_alloc,400,104857600,0,10\n"  // line 11: 100 MiB, the trace's peak
       "alloc,400,104857600,0,11\n"
-      "segment_unmap,500,2097152,0,12\n"    // line 13: unmap 2 MiB then map 2 MiB: a page move
+      "segment_unmap,500,2097152,0,12\n"  // line 13: unmap 2 MiB then map 2 MiB: a page move
       "segment_map,600,2097152,0,13\n"
       "alloc,600,1,0,14\n"
-      "segment_free,400,104857600,0,15\n"   // line 16: 100 MiB reserved before, + 64 MiB growth
-      "segment_alloc,700,67108864,0,16\n"   //   passes every figure: maybe torch's retry
+      "segment_free,400,104857600,0,15\n"  // line 16: 100 MiB reserved before, + 64 MiB growth
+      "segment_alloc,700,67108864,0,16\n"  //   passes every figure: maybe torch's retry
       "alloc,700,67108864,0,17\n");
   const std::vector<TraceRelease> releases = FindTraceReleases(events);
   ASSERT_EQ(releases.size(), 3u);
@@ -212,14 +212,14 @@ Options WithPlan(const std::string& path) {
 // one needs a third segment, past the cap (line 7); so does the one at line 9.
 constexpr char kOverPlan[] =
     "action,addr,size,stream,time_us\n"
-    "alloc,100,41943040,0,1\n"         // line 2
-    "alloc,200,41943040,0,2\n"         // line 3
+    "alloc,100,41943040,0,1\n"  // line 2
+    "alloc,200,41943040,0,2\n"  // line 3
     "free_requested,200,41943040,0,3\n"
     "free_completed,200,41943040,0,4\n"
-    "alloc,300,41943040,0,5\n"         // line 6: the freed block's segment serves it
-    "alloc,400,41943040,0,6\n"         // line 7: a third segment: 120 MiB > 100 MiB
+    "alloc,300,41943040,0,5\n"  // line 6: the freed block's segment serves it
+    "alloc,400,41943040,0,6\n"  // line 7: a third segment: 120 MiB > 100 MiB
     "free_completed,400,41943040,0,7\n"
-    "alloc,500,41943040,0,8\n"         // line 9: refused again
+    "alloc,500,41943040,0,8\n"  // line 9: refused again
     "free_completed,100,41943040,0,9\n";
 
 TEST(ReplayPlanTest, TheFirstRefusalStopsTheReplayWithItsLineAndRule) {

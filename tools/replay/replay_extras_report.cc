@@ -30,19 +30,24 @@ nlohmann::json PlanFiguresJson(const PlanFigures& p) {
                       {"rule", r.rule},
                       {"message", r.message}});
   }
-  return {{"path", p.path},         {"device", p.device},       {"cap_bytes", p.cap},
-          {"keep_going", p.keep_going}, {"refusals", p.refusals}, {"stopped", p.stopped},
-          {"warnings", p.warnings}, {"first_warning", p.first_warning},
+  return {{"path", p.path},
+          {"device", p.device},
+          {"cap_bytes", p.cap},
+          {"keep_going", p.keep_going},
+          {"refusals", p.refusals},
+          {"stopped", p.stopped},
+          {"warnings", p.warnings},
+          {"first_warning", p.first_warning},
           {"listed", std::move(listed)}};
 }
 
 std::string FormatReleases(const ReleaseFigures& r) {
   if (r.runs == 0) return "";
-  std::string out = absl::StrCat(
-      "\n  program's releases: ", WithThousands(r.runs), " in the trace (",
-      WithThousands(r.empty_cache_runs), " empty_cache(), ", WithThousands(r.retry_runs),
-      " out-of-memory retries; ", BytesAndGiB(static_cast<std::int64_t>(r.trace_bytes)),
-      " released by torch)\n");
+  std::string out =
+      absl::StrCat("\n  program's releases: ", WithThousands(r.runs), " in the trace (",
+                   WithThousands(r.empty_cache_runs), " empty_cache(), ",
+                   WithThousands(r.retry_runs), " out-of-memory retries; ",
+                   BytesAndGiB(static_cast<std::int64_t>(r.trace_bytes)), " released by torch)\n");
   if (!r.followed) {
     absl::StrAppend(&out, "  not applied (--ignore-releases): the replay kept its cache\n");
     return out;
@@ -61,10 +66,11 @@ std::string FormatReleases(const ReleaseFigures& r) {
 std::string FormatPlan(const PlanFigures& p, const std::string& source) {
   if (p.path.empty()) return "";
   std::string out = absl::StrCat("\n  plan ", p.path, " (device ", p.device, "): ");
-  absl::StrAppend(&out, p.cap > 0 ? absl::StrCat("cap on reserved ",
-                                                 BytesAndGiB(static_cast<std::int64_t>(p.cap)))
-                                  : "no cap on reserved",
-                  "; refusals: ", WithThousands(p.refusals));
+  absl::StrAppend(
+      &out,
+      p.cap > 0 ? absl::StrCat("cap on reserved ", BytesAndGiB(static_cast<std::int64_t>(p.cap)))
+                : "no cap on reserved",
+      "; refusals: ", WithThousands(p.refusals));
   if (p.refusals > 0) {
     absl::StrAppend(&out, p.stopped ? " (the replay stopped at the first)"
                                     : " (each refused allocation skipped, the replay went on)");
@@ -77,7 +83,8 @@ std::string FormatPlan(const PlanFigures& p, const std::string& source) {
                     absl::StrReplaceAll(r.message, {{"\n", "\n    "}}), "\n");
   }
   if (p.refusals > static_cast<std::int64_t>(p.listed.size())) {
-    absl::StrAppend(&out, "  (", WithThousands(p.refusals - static_cast<std::int64_t>(p.listed.size())),
+    absl::StrAppend(&out, "  (",
+                    WithThousands(p.refusals - static_cast<std::int64_t>(p.listed.size())),
                     " more refusals not listed)\n");
   }
   return out;

@@ -19,8 +19,8 @@ constexpr absl::string_view kViolation = "vramledger plan violation: ";
 }  // namespace
 
 std::string TraceRow(const TraceEvent& event) {
-  return absl::StrCat(std::string(TraceActionName(event.action)), ",", event.addr, ",", event.size, ",",
-                      event.stream, ",", event.time_us);
+  return absl::StrCat(std::string(TraceActionName(event.action)), ",", event.addr, ",", event.size,
+                      ",", event.stream, ",", event.time_us);
 }
 
 absl::StatusOr<std::unique_ptr<ReplayPlan>> ReplayPlan::Create(const std::string& plan_path,
@@ -37,8 +37,7 @@ absl::StatusOr<std::unique_ptr<ReplayPlan>> ReplayPlan::Create(const std::string
   absl::StatusOr<std::unique_ptr<guard::BudgetGuard>> guard =
       guard::BudgetGuard::Create(device, tags.get(), *std::move(budget));
   if (!guard.ok()) return guard.status();
-  std::unique_ptr<ReplayPlan> out(
-      new ReplayPlan(std::move(tags), *std::move(guard), replay_hooks));
+  std::unique_ptr<ReplayPlan> out(new ReplayPlan(std::move(tags), *std::move(guard), replay_hooks));
   out->figures_.path = plan_path;
   out->figures_.device = device;
   out->figures_.cap = cap;

@@ -35,14 +35,14 @@ struct PlanRefusal {
 
 /// The plan's figures of one replay (ReplayResult::plan).
 struct PlanFigures {
-  std::string path;            // the plan file; empty: no plan was enforced
-  int device = 0;              // the device whose rules applied
-  std::uint64_t cap = 0;       // limit - headroom on reserved bytes (0: not capped)
-  bool keep_going = false;     // ReplayConfig::plan_keep_going
-  std::int64_t refusals = 0;   // allocations refused
+  std::string path;                 // the plan file; empty: no plan was enforced
+  int device = 0;                   // the device whose rules applied
+  std::uint64_t cap = 0;            // limit - headroom on reserved bytes (0: not capped)
+  bool keep_going = false;          // ReplayConfig::plan_keep_going
+  std::int64_t refusals = 0;        // allocations refused
   std::vector<PlanRefusal> listed;  // the first ReplayConfig::max_refusals_listed of them
-  std::int64_t warnings = 0;   // warn_at warnings (one per step at most)
-  std::string first_warning;   // the first warning's text
+  std::int64_t warnings = 0;        // warn_at warnings (one per step at most)
+  std::string first_warning;        // the first warning's text
   /// The replay stopped at the first refusal (not keep_going): later events were not replayed.
   bool stopped = false;
 };
@@ -54,8 +54,7 @@ class ReplayPlan {
   /// may be null) are chained after the guard. Errors: the plan's (InvalidArgument
   /// "PLAN:LINE: field 'F': ...", NotFound "PLAN: cannot read the plan file: ...").
   static absl::StatusOr<std::unique_ptr<ReplayPlan>> Create(const std::string& plan_path,
-                                                            int device,
-                                                            std::size_t capacity_bytes,
+                                                            int device, std::size_t capacity_bytes,
                                                             AllocatorHooks* replay_hooks);
 
   /// The hooks to install: the guard, then the replay's own.

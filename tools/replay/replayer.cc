@@ -60,8 +60,8 @@ absl::StatusOr<std::unique_ptr<Replayer>> Replayer::Create(const std::vector<Tra
                                                            AllocatorHooks* observer) {
   std::unique_ptr<Replayer> r(new Replayer(events, options, config, observer));
   if (!options.process.plan.empty()) {
-    absl::StatusOr<std::unique_ptr<ReplayPlan>> plan = ReplayPlan::Create(
-        options.process.plan, config.device, config.capacity_bytes, &r->hooks_);
+    absl::StatusOr<std::unique_ptr<ReplayPlan>> plan =
+        ReplayPlan::Create(options.process.plan, config.device, config.capacity_bytes, &r->hooks_);
     if (!plan.ok()) return plan.status();
     r->plan_ = *std::move(plan);
     r->plan_->mutable_figures().keep_going = config.plan_keep_going;
@@ -91,8 +91,7 @@ ReplayState Replayer::State() const {
           stats.requested_bytes[kAggregate].current};
 }
 
-absl::StatusOr<Outcome> Replayer::Alloc(const TraceEvent& event, std::size_t index,
-                                        Tally* tally) {
+absl::StatusOr<Outcome> Replayer::Alloc(const TraceEvent& event, std::size_t index, Tally* tally) {
   RecordedFigures& recorded = tally->recorded;
   if (auto it = live_.find(event.addr); it != live_.end()) {
     // The trace lost a free: release the earlier block as torch must have.
@@ -124,9 +123,8 @@ absl::StatusOr<Outcome> Replayer::Alloc(const TraceEvent& event, std::size_t ind
     const bool hint = absl::StrContains(message, "VRAMLEDGER_CONF=expandable_segments:True");
     return AtLine(config_, event, ptr.status().code(),
                   absl::StrCat("alloc of ", event.size, " bytes on stream ", event.stream,
-                               " failed (simulated capacity ", config_.capacity_bytes,
-                               " bytes): ", message,
-                               hint ? " (Here: --conf expandable_segments:True.)" : ""));
+                               " failed (simulated capacity ", config_.capacity_bytes, " bytes): ",
+                               message, hint ? " (Here: --conf expandable_segments:True.)" : ""));
   }
   live_.emplace(event.addr, LiveBlock{*ptr, event.size});
   recorded.live += static_cast<std::int64_t>(event.size);

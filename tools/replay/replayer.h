@@ -135,8 +135,8 @@ class Replayer {
   const std::vector<TraceEvent>& events_;
   const ReplayConfig& config_;
   SimBackend backend_;
-  ReservedTracker tracker_;  // declared before the allocator, which borrows it
-  guard::HooksChain hooks_;   // the tracker, then the observer
+  ReservedTracker tracker_;           // declared before the allocator, which borrows it
+  guard::HooksChain hooks_;           // the tracker, then the observer
   std::unique_ptr<ReplayPlan> plan_;  // its hooks chain hooks_; null without a plan
   DeviceAllocator allocator_;
   absl::flat_hash_map<DevicePtr, LiveBlock> live_;  // trace address -> block

@@ -63,9 +63,8 @@ std::vector<TraceRelease> FindTraceReleases(const std::vector<TraceEvent>& event
         break;
       }
     }
-    r.possible_retry = r.before_growth && r.reserved_before +
-                                             static_cast<std::int64_t>(r.growth_bytes) >
-                                         trace_peak;
+    r.possible_retry = r.before_growth &&
+                       r.reserved_before + static_cast<std::int64_t>(r.growth_bytes) > trace_peak;
     const bool page_move = unmaps_only && r.before_growth && maps_only && r.growth_bytes == r.bytes;
     if (!page_move) out.push_back(r);
   }
@@ -88,9 +87,9 @@ absl::StatusOr<bool> ReleaseFollower::After(std::size_t index, DeviceAllocator* 
   if (!figures_.followed) return false;
   const std::int64_t before = allocator->GetStats().reserved_bytes[kAggregate].current;
   if (r.possible_retry) {
-    // torch ran out with `reserved_before` reserved and a segment of `growth_bytes` to make: its cap
-    // was at least reserved_before. The replayed policy would have released only if it too was that
-    // full.
+    // torch ran out with `reserved_before` reserved and a segment of `growth_bytes` to make: its
+    // cap was at least reserved_before. The replayed policy would have released only if it too was
+    // that full.
     if (before + static_cast<std::int64_t>(r.growth_bytes) <= r.reserved_before) {
       ++figures_.skipped;
       return false;

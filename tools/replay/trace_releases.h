@@ -46,11 +46,11 @@ std::vector<TraceRelease> FindTraceReleases(const std::vector<TraceEvent>& event
 
 /// What following the releases did (ReplayResult::releases).
 struct ReleaseFigures {
-  bool followed = true;              // ReplayConfig::follow_releases
-  std::int64_t runs = 0;             // releases in the trace
+  bool followed = true;               // ReplayConfig::follow_releases
+  std::int64_t runs = 0;              // releases in the trace
   std::int64_t empty_cache_runs = 0;  // of them, the program's empty_cache() calls
-  std::int64_t retry_runs = 0;       // of them, possibly torch's out-of-memory retries
-  std::uint64_t trace_bytes = 0;     // bytes the trace released in them
+  std::int64_t retry_runs = 0;        // of them, possibly torch's out-of-memory retries
+  std::uint64_t trace_bytes = 0;      // bytes the trace released in them
   /// EmptyCache calls the replay made for them (0 when not followed).
   std::int64_t applied = 0;
   /// Retry releases not applied: the replay was not as full as torch was when torch ran out.
