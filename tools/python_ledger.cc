@@ -103,7 +103,7 @@ Options OptionsFor(const std::string& conf, bool use_env) {
 
 ReplaySnapshotConfig SnapshotConfig(std::size_t capacity_bytes, const std::string& source,
                                     const std::string& at, std::uint64_t max_entries,
-                                    std::int64_t gpu_lag_us) {
+                                    std::int64_t gpu_lag_us, bool follow_releases) {
   const std::optional<SnapshotMoment> moment = ParseSnapshotMoment(at);
   if (!moment.has_value()) {
     throw py::value_error(absl::StrCat("at='", at, "' is not accepted; expected 'peak' or 'end'"));
@@ -112,6 +112,8 @@ ReplaySnapshotConfig SnapshotConfig(std::size_t capacity_bytes, const std::strin
   if (gpu_lag_us < 0) throw py::value_error("gpu_lag_us must be 0 (none) or positive");
   ReplaySnapshotConfig config;
   config.replay.gpu_lag_us = gpu_lag_us;
+  config.replay.follow_releases = follow_releases;
+  // A plan in the options stops the snapshot's replay where Replay() stops (the first refusal).
   config.replay.capacity_bytes = capacity_bytes;
   config.replay.source = source;
   config.at = *moment;
@@ -131,10 +133,11 @@ py::object RunReplaySnapshot(const std::vector<TraceEvent>& events, const Option
 
 py::object ReplaySnapshotFile(const std::string& path, const std::string& conf,
                               std::size_t capacity_bytes, const std::string& at, bool use_env,
-                              std::uint64_t max_entries, std::int64_t gpu_lag_us) {
+                              std::uint64_t max_entries, std::int64_t gpu_lag_us,
+                              bool follow_releases) {
   const Options options = OptionsFor(conf, use_env);
   const ReplaySnapshotConfig config =
-      SnapshotConfig(capacity_bytes, path, at, max_entries, gpu_lag_us);
+      SnapshotConfig(capacity_bytes, path, at, max_entries, gpu_lag_us, follow_releases);
   absl::StatusOr<std::vector<TraceEvent>> events;
   {
     py::gil_scoped_release release;
@@ -149,10 +152,10 @@ using EventTuple =
 py::object ReplaySnapshotEvents(const std::vector<EventTuple>& tuples, const std::string& conf,
                                 std::size_t capacity_bytes, const std::string& source,
                                 const std::string& at, bool use_env, std::uint64_t max_entries,
-                                std::int64_t gpu_lag_us) {
+                                std::int64_t gpu_lag_us, bool follow_releases) {
   const Options options = OptionsFor(conf, use_env);
   const ReplaySnapshotConfig config =
-      SnapshotConfig(capacity_bytes, source, at, max_entries, gpu_lag_us);
+      SnapshotConfig(capacity_bytes, source, at, max_entries, gpu_lag_us, follow_releases);
   std::vector<TraceEvent> events;
   events.reserve(tuples.size());
   for (std::size_t i = 0; i < tuples.size(); ++i) {
@@ -237,18 +240,19 @@ void RegisterLedgerBindings(py::module_& m) {
   m.def("replay_snapshot_file", &ReplaySnapshotFile, py::arg("path"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("at") = "peak",
         py::arg("use_env") = true, py::arg("max_entries") = kMaxEntriesDefault,
-        py::arg("gpu_lag_us") = 0,
+        py::arg("gpu_lag_us") = 0, py::arg("follow_releases") = true,
         "Replays a trace CSV (plain or .gz) on SimBackend with the memory history on and "
         "returns the snapshot dict (torch's shape) at the peak of reserved memory (at='peak') "
         "or after the last event (at='end'); vramledger.replay says where it stopped. "
         "gpu_lag_us > 0: fences complete that many microseconds of trace time late, as in "
-        "replay_file.\n"
+        "replay_file; follow_releases as there.\n"
         "Raises ValueError (malformed trace, options or `at`), FileNotFoundError, MemoryError "
         "(the simulated device ran out; names the line).");
   m.def("replay_snapshot_events", &ReplaySnapshotEvents, py::arg("events"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("source") = "<events>",
         py::arg("at") = "peak", py::arg("use_env") = true,
         py::arg("max_entries") = kMaxEntriesDefault, py::arg("gpu_lag_us") = 0,
+        py::arg("follow_releases") = true,
         "As replay_snapshot_file, for a list of (action, addr, size, stream, time_us) tuples.");
   py::class_<SimAllocator>(m, "SimAllocator",
                            "A simulated device (SimBackend) with vramledger's allocator and "

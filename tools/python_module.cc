@@ -98,8 +98,17 @@ py::object RunReplay(const std::vector<TraceEvent>& events, const Options& optio
   return out;
 }
 
+// What follows the trace's own figures: the program's releases, and the plan's handling.
+struct FollowArgs {
+  bool follow_releases = true;
+  bool plan_keep_going = false;
+  int device = 0;
+  std::size_t max_refusals_listed = 10;
+};
+
 ReplayConfig ConfigFor(std::size_t capacity_bytes, const std::string& source, bool timeline,
-                       std::int64_t sample_every, std::int64_t gpu_lag_us) {
+                       std::int64_t sample_every, std::int64_t gpu_lag_us,
+                       const FollowArgs& follow) {
   if (sample_every < 0) throw py::value_error("sample_every must be 0 (automatic) or positive");
   if (gpu_lag_us < 0) throw py::value_error("gpu_lag_us must be 0 (none) or positive");
   ReplayConfig config;
@@ -108,19 +117,26 @@ ReplayConfig ConfigFor(std::size_t capacity_bytes, const std::string& source, bo
   config.timeline = timeline;
   config.sample_every = sample_every;
   config.gpu_lag_us = gpu_lag_us;
+  config.follow_releases = follow.follow_releases;
+  config.plan_keep_going = follow.plan_keep_going;
+  config.device = follow.device;
+  config.max_refusals_listed = follow.max_refusals_listed;
   return config;
 }
 
 py::object ReplayFile(const std::string& path, const std::string& conf, std::size_t capacity_bytes,
                       bool use_env, bool timeline, std::int64_t sample_every,
-                      std::int64_t gpu_lag_us) {
+                      std::int64_t gpu_lag_us, bool follow_releases, bool plan_keep_going,
+                      std::size_t max_refusals_listed) {
   const Options options = OptionsFor(conf, use_env);
   absl::StatusOr<std::vector<TraceEvent>> events;
   {
     py::gil_scoped_release release;
     events = ReadTraceFile(path);
   }
-  const ReplayConfig config = ConfigFor(capacity_bytes, path, timeline, sample_every, gpu_lag_us);
+  const ReplayConfig config =
+      ConfigFor(capacity_bytes, path, timeline, sample_every, gpu_lag_us,
+                {follow_releases, plan_keep_going, /*device=*/0, max_refusals_listed});
   return RunReplay(ValueOrRaise(std::move(events)), options, config);
 }
 
@@ -129,7 +145,9 @@ using EventTuple =
 
 py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string& conf,
                         std::size_t capacity_bytes, const std::string& source, bool use_env,
-                        bool timeline, std::int64_t sample_every, std::int64_t gpu_lag_us) {
+                        bool timeline, std::int64_t sample_every, std::int64_t gpu_lag_us,
+                        bool follow_releases, bool plan_keep_going, int device,
+                        std::size_t max_refusals_listed) {
   const Options options = OptionsFor(conf, use_env);
   std::vector<TraceEvent> events;
   events.reserve(tuples.size());
@@ -149,8 +167,10 @@ py::object ReplayEvents(const std::vector<EventTuple>& tuples, const std::string
     event.line = static_cast<int>(i + 1);
     events.push_back(event);
   }
+  if (device < 0) throw py::value_error("device must be a device index (0 or more)");
   return RunReplay(events, options,
-                   ConfigFor(capacity_bytes, source, timeline, sample_every, gpu_lag_us));
+                   ConfigFor(capacity_bytes, source, timeline, sample_every, gpu_lag_us,
+                             {follow_releases, plan_keep_going, device, max_refusals_listed}));
 }
 
 py::dict OptionsToDict(const Options& o) {
@@ -189,6 +209,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("replay_file", &ReplayFile, py::arg("path"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("use_env") = true,
         py::arg("timeline") = false, py::arg("sample_every") = 0, py::arg("gpu_lag_us") = 0,
+        py::arg("follow_releases") = true, py::arg("plan_keep_going") = false,
+        py::arg("max_refusals_listed") = 10,
         "Replays a trace CSV (plain or .gz) on SimBackend; returns the dict of "
         "`vramledger replay --json` (sizes in bytes, times in microseconds).\n"
         "Options: VRAMLEDGER_CONF (if use_env) then `conf`, which wins.\n"
@@ -197,15 +219,22 @@ PYBIND11_MODULE(_core, m) {
         "0 = about 2000 points in all).\n"
         "gpu_lag_us > 0: fences the allocator records complete that many microseconds of trace "
         "time later (a GPU running behind the host); 0: at once.\n"
+        "follow_releases: empty the cache where the trace shows the program's releases "
+        "(result['releases']). A plan in the options (plan:FILE) guards the simulated device: "
+        "result['plan'] lists its refusals (the replay stops at the first unless "
+        "plan_keep_going).\n"
         "Raises ValueError (malformed trace or options, message 'FILE:LINE: ...'), "
         "FileNotFoundError, MemoryError (the simulated device ran out; names the line).");
   m.def("replay_events", &ReplayEvents, py::arg("events"), py::arg("conf") = "",
         py::arg("capacity_bytes") = kH200TotalBytes, py::arg("source") = "<events>",
         py::arg("use_env") = true, py::arg("timeline") = false, py::arg("sample_every") = 0,
-        py::arg("gpu_lag_us") = 0,
+        py::arg("gpu_lag_us") = 0, py::arg("follow_releases") = true,
+        py::arg("plan_keep_going") = false, py::arg("device") = 0,
+        py::arg("max_refusals_listed") = 10,
         "Replays a list of (action: str, addr: int, size: int, stream: int, time_us: int) "
         "tuples (torch's action names); line numbers in messages and results are 1-based "
-        "indices into the list, prefixed by `source`. Returns the same dict as replay_file.");
+        "indices into the list, prefixed by `source`; `device` picks the plan's device rules. "
+        "Returns the same dict as replay_file.");
   m.def(
       "parse_options",
       [](const std::string& conf, bool use_env) {

@@ -49,6 +49,9 @@
 #     inprocess     bench/inprocess_ab.py: step time, both allocators in one process
 #     hostcost      vramledger_host_cost_bench: host ns per allocation, torch native vs vramledger
 #     graphstep     bench/graph_step_ab.py: reduce-overhead GPT-2-medium step, torch vs vramledger
+#     record_empty_cache record/record_empty_cache_trace.py: a 10-stream program with empty_cache()
+#                   between phases recorded under torch's allocator, replayed by vramledger-replay
+#                   with and without --ignore-releases: torch's peak reserved beside both (~30 s)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (multi's DDP steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
@@ -66,7 +69,7 @@ PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
         snapshot guard preload preload_plan preload_direct wheel multi"
-BENCH="workloads kernels ab inprocess hostcost graphstep"
+BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -97,23 +100,25 @@ prepare() {
       -DVRAMLEDGER_BUILD_TESTS=ON -DVRAMLEDGER_BUILD_BENCHMARKS=ON -DVRAMLEDGER_BUILD_PYTHON=OFF \
       >/dev/null
     ninja -C "$build" vramledger_plugin vramledger_native vramledger_preload \
-      vramledger_driver_api_alloc vramledger_host_cost_bench vramledger_allocator_swap "$GPU_TEST"
+      vramledger_driver_api_alloc vramledger_host_cost_bench vramledger_allocator_swap \
+      vramledger-replay "$GPU_TEST"
   fi  # else a tree already built with tests and benchmarks (scripts/test.sh's build-ci/)
   rm -rf "$LIBDIR"
   mkdir -p "$LIBDIR"
   # The pluggable plugin, the torch-native allocator (install(mode="native"), found beside the
   # plugin), the LD_PRELOAD shim and the driver-API program preload_check.sh runs under it, the
-  # host-cost bench and the allocator swap of inprocess_ab.py, each with its Abseil libraries.
+  # host-cost bench, the allocator swap of inprocess_ab.py and the replay tool (record_empty_cache
+  # replays there; the Python package travels without `_core`), each with its Abseil libraries.
   local name file
   for name in libvramledger_plugin.so libvramledger_native.so libvramledger_preload.so \
               vramledger_driver_api_alloc vramledger_host_cost_bench \
-              libvramledger_allocator_swap.so "$GPU_TEST"; do
+              libvramledger_allocator_swap.so vramledger-replay "$GPU_TEST"; do
     file="$(find "$build" -name "$name" -type f -not -path '*/CMakeFiles/*' | sort | head -1)"
     [ -n "$file" ] || { echo "prepare: $name was not built"; exit 1; }
     cp "$file" "$LIBDIR/"
   done
   find "$build" -name 'libabsl_*.so.*' -not -path '*/CMakeFiles/*' -exec cp -n {} "$LIBDIR/" \;
-  ldd "$LIBDIR/$GPU_TEST" | awk '/libabsl_|libgtest|libgmock/ {print $3}' |
+  ldd "$LIBDIR/$GPU_TEST" "$LIBDIR/vramledger-replay" | awk '/libabsl_|libgtest|libgmock/ {print $3}' |
     xargs -r -I{} cp -n {} "$LIBDIR/"
   # Debug info stays here: the carried folder must stay under the device call's 64 MiB.
   find "$LIBDIR" -type f -exec strip --strip-debug {} \;
@@ -220,6 +225,22 @@ hostcost() {
   return $rc
 }
 
+# Records the empty_cache() program under torch's allocator, replays its trace with torch's
+# policy following the program's releases and ignoring them, and compares both with torch's.
+record_empty_cache() {
+  local out="$RUN/record_empty_cache" trace
+  mkdir -p "$out"
+  env -u PYTORCH_CUDA_ALLOC_CONF timeout 60 "$PY" benchmarks/gpu/record/record_empty_cache_trace.py \
+    --out "$out" || return 1
+  trace="$out/trace-empty-cache.csv.gz"
+  LD_LIBRARY_PATH="$LIBDIR" timeout 60 "$LIBDIR/vramledger-replay" "$trace" --json \
+    > "$out/followed.json" || return 1
+  LD_LIBRARY_PATH="$LIBDIR" timeout 60 "$LIBDIR/vramledger-replay" "$trace" --json \
+    --ignore-releases > "$out/ignored.json" || return 1
+  "$PY" benchmarks/gpu/record/record_empty_cache_trace.py --compare "$out"
+  return 0  # a benchmark: the figures are the result (the comparison prints its verdict)
+}
+
 bundle() {
   LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -vE 'libabsl_'
   if LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -q 'not found'; then
@@ -253,6 +274,7 @@ details() {
     ab) tail -6 "$f" ;;
     inprocess) sed -n '/^| workload | ratio/,$p' "$f" ;;
     hostcost) grep -E "^(trace|\| |vramledger)" "$f" ;;
+    record_empty_cache) sed -n '/^program:/,$p' "$f" ;;
   esac
 }
 
@@ -362,6 +384,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
           --groups "${INPROCESS_GROUPS:-30}" --lengths "${INPROCESS_LENGTHS:-repeat}" \
           --mode "${INPROCESS_MODE:-pluggable}" --json "$RUN/inprocess_ab.json" "${shim_arg[@]}" ;;
       hostcost) item hostcost bench 60 hostcost ;;
+      record_empty_cache) item record_empty_cache bench 90 record_empty_cache ;;
     esac
   done
 

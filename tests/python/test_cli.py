@@ -530,25 +530,27 @@ def test_snapshot_pickle_segments_are_checked(tmp_path, segments, message):
 
 
 def test_replay_warns_that_it_ignores_the_process_settings(tmp_path):
+    """Process settings other than the plan take effect in the plugin or the shim only; the plan
+    is enforced on the simulated device (tests/python/test_replay_follow.py), so a plan file
+    that does not exist is an error, not a warning."""
     trace = tmp_path / "split.csv"
     trace.write_text(MAX_SPLIT_TRACE)
-    proc = run_cli("replay", trace, "--conf", "plan:/nonexist.json,step_log:/proc/x")
+    proc = run_cli("replay", trace, "--conf", "step_log:/proc/x")
     assert proc.returncode == 0, proc.stderr
-    assert ("vramledger: warning: option plan:/nonexist.json is ignored by the replay, which "
-            "simulates the allocator only (path of the memory plan file): it takes "
-            "effect in the torch plugin" in proc.stderr)
     assert ("vramledger: warning: option step_log:/proc/x is ignored by the replay, which "
             "simulates the allocator only (directory for per-step peak logs"
             in proc.stderr)
     assert "LD_PRELOAD shim" in proc.stderr
-    proc = run_cli("replay", trace, env_conf="plan:/from/env.json")  # VRAMLEDGER_CONF too
+    proc = run_cli("replay", trace, env_conf="step_log:/from/env")  # VRAMLEDGER_CONF too
     assert proc.returncode == 0, proc.stderr
-    assert "option plan:/from/env.json is ignored by the replay" in proc.stderr
+    assert "option step_log:/from/env is ignored by the replay" in proc.stderr
     assert "ignored by the replay" not in run_cli("replay", trace).stderr
     # Every process setting of the option table is named, the shim's too.
     proc = run_cli("replay", trace, "--conf", "preload_quiet:True")
     assert proc.returncode == 0, proc.stderr
     assert "option preload_quiet:True is ignored by the replay" in proc.stderr
+    assert_cli_error(run_cli("replay", trace, env_conf="plan:/from/env.json"),
+                     "/from/env.json: cannot read the plan file")
 
 
 def test_replay_warns_of_flags_and_settings_it_does_not_use(tmp_path):

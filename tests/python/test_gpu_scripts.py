@@ -22,7 +22,7 @@ WITH_HELP = ("checks/ddp_check", "checks/guard_check", "checks/snapshot_check",
              "checks/streams_compile_check", "checks/torch_integration_check",
              "checks/train_compare", "checks/two_gpu_check", "checks/feature_matrix/run",
              "bench/graph_step_ab", "bench/inprocess_ab", "bench/step_ab", "bench/vmm_kernel_time",
-             "bench/workloads_compare")
+             "bench/workloads_compare", "record/record_empty_cache_trace")
 
 
 @pytest.mark.parametrize("script", sorted(str(p.relative_to(GPU)) for p in GPU.rglob("*.py")))
@@ -62,12 +62,14 @@ def test_the_runner_runs_every_check_and_benchmark():
     scripts = [p for p in (GPU / "checks").iterdir() if p.suffix in (".py", ".sh")]
     scripts += [p for p in (GPU / "bench").glob("*.py") if p.name != "inprocess_stats.py"]
     scripts += [GPU / "checks" / "feature_matrix" / "run.py"]
-    assert len(scripts) == 20, scripts  # 15 checks, 5 benchmarks
+    scripts += list((GPU / "record").glob("*.py"))
+    assert len(scripts) == 21, scripts  # 15 checks, 5 benchmarks, 1 recording
     missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
     assert not missing, f"run.sh does not run {missing}"
 
 
-@pytest.mark.parametrize("item", ["guard", "preload", "multi", "hostcost", "checks", "bench"])
+@pytest.mark.parametrize("item", ["guard", "preload", "multi", "hostcost", "record_empty_cache",
+                                  "checks", "bench"])
 def test_the_runner_knows_every_item(item, tmp_path):
     """An item name passes the runner's check; it then stops, since its copy's tree has no
     prepared plugin."""
@@ -399,3 +401,34 @@ def test_feature_matrix_lists_cells_past_its_budget_as_not_run():
     assert [r["feature"] for r in results] == ["stats", "oom"]
     assert all(r.get("not_run") and not r["ok"] for r in results)
     assert results[0]["detail"] == "not run: the budget was spent"
+
+
+def test_record_empty_cache_compares_torch_with_both_replays(tmp_path):
+    """record_empty_cache_trace.py --compare on made-up figures: torch's peak reserved beside
+    the replay's with and without the releases, and its verdict (within 1%) as exit status."""
+    script = GPU / "record" / "record_empty_cache_trace.py"
+    gib = 1 << 30
+    (tmp_path / "torch.json").write_text(json.dumps({
+        "torch": "2.11.0+cu130", "device": "NVIDIA H200", "streams": 10, "phases": 4,
+        "empty_cache_calls": 4, "trace_events": 1234, "segment_frees": 120,
+        "peak_reserved_bytes": 8 * gib, "peak_allocated_bytes": 7 * gib,
+        "num_alloc_retries": 0}))
+    releases = {"runs": 4, "empty_cache_runs": 4, "retry_runs": 0, "applied": 4, "skipped": 0}
+
+    def replay(name, peak):
+        (tmp_path / f"{name}.json").write_text(json.dumps({
+            "peak_reserved_bytes": peak, "recorded_peak_reserved_bytes": 8 * gib,
+            "releases": releases}))
+
+    replay("followed", 8 * gib + 8 * gib // 200)  # +0.5%
+    replay("ignored", 16 * gib)
+    proc = subprocess.run([sys.executable, str(script), "--compare", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "8.00 GiB" in proc.stdout and "16.00 GiB" in proc.stdout
+    assert "+0.50%" in proc.stdout and "+100.00%" in proc.stdout
+    assert "within 1% of torch: yes" in proc.stdout
+    replay("followed", 9 * gib)
+    proc = subprocess.run([sys.executable, str(script), "--compare", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "within 1% of torch: NO" in proc.stdout

@@ -73,14 +73,20 @@ TEST(ReplayTest, TinyTraceHasKnownPeaks) {
   EXPECT_EQ(r.trace_peak_requested_bytes, 3001000);
   EXPECT_EQ(r.peak_allocated_bytes, 3000320 + 1024);
   EXPECT_EQ(r.peak_reserved_bytes, 20 * kMiB + 2 * kMiB);
-  EXPECT_EQ(r.final_reserved_bytes, 20 * kMiB + 2 * kMiB);  // nothing released on purpose
+  // The trace's segment_free at line 10 is the program's empty_cache(): the replay returns its
+  // free 20 MiB segment there too; the 2 MiB one holds the live 500-byte block.
+  EXPECT_EQ(r.final_reserved_bytes, 2 * kMiB);
+  EXPECT_EQ(r.releases.runs, 1);
+  EXPECT_EQ(r.releases.applied, 1);
+  EXPECT_EQ(r.releases.first_applied_line, 10);
+  EXPECT_EQ(r.releases.replay_released_bytes, 20 * kMiB);
   EXPECT_DOUBLE_EQ(r.utilization, 3001344.0 / (22.0 * kMiB));
   EXPECT_EQ(r.recorded_peak_reserved_bytes, 20 * kMiB + 2 * kMiB);
   EXPECT_DOUBLE_EQ(r.recorded_utilization, 3001000.0 / (22.0 * kMiB));
   EXPECT_EQ(r.recorded_segment_allocs, 2);
   EXPECT_EQ(r.recorded_segment_frees, 1);
   EXPECT_EQ(r.device_allocs, 2);
-  EXPECT_EQ(r.device_frees, 0);
+  EXPECT_EQ(r.device_frees, 1);
   EXPECT_EQ(r.live_at_end, 1);
   EXPECT_EQ(r.live_bytes_at_end, 500);
   EXPECT_TRUE(r.unknown_frees.empty());
@@ -90,11 +96,21 @@ TEST(ReplayTest, TinyTraceHasKnownPeaks) {
 
   ASSERT_EQ(r.driver_calls.size(), static_cast<std::size_t>(kNumDriverCalls));
   EXPECT_EQ(r.driver_calls.at("cudaMalloc"), 2);
-  EXPECT_EQ(r.driver_calls.at("cudaFree"), 0);
+  EXPECT_EQ(r.driver_calls.at("cudaFree"), 1);
   double sum = 0;
   for (const auto& [name, us] : r.driver_us) sum += us;
   EXPECT_GT(r.modeled_driver_us, 0.0);
   EXPECT_NEAR(r.modeled_driver_us, sum, 1e-6);
+
+  // --ignore-releases: the trace's release feeds the recorded figures only.
+  ReplayConfig ignore = Config();
+  ignore.follow_releases = false;
+  const ReplayResult kept = MustReplay(kTiny, Options(), ignore);
+  EXPECT_EQ(kept.final_reserved_bytes, 20 * kMiB + 2 * kMiB);
+  EXPECT_EQ(kept.device_frees, 0);
+  EXPECT_EQ(kept.releases.runs, 1);
+  EXPECT_EQ(kept.releases.applied, 0);
+  EXPECT_FALSE(kept.releases.followed);
 }
 
 TEST(ReplayTest, FreeRequestedIsIgnoredUntilFreeCompleted) {
@@ -277,7 +293,7 @@ TEST(ReplayTimelineTest, EveryEventSampledMatchesTheFinalStats) {
   EXPECT_EQ(r.timeline[1].requested_bytes, 3000000);
   EXPECT_EQ(r.timeline[1].recorded_reserved_bytes, 20 * kMiB);
   EXPECT_EQ(r.timeline[1].wasted_bytes(), 20 * kMiB - 3000320);
-  // The trace's own segment_free (line 10) shows in the recorded curve only.
+  // The trace's own segment_free (line 10) is followed: both curves fall there.
   const TimelinePoint& last = r.timeline.back();
   EXPECT_EQ(last.event, 9);
   EXPECT_EQ(last.line, 10);

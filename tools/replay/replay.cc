@@ -17,51 +17,13 @@
 #include "device/sim_cost_model.h"
 #include "ledger/device_report.h"
 #include "replay/replay_observers.h"
+#include "replay/replayer.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/device_backend.h"
 #include "vramledger/stats.h"
 
 namespace vramledger {
 namespace {
-
-// A block the trace allocated and has not freed yet.
-struct LiveBlock {
-  DevicePtr ours = 0;    // what our allocator returned
-  std::size_t size = 0;  // the trace's requested size in bytes
-};
-
-// The trace's own bookkeeping: live requested bytes and reserved bytes, with their peaks.
-struct RecordedFigures {
-  std::int64_t live = 0;
-  std::int64_t peak_live = 0;
-  std::int64_t reserved = 0;
-  std::int64_t peak_reserved = 0;
-
-  void Reserve(std::int64_t bytes) {
-    reserved += bytes;
-    peak_reserved = std::max(peak_reserved, reserved);
-  }
-};
-
-// Counts of one pass over the trace, filled by Replayer::Apply.
-struct Tally {
-  std::int64_t allocs = 0;
-  std::int64_t frees = 0;
-  std::vector<LineAddress> unknown_frees;
-  std::vector<LineAddress> reused_live_addresses;
-  RecordedFigures recorded;
-  std::int64_t recorded_segment_allocs = 0;
-  std::int64_t recorded_segment_maps = 0;
-  std::int64_t recorded_segment_frees = 0;
-  std::int64_t recorded_ooms = 0;
-  std::int64_t step_marks = 0;
-  double recorded_modeled_driver_us = 0.0;
-};
-
-absl::Status AtLine(const ReplayConfig& config, const TraceEvent& event, absl::StatusCode code,
-                    absl::string_view what) {
-  return absl::Status(code, absl::StrCat(config.source, ":", event.line, ": ", what));
-}
 
 // The stream with the most alloc events; the lowest id among equals; 0 for none.
 StreamId MainStream(const std::vector<TraceEvent>& events) {
@@ -80,175 +42,9 @@ StreamId MainStream(const std::vector<TraceEvent>& events) {
   return best;
 }
 
-// What torch's own driver calls for a segment event cost in SimBackend's model (see
-// ReplayResult::recorded_modeled_driver_us); 0 for other actions.
-double RecordedEventMicros(const TraceEvent& event) {
-  constexpr std::size_t kTorchLargePage = 20 * kMiB;  // torch's expandable page sizes
-  constexpr std::size_t kTorchSmallPage = 2 * kMiB;
-  const std::size_t page = event.size % kTorchLargePage == 0 ? kTorchLargePage : kTorchSmallPage;
-  const double handles = std::ceil(static_cast<double>(event.size) / static_cast<double>(page));
-  switch (event.action) {
-    case TraceAction::kSegmentAlloc:
-      return ModelledCallMicros(DriverCall::kMalloc, event.size);
-    case TraceAction::kSegmentFree:
-      return ModelledCallMicros(DriverCall::kFree, event.size);
-    case TraceAction::kSegmentMap:
-      return handles * (ModelledCallMicros(DriverCall::kMemCreate, page) +
-                        ModelledCallMicros(DriverCall::kMemMap, page) +
-                        ModelledCallMicros(DriverCall::kMemSetAccess, page));
-    case TraceAction::kSegmentUnmap:
-      return handles * (ModelledCallMicros(DriverCall::kMemUnmap, page) +
-                        ModelledCallMicros(DriverCall::kMemRelease, page));
-    default:
-      return 0.0;
-  }
-}
-
 double Percent(double micros, std::int64_t span_us) {
   return span_us > 0 ? 100.0 * micros / static_cast<double>(span_us) : 0.0;
 }
-
-// Follows the allocator's reserved bytes from its segment events. GetStats() gives the same
-// figure but also measures the largest free block, which on expandable segments walks every page
-// of the free tail of the reserved range (~100k pages on an H200): too slow for every event.
-// A recycled page emits segment_unmap then segment_map, which nets to zero as reserved does.
-class ReservedTracker final : public AllocatorHooks {
- public:
-  void OnEvent(const TraceEntry& event) override {
-    switch (event.action) {
-      case TraceAction::kSegmentAlloc:
-      case TraceAction::kSegmentMap:
-        reserved_ += static_cast<std::int64_t>(event.size);
-        break;
-      case TraceAction::kSegmentFree:
-      case TraceAction::kSegmentUnmap:
-        reserved_ -= static_cast<std::int64_t>(event.size);
-        break;
-      default:
-        break;
-    }
-  }
-  std::int64_t reserved() const { return reserved_; }
-
- private:
-  std::int64_t reserved_ = 0;  // written under the allocator's lock; the replay is one thread
-};
-
-// One allocator on one simulated device, fed a trace's events one at a time.
-class Replayer {
- public:
-  Replayer(const Options& options, const ReplayConfig& config)
-      : config_(config), backend_(SimConfig(config)), allocator_(options, &backend_) {
-    live_.reserve(4096);
-    allocator_.SetHooks(&tracker_);
-  }
-  ~Replayer() { allocator_.SetHooks(nullptr); }
-  Replayer(const Replayer&) = delete;
-  Replayer& operator=(const Replayer&) = delete;
-
-  // Applies `event` and counts it in `tally`; true when it reached the allocator (an alloc, or
-  // a free_completed of a live address). Errors: Replay's, naming the event's line.
-  absl::StatusOr<bool> Apply(const TraceEvent& event, Tally* tally) {
-    RecordedFigures& recorded = tally->recorded;
-    if (config_.gpu_lag_us > 0) backend_.AdvanceClock(event.time_us);
-    switch (event.action) {
-      case TraceAction::kAlloc: {
-        if (auto it = live_.find(event.addr); it != live_.end()) {
-          // The trace lost a free: release the earlier block as torch must have.
-          tally->reused_live_addresses.push_back({event.line, event.addr});
-          if (absl::Status s = allocator_.Free(it->second.ours); !s.ok()) {
-            return AtLine(config_, event, s.code(),
-                          absl::StrCat("free of the earlier block at reused address ", event.addr,
-                                       " failed: ", s.message()));
-          }
-          recorded.live -= static_cast<std::int64_t>(it->second.size);
-          live_.erase(it);
-        }
-        absl::StatusOr<DevicePtr> ptr = allocator_.Malloc(event.size, event.stream);
-        if (!ptr.ok()) {
-          const absl::string_view message = ptr.status().message();
-          // The allocator's hint names the variable; a replay's user types --conf.
-          const bool hint = absl::StrContains(message, "VRAMLEDGER_CONF=expandable_segments:True");
-          return AtLine(config_, event, ptr.status().code(),
-                        absl::StrCat("alloc of ", event.size, " bytes on stream ", event.stream,
-                                     " failed (simulated capacity ", config_.capacity_bytes,
-                                     " bytes): ", message,
-                                     hint ? " (Here: --conf expandable_segments:True.)" : ""));
-        }
-        live_.emplace(event.addr, LiveBlock{*ptr, event.size});
-        recorded.live += static_cast<std::int64_t>(event.size);
-        recorded.peak_live = std::max(recorded.peak_live, recorded.live);
-        ++tally->allocs;
-        return true;
-      }
-      case TraceAction::kFreeCompleted: {
-        auto it = live_.find(event.addr);
-        if (it == live_.end()) {
-          tally->unknown_frees.push_back({event.line, event.addr});
-          return false;
-        }
-        if (absl::Status s = allocator_.Free(it->second.ours); !s.ok()) {
-          return AtLine(config_, event, s.code(),
-                        absl::StrCat("free of ", it->second.size, " bytes failed: ", s.message()));
-        }
-        recorded.live -= static_cast<std::int64_t>(it->second.size);
-        live_.erase(it);
-        ++tally->frees;
-        return true;
-      }
-      case TraceAction::kSegmentAlloc:
-      case TraceAction::kSegmentMap:
-        recorded.Reserve(static_cast<std::int64_t>(event.size));
-        ++tally->recorded_segment_allocs;
-        if (event.action == TraceAction::kSegmentMap) ++tally->recorded_segment_maps;
-        tally->recorded_modeled_driver_us += RecordedEventMicros(event);
-        return false;
-      case TraceAction::kSegmentFree:
-      case TraceAction::kSegmentUnmap:
-        recorded.Reserve(-static_cast<std::int64_t>(event.size));
-        ++tally->recorded_segment_frees;
-        tally->recorded_modeled_driver_us += RecordedEventMicros(event);
-        return false;
-      case TraceAction::kOom:
-        ++tally->recorded_ooms;
-        return false;
-      case TraceAction::kSnapshot:
-        ++tally->step_marks;
-        return false;
-      case TraceAction::kFreeRequested:
-        return false;
-    }
-    return false;
-  }
-
-  // The allocator's figures now (GetStats(): use sparingly, see ReservedTracker).
-  ReplayState State() const {
-    const DeviceStats stats = allocator_.GetStats();
-    return {stats.allocated_bytes[kAggregate].current, stats.reserved_bytes[kAggregate].current,
-            stats.requested_bytes[kAggregate].current};
-  }
-  // Reserved bytes now, cheaply.
-  std::int64_t reserved() const { return tracker_.reserved(); }
-
-  DeviceAllocator& allocator() { return allocator_; }
-  const DriverCallLedger& calls() const { return backend_.calls(); }
-  std::int64_t live_blocks() const { return static_cast<std::int64_t>(live_.size()); }
-
- private:
-  static SimBackend::Config SimConfig(const ReplayConfig& config) {
-    SimBackend::Config sim;
-    sim.capacity = config.capacity_bytes;
-    sim.auto_complete_events = config.gpu_lag_us <= 0;
-    sim.event_lag_us = config.gpu_lag_us;
-    return sim;
-  }
-
-  const ReplayConfig& config_;
-  SimBackend backend_;
-  ReservedTracker tracker_;  // declared before the allocator, which borrows it
-  DeviceAllocator allocator_;
-  absl::flat_hash_map<DevicePtr, LiveBlock> live_;  // trace address -> block
-};
 
 // Fragmentation right after events[0 .. count): a second pass that stops there (the replay is
 // deterministic; one GetFragmentation per new running peak cost far more on expandable runs).
@@ -256,20 +52,23 @@ absl::StatusOr<Fragmentation> FragmentationAfter(const std::vector<TraceEvent>& 
                                                  std::int64_t count, StreamId stream,
                                                  const Options& options,
                                                  const ReplayConfig& config) {
-  Replayer replayer(options, config);
+  absl::StatusOr<std::unique_ptr<Replayer>> replayer = Replayer::Create(events, options, config);
+  if (!replayer.ok()) return replayer.status();
   Tally scratch;
   for (std::int64_t i = 0; i < count; ++i) {
-    absl::StatusOr<bool> applied = replayer.Apply(events[static_cast<std::size_t>(i)], &scratch);
+    absl::StatusOr<Outcome> applied = (*replayer)->Apply(static_cast<std::size_t>(i), &scratch);
     if (!applied.ok()) return applied.status();
   }
-  return FragmentationOf(replayer.allocator(), stream);
+  return FragmentationOf((*replayer)->allocator(), stream);
 }
 
 }  // namespace
 
 absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const Options& options,
                                     const ReplayConfig& config) {
-  Replayer replayer(options, config);
+  absl::StatusOr<std::unique_ptr<Replayer>> created = Replayer::Create(events, options, config);
+  if (!created.ok()) return created.status();
+  Replayer& replayer = **created;
   const DriverCallLedger& calls = replayer.calls();
 
   ReplayResult result;
@@ -321,11 +120,16 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
         }
       }
     }
-    absl::StatusOr<bool> replayed = replayer.Apply(event, &tally);
-    if (!replayed.ok()) return replayed.status();
-
+    absl::StatusOr<Outcome> outcome = replayer.Apply(static_cast<std::size_t>(index - 1), &tally);
+    if (!outcome.ok()) return outcome.status();
+    if (*outcome == Outcome::kRefused && !config.plan_keep_going) {
+      result.plan.stopped = true;
+      break;
+    }
+    // A release changes reserved bytes but is no replayed event (steps count alloc and free).
+    const bool replayed = *outcome == Outcome::kReplayed;
     std::array<bool, TimelineSampler::kNumCurves> new_peak{};
-    if (*replayed) {
+    if (replayed || *outcome == Outcome::kReleased) {
       state.reserved = replayer.reserved();
       state.requested = tally.recorded.live;  // the replay's requested bytes are the trace's
       if (state.reserved > peak_reserved_seen) {
@@ -343,8 +147,8 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
     const bool sampled = sampler.has_value() &&
                          (sampler->IsSamplePoint(index) || new_peak[TimelineSampler::kReserved] ||
                           new_peak[TimelineSampler::kRecordedReserved]);
-    if ((*replayed && marks_steps) || sampled) state.allocated = replayer.State().allocated;
-    steps.Observe(state, *replayed);
+    if ((replayed && marks_steps) || sampled) state.allocated = replayer.State().allocated;
+    steps.Observe(state, replayed);
     if (event.action == TraceAction::kSnapshot) {
       steps.Close(event, /*complete=*/true, state, LedgerTotals::Of(calls));
     }
@@ -433,6 +237,12 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const
   result.recorded_driver_pct_of_span =
       Percent(result.recorded_modeled_driver_us, result.trace_span_us);
   result.live_at_end = replayer.live_blocks();
+  result.releases = replayer.releases();
+  if (const PlanFigures* plan = replayer.plan(); plan != nullptr) {
+    const bool stopped = result.plan.stopped;
+    result.plan = *plan;
+    result.plan.stopped = stopped;
+  }
   result.live_bytes_at_end = recorded.live;
 
   if (result.peak_reserved_event == total) {

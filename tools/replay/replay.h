@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "replay/replay_plan.h"
 #include "replay/trace_reader.h"
+#include "replay/trace_releases.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/options.h"
 #include "vramledger/types.h"
@@ -42,6 +44,17 @@ struct ReplayConfig {
   /// (fence) the allocator records completes once the trace's clock has passed it by this much.
   /// 0: at once, as before. Models the H200, where the host queues a step's work ahead.
   std::int64_t gpu_lag_us = 0;
+  /// Empty the allocator's cache where the trace shows the program's releases (runs of
+  /// segment_free / segment_unmap: empty_cache() calls, torch's out-of-memory retries; see
+  /// trace_releases.h). false: they feed the recorded figures only.
+  bool follow_releases = true;
+  /// The device whose plan rules apply when Options::process.plan names a plan file.
+  int device = 0;
+  /// With a plan: a refused alloc is counted and skipped (its free ignored) and the replay goes
+  /// on; false: the replay stops at the first refusal.
+  bool plan_keep_going = false;
+  /// Refusals kept with their messages (PlanFigures::listed).
+  std::size_t max_refusals_listed = 10;
 };
 
 /// One point of the timeline: the state after trace event number `event`. Bytes are bytes.
@@ -199,6 +212,13 @@ struct ReplayResult {
   /// recorded_modeled_driver_us / trace_span_us x 100 (0 when the span is 0).
   double recorded_driver_pct_of_span = 0.0;
 
+  // ---- The program's releases and the plan ----
+  /// The trace's releases and what the replay did with them.
+  ReleaseFigures releases;
+  /// The plan enforced (Options::process.plan), its refusals and warnings; path empty: none.
+  /// When plan.stopped, the figures above cover the events before the refused one.
+  PlanFigures plan;
+
   // ---- Anomalies (reported, never ignored) ----
   /// free_completed events of addresses not live in the replay (not allocated by the trace, or
   /// already freed). A snapshot's ring buffer starts mid-run, so it has some by nature.
@@ -218,11 +238,14 @@ struct ReplayResult {
 
 /// Replays `events` in order: alloc -> Malloc(size, stream) (the trace's stream id passed
 /// through), free_completed -> Free (free_requested is ignored: the memory became reusable at
-/// free_completed); segment and oom events feed the recorded figures only; a `snapshot` event
-/// ends a step.
+/// free_completed); segment and oom events feed the recorded figures, and the last event of a
+/// release of the program's empties the cache (config.follow_releases); a `snapshot` event ends
+/// a step. With a plan (Options::process.plan) a BudgetGuard guards the simulated device: a
+/// refusal is reported in ReplayResult::plan, not as an error.
 /// Errors: ResourceExhausted "SOURCE:LINE: alloc of N bytes on stream S failed: <allocator
 /// message>" when the simulated device runs out (the replay stops there); any other allocator
-/// or backend failure with its line in the same shape.
+/// or backend failure with its line in the same shape; the plan file's errors (InvalidArgument
+/// naming its line and field, NotFound).
 absl::StatusOr<ReplayResult> Replay(const std::vector<TraceEvent>& events, const Options& options,
                                     const ReplayConfig& config);
 

@@ -1,5 +1,6 @@
 // `vramledger-replay TRACE [--capacity-gib N] [--json] [--conf S] [--timeline CSV]`: replays a
-// trace CSV on SimBackend, prints the table (or JSON). Single-threaded command-line entry point.
+// trace CSV on SimBackend, prints the table (or JSON); exit status 1 when the plan (--conf
+// plan:FILE) refused an allocation. Single-threaded command-line entry point.
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +25,7 @@ namespace {
 constexpr absl::string_view kUsage =
     "usage: vramledger-replay TRACE [--capacity-gib N] [--json] [--conf key:value,...]\n"
     "                         [--timeline OUT.csv] [--sample-every N] [--gpu-lag-us N]\n"
+    "                         [--ignore-releases] [--plan-keep-going]\n"
     "  TRACE            trace CSV (action,addr,size,stream,time_us), plain or .gz; a\n"
     "                   `snapshot` row ends a training step\n"
     "  --capacity-gib N simulated device capacity in GiB (default: the H200's 139.80)\n"
@@ -36,6 +38,10 @@ constexpr absl::string_view kUsage =
     "                   about 2000 points)\n"
     "  --gpu-lag-us N   the simulated GPU finishes work N us of trace time after the host\n"
     "                   queued it (fences complete late, as on a real GPU; default 0: at once)\n"
+    "  --ignore-releases do not empty the cache where the trace shows the program's releases\n"
+    "                   (runs of segment_free / segment_unmap: empty_cache(), OOM retries)\n"
+    "  --plan-keep-going with --conf plan:FILE, count every refusal and go on (default: stop at\n"
+    "                   the first); either way the exit status is 1 after a refusal\n"
     "  (--plot is in the Python command: vramledger replay TRACE --plot OUT.png)\n";
 
 struct Args {
@@ -46,6 +52,8 @@ struct Args {
   std::string timeline;
   std::int64_t sample_every = 0;
   std::int64_t gpu_lag_us = 0;
+  bool ignore_releases = false;
+  bool plan_keep_going = false;
   bool help = false;
 };
 
@@ -72,6 +80,10 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.help = true;
     } else if (arg == "--json") {
       args.json = true;
+    } else if (arg == "--ignore-releases") {
+      args.ignore_releases = true;
+    } else if (arg == "--plan-keep-going") {
+      args.plan_keep_going = true;
     } else if (is_flag("--conf")) {
       absl::StatusOr<std::string> value = FlagValue("--conf", argc, argv, &i);
       if (!value.ok()) return value.status();
@@ -165,6 +177,8 @@ int Main(int argc, char** argv) {
   config.timeline = !args->timeline.empty();
   config.sample_every = args->sample_every;
   config.gpu_lag_us = args->gpu_lag_us;
+  config.follow_releases = !args->ignore_releases;
+  config.plan_keep_going = args->plan_keep_going;
   absl::StatusOr<ReplayResult> result = Replay(*events, *options, config);
   if (!result.ok()) return Fail(result.status());
   if (config.timeline) {
@@ -180,7 +194,8 @@ int Main(int argc, char** argv) {
     std::cout << FormatReplayTable(*result);
   }
   std::cout.flush();
-  return std::cout.good() ? 0 : 2;
+  if (!std::cout.good()) return 2;
+  return result->plan.refusals > 0 ? 1 : 0;
 }
 
 }  // namespace

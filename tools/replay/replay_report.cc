@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "ledger/fragmentation_json.h"
+#include "replay/replay_extras_report.h"
 #include "vramledger/types.h"
 
 namespace vramledger {
@@ -179,6 +180,8 @@ nlohmann::json ReplayResultToJson(const ReplayResult& result, std::size_t max_li
   j["reused_live_addresses_listed"] = ListLines(result.reused_live_addresses, max_listed);
   j["live_at_end"] = result.live_at_end;
   j["live_bytes_at_end"] = result.live_bytes_at_end;
+  j["releases"] = ReleaseFiguresJson(result.releases);
+  j["plan"] = PlanFiguresJson(result.plan);
   return j;
 }
 
@@ -323,6 +326,7 @@ std::string FormatReplayTable(const ReplayResult& result) {
                       "allocs of live addresses: %d\n",
                       WithThousands(result.live_at_end), BytesAndGiB(result.live_bytes_at_end),
                       result.unknown_frees.size(), result.reused_live_addresses.size()));
+  absl::StrAppend(&out, FormatReleases(result.releases), FormatPlan(result.plan, result.source));
   return out;
 }
 

@@ -4,72 +4,39 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "device/sim_backend.h"
 #include "ledger/history.h"
+#include "replay/replayer.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/stats.h"
 
 namespace vramledger {
 namespace {
 
-absl::Status AtLine(const ReplayConfig& config, const TraceEvent& event, const absl::Status& s,
-                    const std::string& what) {
-  return absl::Status(s.code(),
-                      absl::StrCat(config.source, ":", event.line, ": ", what, s.message()));
-}
-
-// Runs events[0..last] (inclusive) through `allocator` with Replay()'s rules, the simulated
-// GPU's clock following the trace's times when config.gpu_lag_us > 0 (as Replay() does).
-// `after_alloc(i)` runs after each successful alloc event i.
-absl::Status RunEvents(const std::vector<TraceEvent>& events, std::size_t last,
-                       const ReplayConfig& config, SimBackend& backend, DeviceAllocator& allocator,
-                       const std::function<void(std::size_t)>& after_alloc) {
-  absl::flat_hash_map<DevicePtr, DevicePtr> live;  // trace address -> ours
-  live.reserve(4096);
+// Runs events[0..last] (inclusive) through a Replayer (Replay()'s rules: its releases, its plan,
+// the simulated GPU's clock) with `observer` among its hooks; stops after a plan refusal unless
+// config.plan_keep_going. `after_alloc(i, allocator)` runs after each alloc event i that went
+// through. Returns the replayer, for the state at the stop.
+absl::StatusOr<std::unique_ptr<Replayer>> RunEvents(
+    const std::vector<TraceEvent>& events, std::size_t last, const Options& options,
+    const ReplayConfig& config, AllocatorHooks* observer,
+    const std::function<void(std::size_t, DeviceAllocator&)>& after_alloc) {
+  absl::StatusOr<std::unique_ptr<Replayer>> replayer =
+      Replayer::Create(events, options, config, observer);
+  if (!replayer.ok()) return replayer.status();
+  Tally tally;
   for (std::size_t i = 0; i <= last && i < events.size(); ++i) {
-    const TraceEvent& event = events[i];
-    if (config.gpu_lag_us > 0) backend.AdvanceClock(event.time_us);
-    if (event.action == TraceAction::kAlloc) {
-      if (auto it = live.find(event.addr); it != live.end()) {
-        if (absl::Status s = allocator.Free(it->second); !s.ok()) {
-          return AtLine(config, event, s, "free of the earlier block at a reused address failed: ");
-        }
-        live.erase(it);
-      }
-      absl::StatusOr<DevicePtr> ptr = allocator.Malloc(event.size, event.stream);
-      if (!ptr.ok()) {
-        return AtLine(
-            config, event, ptr.status(),
-            absl::StrCat("alloc of ", event.size, " bytes on stream ", event.stream,
-                         " failed (simulated capacity ", config.capacity_bytes, " bytes): "));
-      }
-      live.emplace(event.addr, *ptr);
-      if (after_alloc) after_alloc(i);
-    } else if (event.action == TraceAction::kFreeCompleted) {
-      auto it = live.find(event.addr);
-      if (it == live.end()) continue;  // a free of an address the trace never allocated
-      if (absl::Status s = allocator.Free(it->second); !s.ok()) {
-        return AtLine(config, event, s, "free failed: ");
-      }
-      live.erase(it);
+    absl::StatusOr<Outcome> outcome = (*replayer)->Apply(i, &tally);
+    if (!outcome.ok()) return outcome.status();
+    if (*outcome == Outcome::kRefused && !config.plan_keep_going) break;
+    if (*outcome == Outcome::kReplayed && events[i].action == TraceAction::kAlloc && after_alloc) {
+      after_alloc(i, (*replayer)->allocator());
     }
   }
-  return absl::OkStatus();
-}
-
-// As Replay()'s backend: fences complete at once, or gpu_lag_us of trace time after they are
-// recorded.
-SimBackend::Config SimConfig(const ReplayConfig& config) {
-  SimBackend::Config sim;
-  sim.capacity = config.capacity_bytes;
-  sim.auto_complete_events = config.gpu_lag_us <= 0;
-  sim.event_lag_us = config.gpu_lag_us;
-  return sim;
+  return replayer;
 }
 
 }  // namespace
@@ -86,31 +53,29 @@ absl::StatusOr<SnapshotJson> ReplaySnapshot(const std::vector<TraceEvent>& event
   std::size_t last = events.empty() ? 0 : events.size() - 1;
   std::int64_t peak = 0;
   if (config.at == SnapshotMoment::kPeakReserved) {
-    SimBackend backend(SimConfig(config.replay));
-    DeviceAllocator allocator(options, &backend);
     std::size_t peak_index = 0;
-    absl::Status s = RunEvents(events, last, config.replay, backend, allocator, [&](std::size_t i) {
-      const std::int64_t reserved = allocator.GetStats().reserved_bytes[kAggregate].current;
-      if (reserved > peak) {
-        peak = reserved;
-        peak_index = i;
-      }
-    });
-    if (!s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<Replayer>> pass = RunEvents(
+        events, last, options, config.replay, nullptr,
+        [&](std::size_t i, DeviceAllocator& allocator) {
+          const std::int64_t reserved = allocator.GetStats().reserved_bytes[kAggregate].current;
+          if (reserved > peak) {
+            peak = reserved;
+            peak_index = i;
+          }
+        });
+    if (!pass.ok()) return pass.status();
     last = peak_index;
   }
 
-  SimBackend backend(SimConfig(config.replay));
-  DeviceAllocator allocator(options, &backend);
   HistorySettings settings;
   settings.enabled = HistoryEnabled::kAll;
   settings.context = HistoryContext::kNone;
   settings.max_entries = config.max_entries;
   History history(settings);
-  allocator.SetHooks(&history);
-  absl::Status s = RunEvents(events, last, config.replay, backend, allocator, nullptr);
-  allocator.SetHooks(nullptr);
-  if (!s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Replayer>> replayer =
+      RunEvents(events, last, options, config.replay, &history, nullptr);
+  if (!replayer.ok()) return replayer.status();
+  DeviceAllocator& allocator = (*replayer)->allocator();
 
   const DeviceStats stats = allocator.GetStats();
   SnapshotOptions snapshot_options;

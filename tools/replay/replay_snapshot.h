@@ -35,8 +35,10 @@ struct ReplaySnapshotConfig {
 };
 
 /// Replays `events` exactly as Replay() does (alloc -> Malloc, free_completed -> Free of the
-/// mapped block, an alloc of a live address frees the earlier block first; other actions are
-/// not replayed; config.replay.gpu_lag_us delays fences as there) with a History recording every
+/// mapped block, an alloc of a live address frees the earlier block first; the program's
+/// releases empty the cache when config.replay.follow_releases; a plan in `options` guards the
+/// device and, unless config.replay.plan_keep_going, stops the replay at its first refusal;
+/// config.replay.gpu_lag_us delays fences as there) with a History recording every
 /// state change (enabled "all", no stacks: a trace has none), and returns the snapshot at
 /// `config.at`. For kPeakReserved the trace is replayed twice: once to find the event, once to stop
 /// after it (the replay is deterministic). The snapshot's "vramledger" object gets "replay":

@@ -188,8 +188,8 @@ def check_replay_snapshot_args(args: argparse.Namespace) -> None:
 
 
 def write_replay_snapshot(args: argparse.Namespace, core: Any, capacity: int) -> dict:
-    """Replays args.trace again with the history on (and args.gpu_lag_us, as the replay it
-    accompanies), writes the snapshot at args.at to args.snapshot, and returns {path, at,
+    """Replays args.trace again with the history on (and args.gpu_lag_us and
+    args.ignore_releases, as the replay it accompanies), writes the snapshot at args.at to args.snapshot, and returns {path, at,
     events_replayed, line, reserved_bytes}. check_replay_snapshot_args has checked the flags."""
     path = args.trace
     try:
@@ -198,11 +198,13 @@ def write_replay_snapshot(args: argparse.Namespace, core: Any, capacity: int) ->
                                                  args.device)
             snap = core.replay_snapshot_events(
                 events, args.conf, capacity, source=f"{path}:device_traces[{args.device}]",
-                at=args.at, max_entries=args.max_entries, gpu_lag_us=args.gpu_lag_us)
+                at=args.at, max_entries=args.max_entries, gpu_lag_us=args.gpu_lag_us,
+                follow_releases=not args.ignore_releases)
         else:
             snap = core.replay_snapshot_file(path, args.conf, capacity, at=args.at,
                                              max_entries=args.max_entries,
-                                             gpu_lag_us=args.gpu_lag_us)
+                                             gpu_lag_us=args.gpu_lag_us,
+                                             follow_releases=not args.ignore_releases)
     except (ValueError, OSError, MemoryError, RuntimeError) as e:
         raise _error(str(e)) from e
     _write(_snapshot.normalize(snap), args.snapshot)
