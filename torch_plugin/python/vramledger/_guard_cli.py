@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from vramledger import _plan, _report
+from vramledger import _plan, _plan_fit, _report
 
 
 def register(commands, cli_error: type[Exception]) -> None:
@@ -15,9 +15,11 @@ def register(commands, cli_error: type[Exception]) -> None:
                     "Face config.json or flags, beside the card's capacity, and writes a plan "
                     "file the guard enforces. Exit status 1 when the planned peak does not "
                     "fit the card (the table, JSON and plan file are written all the same). "
+                    "--fit batch|seq: the largest micro-batch or sequence that fits. "
                     "Formulas: docs/design/memory-planner.md.")
     _plan.add_arguments(plan)
-    plan.set_defaults(run=lambda args: _plan.run(args, cli_error))
+    _plan_fit.add_arguments(plan)
+    plan.set_defaults(run=lambda args: _plan_fit.run(args, cli_error))
     report = commands.add_parser(
         "report", help="per-rank peaks of a job from its step logs",
         description="Reads the step logs of every rank (vramledger.step() with the step_log "

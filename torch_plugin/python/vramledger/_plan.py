@@ -470,7 +470,7 @@ def add_arguments(p) -> None:
                    help="MLP kind (default from the config; gated with flags only)")
     p.add_argument("--vocab", type=int)
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 1024)")
-    p.add_argument("--batch", type=int, default=1, help="micro-batch per GPU (default 1)")
+    p.add_argument("--batch", type=int, default=None, help="micro-batch per GPU (default 1)")
     p.add_argument("--precision", default="bf16-mixed",
                    choices=("fp32", "bf16-mixed", "fp16-mixed"), help="default bf16-mixed")
     p.add_argument("--optimizer", default="adamw",
@@ -520,46 +520,60 @@ def check_flags(args) -> None:
     check_plan_fractions(args.headroom, args.fragmentation, args.warn_at)
 
 
+def model_and_setup(args) -> tuple[Model, Setup]:
+    """The model and training setup the parsed flags describe (PlanError on a bad one)."""
+    check_flags(args)
+    model = model_from_config(args.config) if args.config else Model(name="model")
+    for flag, attr in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"),
+                       ("kv_heads", "kv_heads"), ("intermediate", "intermediate"),
+                       ("vocab", "vocab"), ("mlp", "mlp")):
+        if getattr(args, flag) is not None:
+            setattr(model, attr, getattr(args, flag))
+    if args.heads is not None and args.kv_heads is None and not args.config:
+        model.kv_heads = args.heads
+    if args.params is not None:
+        model.params = parse_count(args.params)
+    if args.config is None and model.params is None and not model.has_shape():
+        missing = [f"--{k}" for k in ("layers", "hidden", "vocab") if getattr(args, k) is None]
+        raise PlanError("give --config, or --params, or the shape (--layers, --hidden, "
+                        f"--vocab; missing: {', '.join(missing)})")
+    if model.kv_heads and not model.heads:
+        raise PlanError(f"{model.kv_heads} key/value heads (--kv-heads) without the attention "
+                        "heads they share (--heads, or num_attention_heads in --config)")
+    if model.kv_heads and model.heads % model.kv_heads:
+        raise PlanError(f"the key/value heads (--kv-heads, or num_key_value_heads in "
+                        f"--config) must divide the {model.heads} attention heads, got "
+                        f"{model.kv_heads}")
+    card = H200_BYTES if args.card_gib is None else int(args.card_gib * GIB)
+    setup = Setup(seq=1024 if args.seq is None else args.seq,
+                  batch=1 if args.batch is None else args.batch, precision=args.precision,
+                  optimizer=args.optimizer, checkpointing=args.checkpointing,
+                  lora_rank=args.lora_rank, lora_targets=args.lora_targets, qlora=args.qlora,
+                  zero_stage=args.zero_stage, gpus=args.gpus, card_bytes=card,
+                  activation_model=args.activation_model, eager_attention=args.eager_attention)
+    return model, setup
+
+
 def run(args, cli_error: type[Exception]) -> int:
     """Runs `vramledger plan` with parsed `args`; errors become `cli_error`."""
     try:
-        check_flags(args)
-        model = model_from_config(args.config) if args.config else Model(name="model")
-        for flag, attr in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"),
-                           ("kv_heads", "kv_heads"), ("intermediate", "intermediate"),
-                           ("vocab", "vocab"), ("mlp", "mlp")):
-            if getattr(args, flag) is not None:
-                setattr(model, attr, getattr(args, flag))
-        if args.heads is not None and args.kv_heads is None and not args.config:
-            model.kv_heads = args.heads
-        if args.params is not None:
-            model.params = parse_count(args.params)
-        if args.config is None and model.params is None and not model.has_shape():
-            missing = [f"--{k}" for k in ("layers", "hidden", "vocab") if getattr(args, k) is None]
-            raise PlanError("give --config, or --params, or the shape (--layers, --hidden, "
-                            f"--vocab; missing: {', '.join(missing)})")
-        if model.kv_heads and not model.heads:
-            raise PlanError(f"{model.kv_heads} key/value heads (--kv-heads) without the attention "
-                            "heads they share (--heads, or num_attention_heads in --config)")
-        if model.kv_heads and model.heads % model.kv_heads:
-            raise PlanError(f"the key/value heads (--kv-heads, or num_key_value_heads in "
-                            f"--config) must divide the {model.heads} attention heads, got "
-                            f"{model.kv_heads}")
-        seq = 1024 if args.seq is None else args.seq
-        card = H200_BYTES if args.card_gib is None else int(args.card_gib * GIB)
-        setup = Setup(seq=seq, batch=args.batch, precision=args.precision, optimizer=args.optimizer,
-                      checkpointing=args.checkpointing, lora_rank=args.lora_rank,
-                      lora_targets=args.lora_targets, qlora=args.qlora,
-                      zero_stage=args.zero_stage, gpus=args.gpus, card_bytes=card,
-                      activation_model=args.activation_model,
-                      eager_attention=args.eager_attention)
-        est = estimate(model, setup)
-        doc = None
-        if args.out:
-            doc = plan_document(est, args.headroom, args.fragmentation, args.warn_at,
-                                args.category_limits, args.config or "flags")
+        est = estimate(*model_and_setup(args))
     except PlanError as e:
         raise cli_error(str(e)) from e
+    return emit(args, est, cli_error)
+
+
+def emit(args, est: dict[str, Any], cli_error: type[Exception], header: str = "",
+         extra: dict[str, Any] | None = None) -> int:
+    """Writes the plan file (--out) and prints the estimate as a table (after `header`) or, with
+    --json, as one object (with `extra`'s keys); 1 when the peak does not fit the card."""
+    doc = None
+    if args.out:
+        try:
+            doc = plan_document(est, args.headroom, args.fragmentation, args.warn_at,
+                                args.category_limits, args.config or "flags")
+        except PlanError as e:
+            raise cli_error(str(e)) from e
     if doc is not None:
         try:
             with open(args.out, "w", encoding="utf-8") as f:
@@ -568,13 +582,13 @@ def run(args, cli_error: type[Exception]) -> int:
         except OSError as e:
             raise cli_error(f"{args.out}: cannot write the plan file: {e}") from e
     if args.json:
-        out = dict(est)
+        out = dict(est) | (extra or {})
         if doc is not None:
             out["plan_file"] = os.path.abspath(args.out)
             out["plan"] = {k: doc[k] for k in ("limit", "headroom", "warn_at")}
         print(json.dumps(out, indent=2))
     else:
-        text = format_table(est)
+        text = header + format_table(est)
         if doc is not None:
             text += (f"  plan file {args.out}: limit {gb(doc['limit'])}, headroom "
                      f"{gb(doc['headroom'])}, warn_at {doc['warn_at']:g}\n")
