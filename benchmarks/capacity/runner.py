@@ -13,8 +13,9 @@ from benchmarks.capacity import search, table
 from benchmarks.capacity.results import Results
 from benchmarks.capacity.workloads import WORKLOADS, size_grid
 
-# A trial: (workload, allocator, cap GiB, batch, seq, timeout s) -> its record (trial.run_trial).
-Trial = Callable[[str, str, float, int, int, float], dict]
+# A trial: (workload, allocator, cap GiB, dimension, size, timeout s) -> its record
+# (trial.run_trial).
+Trial = Callable[[str, str, float, str, int, float], dict]
 
 
 class Budget:
@@ -48,7 +49,7 @@ def run_grid(groups: Iterable[tuple[str, float, str]], allocators: Iterable[str]
         batch, seq = WORKLOADS[workload].shape(dim, size)
         timeout = min(trial_timeout_s, budget.left())
         t0 = budget.clock()
-        r = trial(workload, allocator, cap, batch, seq, timeout)
+        r = trial(workload, allocator, cap, dim, size, timeout)
         budget.walls.append(budget.clock() - t0)
         if r.get("timed_out") and timeout < trial_timeout_s:
             log(f"trial {workload} {allocator} {cap:g} GiB {dim} {size}: cut off by the budget")

@@ -60,9 +60,9 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
     return out
 
 
-def run_trial(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
+def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
               timeout_s: float) -> dict:
-    """Runs the trial in a new process (one allocator per process: install() must come before
+    """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per process: install() must come before
     CUDA starts, and nothing cached from an earlier trial may help a later one). Returns its
     record: `fits` True or False, or None with `error` when the process failed some other way
     (`timed_out` when it ran past `timeout_s`)."""
@@ -74,6 +74,7 @@ def run_trial(workload: str, allocator: str, cap_gib: float, batch: int, seq: in
     env["PYTHONPATH"] = os.pathsep.join(
         [ROOT, os.path.join(ROOT, "torch_plugin", "python")] +
         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    batch, seq = workloads.WORKLOADS[workload].shape(dim, size)
     cmd = [sys.executable, "-m", "benchmarks.capacity.trial", workload, allocator,
            str(cap_gib), str(batch), str(seq)]
     t0 = time.monotonic()

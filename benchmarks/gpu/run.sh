@@ -49,13 +49,19 @@
 #     inprocess     bench/inprocess_ab.py: step time, both allocators in one process
 #     hostcost      vramledger_host_cost_bench: host ns per allocation, torch native vs vramledger
 #     graphstep     bench/graph_step_ab.py: reduce-overhead GPT-2-medium step, torch vs vramledger
+#     capacity      python -m benchmarks.capacity: the largest batch and sequence per workload, cap
+#                   and allocator, beside plan --fit (CAPACITY_* pick the rows; resumes from
+#                   .devbuild/capacity-results.json when carried; writes $OUT/capacity-results.json)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (multi's DDP steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
 # AB_STEPS (10), INPROCESS_WORKLOADS (gpt2m,llama1b,llama1b-ckpt), INPROCESS_GROUPS (30),
 # INPROCESS_LENGTHS (repeat, steady or fresh), INPROCESS_SHIM (1: also under the shim),
 # INPROCESS_MODE (pluggable or native), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
-# HOSTCOST_SHIM (1: also under the shim), GPU_TEST (the C++ GPU test binary, cuda_backend_test).
+# HOSTCOST_SHIM (1: also under the shim), GPU_TEST (the C++ GPU test binary, cuda_backend_test),
+# CAPACITY_WORKLOADS (gpt2m,llama1b,llama1b-ckpt,llama1b-lora), CAPACITY_CAPS (24,80),
+# CAPACITY_ALLOCATORS (torch,torch-expandable,vramledger), CAPACITY_DIMS (batch,seq),
+# CAPACITY_BUDGET_S (500), CAPACITY_RESUME (results files; default .devbuild/capacity-results.json).
 # Outputs: $OUT/table.txt and $OUT/gpu-run.tar.gz (every log and output; the device machine sends
 # back a few files only), $OUT default .devbuild/out. Exit status 0 when every item that ran
 # passed (a benchmark passes when it ran to its end) and none was skipped.
@@ -66,7 +72,7 @@ PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
         snapshot guard preload preload_plan preload_direct wheel multi"
-BENCH="workloads kernels ab inprocess hostcost graphstep"
+BENCH="workloads kernels ab inprocess hostcost graphstep capacity"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -220,6 +226,16 @@ hostcost() {
   return $rc
 }
 
+# The capacity benchmark within what is left of the budget; its records go to $OUT (outside the
+# tarred run folder), where the next call can resume from them once copied back and carried.
+capacity() {
+  local resume="${CAPACITY_RESUME-}" budget="${CAPACITY_BUDGET_S:-500}"
+  [ -z "$resume" ] && [ -f .devbuild/capacity-results.json ] && resume=.devbuild/capacity-results.json
+  [ "$(bound 15)" -lt "$budget" ] && budget="$(bound 15)"
+  CAPACITY_RESUME="$resume" timeout "$(bound)" "$PY" -m benchmarks.capacity --budget-s "$budget" \
+    --out "$OUT/capacity-results.json"
+}
+
 bundle() {
   LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -vE 'libabsl_'
   if LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -q 'not found'; then
@@ -253,6 +269,7 @@ details() {
     ab) tail -6 "$f" ;;
     inprocess) sed -n '/^| workload | ratio/,$p' "$f" ;;
     hostcost) grep -E "^(trace|\| |vramledger)" "$f" ;;
+    capacity) sed -n '/^capacity (/,$p' "$f" ;;
   esac
 }
 
@@ -362,6 +379,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
           --groups "${INPROCESS_GROUPS:-30}" --lengths "${INPROCESS_LENGTHS:-repeat}" \
           --mode "${INPROCESS_MODE:-pluggable}" --json "$RUN/inprocess_ab.json" "${shim_arg[@]}" ;;
       hostcost) item hostcost bench 60 hostcost ;;
+      capacity) item capacity bench 60 capacity ;;
     esac
   done
 

@@ -67,7 +67,8 @@ def test_the_runner_runs_every_check_and_benchmark():
     assert not missing, f"run.sh does not run {missing}"
 
 
-@pytest.mark.parametrize("item", ["guard", "preload", "multi", "hostcost", "checks", "bench"])
+@pytest.mark.parametrize("item", ["guard", "preload", "multi", "hostcost", "capacity", "checks",
+                                  "bench"])
 def test_the_runner_knows_every_item(item, tmp_path):
     """An item name passes the runner's check; it then stops, since its copy's tree has no
     prepared plugin."""
