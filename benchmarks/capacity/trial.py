@@ -39,6 +39,10 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
            "error": None, "step_s": [], "losses": []}
     try:
         model, opt = workloads.build(torch, w)
+        # What the model holds besides what the planner counts shows here (a causal-mask buffer
+        # of n_positions^2 per layer in some transformers versions).
+        out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+        out["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
         vocab = w.config["vocab_size"]
         for length in workloads.lengths(seq):
             torch.cuda.synchronize()
