@@ -12,7 +12,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from vramledger import _plan
+from vramledger import _plan, _plan_cli
 from vramledger._plan import PlanError, gb
 
 # Peak reserved / peak allocated of real training on the H200, the largest of the three workloads
@@ -127,8 +127,8 @@ def run(args, cli_error: type[Exception]) -> int:
     try:
         check_fit_flags(args)
         if args.fit is None:
-            return _plan.run(args, cli_error)
-        model, setup = _plan.model_and_setup(args)
+            return _plan_cli.run(args, cli_error)
+        model, setup = _plan_cli.model_and_setup(args)
         if not model.has_shape():
             raise PlanError(f"--fit needs the model's shape, which sets how the activations grow "
                             f"with the {DIMENSIONS[args.fit]}: give --config, or --layers, "
@@ -164,5 +164,5 @@ def run(args, cli_error: type[Exception]) -> int:
               f"{gb(result.card_bytes)}\n"
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])} x "
               f"{result.allowance:g} = {gb(result.needed(result.above))} > card\n\n")
-    return _plan.emit(args, result.estimate, cli_error, header=header,
+    return _plan_cli.emit(args, result.estimate, cli_error, header=header,
                       extra={"fit": result.as_json()})
