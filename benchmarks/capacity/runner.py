@@ -62,12 +62,16 @@ def run_grid(groups: Iterable[tuple[str, float, str]], allocators: Iterable[str]
             f"{verdict[r.get('fits')]}, {budget.walls[-1]:.1f} s")
         return r.get("fits")
 
+    # vramledger first: its limit, once measured, is where the torch allocators' searches start
+    # (under a cap they land near it, nearer than the planner's allowance for them says).
+    order = [a for a in ("vramledger", "torch-expandable", "torch") if a in allocators]
     for workload, cap, dim in groups:
         w = WORKLOADS[workload]
         step, bound = size_grid(w, dim, seq_step)
-        guesses = {a: predict(workload, a, cap, dim) for a in allocators}
-        for a in allocators:
-            guess = guesses[a] or max((g for g in guesses.values() if g), default=None)
+        guesses = {a: predict(workload, a, cap, dim) for a in order}
+        start = None  # the last limit this group measured
+        for a in order:
+            guess = start or guesses[a] or max((g for g in guesses.values() if g), default=None)
             try:
                 s = search.largest_fit(
                     lambda size, a=a: run_one(workload, a, cap, dim, size), bound=bound,
@@ -75,12 +79,14 @@ def run_grid(groups: Iterable[tuple[str, float, str]], allocators: Iterable[str]
                     known=results.known(workload, a, cap, dim), can_try=budget.can_try)
             except search.Stop:
                 s = search.Search(search.STOPPED, 0, None)
+            if s.status == search.FOUND:
+                start = s.largest
             log(f"search {workload} {a} {cap:g} GiB {dim}: {s.status}, largest {s.largest}, "
                 f"{s.trials} trial(s), planner {guesses[a]}")
         # Retries and step time at the largest size all three fit: a trial of each allocator
         # there, where its search did not leave one.
         size = table.common_size(results, workload, cap, dim, allocators, seq_step)
-        for a in allocators if size else ():
+        for a in order if size else ():
             if results.get(workload, a, cap, dim, size) is None and budget.can_try():
                 try:
                     run_one(workload, a, cap, dim, size)

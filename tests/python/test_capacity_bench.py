@@ -145,23 +145,29 @@ def test_runner_finds_every_limit_and_the_tables_show_them(tmp_path):
 def test_budget_cuts_the_run_and_the_table_shows_what_finished(tmp_path):
     stand_in = StandIn(LIMITS, trial_s=20.0)
     results = Results(str(tmp_path / "r.json"))
-    # 30 s expected at first, then 20: three trials in 70 s, native's 3, 4 and 6.
+    # 30 s expected at first, then 20: three trials in 70 s. vramledger searches first, from the
+    # planner's 6: 6 and 7 fit, 9 does not.
     run(results, stand_in, budget_s=70.0)
-    assert stand_in.calls == [("gpt2m", "torch", 24.0, "batch", n) for n in (3, 4, 6)]
+    assert stand_in.calls == [("gpt2m", "vramledger", 24.0, "batch", n) for n in (6, 7, 9)]
     assert stand_in.clock.now == 60.0
-    text = table.capacity_table(results, [("gpt2m", 24.0)], planned, 64)
-    native = next(line for line in text.splitlines() if "torch native" in line)
-    assert "| >= 4, < 6 (unfinished) (1024) |" in native
     assert len(json.loads((tmp_path / "r.json").read_text())["trials"]) == 3
-    # 30 s more (a first trial is expected to take 30 s): native's 5, which ends its search.
+
+    def row(allocator):
+        text = table.capacity_table(results, [("gpt2m", 24.0)], planned, 64)
+        return next(line for line in text.splitlines() if f"| {allocator} |" in line)
+
+    assert "| >= 7, < 9 (unfinished) (1024) |" in row("vramledger")
+    assert "| - (1024) |" in row("torch expandable")
+    # 30 s more (a first trial is expected to take 30 s): 8, which ends vramledger's search.
     more = StandIn(LIMITS, trial_s=20.0)
     run(results, more, budget_s=30.0)
-    assert more.calls == [("gpt2m", "torch", 24.0, "batch", 5)]
-    text = table.capacity_table(results, [("gpt2m", 24.0)], planned, 64)
-    native = next(line for line in text.splitlines() if "torch native" in line)
-    assert "| 4 (1024) |" in native
-    expandable = next(line for line in text.splitlines() if "torch expandable" in line)
-    assert "| - (1024) |" in expandable
+    assert more.calls == [("gpt2m", "vramledger", 24.0, "batch", 8)]
+    assert "| 7 (1024) |" in row("vramledger")
+    # The torch allocators' searches start from vramledger's 7: expandable's 7 and 6 come next.
+    more = StandIn(LIMITS, trial_s=20.0)
+    run(results, more, budget_s=50.0)
+    assert more.calls == [("gpt2m", "torch-expandable", 24.0, "batch", n) for n in (7, 6)]
+    assert "| 6 (1024) |" in row("torch expandable")
 
 
 def test_a_trial_the_budget_cuts_off_is_not_a_result(tmp_path):
