@@ -4,8 +4,10 @@ For each workload (GPT-2-medium, Llama-1B, Llama-1B with checkpointing, Llama-1B
 checkpointing; random weights, bf16 autocast, AdamW), cap on reserved memory (each allocator's
 per-process memory fraction) and allocator (torch native, torch expandable_segments:True,
 vramledger's defaults), the largest micro-batch and, separately, the largest sequence length that
-trains six steps of varying length without running out of memory, by bisection from the
-planner's prediction (`vramledger plan --fit`), one process per trial. Prints the largest sizes
+trains six steps of varying length without running out of memory, one process per trial. The
+search assumes a size fits when any larger one does: it gallops from a guess (vramledger's from the
+planner's prediction, `vramledger plan --fit`; the torch allocators' from vramledger's measured
+limit) and bisects. Prints the largest sizes
 beside the planner's with its error and vramledger's gain over each torch allocator, then each
 allocator's retries per step and median step time at the largest size all three fit.
 
