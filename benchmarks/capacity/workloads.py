@@ -73,8 +73,8 @@ def lengths(longest: int) -> list[int]:
     return [max(1, round(f * longest)) for f in LENGTH_FRACTIONS]
 
 
-def build(torch, w: Workload):
-    """The model on the GPU (random weights, seed 0) and its AdamW over the trainable weights."""
+def build(torch, w: Workload, device: str = "cuda"):
+    """The model on `device` (random weights, seed 0) and its AdamW over the trainable weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(0)
     config = AutoConfig.for_model(**w.config)
@@ -82,7 +82,7 @@ def build(torch, w: Workload):
     if w.lora_rank:  # the frozen base in bf16, as LoRA fine-tunes are run (and planned)
         torch.set_default_dtype(torch.bfloat16)
     try:
-        with torch.device("cuda"):
+        with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     finally:
         torch.set_default_dtype(dtype)
@@ -101,12 +101,12 @@ def build(torch, w: Workload):
     return model, opt
 
 
-def train_step(torch, model, opt, vocab: int, batch: int, seq: int) -> float:
+def train_step(torch, model, opt, vocab: int, batch: int, seq: int, device: str = "cuda") -> float:
     """One step on random tokens: bf16 autocast forward, backward, AdamW, gradients to None."""
-    x = torch.randint(0, vocab, (batch, seq), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    x = torch.randint(0, vocab, (batch, seq), device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
         loss = model(input_ids=x, labels=x).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return float(loss)
+    return float(loss.detach())

@@ -259,3 +259,38 @@ def test_usage_and_a_trial_without_a_gpu_is_an_error_not_a_no_fit():
     from benchmarks.capacity import trial
     r = trial.run_trial("gpt2m", "torch", 24.0, "batch", 1, timeout_s=120)
     assert r["fits"] is None and r["error"].startswith("exit 1: "), r
+
+
+@pytest.mark.parametrize("name", ["gpt2m", "llama1b-ckpt", "llama1b-lora"])
+def test_each_workload_builds_and_trains_a_small_copy_on_the_cpu(name):
+    """The workloads' model code (transformers, peft) on a 2-layer, 64-wide copy of each: the
+    LoRA one trains only its adapters, over a bf16 base; every step gives a finite loss."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    import dataclasses
+    import math
+
+    from benchmarks.capacity import workloads
+    w = workloads.WORKLOADS[name]
+    small = dict(w.config)
+    for k in ("n_layer", "num_hidden_layers"):
+        if k in small:
+            small[k] = 2
+    for k, v in (("n_embd", 64), ("hidden_size", 64), ("intermediate_size", 128),
+                 ("n_head", 4), ("num_attention_heads", 4), ("num_key_value_heads", 2),
+                 ("vocab_size", 97)):
+        if k in small:
+            small[k] = v
+    model, opt = workloads.build(torch, dataclasses.replace(w, config=small), device="cpu")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if w.lora_rank:
+        assert trainable and all(p.dtype == torch.float32 for p in trainable)
+        assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    else:
+        assert len(trainable) == len(list(model.parameters()))
+    before = [p.detach().clone() for p in trainable]
+    for length in workloads.lengths(16):
+        assert math.isfinite(workloads.train_step(torch, model, opt, 97, 2, length,
+                                                  device="cpu"))
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainable))
