@@ -294,3 +294,46 @@ def test_each_workload_builds_and_trains_a_small_copy_on_the_cpu(name):
         assert math.isfinite(workloads.train_step(torch, model, opt, 97, 2, length,
                                                   device="cpu"))
     assert any(not torch.equal(a, p) for a, p in zip(before, trainable))
+
+
+def test_trial_child_caps_memory_and_tells_out_of_memory_from_other_errors(monkeypatch):
+    """trial.child() with torch.cuda's calls and the model stood in for: it caps reserved memory
+    at cap / total before the model is built, runs the six lengths, and records an
+    OutOfMemoryError as not fitting (with the step it reached); any other error propagates."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.capacity import trial, workloads
+    total = 150109880320
+    calls = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total // 2, total))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda f: calls.append(("fraction", f)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {
+        "num_alloc_retries": 2, "allocated_bytes.all.peak": 10, "reserved_bytes.all.peak": 12})
+    model = torch.nn.Linear(3, 2)
+    monkeypatch.setattr(workloads, "build", lambda t, w: calls.append("build") or (model, None))
+
+    def step(t, model, opt, vocab, batch, seq):
+        calls.append((batch, seq))
+        if batch * seq > limit:
+            raise error
+        return 1.0
+
+    monkeypatch.setattr(workloads, "train_step", step)
+    limit, error = 10 ** 9, None
+    r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
+    assert calls[:2] == [("fraction", 24 * 2 ** 30 / total), "build"]
+    assert calls[2:] == [(4, n) for n in workloads.lengths(1000)]
+    assert r["fits"] and not r["oom"] and len(r["step_s"]) == 6 and r["retries"] == 2
+    assert (r["peak_reserved"], r["cap_bytes"], r["device"]) == (12, 24 * 2 ** 30, "stand-in")
+    assert (r["param_bytes"], r["buffer_bytes"]) == (8 * 4, 0)
+    limit, error = 4 * 900, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+    r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
+    assert not r["fits"] and r["oom"] and len(r["step_s"]) == 1  # the step of 1000 ran out
+    assert "Tried to allocate" in r["error"]
+    error = RuntimeError("CUBLAS_STATUS_ALLOC_FAILED: out of memory")
+    assert trial.child("gpt2m", "torch", 24.0, 4, 1000)["oom"]
+    error = RuntimeError("an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        trial.child("gpt2m", "torch", 24.0, 4, 1000)
