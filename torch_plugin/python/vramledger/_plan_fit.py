@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
                         "allowance fits --card-gib; exit status 1 when not even size 1 fits")
     p.add_argument("--allocator", choices=tuple(ALLOWANCES), default=None,
                    help="with --fit: the allocator whose fragmentation allowance (peak reserved / "
-                        "peak allocated) is added to the planned peak: "
+                        "peak allocated) that multiplies the planned peak: "
                         + ", ".join(f"{k} {v}" for k, v in ALLOWANCES.items())
                         + " (default vramledger), the largest measured on the H200 over GPT-2-"
                           "medium, Llama-1B and Llama-1B with checkpointing with no cap on memory "
