@@ -100,7 +100,9 @@ def report(results: Results, groups, seq_step: int) -> str:
                       for r in results.records.values() if r.get("device")})
     return ("\n" + f"capacity ({'; '.join(machine) or 'no trial ran'}); planner: "
             f"{planner.COMMAND}\n\n"
-            + table.capacity_table(results, rows, planner.predict, seq_step) + "\n\n"
+            + table.capacity_table(results, rows, planner.predict, seq_step) + "\n"
+            f"Sequences are searched {seq_step} apart: the limit lies below the next multiple; the "
+            f"error is (planned - measured) / measured.\n\n"
             + table.retries_table(results, every, seq_step))
 
 
