@@ -58,7 +58,7 @@ class Fit:
 
     def needed(self, est: dict[str, Any]) -> int:
         """Bytes of reserved memory the allocator needs for the plan `est`."""
-        return needed_bytes(est, self.allowance)
+        return needed_bytes(est["total_bytes"], self.allowance)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -74,9 +74,9 @@ class Fit:
         return out
 
 
-def needed_bytes(est: dict[str, Any], allowance: float) -> int:
-    """Planned peak allocated x the allowance, rounded up to a byte."""
-    return -(-est["total_bytes"] * round(allowance * 10**6) // 10**6)
+def needed_bytes(planned: int, allowance: float) -> int:
+    """`planned` peak allocated bytes x the allowance, rounded up to a byte."""
+    return -(-planned * round(allowance * 10**6) // 10**6)
 
 
 def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str) -> Fit:
@@ -89,7 +89,7 @@ def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str) 
         return _plan.estimate(model, dataclasses.replace(setup, **{dimension: n}))
 
     def fits(n: int) -> bool:
-        return needed_bytes(plan_at(n), allowance) <= setup.card_bytes
+        return needed_bytes(plan_at(n)["total_bytes"], allowance) <= setup.card_bytes
 
     result = Fit(dimension, 0, bound, allocator, allowance, setup.card_bytes, None, None)
     if not fits(1):
@@ -143,10 +143,9 @@ def run(args, cli_error: type[Exception]) -> int:
         est = result.estimate
         # The optimizer step holds the weights, gradients, optimizer state and its temporaries,
         # whatever the size: the floor no size goes below.
-        floor = est["phases"]["optimizer_step"]
+        floor = needed_bytes(est["phases"]["optimizer_step"], result.allowance)
         why = (f"the optimizer step alone (weights, gradients, optimizer state, at any size) "
-               f"needs {gb(needed_bytes({'total_bytes': floor}, result.allowance))}"
-               if needed_bytes({"total_bytes": floor}, result.allowance) > result.card_bytes
+               f"needs {gb(floor)}" if floor > result.card_bytes
                else f"a smaller --{'seq' if dim == 'batch' else 'batch'} may fit")
         print(f"vramledger: error: nothing fits the card {gb(result.card_bytes)}: {dim} 1 at "
               f"{where} plans {gb(est['total_bytes'])} x {alloc} = "
@@ -165,4 +164,4 @@ def run(args, cli_error: type[Exception]) -> int:
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])} x "
               f"{result.allowance:g} = {gb(result.needed(result.above))} > card\n\n")
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
-                      extra={"fit": result.as_json()})
+                          extra={"fit": result.as_json()})
