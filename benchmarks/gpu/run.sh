@@ -52,13 +52,19 @@
 #     record_empty_cache record/record_empty_cache_trace.py: a 10-stream program with empty_cache()
 #                   between phases recorded under torch's allocator, replayed by vramledger-replay
 #                   with and without --ignore-releases: torch's peak reserved beside both (~30 s)
+#     capacity      python -m benchmarks.capacity: the largest batch and sequence per workload, cap
+#                   and allocator, beside plan --fit (CAPACITY_* pick the rows; resumes from
+#                   .devbuild/capacity-results.json when carried; writes $OUT/capacity-results.json)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (multi's DDP steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
 # AB_STEPS (10), INPROCESS_WORKLOADS (gpt2m,llama1b,llama1b-ckpt), INPROCESS_GROUPS (30),
 # INPROCESS_LENGTHS (repeat, steady or fresh), INPROCESS_SHIM (1: also under the shim),
 # INPROCESS_MODE (pluggable or native), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
-# HOSTCOST_SHIM (1: also under the shim), GPU_TEST (the C++ GPU test binary, cuda_backend_test).
+# HOSTCOST_SHIM (1: also under the shim), GPU_TEST (the C++ GPU test binary, cuda_backend_test),
+# CAPACITY_WORKLOADS (gpt2m,llama1b,llama1b-ckpt,llama1b-lora), CAPACITY_CAPS (24,80),
+# CAPACITY_ALLOCATORS (torch,torch-expandable,vramledger), CAPACITY_DIMS (batch,seq),
+# CAPACITY_BUDGET_S (500), CAPACITY_RESUME (results files; default .devbuild/capacity-results.json).
 # Outputs: $OUT/table.txt and $OUT/gpu-run.tar.gz (every log and output; the device machine sends
 # back a few files only), $OUT default .devbuild/out. Exit status 0 when every item that ran
 # passed (a benchmark passes when it ran to its end) and none was skipped.
@@ -69,7 +75,7 @@ PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
         snapshot guard preload preload_plan preload_direct wheel multi"
-BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache"
+BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -241,6 +247,16 @@ record_empty_cache() {
   return 0  # a benchmark: the figures are the result (the comparison prints its verdict)
 }
 
+# The capacity benchmark within what is left of the budget; its records go to $OUT (outside the
+# tarred run folder), where the next call can resume from them once copied back and carried.
+capacity() {
+  local resume="${CAPACITY_RESUME-}" budget="${CAPACITY_BUDGET_S:-500}"
+  [ -z "$resume" ] && [ -f .devbuild/capacity-results.json ] && resume=.devbuild/capacity-results.json
+  [ "$(bound 15)" -lt "$budget" ] && budget="$(bound 15)"
+  CAPACITY_RESUME="$resume" timeout "$(bound)" "$PY" -m benchmarks.capacity --budget-s "$budget" \
+    --out "$OUT/capacity-results.json"
+}
+
 bundle() {
   LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -vE 'libabsl_'
   if LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -q 'not found'; then
@@ -275,6 +291,7 @@ details() {
     inprocess) sed -n '/^| workload | ratio/,$p' "$f" ;;
     hostcost) grep -E "^(trace|\| |vramledger)" "$f" ;;
     record_empty_cache) sed -n '/^program:/,$p' "$f" ;;
+    capacity) sed -n '/^capacity (/,$p' "$f" ;;
   esac
 }
 
@@ -385,6 +402,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
           --mode "${INPROCESS_MODE:-pluggable}" --json "$RUN/inprocess_ab.json" "${shim_arg[@]}" ;;
       hostcost) item hostcost bench 60 hostcost ;;
       record_empty_cache) item record_empty_cache bench 90 record_empty_cache ;;
+      capacity) item capacity bench 60 capacity ;;
     esac
   done
 

@@ -1,9 +1,10 @@
-"""The planning subcommands of `vramledger`: `plan` (memory estimate and plan file, _plan.py) and
-`report` (per-rank peaks from step logs, _report.py). Registered by cli.py."""
+"""The planning subcommands of `vramledger`: `plan` (memory estimate and plan file: _plan.py,
+_plan_cli.py, and _plan_fit.py for --fit) and `report` (per-rank peaks from step logs,
+_report.py). Registered by cli.py."""
 
 from __future__ import annotations
 
-from vramledger import _plan, _report
+from vramledger import _plan_cli, _plan_fit, _report
 
 
 def register(commands, cli_error: type[Exception]) -> None:
@@ -15,9 +16,11 @@ def register(commands, cli_error: type[Exception]) -> None:
                     "Face config.json or flags, beside the card's capacity, and writes a plan "
                     "file the guard enforces. Exit status 1 when the planned peak does not "
                     "fit the card (the table, JSON and plan file are written all the same). "
+                    "--fit batch|seq: the largest micro-batch or sequence that fits. "
                     "Formulas: docs/design/memory-planner.md.")
-    _plan.add_arguments(plan)
-    plan.set_defaults(run=lambda args: _plan.run(args, cli_error))
+    _plan_cli.add_arguments(plan)
+    _plan_fit.add_arguments(plan)
+    plan.set_defaults(run=lambda args: _plan_fit.run(args, cli_error))
     report = commands.add_parser(
         "report", help="per-rank peaks of a job from its step logs",
         description="Reads the step logs of every rank (vramledger.step() with the step_log "

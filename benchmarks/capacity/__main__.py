@@ -1,0 +1,110 @@
+"""How much larger a batch or sequence trains under vramledger than under torch's allocators.
+
+For each workload (GPT-2-medium, Llama-1B, Llama-1B with checkpointing, Llama-1B LoRA rank 16 with
+checkpointing; random weights, bf16 autocast, AdamW), cap on reserved memory (each allocator's
+per-process memory fraction) and allocator (torch native, torch expandable_segments:True,
+vramledger's defaults), the largest micro-batch and, separately, the largest sequence length that
+trains six steps of varying length without running out of memory, one process per trial. The
+search assumes a size fits when any larger one does: it gallops from a guess (vramledger's from the
+planner's prediction, `vramledger plan --fit`; the torch allocators' from vramledger's measured
+limit) and bisects. Prints the largest sizes
+beside the planner's with its error and vramledger's gain over each torch allocator, then each
+allocator's retries per step and median step time at the largest size all three fit.
+
+  python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
+      [--dims batch,seq] [--budget-s 500] [--resume FILE ...] [--out FILE] [--table-only]
+Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_ALLOCATORS,
+CAPACITY_DIMS, CAPACITY_BUDGET_S and CAPACITY_RESUME (paths, space-separated). --out is
+rewritten after every trial with every record, the resumed ones included, so the next run
+resumes from it. Exit status 0 (also when the budget ended the run first), 2 on a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from benchmarks.capacity import planner, runner, table, trial
+from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
+from benchmarks.capacity.workloads import WORKLOADS
+
+DIMS = ("batch", "seq")
+
+
+def _list(text: str, allowed, what: str, parse=str) -> list:
+    """The comma- or space-separated items of `text`; ValueError naming `what` for a bad one."""
+    items = [x.strip() for x in text.replace(" ", ",").split(",") if x.strip()]
+    try:
+        values = [parse(x) for x in items]
+    except ValueError:
+        raise ValueError(f"{what}: expected numbers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{what}: empty")
+    bad = [x for x in values if allowed is not None and x not in allowed]
+    if bad:
+        raise ValueError(f"{what}: unknown {', '.join(map(str, bad))}; choose from "
+                         f"{', '.join(map(str, allowed))}")
+    if allowed is None and any(not 0 < x <= 1e6 for x in values):
+        raise ValueError(f"{what}: GiB above 0 and at most 1e6, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    env = os.environ.get
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=env("CAPACITY_WORKLOADS", ",".join(WORKLOADS)))
+    ap.add_argument("--caps", default=env("CAPACITY_CAPS", "24,80"), help="GiB, e.g. 24,80")
+    ap.add_argument("--allocators", default=env("CAPACITY_ALLOCATORS", ",".join(ALLOCATOR_ORDER)))
+    ap.add_argument("--dims", default=env("CAPACITY_DIMS", ",".join(DIMS)))
+    ap.add_argument("--budget-s", type=float, default=float(env("CAPACITY_BUDGET_S", "500")))
+    ap.add_argument("--resume", nargs="*", default=(env("CAPACITY_RESUME") or "").split())
+    ap.add_argument("--out", default="capacity-results.json")
+    ap.add_argument("--seq-step", type=int, default=64, help="sequences searched N apart")
+    ap.add_argument("--spread", type=float, default=0.05,
+                    help="first stride from the planner's prediction, as a fraction of it")
+    ap.add_argument("--trial-timeout-s", type=float, default=240.0)
+    ap.add_argument("--table-only", action="store_true", help="print the tables of --resume")
+    a = ap.parse_args(argv)
+    try:
+        workloads = _list(a.workloads, WORKLOADS, "--workloads (CAPACITY_WORKLOADS)")
+        caps = _list(a.caps, None, "--caps (CAPACITY_CAPS)", float)
+        allocators = _list(a.allocators, ALLOCATOR_ORDER, "--allocators (CAPACITY_ALLOCATORS)")
+        dims = _list(a.dims, DIMS, "--dims (CAPACITY_DIMS)")
+    except ValueError as e:
+        ap.error(str(e))
+    results = Results(None if a.table_only else a.out)
+    try:
+        print(f"resumed {results.load(a.resume)} trial(s) from {' '.join(a.resume)}"
+              if a.resume else "no results to resume from", flush=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"--resume (CAPACITY_RESUME): {e}")
+    groups = [(w, c, d) for d in dims for w in workloads for c in caps]
+    if not a.table_only:
+        results.save()
+        runner.run_grid(groups, allocators, trial.run_trial, results,
+                        runner.Budget(a.budget_s), planner.predict, seq_step=a.seq_step,
+                        spread=a.spread, trial_timeout_s=a.trial_timeout_s,
+                        log=lambda m: print(m, flush=True))
+    print(report(results, groups, a.seq_step))
+    return 0
+
+
+def report(results: Results, groups, seq_step: int) -> str:
+    """Both tables over the groups asked for and every group with records."""
+    every = sorted(set(groups) | results.groups(),
+                   key=lambda g: (list(WORKLOADS).index(g[0]), g[1], g[2]))
+    rows = list(dict.fromkeys((w, c) for w, c, _ in every))
+    machine = sorted({f"{r.get('device')}, torch {r.get('torch')}"
+                      for r in results.records.values() if r.get("device")})
+    return ("\n" + f"capacity ({'; '.join(machine) or 'no trial ran'}); planner: "
+            f"{planner.COMMAND}\n\n"
+            + table.capacity_table(results, rows, planner.predict, seq_step) + "\n"
+            f"Sequences are searched {seq_step} apart: the limit lies below the next multiple; the "
+            f"error is (planned - measured) / measured.\n\n"
+            + table.retries_table(results, every, seq_step))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

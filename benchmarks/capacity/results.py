@@ -1,0 +1,71 @@
+"""The capacity benchmark's trial records: one JSON file, merged from earlier runs' files, written
+again after every trial so a run cut short keeps what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+ALLOCATOR_ORDER = ("torch", "torch-expandable", "vramledger")
+
+
+def key(workload: str, allocator: str, cap_gib: float, dim: str, size: int) -> str:
+    return f"{workload}|{allocator}|{cap_gib:g}|{dim}|{size}"
+
+
+class Results:
+    """Trial records by key (workload, allocator, cap, dimension, size); the last one wins."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self.records: dict[str, dict] = {}
+
+    def load(self, paths: Iterable[str]) -> int:
+        """Merges the records of earlier runs' files; returns how many it read. A missing file is
+        an error (a resume that silently starts over would spend the GPU time twice)."""
+        n = 0
+        for p in paths:
+            with open(p, encoding="utf-8") as f:
+                doc = json.load(f)
+            if not isinstance(doc, dict) or not isinstance(doc.get("trials"), list):
+                raise ValueError(f"{p}: not a capacity results file (no \"trials\" list)")
+            for r in doc["trials"]:
+                self.records[key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
+                                 r["size"])] = r
+                n += 1
+        return n
+
+    def add(self, record: dict) -> None:
+        """Stores a record (with workload, allocator, cap_gib, dim, size) and saves the file."""
+        self.records[key(record["workload"], record["allocator"], record["cap_gib"],
+                         record["dim"], record["size"])] = record
+        self.save()
+
+    def save(self) -> None:
+        if not self.path:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"trials": list(self.records.values())}, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, self.path)
+
+    def known(self, workload: str, allocator: str, cap_gib: float, dim: str) -> dict[int, bool]:
+        """size -> fits for one search's trials that ended with an answer."""
+        return {r["size"]: r["fits"] for r in self.records.values()
+                if (r["workload"], r["allocator"], r["dim"]) == (workload, allocator, dim)
+                and r["cap_gib"] == cap_gib and r.get("fits") is not None}
+
+    def get(self, workload: str, allocator: str, cap_gib: float, dim: str,
+            size: int) -> dict | None:
+        return self.records.get(key(workload, allocator, cap_gib, dim, size))
+
+    def errors(self, workload: str, allocator: str, cap_gib: float, dim: str) -> list[dict]:
+        return [r for r in self.records.values()
+                if (r["workload"], r["allocator"], r["dim"]) == (workload, allocator, dim)
+                and r["cap_gib"] == cap_gib and r.get("fits") is None]
+
+    def groups(self) -> set[tuple[str, float, str]]:
+        """(workload, cap, dimension) of every record."""
+        return {(r["workload"], r["cap_gib"], r["dim"]) for r in self.records.values()}

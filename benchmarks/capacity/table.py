@@ -1,0 +1,116 @@
+"""The capacity benchmark's tables, from trial records alone: the largest size per workload, cap
+and allocator beside the planner's prediction and vramledger's gain, then retries and step time at
+the largest size all three allocators fit."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from benchmarks.capacity import search
+from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
+from benchmarks.capacity.workloads import WORKLOADS, size_grid
+
+NAMES = {"torch": "torch native", "torch-expandable": "torch expandable",
+         "vramledger": "vramledger"}
+
+
+def state(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,
+          seq_step: int) -> search.Search | None:
+    """Where the row's search stands on its records; None when it has none."""
+    known = results.known(workload, allocator, cap_gib, dim)
+    if not known:
+        return None
+    step, bound = size_grid(WORKLOADS[workload], dim, seq_step)
+    return search.from_known(known, step=step, bound=bound)
+
+
+def cell(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,
+         seq_step: int) -> str:
+    s = state(results, workload, allocator, cap_gib, dim, seq_step)
+    errors = results.errors(workload, allocator, cap_gib, dim)
+    if s is None:
+        return "error" if errors else "-"
+    if s.status == search.FOUND:
+        return str(s.largest)
+    if s.status == search.EVERY:
+        return f">= {s.largest} (every size tried)"
+    if s.status == search.NOTHING:
+        return f"none ({s.failing} does not fit)"
+    low = f">= {s.largest}" if s.largest else ""
+    high = f"< {s.failing}" if s.failing else ""
+    return (", ".join(x for x in (low, high) if x) + (" (error)" if errors else " (unfinished)"))
+
+
+def measured(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,
+             seq_step: int) -> int | None:
+    """The largest size found, or None while the row is unfinished."""
+    s = state(results, workload, allocator, cap_gib, dim, seq_step)
+    return s.largest if s is not None and s.status == search.FOUND else None
+
+
+def common_size(results: Results, workload: str, cap_gib: float, dim: str,
+                allocators: Iterable[str], seq_step: int) -> int | None:
+    """The largest size every allocator fits (each row found or fitting every size tried)."""
+    sizes = []
+    for a in allocators:
+        s = state(results, workload, a, cap_gib, dim, seq_step)
+        if s is None or s.status not in (search.FOUND, search.EVERY) or s.largest == 0:
+            return None
+        sizes.append(s.largest)
+    return min(sizes) if sizes else None
+
+
+def _gain(vl: int | None, other: int | None) -> str:
+    return f"x{vl / other:.2f}" if vl and other else "-"
+
+
+def capacity_table(results: Results, rows: Iterable[tuple[str, float]],
+                   predict: Callable[[str, str, float, str], int | None],
+                   seq_step: int) -> str:
+    """One line per (workload, cap) in `rows` and allocator: the largest micro-batch and
+    sequence, the planner's prediction with its error, and vramledger's gain over each torch
+    allocator (its largest over theirs)."""
+    lines = ["| workload | cap GiB | allocator | largest batch (seq) | plan --fit batch (error) | "
+             "largest seq (batch) | plan --fit seq (error) | vramledger gain, batch: over "
+             "native / expandable | gain, seq: over native / expandable |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for workload, cap in rows:
+        w = WORKLOADS[workload]
+        for a in ALLOCATOR_ORDER:
+            cols = []
+            for dim in ("batch", "seq"):
+                fixed = w.seq_for_batch if dim == "batch" else w.batch_for_seq
+                cols.append(f"{cell(results, workload, a, cap, dim, seq_step)} ({fixed})")
+                pred, got = predict(workload, a, cap, dim), measured(results, workload, a, cap,
+                                                                     dim, seq_step)
+                err = f" ({100 * (pred - got) / got:+.1f}%)" if pred is not None and got else ""
+                cols.append("-" if pred is None else f"{pred}{err}")
+            gains = ["", ""]
+            if a == "vramledger":
+                gains = [" / ".join(_gain(measured(results, workload, a, cap, dim, seq_step),
+                                          measured(results, workload, o, cap, dim, seq_step))
+                                    for o in ("torch", "torch-expandable"))
+                         for dim in ("batch", "seq")]
+            lines.append(f"| {w.title} | {cap:g} | {NAMES[a]} | " + " | ".join(cols + gains)
+                         + " |")
+    return "\n".join(lines)
+
+
+def retries_table(results: Results, rows: Iterable[tuple[str, float, str]],
+                  seq_step: int) -> str:
+    """At the largest size all three allocators fit: each one's alloc retries per step and its
+    median step time (the trial's six steps)."""
+    lines = ["| workload | cap GiB | dimension | size all three fit | allocator | retries per step "
+             "| median step s |", "|---|---|---|---|---|---|---|"]
+    for workload, cap, dim in rows:
+        size = common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
+        for a in ALLOCATOR_ORDER:
+            r = results.get(workload, a, cap, dim, size) if size else None
+            if r is None or not r.get("fits"):
+                figures = "- | -"
+            else:
+                figures = (f"{r['retries'] / len(r['step_s']):.2f} | "
+                           f"{r['median_step_s']:.3f}")
+            lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | "
+                         f"{size if size else '-'} | {NAMES[a]} | {figures} |")
+    return "\n".join(lines)

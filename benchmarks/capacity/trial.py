@@ -1,0 +1,102 @@
+"""One trial of the capacity benchmark in its own process: a workload trained for six steps under
+one allocator and a cap on reserved memory; it fits when no step runs out of memory.
+
+  python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ   (from the repo root)
+prints one line `RESULT_JSON {...}`. run_trial() starts that process and reads the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from benchmarks.capacity import workloads
+
+RESULT = "RESULT_JSON "
+GIB = 1 << 30
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ALLOCATORS = ("torch", "torch-expandable", "vramledger")
+
+
+def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -> dict:
+    """Runs the trial in this process (nothing of CUDA initialised yet) and returns its record."""
+    w = workloads.WORKLOADS[workload]
+    if allocator == "vramledger":
+        import vramledger
+        vramledger.install()  # the default policy
+    import torch
+    mem = sys.modules["vramledger"] if allocator == "vramledger" else torch.cuda
+    # Each allocator caps reserved memory at fraction x the total cudaMemGetInfo reports (torch's
+    # allowed_memory_maximum; vramledger's SetMemoryFraction, reached through the pluggable
+    # allocator's memory-fraction hook), so the same call gives all three the same cap.
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
+           "error": None, "step_s": [], "losses": []}
+    try:
+        model, opt = workloads.build(torch, w)
+        # What the model holds besides what the planner counts shows here (a causal-mask buffer
+        # of n_positions^2 per layer in some transformers versions).
+        out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+        out["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
+        vocab = w.config["vocab_size"]
+        for length in workloads.lengths(seq):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out["losses"].append(workloads.train_step(torch, model, opt, vocab, batch, length))
+            torch.cuda.synchronize()
+            out["step_s"].append(time.perf_counter() - t0)
+    except torch.OutOfMemoryError as e:
+        out.update(oom=True, error=str(e)[:400])
+    except RuntimeError as e:  # an out-of-memory error raised outside the allocator (cuBLAS)
+        if "out of memory" not in str(e).lower():
+            raise
+        out.update(oom=True, error=str(e)[:400])
+    s = mem.memory_stats()
+    out.update(fits=not out["oom"], retries=s.get("num_alloc_retries", 0),
+               peak_allocated=s.get("allocated_bytes.all.peak", 0),
+               peak_reserved=s.get("reserved_bytes.all.peak", 0), cap_bytes=int(cap_gib * GIB))
+    out["median_step_s"] = statistics.median(out["step_s"]) if out["step_s"] else None
+    return out
+
+
+def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
+              timeout_s: float) -> dict:
+    """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per process: install() must come before
+    CUDA starts, and nothing cached from an earlier trial may help a later one). Returns its
+    record: `fits` True or False, or None with `error` when the process failed some other way
+    (`timed_out` when it ran past `timeout_s`)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
+        env.pop(key, None)
+    if allocator == "torch-expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [ROOT, os.path.join(ROOT, "torch_plugin", "python")] +
+        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    batch, seq = workloads.WORKLOADS[workload].shape(dim, size)
+    cmd = [sys.executable, "-m", "benchmarks.capacity.trial", workload, allocator,
+           str(cap_gib), str(batch), str(seq)]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"fits": None, "timed_out": True, "wall_s": time.monotonic() - t0,
+                "error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        return {"fits": None, "wall_s": time.monotonic() - t0,
+                "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+    record = json.loads(lines[-1][len(RESULT):])
+    record["wall_s"] = time.monotonic() - t0
+    return record
+
+
+if __name__ == "__main__":
+    name, alloc, cap, b, s = sys.argv[1:]
+    print(RESULT + json.dumps(child(name, alloc, float(cap), int(b), int(s))), flush=True)

@@ -1,0 +1,339 @@
+"""benchmarks/capacity without a GPU: the search, the budget, the resume and the tables, driven by
+a stand-in trial that fits up to a known size (no torch, no process per trial)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from benchmarks.capacity import __main__ as capacity_main  # noqa: E402
+from benchmarks.capacity import runner, search, table  # noqa: E402
+from benchmarks.capacity.results import Results  # noqa: E402
+from benchmarks.capacity.workloads import BATCH_BOUND  # noqa: E402
+
+
+class Clock:
+    """A clock the stand-in trial advances by `trial_s` per trial."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StandIn:
+    """A trial that fits when its size along the searched dimension is at most `limits[(workload,
+    allocator, cap, dim)]`; records every call; takes `trial_s` of the clock."""
+
+    def __init__(self, limits, clock=None, trial_s=20.0, retries=None, step_s=None):
+        self.limits, self.clock, self.trial_s = limits, clock or Clock(), trial_s
+        self.retries = retries or {}
+        self.step_s = step_s or {}
+        self.calls = []
+
+    def __call__(self, workload, allocator, cap, dim, size, timeout_s):
+        self.calls.append((workload, allocator, cap, dim, size))
+        if timeout_s < self.trial_s:
+            self.clock.now += timeout_s
+            return {"fits": None, "timed_out": True, "error": "timed out"}
+        self.clock.now += self.trial_s
+        fits = size <= self.limits[(workload, allocator, cap, dim)]
+        steps = [self.step_s.get(allocator, 0.5)] * 6 if fits else []
+        return {"fits": fits, "oom": not fits, "step_s": steps,
+                "median_step_s": steps[0] if steps else None,
+                "retries": self.retries.get(allocator, 0), "device": "stand-in", "torch": "none"}
+
+
+def no_prediction(*_):
+    return None
+
+
+# ---- the search alone ----
+
+@pytest.mark.parametrize("step, bound", [(1, 40), (64, 64 * 40)])
+def test_search_finds_the_exact_limit_from_any_guess(step, bound):
+    for limit_units in range(0, 41):
+        limit = limit_units * step
+        for guess in (None, step, limit, limit + 3 * step, max(step, limit - 3 * step), bound):
+            calls = []
+
+            def fits(size):
+                calls.append(size)
+                assert size % step == 0 and step <= size <= bound
+                return size <= limit
+
+            s = search.largest_fit(fits, bound=bound, step=step, guess=guess, spread=0.05)
+            assert s.largest == limit, (limit, guess)
+            assert len(calls) == len(set(calls)) == s.trials  # no size tried twice
+            if limit == 0:
+                assert s.status == search.NOTHING and s.failing == step
+            elif limit == bound:
+                assert s.status == search.EVERY and s.failing is None
+            else:
+                assert s.status == search.FOUND and s.failing == limit + step
+
+
+def test_a_right_guess_takes_two_trials():
+    s = search.largest_fit(lambda n: n <= 12, bound=BATCH_BOUND, guess=12)
+    assert (s.status, s.largest, s.trials) == (search.FOUND, 12, 2)
+    s = search.largest_fit(lambda n: n <= 2560, bound=65536, step=64, guess=2560)
+    assert (s.status, s.largest) == (search.FOUND, 2560) and s.trials <= 4
+
+
+def test_search_starts_from_known_results_and_reports_errors():
+    tried = []
+
+    def fits(n):
+        tried.append(n)
+        return n <= 9
+
+    s = search.largest_fit(fits, bound=100, known={5: True, 12: False}, guess=50)
+    assert s.largest == 9 and all(5 < n < 12 for n in tried)
+    s = search.largest_fit(lambda n: None, bound=100, guess=10)
+    assert (s.status, s.trials) == (search.ERROR, 1)
+    with pytest.raises(ValueError, match="step"):
+        search.largest_fit(fits, bound=10, step=64)
+
+
+# ---- the runner with the stand-in ----
+
+LIMITS = {("gpt2m", "torch", 24.0, "batch"): 4, ("gpt2m", "torch-expandable", 24.0, "batch"): 6,
+          ("gpt2m", "vramledger", 24.0, "batch"): 7,
+          ("gpt2m", "torch", 24.0, "seq"): 1152, ("gpt2m", "torch-expandable", 24.0, "seq"): 1664,
+          ("gpt2m", "vramledger", 24.0, "seq"): 1792}
+ALLOCS = ("torch", "torch-expandable", "vramledger")
+GROUPS = [("gpt2m", 24.0, "batch"), ("gpt2m", 24.0, "seq")]
+PLANNED = {"torch": (3, 1088), "torch-expandable": (6, 1705), "vramledger": (6, 1780)}
+
+
+def planned(workload, allocator, cap, dim):
+    return PLANNED[allocator][dim == "seq"]
+
+
+def run(results, stand_in, budget_s, predict=planned, groups=GROUPS):
+    runner.run_grid(groups, ALLOCS, stand_in, results, runner.Budget(budget_s, stand_in.clock),
+                    predict, log=lambda _: None)
+
+
+def test_runner_finds_every_limit_and_the_tables_show_them(tmp_path):
+    stand_in = StandIn(LIMITS, retries={"torch": 3, "vramledger": 0, "torch-expandable": 1},
+                       step_s={"torch": 0.52, "torch-expandable": 0.51, "vramledger": 0.5})
+    results = Results(str(tmp_path / "r.json"))
+    run(results, stand_in, budget_s=1e9)
+    for (w, a, c, d), limit in LIMITS.items():
+        assert table.measured(results, w, a, c, d, 64) == limit
+    assert len(stand_in.calls) == len(set(stand_in.calls)) < 40
+    text = table.capacity_table(results, [("gpt2m", 24.0)], planned, 64)
+    rows = {line.split(" | ")[2]: line for line in text.splitlines()[2:]}
+    assert "| 4 (1024) | 3 (-25.0%) | 1152 (4) | 1088 (-5.6%) |" in rows["torch native"]
+    assert "| 7 (1024) | 6 (-14.3%) | 1792 (4) | 1780 (-0.7%) |" in rows["vramledger"]
+    assert rows["vramledger"].endswith("| x1.75 / x1.17 | x1.56 / x1.08 |")
+    # At the largest size all three fit (batch 4, seq 1152), each allocator's own trial.
+    retries = table.retries_table(results, GROUPS, 64)
+    assert "| GPT-2-medium | 24 | batch | 4 | torch native | 0.50 | 0.520 |" in retries
+    assert "| GPT-2-medium | 24 | seq | 1152 | vramledger | 0.00 | 0.500 |" in retries
+    saved = json.loads((tmp_path / "r.json").read_text())["trials"]
+    assert len(saved) == len(stand_in.calls)
+
+
+def test_budget_cuts_the_run_and_the_table_shows_what_finished(tmp_path):
+    stand_in = StandIn(LIMITS, trial_s=20.0)
+    results = Results(str(tmp_path / "r.json"))
+    # 30 s expected at first, then 20: three trials in 70 s. vramledger searches first, from the
+    # planner's 6: 6 and 7 fit, 9 does not.
+    run(results, stand_in, budget_s=70.0)
+    assert stand_in.calls == [("gpt2m", "vramledger", 24.0, "batch", n) for n in (6, 7, 9)]
+    assert stand_in.clock.now == 60.0
+    assert len(json.loads((tmp_path / "r.json").read_text())["trials"]) == 3
+
+    def row(allocator):
+        text = table.capacity_table(results, [("gpt2m", 24.0)], planned, 64)
+        return next(line for line in text.splitlines() if f"| {allocator} |" in line)
+
+    assert "| >= 7, < 9 (unfinished) (1024) |" in row("vramledger")
+    assert "| - (1024) |" in row("torch expandable")
+    # 30 s more (a first trial is expected to take 30 s): 8, which ends vramledger's search.
+    more = StandIn(LIMITS, trial_s=20.0)
+    run(results, more, budget_s=30.0)
+    assert more.calls == [("gpt2m", "vramledger", 24.0, "batch", 8)]
+    assert "| 7 (1024) |" in row("vramledger")
+    # The torch allocators' searches start from vramledger's 7: expandable's 7 and 6 come next.
+    more = StandIn(LIMITS, trial_s=20.0)
+    run(results, more, budget_s=50.0)
+    assert more.calls == [("gpt2m", "torch-expandable", 24.0, "batch", n) for n in (7, 6)]
+    assert "| 6 (1024) |" in row("torch expandable")
+
+
+def test_a_trial_the_budget_cuts_off_is_not_a_result(tmp_path):
+    stand_in = StandIn(LIMITS, trial_s=50.0)
+    runner.run_grid(GROUPS[:1], ALLOCS, stand_in, Results(), runner.Budget(60.0, stand_in.clock,
+                                                                         first_s=10.0),
+                    planned, log=lambda _: None)
+    # The first trial ran (50 s); the second had 10 s left, expected 50: not started.
+    assert len(stand_in.calls) == 1
+    results = Results()
+    stand_in = StandIn(LIMITS, trial_s=50.0)
+    runner.run_grid(GROUPS[:1], ALLOCS, stand_in, results, runner.Budget(40.0, stand_in.clock,
+                                                                         first_s=10.0),
+                    planned, log=lambda _: None)
+    assert len(stand_in.calls) == 1 and results.records == {}  # timed out by the budget
+
+
+def test_resume_continues_without_repeating_a_trial(tmp_path):
+    one_shot = StandIn(LIMITS)
+    run(Results(), one_shot, budget_s=1e9)
+    first, second = StandIn(LIMITS), StandIn(LIMITS)
+    path = str(tmp_path / "r.json")
+    run(Results(path), first, budget_s=130.0)
+    assert 0 < len(first.calls) < len(one_shot.calls)
+    resumed = Results(str(tmp_path / "r2.json"))
+    assert resumed.load([path]) == len(first.calls)
+    run(resumed, second, budget_s=1e9)
+    assert not set(first.calls) & set(second.calls)
+    assert sorted(first.calls + second.calls) == sorted(one_shot.calls)
+    for (w, a, c, d), limit in LIMITS.items():
+        assert table.measured(resumed, w, a, c, d, 64) == limit
+
+
+def test_nothing_fits_and_fits_at_every_size_tried(tmp_path):
+    limits = {("llama1b", a, 24.0, "batch"): 0 for a in ALLOCS}
+    limits[("llama1b", "vramledger", 24.0, "batch")] = 10 ** 9  # above any size tried
+    stand_in = StandIn(limits)
+    results = Results()
+    run(results, stand_in, budget_s=1e9, predict=no_prediction,
+        groups=[("llama1b", 24.0, "batch")])
+    text = table.capacity_table(results, [("llama1b", 24.0)], no_prediction, 64)
+    assert "| none (1 does not fit) (2048) |" in text
+    assert f"| >= {BATCH_BOUND} (every size tried) (2048) |" in text
+    assert "| - / - |" in text  # no gain over a torch allocator that fits nothing
+    assert "| Llama-1B | 24 | batch | - | vramledger | - | - |" in table.retries_table(
+        results, [("llama1b", 24.0, "batch")], 64)
+
+
+def test_an_error_stops_the_row_and_shows_in_the_table():
+    def broken(workload, allocator, cap, dim, size, timeout_s):
+        return {"fits": None, "error": "exit 1: ImportError"}
+
+    results = Results()
+    runner.run_grid(GROUPS[:1], ("vramledger",), broken, results, runner.Budget(1e9), planned,
+                    log=lambda _: None)
+    assert len(results.errors("gpt2m", "vramledger", 24.0, "batch")) == 1
+    assert "| error (1024) |" in table.capacity_table(results, [("gpt2m", 24.0)], planned, 64)
+
+
+def test_command_line_table_only_and_bad_filters(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    run(Results(str(path)), StandIn(LIMITS), budget_s=1e9)
+    assert capacity_main.main(["--table-only", "--resume", str(path), "--workloads", "gpt2m",
+                               "--caps", "24"]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed {len(json.loads(path.read_text())['trials'])} trial(s)" in out
+    assert "stand-in, torch none" in out and "| 7 (1024) |" in out
+    for flags, needle in ((["--workloads", "gpt3"], "unknown gpt3"),
+                          (["--caps", "0"], "GiB above 0"),
+                          (["--dims", "tokens"], "unknown tokens"),
+                          (["--resume", str(tmp_path / "missing.json")], "--resume")):
+        with pytest.raises(SystemExit) as e:
+            capacity_main.main(["--table-only", *flags])
+        assert e.value.code == 2
+        assert needle in capsys.readouterr().err
+
+
+def test_usage_and_a_trial_without_a_gpu_is_an_error_not_a_no_fit():
+    """The module runs from the repository root; a trial that cannot start CUDA (this machine)
+    is a failed trial (fits None), never counted as running out of memory."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.capacity", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "CAPACITY_WORKLOADS" in proc.stdout, proc.stderr
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the trial would run for real")
+    from benchmarks.capacity import trial
+    r = trial.run_trial("gpt2m", "torch", 24.0, "batch", 1, timeout_s=120)
+    assert r["fits"] is None and r["error"].startswith("exit 1: "), r
+
+
+@pytest.mark.parametrize("name", ["gpt2m", "llama1b-ckpt", "llama1b-lora"])
+def test_each_workload_builds_and_trains_a_small_copy_on_the_cpu(name):
+    """The workloads' model code (transformers, peft) on a 2-layer, 64-wide copy of each: the
+    LoRA one trains only its adapters, over a bf16 base; every step gives a finite loss."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    import dataclasses
+    import math
+
+    from benchmarks.capacity import workloads
+    w = workloads.WORKLOADS[name]
+    small = dict(w.config)
+    for k in ("n_layer", "num_hidden_layers"):
+        if k in small:
+            small[k] = 2
+    for k, v in (("n_embd", 64), ("hidden_size", 64), ("intermediate_size", 128),
+                 ("n_head", 4), ("num_attention_heads", 4), ("num_key_value_heads", 2),
+                 ("vocab_size", 97)):
+        if k in small:
+            small[k] = v
+    model, opt = workloads.build(torch, dataclasses.replace(w, config=small), device="cpu")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if w.lora_rank:
+        assert trainable and all(p.dtype == torch.float32 for p in trainable)
+        assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    else:
+        assert len(trainable) == len(list(model.parameters()))
+    before = [p.detach().clone() for p in trainable]
+    for length in workloads.lengths(16):
+        assert math.isfinite(workloads.train_step(torch, model, opt, 97, 2, length,
+                                                  device="cpu"))
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainable))
+
+
+def test_trial_child_caps_memory_and_tells_out_of_memory_from_other_errors(monkeypatch):
+    """trial.child() with torch.cuda's calls and the model stood in for: it caps reserved memory
+    at cap / total before the model is built, runs the six lengths, and records an
+    OutOfMemoryError as not fitting (with the step it reached); any other error propagates."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.capacity import trial, workloads
+    total = 150109880320
+    calls = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total // 2, total))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda f: calls.append(("fraction", f)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {
+        "num_alloc_retries": 2, "allocated_bytes.all.peak": 10, "reserved_bytes.all.peak": 12})
+    model = torch.nn.Linear(3, 2)
+    monkeypatch.setattr(workloads, "build", lambda t, w: calls.append("build") or (model, None))
+
+    def step(t, model, opt, vocab, batch, seq):
+        calls.append((batch, seq))
+        if batch * seq > limit:
+            raise error
+        return 1.0
+
+    monkeypatch.setattr(workloads, "train_step", step)
+    limit, error = 10 ** 9, None
+    r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
+    assert calls[:2] == [("fraction", 24 * 2 ** 30 / total), "build"]
+    assert calls[2:] == [(4, n) for n in workloads.lengths(1000)]
+    assert r["fits"] and not r["oom"] and len(r["step_s"]) == 6 and r["retries"] == 2
+    assert (r["peak_reserved"], r["cap_bytes"], r["device"]) == (12, 24 * 2 ** 30, "stand-in")
+    assert (r["param_bytes"], r["buffer_bytes"]) == (8 * 4, 0)
+    limit, error = 4 * 900, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+    r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
+    assert not r["fits"] and r["oom"] and len(r["step_s"]) == 1  # the step of 1000 ran out
+    assert "Tried to allocate" in r["error"]
+    error = RuntimeError("CUBLAS_STATUS_ALLOC_FAILED: out of memory")
+    assert trial.child("gpt2m", "torch", 24.0, 4, 1000)["oom"]
+    error = RuntimeError("an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        trial.child("gpt2m", "torch", 24.0, 4, 1000)

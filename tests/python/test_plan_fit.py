@@ -1,0 +1,145 @@
+"""`vramledger plan --fit batch|seq` (_plan_fit.py): the largest size whose planned peak times the
+allocator's allowance fits the card, checked against the plain plan; its table against its JSON;
+its bad inputs."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from vramledger import _plan, _plan_fit, cli
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "traces" / "configs"
+GPT2M = ["--config", str(CONFIGS / "gpt2-medium.json")]
+LLAMA = ["--config", str(CONFIGS / "llama-1b.json")]
+# (model flags, the other dimension's flag) for each dimension searched.
+CASES = [
+    (GPT2M, "batch", ["--seq", "1024"]),
+    (GPT2M, "seq", ["--batch", "4"]),
+    (LLAMA, "batch", ["--seq", "2048"]),
+    (LLAMA + ["--checkpointing"], "seq", ["--batch", "8"]),
+    (LLAMA + ["--checkpointing", "--lora-rank", "16"], "batch", ["--seq", "4096"]),
+]
+
+
+def plan(capsys, *args):
+    """(exit status, stdout, stderr) of `vramledger plan ARGS` run in this process."""
+    status = cli.main(["plan", *map(str, args)])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def plan_json(capsys, *args, statuses=(0,)):
+    status, out, err = plan(capsys, *args, "--json")
+    assert status in statuses, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("allocator", sorted(_plan_fit.ALLOWANCES))
+@pytest.mark.parametrize("model, dim, other", CASES)
+def test_fit_is_monotone_in_the_card(capsys, model, dim, other, allocator):
+    sizes = []
+    for card in (30, 40, 48, 64, 80, 96, 120, 139.8):
+        fit = plan_json(capsys, *model, *other, "--fit", dim, "--card-gib", card,
+                        "--allocator", allocator)["fit"]
+        sizes.append(fit["size"])
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1], sizes
+
+
+@pytest.mark.parametrize("allocator", sorted(_plan_fit.ALLOWANCES))
+@pytest.mark.parametrize("model, dim, other", CASES)
+@pytest.mark.parametrize("card", (32, 80))
+def test_fit_agrees_with_the_plain_plan_at_its_size_and_one_above(capsys, model, dim, other,
+                                                                  allocator, card):
+    got = plan_json(capsys, *model, *other, "--fit", dim, "--card-gib", card,
+                    "--allocator", allocator)
+    fit = got["fit"]
+    n, card_bytes = fit["size"], int(card * _plan.GIB)
+    assert n >= 1 and fit["card_bytes"] == card_bytes == got["card_bytes"]
+    assert got["inputs"][dim] == n
+    allowance = _plan_fit.ALLOWANCES[allocator]
+    at = plan_json(capsys, *model, *other, f"--{dim}", n, "--card-gib", card)
+    # The plain plan adds no allowance: one step above may still fit the card, or not (status 1).
+    above = plan_json(capsys, *model, *other, f"--{dim}", n + 1, "--card-gib", card,
+                      statuses=(0, 1))
+    at.pop("formulas"), got.pop("formulas")  # the same but for nothing; compared below as a whole
+    assert {k: v for k, v in got.items() if k != "fit"} == at
+    assert fit["planned_peak_bytes"] == at["total_bytes"]
+    assert fit["next_planned_peak_bytes"] == above["total_bytes"]
+    assert at["total_bytes"] * allowance <= card_bytes < above["total_bytes"] * allowance
+    assert fit["needed_bytes"] <= card_bytes < fit["next_needed_bytes"]
+
+
+def test_fit_table_carries_the_json_figures(capsys):
+    args = [*LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "80",
+            "--allocator", "torch-expandable"]
+    got = plan_json(capsys, *args)
+    status, text, err = plan(capsys, *args)
+    assert status == 0 and err == ""
+    fit = got["fit"]
+    assert (f"the largest micro-batch that fits is {fit['size']} at seq 2048 "
+            f"(torch expandable_segments:True's allowance {fit['allowance']:g}") in text
+    gb = _plan.gb
+    assert (f"batch {fit['size']}: planned peak {gb(fit['planned_peak_bytes'])} x "
+            f"{fit['allowance']:g} = {gb(fit['needed_bytes'])} <= card {gb(fit['card_bytes'])}"
+            in text)
+    assert (f"batch {fit['next_size']}: planned peak {gb(fit['next_planned_peak_bytes'])} x "
+            f"{fit['allowance']:g} = {gb(fit['next_needed_bytes'])} > card" in text)
+    assert f"micro-batch {fit['size']} x seq 2048 per GPU" in text
+    for c in _plan.CATEGORIES:
+        assert re.search(rf"^  {c} +{re.escape(gb(got[c]))} ", text, re.M), c
+    assert f"planned peak allocated {gb(got['total_bytes'])} per GPU" in text
+
+
+def test_fit_writes_the_plan_file_at_the_size_it_found(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    got = plan_json(capsys, *GPT2M, "--seq", "1024", "--fit", "batch", "--card-gib", "40",
+                    "--out", out)
+    doc = json.loads(out.read_text())
+    assert doc["estimate"]["total_bytes"] == got["fit"]["planned_peak_bytes"]
+    assert got["plan"]["limit"] == doc["limit"]
+
+
+def assert_refused(status, err, code, *needles):
+    assert status == code, err
+    assert err.startswith("vramledger: error: ") and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_a_card_below_the_model_states_fits_nothing(capsys):
+    status, out, err = plan(capsys, *LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "16")
+    assert out == ""
+    assert_refused(status, err, 1, "nothing fits the card 17.18 GB (16.00 GiB)",
+                   "the optimizer step alone")
+
+
+def test_a_sequence_too_long_for_batch_1_fits_nothing(capsys):
+    status, _, err = plan(capsys, *LLAMA, "--seq", "100000", "--fit", "batch", "--card-gib", "40")
+    assert_refused(status, err, 1, "batch 1 at seq 100000 plans", "a smaller --seq may fit")
+
+
+def test_fits_at_every_size_tried_names_the_bound(capsys):
+    status, out, err = plan(capsys, *GPT2M, "--seq", "1", "--fit", "batch", "--card-gib", "1e6")
+    assert out == ""
+    assert_refused(status, err, 2, "every micro-batch tried fits",
+                   f"up to batch {_plan_fit.MAX_SIZE['batch']} (the search's bound)")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--params", "7B", "--seq", "1024", "--fit", "batch"], "--fit needs the model's shape"),
+    ([*GPT2M, "--fit", "batch"], "--fit batch needs the sequence length it holds fixed: give --seq"),
+    ([*GPT2M, "--fit", "seq"], "--fit seq needs the micro-batch it holds fixed: give --batch"),
+    ([*GPT2M, "--fit", "batch", "--seq", "512", "--batch", "4"],
+     "--fit batch searches the micro-batch: drop --batch 4"),
+    ([*GPT2M, "--allocator", "torch"], "--allocator applies to --fit only"),
+    ([*GPT2M, "--fit", "size", "--seq", "512"], "argument --fit: invalid choice: 'size'"),
+    ([*GPT2M, "--fit", "seq", "--batch", "0"], "--batch must be at least 1, got 0"),
+])
+def test_fit_bad_input_is_a_cli_error(capsys, args, needle):
+    status, out, err = plan(capsys, *args)
+    assert out == ""
+    assert_refused(status, err, 2, needle)
