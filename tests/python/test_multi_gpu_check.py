@@ -188,3 +188,38 @@ def test_run_without_a_gpu_prints_a_not_run_table(tmp_path):
         "across ranks and IPC across devices need 2 GPUs (kind nvidia-h200-x2)."]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert rows[0]["verdict"].startswith("NOT RUN")
+
+
+def _tracker_path():
+    root = HERE.parents[3]
+    for build in ("build-ci", "build"):
+        path = root / build / "torch_plugin" / "lib" / "libvramledger_trace_counter.so"
+        if path.exists():
+            return path
+    return None
+
+
+def test_trace_counter_attaches_to_torchs_allocator_without_a_gpu():
+    """trace_counter.cc on this CPU machine: torch's allocator takes the tracker before CUDA
+    starts (as ProcessGroupNCCL attaches its hook), nothing has happened yet, an action torch
+    does not have reads -1, and the read-back of events is empty."""
+    pytest.importorskip("torch")
+    lib = _tracker_path()
+    if lib is None:
+        pytest.skip("libvramledger_trace_counter.so is not built (benchmarks off or no torch)")
+    code = f"""
+import json, sys, torch
+sys.path.insert(0, {str(HERE)!r})
+import nccl_register
+t = nccl_register.Tracker({str(lib)!r})
+t.attach()
+t.attach()  # a second tracker: torch keeps both
+print(json.dumps([t.counts(), t.events(), t.lib.vramledger_tc_count(len(nccl_register.ACTIONS)),
+                  t.lib.vramledger_tc_count(-1), t.lib.vramledger_tc_dropped()]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts, events, past_end, negative, dropped = json.loads(proc.stdout.splitlines()[-1])
+    assert counts == {name: 0 for name in nccl.ACTIONS}
+    assert events == [] and past_end == -1 and negative == -1 and dropped == 0

@@ -118,6 +118,8 @@ class Tracker:
 
 def run(args, torch, dist, rank: int, local: int, world: int, result: dict) -> None:
     tracker = Tracker(args.tracker)
+    # torch's own allocator hands a tracker to the device allocators it has, so CUDA starts first.
+    torch.cuda.init()
     tracker.attach()
     want = float(world * (world + 1) // 2)
     checks = result["all_reduce"]

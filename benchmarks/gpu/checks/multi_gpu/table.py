@@ -103,6 +103,8 @@ def nccl_figures(runs: dict[int, dict], logs: dict[int, dict]) -> tuple[str, lis
         if x["unknown_frees"]:
             problems.append(f"rank {r}: {len(x['unknown_frees'])} SEGMENT_FREE of segments never "
                             "registered")
+        if not any(c[k] for k in ("segment_alloc", "segment_map")):
+            problems.append(f"rank {r}: the trace tracker saw no SEGMENT_ALLOC or SEGMENT_MAP")
         if x.get("dropped_events"):
             problems.append(f"rank {r}: the tracker dropped {x['dropped_events']} events")
         text = (f"r{r}: registered {len(x['registrations'])} ({len(x['at_init'])} at creation), "
