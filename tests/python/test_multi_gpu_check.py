@@ -125,7 +125,9 @@ def test_nccl_row_fails_on_other_addresses_wrong_results_no_moves_and_warnings()
              ({0: nccl_rank(0, regs, moves=0)}, good, "moved no page"),
              ({0: nccl_rank(0, regs)}, warned, "NCCL warned"),
              ({0: nccl_rank(0, regs, error="RuntimeError: boom")}, good, "boom"),
-             ({}, good, "vramledger ranks [0] wrote no result")]
+             ({}, good, "vramledger ranks [0] wrote no result"),
+             ({0: nccl_rank(0, regs)}, {"registered": [], "skipped": [], "warnings": []},
+              "NCCL logged no registration under vramledger")]
     for vl, log, reason in cases:
         verdict = table.nccl_row(native, vl, {0: good}, {0: log}, world=1)["verdict"]
         assert verdict.startswith("FAIL") and reason in verdict, (reason, verdict)
@@ -223,3 +225,12 @@ print(json.dumps([t.counts(), t.events(), t.lib.vramledger_tc_count(len(nccl_reg
     counts, events, past_end, negative, dropped = json.loads(proc.stdout.splitlines()[-1])
     assert counts == {name: 0 for name in nccl.ACTIONS}
     assert events == [] and past_end == -1 and negative == -1 and dropped == 0
+
+
+def test_nccl_row_says_when_nccl_logged_no_registration_at_all():
+    regs = [(0x1000, 32)]
+    silent = {"registered": [], "skipped": [], "warnings": []}
+    row = table.nccl_row({0: nccl_rank(0, regs, moves=None)}, {0: nccl_rank(0, regs)},
+                         {0: silent}, {0: silent}, world=1)
+    assert row["verdict"] == "PASS"
+    assert "NCCL's log has no registration line" in row["native"]

@@ -142,6 +142,13 @@ def nccl_row(native: dict[int, dict], vl: dict[int, dict], native_logs: dict[int
         missing = _ranks_missing(runs, world)
         if missing:
             problems.append(f"{name} ranks {missing} wrote no result")
+    logged = {name: sum(len(log["registered"]) + len(log["skipped"]) for log in logs.values())
+              for name, logs in (("native", native_logs), ("vramledger", vl_logs))}
+    if logged["native"] and not logged["vramledger"] and vl:
+        problems.append("NCCL logged no registration under vramledger (the hook off?), "
+                        f"{logged['native']} under torch native")
+    elif not logged["native"] and not logged["vramledger"]:
+        native_text += "; NCCL's log has no registration line: compared with the hook's due only"
     moved = [x.get("page_moves") or 0 for x in vl.values() if not x.get("error")]
     if moved and not any(moved):
         problems.append("vramledger moved no page: recycling was not exercised")
