@@ -5,7 +5,8 @@
 #   here:  bash benchmarks/gpu/run.sh prepare        (WHEEL=1: also .devbuild/wheeldeps;
 #          PREBUILT=build-ci: copy from a tree built with tests and benchmarks, no second build)
 #   GPU:   device run, carry [".devbuild/lib"] (and ".devbuild/wheeldeps" for the wheel check),
-#          command: bash benchmarks/gpu/run.sh [ITEM ...]    (kind nvidia-h200-x2 for `multi`)
+#          command: bash benchmarks/gpu/run.sh [ITEM ...]    (kind nvidia-h200-x2 for `ddp`;
+#          `multi` runs with as many GPUs as there are, world size 1 on one)
 #
 # Built here, not there: the GPU image has torch 2.11.0+cu130, cmake and g++ but no Abseil. The
 # plugin does not depend on the Python version (it links libc10 and libcudart, which the torch in
@@ -39,8 +40,12 @@
 #     preload_direct checks/preload_direct_check.sh: the shim as torch's allocator (torch's
 #                   statistics, a plan refusal as torch.OutOfMemoryError) and its fallback
 #     wheel         checks/wheel_check.sh gpu: the wheel built and run there (needs wheeldeps)
-#     multi         two GPUs: checks/two_gpu_check.py, then checks/ddp_check.py (DDP over NCCL,
-#                   native vs vramledger with a plan per rank) and `vramledger report`
+#     multi         checks/multi_gpu/run.py with one rank per GPU present (world size 1 on one
+#                   GPU): FSDP2 GPT-2-medium native vs vramledger's default, `vramledger report`,
+#                   NCCL's register hook with page recycling, CUDA IPC GPU 0 <-> GPU (1 % N);
+#                   with two GPUs or more also checks/two_gpu_check.py (peer access)
+#     ddp           two GPUs: checks/ddp_check.py (DDP over NCCL, native vs vramledger with a
+#                   plan per rank) and `vramledger report`
 #   benchmarks ("bench": every one)
 #     workloads     bench/workloads_compare.py: three workloads x three allocators (~200-500 s
 #                   per round of the three on an H200)
@@ -56,7 +61,7 @@
 #                   and allocator, beside plan --fit (CAPACITY_* pick the rows; resumes from
 #                   .devbuild/capacity-results.json when carried; writes $OUT/capacity-results.json)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
-# Env: BUDGET_S (570), STEPS (multi's DDP steps, 8), GUARD_MODEL (gpt2), WORKLOADS
+# Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
 # AB_STEPS (10), INPROCESS_WORKLOADS (gpt2m,llama1b,llama1b-ckpt), INPROCESS_GROUPS (30),
 # INPROCESS_LENGTHS (repeat, steady or fresh), INPROCESS_SHIM (1: also under the shim),
@@ -74,7 +79,7 @@ LIBDIR="$ROOT/.devbuild/lib"
 PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
-        snapshot guard preload preload_plan preload_direct wheel multi"
+        snapshot guard preload preload_plan preload_direct wheel multi ddp"
 BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
@@ -107,18 +112,20 @@ prepare() {
       >/dev/null
     ninja -C "$build" vramledger_plugin vramledger_native vramledger_preload \
       vramledger_driver_api_alloc vramledger_host_cost_bench vramledger_allocator_swap \
-      vramledger-replay "$GPU_TEST"
+      vramledger-replay vramledger_trace_counter "$GPU_TEST"
   fi  # else a tree already built with tests and benchmarks (scripts/test.sh's build-ci/)
   rm -rf "$LIBDIR"
   mkdir -p "$LIBDIR"
   # The pluggable plugin, the torch-native allocator (install(mode="native"), found beside the
   # plugin), the LD_PRELOAD shim and the driver-API program preload_check.sh runs under it, the
-  # host-cost bench, the allocator swap of inprocess_ab.py and the replay tool (record_empty_cache
-  # replays there; the Python package travels without `_core`), each with its Abseil libraries.
+  # host-cost bench, the allocator swap of inprocess_ab.py, the trace counter of the multi-GPU
+  # check and the replay tool (record_empty_cache replays there; the Python package travels
+  # without `_core`), each with its Abseil libraries.
   local name file
   for name in libvramledger_plugin.so libvramledger_native.so libvramledger_preload.so \
               vramledger_driver_api_alloc vramledger_host_cost_bench \
-              libvramledger_allocator_swap.so vramledger-replay "$GPU_TEST"; do
+              libvramledger_allocator_swap.so libvramledger_trace_counter.so vramledger-replay \
+              "$GPU_TEST"; do
     file="$(find "$build" -name "$name" -type f -not -path '*/CMakeFiles/*' | sort | head -1)"
     [ -n "$file" ] || { echo "prepare: $name was not built"; exit 1; }
     cp "$file" "$LIBDIR/"
@@ -179,12 +186,20 @@ not_run() { ORDER+=("$1"); RESULT[$1]="skipped: $2"; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 bound() { echo $(( $(left) - ${1:-5} )); }  # a timeout that ends inside the budget
 
+# `gpus` is run_items's: one rank per GPU present.
 multi() {
-  local out="$RUN/multi"
+  local rc=0 budget=$(( $(bound 15) < 230 ? $(bound 15) : 230 ))
+  if [ "$gpus" -ge 2 ]; then
+    timeout 120 "$PY" benchmarks/gpu/checks/two_gpu_check.py --json "$RUN/two_gpu.json" || rc=1
+  fi
+  timeout "$(bound)" "$PY" benchmarks/gpu/checks/multi_gpu/run.py --out "$RUN/multi" \
+    --nproc "$gpus" --budget-s "$budget" || rc=1
+  return $rc
+}
+
+ddp() {
+  local out="$RUN/ddp"
   mkdir -p "$out/ddp-native" "$out/ddp-vl"
-  timeout 180 "$PY" benchmarks/gpu/checks/two_gpu_check.py --json "$out/two_gpu.json" \
-    > "$out/two_gpu.log" 2>&1
-  local two_rc=$?
   # One plan, a line per rank's GPU (rank r runs on GPU r).
   cat > "$out/ddp-vl/plan.json" <<'JSON'
 {
@@ -206,10 +221,9 @@ JSON
   local ddp_rc=$?
   "$PY" -m vramledger report "$out/ddp-vl/steps" > "$out/report.txt" 2>&1
   local report_rc=$?
-  grep -E "^(PASS|FAIL|SKIP)" "$out/two_gpu.log"
   cat "$out/ddp_compare.txt" "$out/report.txt"
-  echo "two_gpu_check exit $two_rc, ddp_check exit $ddp_rc, vramledger report exit $report_rc"
-  [ "$two_rc" = 0 ] && [ "$ddp_rc" = 0 ] && [ "$report_rc" = 0 ]
+  echo "ddp_check exit $ddp_rc, vramledger report exit $report_rc"
+  [ "$ddp_rc" = 0 ] && [ "$report_rc" = 0 ]
 }
 
 hostcost() {
@@ -284,7 +298,8 @@ details() {
     preload_plan) tail -8 "$f" ;;
     preload_direct) grep -E "^(PASS|FAIL|SKIP)|MemPool" "$f" ;;
     wheel) grep -E "PASS|FAIL|SKIP|wheel" "$f" | tail -15 ;;
-    multi) cat "$f" ;;
+    multi) grep -E "^(PASS|FAIL|SKIP) " "$f"; sed -n '/^==== multi-GPU check/,$p' "$f" ;;
+    ddp) cat "$f" ;;
     workloads) tail -40 "$f" ;;
     kernels) tail -4 "$f" ;;
     ab) tail -6 "$f" ;;
@@ -380,11 +395,12 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
              else
                not_run wheel "no .devbuild/wheeldeps (WHEEL=1 run.sh prepare, and carry it)"
              fi ;;
-      multi) if [ "$gpus" -ge 2 ]; then
-               item multi check 200 multi
-             else
-               not_run multi "$gpus GPU(s); it needs two (kind nvidia-h200-x2)"
-             fi ;;
+      multi) item multi check 240 multi ;;
+      ddp) if [ "$gpus" -ge 2 ]; then
+             item ddp check 200 ddp
+           else
+             not_run ddp "$gpus GPU(s); it needs two (kind nvidia-h200-x2)"
+           fi ;;
       workloads) item workloads bench 200 timeout "$(bound)" "$PY" \
                    benchmarks/gpu/bench/workloads_compare.py --out "$RUN/workloads" \
                    --workloads "${WORKLOADS:-gpt2m,llama1b,llama1b-ckpt}" --rounds "${ROUNDS:-1}" ;;

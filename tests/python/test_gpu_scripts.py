@@ -21,6 +21,8 @@ TRAIN_COMPARE_PY = GPU / "checks" / "train_compare.py"
 WITH_HELP = ("checks/ddp_check", "checks/guard_check", "checks/snapshot_check",
              "checks/streams_compile_check", "checks/torch_integration_check",
              "checks/train_compare", "checks/two_gpu_check", "checks/feature_matrix/run",
+             "checks/multi_gpu/run", "checks/multi_gpu/fsdp", "checks/multi_gpu/nccl_register",
+             "checks/multi_gpu/ipc_pair",
              "bench/graph_step_ab", "bench/inprocess_ab", "bench/step_ab", "bench/vmm_kernel_time",
              "bench/workloads_compare", "record/record_empty_cache_trace")
 
@@ -61,15 +63,16 @@ def test_the_runner_runs_every_check_and_benchmark():
     runner = (GPU / "run.sh").read_text()
     scripts = [p for p in (GPU / "checks").iterdir() if p.suffix in (".py", ".sh")]
     scripts += [p for p in (GPU / "bench").glob("*.py") if p.name != "inprocess_stats.py"]
-    scripts += [GPU / "checks" / "feature_matrix" / "run.py"]
+    scripts += [GPU / "checks" / "feature_matrix" / "run.py",
+                GPU / "checks" / "multi_gpu" / "run.py"]
     scripts += list((GPU / "record").glob("*.py"))
-    assert len(scripts) == 21, scripts  # 15 checks, 5 benchmarks, 1 recording
+    assert len(scripts) == 22, scripts  # 16 checks, 5 benchmarks, 1 recording
     missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
     assert not missing, f"run.sh does not run {missing}"
 
 
-@pytest.mark.parametrize("item", ["guard", "preload", "multi", "hostcost", "record_empty_cache",
-                                  "capacity", "checks", "bench"])
+@pytest.mark.parametrize("item", ["guard", "preload", "multi", "ddp", "hostcost",
+                                  "record_empty_cache", "capacity", "checks", "bench"])
 def test_the_runner_knows_every_item(item, tmp_path):
     """An item name passes the runner's check; it then stops, since its copy's tree has no
     prepared plugin."""

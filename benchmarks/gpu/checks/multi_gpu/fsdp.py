@@ -1,0 +1,91 @@
+"""FSDP2 worker of the multi-GPU check (run.py launches it under torchrun, once per allocator).
+
+GPT-2-medium (random weights from its config, dropout off, no download), every transformer block
+and then the whole model wrapped with `fully_shard`, AdamW lr 1e-4, bf16 autocast, batch 4 per
+rank, sequence lengths U[128, 1024] from random.seed(0) (the same on every rank and under both
+allocators), token ids from a CUDA generator seeded 1000 + rank. Each step's loss is the mean over
+the ranks (all_reduce). Under vramledger, vramledger.install() with no options (its default:
+torch-native mode, expandable segments with page recycling) comes before CUDA starts, with
+step_log=OUT/steps, and vramledger.step() ends each step, so each rank writes its step log.
+
+  torchrun --nproc-per-node N fsdp.py --allocator native|vramledger --out DIR [--steps 10]
+
+Each rank writes DIR/rank<R>.json: losses, step times, median step time, peak allocated and
+peak reserved bytes (torch.cuda.memory_stats, over the whole run) and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--allocator", choices=["native", "vramledger"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if args.allocator == "vramledger":
+        import vramledger
+        vramledger.install(step_log=os.path.join(args.out, "steps"))
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257)
+    cfg.attn_pdrop = cfg.resid_pdrop = cfg.embd_pdrop = 0.0
+    torch.manual_seed(0)  # the same initial weights on every rank and under both allocators
+    with torch.device("cuda"):  # initialised on the GPU: seconds less than on the host
+        model = GPT2LMHeadModel(cfg)
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator(device="cuda").manual_seed(1000 + rank)
+    random.seed(0)
+    losses, times = [], []
+    for _ in range(args.steps):
+        seq = random.randint(128, 1024)
+        ids = torch.randint(0, cfg.vocab_size, (4, seq), device="cuda", generator=gen)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mean = loss.detach().float().clone()
+        dist.all_reduce(mean)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(mean) / world)
+        if args.allocator == "vramledger":
+            vramledger.step()
+    stats = torch.cuda.memory_stats()
+    peak_alloc = int(stats["allocated_bytes.all.peak"])
+    peak_reserved = int(stats["reserved_bytes.all.peak"])
+    result = {"rank": rank, "world": world, "device": local, "allocator": args.allocator,
+              "losses": losses, "step_s": times, "median_step_s": statistics.median(times),
+              "peak_allocated": peak_alloc, "peak_reserved": peak_reserved,
+              "utilization": peak_alloc / peak_reserved if peak_reserved else 0.0}
+    if args.allocator == "vramledger":
+        result["mode"] = vramledger.installed_mode()
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
