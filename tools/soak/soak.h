@@ -15,7 +15,7 @@ struct SoakConfig {
   std::int64_t ops = 10'000'000;  // operations to run (each one allocator or backend call)
   std::uint64_t seed = 1;
   std::int64_t check_every = 1000;          // operations between two full checks
-  std::size_t capacity = 8ull << 30;        // bytes of each simulated card
+  std::size_t capacity = 4ull << 30;        // bytes of each simulated card
   std::size_t max_violations_kept = 20;     // messages kept for the report
 };
 

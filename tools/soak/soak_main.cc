@@ -17,7 +17,7 @@ constexpr absl::string_view kUsage =
     "  --ops N          allocator operations to run (default 10000000)\n"
     "  --seed S         seed of the operation sequence (default 1)\n"
     "  --check-every N  operations between two full invariant checks (default 1000)\n"
-    "  --capacity-gib N capacity of each simulated card in GiB (default 8)\n";
+    "  --capacity-gib N capacity of each simulated card in GiB (default 4)\n";
 
 // Parses `--name V` / `--name=V` as a positive integer into *out. Returns "" or the error.
 std::string ParsePositive(absl::string_view name, int argc, char** argv, int* i,
