@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -134,6 +135,66 @@ std::string RunCase(const Case& c) {
   return "";
 }
 
+// A child process's start: the simulated devices, no forensic dumps.
+void SetUpDevices() {
+  if (vramledger_configure("max_dumps:0") != VRAMLEDGER_OK ||
+      vramledger_testing_use_sim_backend(2, kCapacity) != VRAMLEDGER_OK) {
+    std::fprintf(stderr, "set-up: %s\n", vramledger_last_error());
+    std::_Exit(4);
+  }
+}
+
+// The child of a thread case: runs `c` on a thread of its own and exits 0 when it raised what it
+// must (3 with the reason on stderr otherwise).
+[[noreturn]] void RunCaseOnAThreadAndExit(const Case& c) {
+  std::string result = "not run";
+  std::thread worker([&] { result = RunCase(c); });
+  worker.join();
+  if (!result.empty()) std::fprintf(stderr, "%s\n", result.c_str());
+  std::_Exit(result.empty() ? 0 : 3);
+}
+
+// Callbacks that throw: the allocation still raises torch's OutOfMemoryError, a later one is
+// served; exits 0 when both happened.
+[[noreturn]] void ThrowingCallbacksAndExit() {
+  SetUpDevices();
+  Native()->attachOutOfMemoryObserver([](std::int64_t, std::size_t, std::size_t, std::size_t) {
+    throw std::runtime_error("observer failed");
+  });
+  Native()->attachAllocatorTraceTracker(
+      [](const auto&) { throw std::runtime_error("tracker failed"); });
+  int outcomes = 0;
+  std::thread worker([&] {
+    try {
+      Native()->AllocateOn(0, nullptr, 8 * kGiB);
+    } catch (const c10::OutOfMemoryError&) {
+      ++outcomes;
+    }
+    c10::DataPtr served = Native()->AllocateOn(0, nullptr, 4096);
+    outcomes += served.get() != nullptr;
+  });
+  worker.join();
+  std::_Exit(outcomes == 2 ? 0 : 3);
+}
+
+// A thread that pthread_exit ends inside an OOM observer; exits 0 when that thread ended (its
+// body did not return) and the device still serves the main thread.
+[[noreturn]] void ThreadEndingInAnObserverAndExit() {
+  SetUpDevices();
+  Native()->attachOutOfMemoryObserver(
+      [](std::int64_t, std::size_t, std::size_t, std::size_t) { pthread_exit(nullptr); });
+  auto body = [](void*) -> void* {
+    Native()->AllocateOn(0, nullptr, 8 * kGiB);
+    return reinterpret_cast<void*>(1);  // not reached: the observer ends the thread
+  };
+  pthread_t thread;
+  if (pthread_create(&thread, nullptr, body, nullptr) != 0) std::_Exit(5);
+  void* returned = nullptr;
+  pthread_join(thread, &returned);
+  c10::DataPtr served = Native()->AllocateOn(0, nullptr, 4096);
+  std::_Exit(returned == nullptr && served.get() != nullptr ? 0 : 3);
+}
+
 class NoAbortTest : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {
@@ -141,26 +202,14 @@ class NoAbortTest : public ::testing::TestWithParam<Case> {
     ASSERT_EQ(vramledger_testing_use_sim_backend(2, kCapacity), VRAMLEDGER_OK)
         << vramledger_last_error();
   }
+  // A child re-runs this binary for its one test (no fork of a process with threads).
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
 };
 
-TEST_P(NoAbortTest, RefusalRaisesOnTheCallingThread) {
-  EXPECT_EQ(RunCase(GetParam()), "");
-}
+TEST_P(NoAbortTest, RefusalRaisesOnTheCallingThread) { EXPECT_EQ(RunCase(GetParam()), ""); }
 
 TEST_P(NoAbortTest, RefusalRaisesOnAProgramThreadAndTheProcessGoesOn) {
-  EXPECT_EXIT(
-      {
-        std::string result = "not run";
-        std::thread worker([&] { result = RunCase(GetParam()); });
-        worker.join();
-        if (!result.empty()) {
-          std::fprintf(stderr, "%s\n", result.c_str());
-          std::_Exit(3);
-        }
-        std::_Exit(0);
-      },
-      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(RunCaseOnAThreadAndExit(GetParam()), ::testing::ExitedWithCode(0), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(EntryPoints, NoAbortTest, ::testing::ValuesIn(Cases()),
@@ -169,59 +218,18 @@ INSTANTIATE_TEST_SUITE_P(EntryPoints, NoAbortTest, ::testing::ValuesIn(Cases()),
                          });
 
 // Callbacks torch attaches (OOM observers, trace trackers: Python functions behind torch's
-// wrappers) that throw: the allocation still raises torch's OutOfMemoryError, and the process
-// goes on.
+// wrappers) that throw leave the refusal to torch's OutOfMemoryError; the process goes on.
 TEST(NoAbortCallbacksTest, ThrowingObserverAndTrackerLeaveTheRefusalToTorch) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        if (vramledger_testing_use_sim_backend(2, kCapacity) != VRAMLEDGER_OK) std::_Exit(4);
-        Native()->attachOutOfMemoryObserver(
-            [](std::int64_t, std::size_t, std::size_t, std::size_t) {
-              throw std::runtime_error("observer failed");
-            });
-        Native()->attachAllocatorTraceTracker(
-            [](const auto&) {
-              throw std::runtime_error("tracker failed");
-            });
-        int raised = 0;
-        std::thread worker([&] {
-          try {
-            Native()->AllocateOn(0, nullptr, 8 * kGiB);
-          } catch (const c10::OutOfMemoryError&) {
-            ++raised;
-          }
-          c10::DataPtr ok = Native()->AllocateOn(0, nullptr, 4096);  // served despite the tracker
-          raised += ok.get() != nullptr;
-        });
-        worker.join();
-        std::_Exit(raised == 2 ? 0 : 3);
-      },
-      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(ThrowingCallbacksAndExit(), ::testing::ExitedWithCode(0), "");
 }
 
 // A thread that ends inside a callback (pthread_exit, as Python ends a thread that waits for the
 // GIL while the interpreter finalizes) unwinds through the allocator's catch-alls, which let it
-// pass: the thread ends, the process goes on, and the device is still usable.
+// pass: that thread ends, the process goes on, and the device still serves.
 TEST(NoAbortCallbacksTest, ThreadEndingInsideAnObserverEndsOnlyThatThread) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        if (vramledger_testing_use_sim_backend(2, kCapacity) != VRAMLEDGER_OK) std::_Exit(4);
-        Native()->attachOutOfMemoryObserver(
-            [](std::int64_t, std::size_t, std::size_t, std::size_t) { pthread_exit(nullptr); });
-        pthread_t thread;
-        auto body = [](void*) -> void* {
-          Native()->AllocateOn(0, nullptr, 8 * kGiB);
-          return reinterpret_cast<void*>(1);  // not reached: the observer ends the thread
-        };
-        if (pthread_create(&thread, nullptr, body, nullptr) != 0) std::_Exit(5);
-        void* result = nullptr;
-        pthread_join(thread, &result);
-        c10::DataPtr ok = Native()->AllocateOn(0, nullptr, 4096);
-        std::_Exit(result == nullptr && ok.get() != nullptr ? 0 : 3);
-      },
-      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(ThreadEndingInAnObserverAndExit(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
