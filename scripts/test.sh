@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # README command two: installs everything (scripts/setup.sh), builds the C++ tree with its tests,
-# runs every test (CTest: unit + gpu labels; pytest: tests/python + tests/gpu). Without a GPU the
-# GPU tests are reported as skipped, never as passed.
+# runs every test (CTest: unit + gpu labels; pytest: tests/python + tests/gpu), then the CPU tests
+# again under AddressSanitizer + UndefinedBehaviorSanitizer and the threaded ones under
+# ThreadSanitizer (scripts/sanitize.sh). Without a GPU the GPU tests are reported as skipped,
+# never as passed. VRAMLEDGER_SKIP_SANITIZERS=1 leaves the sanitizer builds out (a quick local
+# run; CI runs them).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -11,3 +14,9 @@ echo "== C++ tests (CTest)"
 (cd build-ci && ctest --output-on-failure -j"$(nproc)")
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -rs tests/python tests/gpu
+if [ "${VRAMLEDGER_SKIP_SANITIZERS:-0}" != 1 ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)"
+  ./scripts/sanitize.sh asan
+  echo "== ThreadSanitizer (build-tsan/)"
+  ./scripts/sanitize.sh tsan
+fi

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <cxxabi.h>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -26,14 +27,13 @@
 namespace vramledger {
 namespace {
 
-// Throws `status` as the matching c10 error.
+// Throws `status` as the matching c10 error: torch.OutOfMemoryError, ValueError or
+// RuntimeError in Python.
 [[noreturn]] void Throw(const absl::Status& status) {
-  if (absl::IsResourceExhausted(status)) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
-  }
-  TORCH_CHECK_VALUE(!absl::IsInvalidArgument(status), std::string(status.message()));
-  TORCH_CHECK(false, std::string(status.message()));
-  std::abort();  // unreachable: TORCH_CHECK(false) throws
+  const std::string message(status.message());
+  if (absl::IsResourceExhausted(status)) C10_THROW_ERROR(OutOfMemoryError, message);
+  if (absl::IsInvalidArgument(status)) C10_THROW_ERROR(ValueError, message);
+  C10_THROW_ERROR(Error, message);
 }
 
 std::atomic<vramledger_refusal_fn> g_refusal_reporter{nullptr};
@@ -100,6 +100,8 @@ void vramledger_free(void* ptr, std::size_t size, int device, cudaStream_t strea
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vramledger: free of %p on device %d threw: %s\n", ptr, device, e.what());
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     std::fprintf(stderr, "vramledger: free of %p on device %d threw\n", ptr, device);
   }

@@ -296,10 +296,27 @@ extern "C" __attribute__((visibility("default"))) void* dlopen(const char* file,
   const void* caller = __builtin_return_address(0);
   const bool decide = Instance() != nullptr && t_dlopen_depth == 0 &&
                       g_route.load(std::memory_order_acquire) == Route::kPending;
-  if (decide && file != nullptr && std::strchr(file, '/') != nullptr) PredictBeforeLoad(file);
+  // A failure in the route's decision leaves the route as it was; the library is opened anyway.
+  if (decide && file != nullptr && std::strchr(file, '/') != nullptr) {
+    NoThrow("dlopen (route into torch)", 0, [&] {
+      PredictBeforeLoad(file);
+      return 0;
+    });
+  }
   ++t_dlopen_depth;
-  void* handle = OpenAsCaller(file, mode, caller);
+  void* handle = nullptr;
+  if (!NoThrow("dlopen", false, [&] {
+        handle = OpenAsCaller(file, mode, caller);
+        return true;
+      })) {
+    handle = RealDlopen()(file, mode);
+  }
   --t_dlopen_depth;
-  if (decide && handle != nullptr) AfterLoad();
+  if (decide && handle != nullptr) {
+    NoThrow("dlopen (route into torch)", 0, [&] {
+      AfterLoad();
+      return 0;
+    });
+  }
   return handle;
 }

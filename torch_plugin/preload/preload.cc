@@ -271,6 +271,23 @@ void RegisterExitDumpAfterRuntime() {
   std::call_once(once, [] { std::atexit(AtExit); });
 }
 
+// With a plan, the device looks as large as the plan's limit (cudaMemGetInfo below).
+cudaError_t PlanMemGetInfo(Preload& p, cudaError_t err, size_t* free_bytes, size_t* total_bytes) {
+  InsideScope inside;
+  const int device = CurrentDevice();
+  const std::int64_t limit = p.PlanLimit(device, *total_bytes);
+  if (limit < 0) return err;
+  std::int64_t reserved = 0;
+  DeviceFigures figures;
+  if (p.Figures(device, &figures)) {
+    reserved = figures.stats.reserved_bytes[vramledger::kAggregate].current;
+  }
+  const std::size_t plan_free = limit > reserved ? static_cast<std::size_t>(limit - reserved) : 0;
+  *total_bytes = std::min(*total_bytes, static_cast<std::size_t>(limit));
+  *free_bytes = std::min(*free_bytes, plan_free);
+  return err;
+}
+
 }  // namespace vramledger::preload
 
 using vramledger::preload::Active;
@@ -289,7 +306,8 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
   }
   const vramledger::preload::CallTimer timer(p->InterposedTimer());
   p->counters().malloc_calls.fetch_add(1, std::memory_order_relaxed);
-  return vramledger::preload::Allocate(*p, ptr, size, nullptr);
+  return vramledger::preload::NoThrow("cudaMalloc", cudaErrorMemoryAllocation,
+                                      [&] { return vramledger::preload::Allocate(*p, ptr, size, nullptr); });
 }
 
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size,
@@ -298,7 +316,8 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size,
   if (p == nullptr) return Runtime().malloc_async(ptr, size, stream);
   const vramledger::preload::CallTimer timer(p->InterposedTimer());
   p->counters().malloc_async_calls.fetch_add(1, std::memory_order_relaxed);
-  return vramledger::preload::Allocate(*p, ptr, size, stream);
+  return vramledger::preload::NoThrow("cudaMallocAsync", cudaErrorMemoryAllocation,
+                                      [&] { return vramledger::preload::Allocate(*p, ptr, size, stream); });
 }
 
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
@@ -306,8 +325,10 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
   if (p == nullptr) {
     if (Preload* q = vramledger::preload::g_preload.load(std::memory_order_relaxed)) {
       q->counters().inner_calls.fetch_add(1, std::memory_order_relaxed);
-      cudaError_t result = cudaSuccess;
-      if (vramledger::preload::ServedBeforeDirectRoute(*q, ptr, nullptr, false, &result)) {
+      cudaError_t result = cudaErrorUnknown;  // stays so if the release fails midway
+      if (vramledger::preload::NoThrow("cudaFree", true, [&] {
+            return vramledger::preload::ServedBeforeDirectRoute(*q, ptr, nullptr, false, &result);
+          })) {
         return result;
       }
     }
@@ -315,8 +336,12 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
   }
   const vramledger::preload::CallTimer timer(p->InterposedTimer());
   p->counters().free_calls.fetch_add(1, std::memory_order_relaxed);
-  cudaError_t result = cudaSuccess;
-  if (vramledger::preload::Release(*p, ptr, nullptr, /*async=*/false, &result)) return result;
+  cudaError_t result = cudaErrorUnknown;  // stays so if the release fails midway
+  if (vramledger::preload::NoThrow("cudaFree", true, [&] {
+        return vramledger::preload::Release(*p, ptr, nullptr, /*async=*/false, &result);
+      })) {
+    return result;
+  }
   if (ptr != nullptr) p->counters().forwarded_frees.fetch_add(1, std::memory_order_relaxed);
   return Runtime().free(ptr);  // not ours (or cudaFree(0), which initializes the context)
 }
@@ -324,18 +349,23 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFree(void* ptr) {
 VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   Preload* p = Active();
   if (p == nullptr) {
-    cudaError_t result = cudaSuccess;
+    cudaError_t result = cudaErrorUnknown;  // stays so if the release fails midway
     Preload* q = vramledger::preload::g_preload.load(std::memory_order_relaxed);
-    if (q != nullptr &&
-        vramledger::preload::ServedBeforeDirectRoute(*q, ptr, stream, true, &result)) {
+    if (q != nullptr && vramledger::preload::NoThrow("cudaFreeAsync", true, [&] {
+          return vramledger::preload::ServedBeforeDirectRoute(*q, ptr, stream, true, &result);
+        })) {
       return result;
     }
     return Runtime().free_async(ptr, stream);
   }
   const vramledger::preload::CallTimer timer(p->InterposedTimer());
   p->counters().free_async_calls.fetch_add(1, std::memory_order_relaxed);
-  cudaError_t result = cudaSuccess;
-  if (vramledger::preload::Release(*p, ptr, stream, /*async=*/true, &result)) return result;
+  cudaError_t result = cudaErrorUnknown;  // stays so if the release fails midway
+  if (vramledger::preload::NoThrow("cudaFreeAsync", true, [&] {
+        return vramledger::preload::Release(*p, ptr, stream, /*async=*/true, &result);
+      })) {
+    return result;
+  }
   if (ptr != nullptr) p->counters().forwarded_frees.fetch_add(1, std::memory_order_relaxed);
   return Runtime().free_async(ptr, stream);
 }
@@ -359,17 +389,8 @@ VRAMLEDGER_PRELOAD_EXPORT cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t*
     return err;
   }
   p->counters().memgetinfo_calls.fetch_add(1, std::memory_order_relaxed);
-  vramledger::preload::InsideScope inside;
-  const int device = vramledger::preload::CurrentDevice();
-  const std::int64_t limit = p->PlanLimit(device, *total_bytes);
-  if (limit < 0) return err;
-  std::int64_t reserved = 0;
-  vramledger::preload::DeviceFigures figures;
-  if (p->Figures(device, &figures)) {
-    reserved = figures.stats.reserved_bytes[vramledger::kAggregate].current;
-  }
-  const std::size_t plan_free = limit > reserved ? static_cast<std::size_t>(limit - reserved) : 0;
-  *total_bytes = std::min(*total_bytes, static_cast<std::size_t>(limit));
-  *free_bytes = std::min(*free_bytes, plan_free);
-  return err;
+  // The real figures are in place; a failure below leaves them, unshrunk by the plan.
+  return vramledger::preload::NoThrow("cudaMemGetInfo", err, [&] {
+    return vramledger::preload::PlanMemGetInfo(*p, err, free_bytes, total_bytes);
+  });
 }

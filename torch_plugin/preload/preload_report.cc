@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cxxabi.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -237,6 +238,8 @@ void WriteDump(Preload& p, const std::string& tag) {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vramledger: preload dump failed: %s\n", e.what());
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     std::fprintf(stderr, "vramledger: preload dump failed\n");
   }
@@ -260,6 +263,8 @@ void WriteRefusalReport(Preload& p, std::int64_t n, absl::string_view report) {
       std::fprintf(stderr, "vramledger: refusal report not written: %s\n",
                    std::string(s.message()).c_str());
     }
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     std::fprintf(stderr, "vramledger: refusal report not written\n");
   }
@@ -273,6 +278,13 @@ using vramledger::preload::Preload;
 
 /// The shim's counters as a JSON object in a malloc'd string (free() it); NULL when inactive.
 extern "C" __attribute__((visibility("default"))) char* vramledger_preload_stats_json() {
+  return vramledger::preload::NoThrow("vramledger_preload_stats_json", static_cast<char*>(nullptr),
+                                      [] { return vramledger::preload::StatsJson(); });
+}
+
+namespace vramledger::preload {
+
+char* StatsJson() {
   Preload* p = vramledger::preload::Instance();
   if (p == nullptr) return nullptr;
   const vramledger::preload::Counters& c = p->counters();
@@ -298,8 +310,13 @@ extern "C" __attribute__((visibility("default"))) char* vramledger_preload_stats
   return out;
 }
 
+}  // namespace vramledger::preload
+
 /// Writes a snapshot and summary now (as SIGUSR1 does), tagged `tag` ("manual" when NULL).
 extern "C" __attribute__((visibility("default"))) void vramledger_preload_dump(const char* tag) {
-  Preload* p = vramledger::preload::Instance();
-  if (p != nullptr) vramledger::preload::WriteDump(*p, tag == nullptr ? "manual" : tag);
+  vramledger::preload::NoThrow("vramledger_preload_dump", 0, [tag] {
+    Preload* p = vramledger::preload::Instance();
+    if (p != nullptr) vramledger::preload::WriteDump(*p, tag == nullptr ? "manual" : tag);
+    return 0;
+  });
 }

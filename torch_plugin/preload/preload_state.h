@@ -6,6 +6,7 @@
 #define VRAMLEDGER_TORCH_PLUGIN_PRELOAD_PRELOAD_STATE_H_
 
 #include <cuda_runtime_api.h>
+#include <cxxabi.h>
 #include <dlfcn.h>
 
 #include <array>
@@ -13,6 +14,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +70,25 @@ inline const RealRuntime& Runtime() {
 
 // True while the calling thread is inside vramledger (defined in preload.cc).
 extern constinit __attribute__((tls_model("initial-exec"))) thread_local bool t_inside;
+
+// Runs the body of an exported function (an interposed CUDA call, dlopen, a ctypes entry):
+// an exception (host memory exhausted, one thrown by a library below) becomes `on_error` with a
+// line on stderr naming `call`, instead of unwinding into a caller that expects a return code
+// (through C frames, or frames built without unwind tables, it would end the process). A
+// thread's forced unwinding (pthread_exit, pthread_cancel) runs on (c_errors.h says why).
+template <typename R, typename Fn>
+R NoThrow(const char* call, R on_error, Fn fn) {
+  try {
+    return fn();
+  } catch (const abi::__forced_unwind&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vramledger: %s failed: %s\n", call, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "vramledger: %s failed: unknown C++ exception\n", call);
+  }
+  return on_error;
+}
 
 // Marks the calling thread as inside vramledger for its lifetime (nests).
 class InsideScope {
@@ -309,6 +331,10 @@ nlohmann::json CountersJson(const Counters& c);
 /// prints the summary unless VRAMLEDGER_PRELOAD_QUIET is set. Pre: no allocator lock held by
 /// this thread. Never throws.
 void WriteDump(Preload& p, const std::string& tag);
+
+// The shim's counters as a JSON object in a malloc'd string; nullptr when inactive
+// (vramledger_preload_stats_json, preload_report.cc).
+char* StatsJson();
 
 /// <dump_dir>/vramledger-preload-pid<P>-refusal-<n>.txt.
 std::string RefusalReportPath(const Preload& p, std::int64_t n);

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cxxabi.h>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -130,6 +131,8 @@ void vramledger_free_any_device(void* ptr) {
     vramledger::FreeOnAnyDevice(ptr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vramledger: free of %p threw: %s\n", ptr, e.what());
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     std::fprintf(stderr, "vramledger: free of %p threw\n", ptr);
   }

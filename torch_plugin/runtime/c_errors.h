@@ -25,6 +25,7 @@ VRAMLEDGER_EXPORT void vramledger_string_free(char* s);
 }  // extern "C"
 
 #ifdef __cplusplus
+#include <cxxabi.h>
 #include <exception>
 #include <string>
 
@@ -43,15 +44,22 @@ VRAMLEDGER_EXPORT int ReportFailure(const absl::Status& status);
 
 /// Runs the body of a ctypes-facing function (`fn` returns an absl::Status): clears the last
 /// error, returns VRAMLEDGER_OK on success, else ReportFailure's code; an exception becomes
-/// VRAMLEDGER_FAILED with "vramledger: <what>". Never throws.
+/// VRAMLEDGER_FAILED with "vramledger: <what>". Throws nothing but abi::__forced_unwind, the
+/// unwinding of a thread that pthread_exit or pthread_cancel ends (Python ends a thread that
+/// waits for the GIL while the interpreter finalizes that way): it is not an error but the
+/// thread's end, and must run on. Swallowing it aborts the process ("FATAL: exception not
+/// rethrown"), and a noexcept frame on its path terminates it ("terminate called without an
+/// active exception"), so every catch-all here rethrows it and none of these is noexcept.
 template <typename Fn>
-int CatchAll(Fn fn) noexcept {
+int CatchAll(Fn fn) {
   try {
     LastError().clear();
     const absl::Status s = fn();
     return s.ok() ? VRAMLEDGER_OK : ReportFailure(s);
   } catch (const std::exception& e) {
     LastError() = absl::StrCat("vramledger: ", e.what());
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     LastError() = "vramledger: unknown C++ exception";
   }

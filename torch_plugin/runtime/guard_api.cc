@@ -3,6 +3,7 @@
 // Python package. Process-wide state, never destroyed (tensors may be freed during shutdown).
 #include "torch_plugin/runtime/guard_api.h"
 
+#include <cxxabi.h>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -239,6 +240,8 @@ absl::Status GuardRefusalOrOomDump(int device, const absl::Status& status) {
       absl::Status completed = g->guard->CompleteRefusal(status, *g->allocator);
       if (completed.message() != status.message()) return completed;
     }
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     return status;  // a failed report must not hide the refusal
   }

@@ -2,6 +2,7 @@
 // Process-wide state, never destroyed (tensors may be freed during interpreter shutdown).
 #include "torch_plugin/runtime/history_api.h"
 
+#include <cxxabi.h>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -111,6 +112,8 @@ absl::Status WithOomDump(int device, const absl::Status& status) {
         absl::StrCat(status.message(), "\nvramledger: memory snapshot written to ", *path,
                      " (summarise it with `vramledger inspect ", *path,
                      "`, or open it at pytorch.org/memory_viz)"));
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     return status;  // a failed dump must not hide the out-of-memory error
   }

@@ -2,6 +2,7 @@
 // own observers, called from the OOM path with torch's OutOfMemoryObserver arguments.
 #include "torch_plugin/runtime/oom_observers.h"
 
+#include <cxxabi.h>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -51,6 +52,8 @@ void NotifyOutOfMemoryObservers(int device, std::size_t requested, const OutOfMe
       fn(device, alloc_size, limit, device_free);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "vramledger: out-of-memory observer threw: %s\n", e.what());
+    } catch (const abi::__forced_unwind&) {
+      throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
     } catch (...) {
       std::fprintf(stderr, "vramledger: out-of-memory observer threw\n");
     }

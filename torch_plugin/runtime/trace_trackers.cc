@@ -1,6 +1,7 @@
 // TraceTrackers: the process's attached trace trackers and their calls (trace_trackers.h).
 #include "torch_plugin/runtime/trace_trackers.h"
 
+#include <cxxabi.h>
 #include <cstdio>
 #include <exception>
 #include <utility>
@@ -27,6 +28,8 @@ void TraceTrackers::OnEvent(const TraceEntry& event) {
       tracker(event);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "vramledger: an allocator trace tracker threw: %s\n", e.what());
+    } catch (const abi::__forced_unwind&) {
+      throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
     } catch (...) {
       std::fprintf(stderr, "vramledger: an allocator trace tracker threw\n");
     }

@@ -56,9 +56,31 @@ int Dlopen(const char* path) {
   return 0;
 }
 
+// PRELOAD_DRIVER_REFUSE_ON_THREAD: each refusal path of the interposed functions taken on a
+// thread the program started (as torch's autograd workers and data-loader threads are): the
+// shim answers with the CUDA error code, and the process goes on to print and exit 0.
+int RefuseOnThread() {
+  int refused = 0, freed = 0;
+  std::thread worker([&] {
+    void* p = nullptr;
+    refused += cudaMalloc(&p, size_t{4} << 30) == cudaErrorMemoryAllocation;
+    refused += cudaMallocAsync(&p, size_t{4} << 30, nullptr) == cudaErrorMemoryAllocation;
+    refused += cudaMallocAsync(&p, ~size_t{0}, nullptr) == cudaErrorMemoryAllocation;
+    refused += cudaMalloc(nullptr, 4096) == cudaErrorInvalidValue;
+    if (cudaMallocAsync(&p, 4096, nullptr) == cudaSuccess) {
+      freed += cudaFreeAsync(p, nullptr) == cudaSuccess;
+    }
+  });
+  worker.join();
+  std::printf("{\"failures\": 0, \"thread_refused\": %d, \"thread_freed\": %d}\n", refused,
+              freed);
+  return 0;
+}
+
 int main() {
   if (const char* bench = std::getenv("PRELOAD_DRIVER_BENCH")) return Bench(std::atol(bench));
   if (const char* path = std::getenv("PRELOAD_DRIVER_DLOPEN")) return Dlopen(path);
+  if (std::getenv("PRELOAD_DRIVER_REFUSE_ON_THREAD") != nullptr) return RefuseOnThread();
   int failures = 0;
   std::vector<void*> blocks;
   for (int i = 0; i < 10; ++i) {

@@ -192,6 +192,17 @@ TEST(PreloadTest, ExitSummaryWithNothingOutsideSaysZero) {
   std::filesystem::remove_all(dumps);
 }
 
+// Refusals on a thread of the program come back as CUDA error codes; the process goes on.
+TEST(PreloadTest, RefusalsOnAProgramThreadReturnCudaErrors) {
+  const std::string dumps = TempDir("vl-preload-thread");
+  const Result r = RunDriver("PRELOAD_DRIVER_REFUSE_ON_THREAD=1 VRAMLEDGER_CONF=dump_dir:" + dumps);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = DriverJson(r.output);
+  EXPECT_EQ(j["thread_refused"], 4) << r.output;
+  EXPECT_EQ(j["thread_freed"], 1) << r.output;
+  std::filesystem::remove_all(dumps);
+}
+
 // A guard refusal in a program without Python: no crash, the report (stderr and a file in the
 // dump directory) names the plan line and shows the native frames.
 TEST(PreloadTest, RefusalWithoutPythonShowsNativeFrames) {

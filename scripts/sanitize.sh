@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# `scripts/sanitize.sh asan|tsan`: builds the CPU tests of one sanitizer variant and runs them.
+#   asan  AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/): the core (its checked
+#         build: the full invariant check after every operation), device layer, ledger, guard,
+#         replay, the torch plugin's runtime and C ABI, every refusal of the native allocator
+#         (no_abort_test), and a short soak. The plugin's other suites, each a translation unit
+#         of torch's headers, are left to the plain build to keep CI within its time.
+#   tsan  ThreadSanitizer (build-tsan/, Abseil built from source so that absl::Mutex is seen):
+#         every test that runs threads, the eight-thread stress test among them.
+# Only the targets a variant runs are built. A sanitizer report fails the run (the runtimes halt
+# on the first one); the only suppression is a false positive inside Abseil, named with its cause
+# in tests/tsan-suppressions.txt. Prints the tests run and the seconds each step took.
+# Run scripts/setup.sh first (the plugin's tests need .venv's torch).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+variant="${1:-}"
+case "$variant" in
+  asan)
+    dir=build-asan
+    sanitize=address,undefined
+    # core_checked_test holds the core's part tests and scenarios; the others are the tests of
+    # the layers above and the core tests it does not hold.
+    tests=(core_checked_test size_policy_test options_test hot_path_structures_test
+           contiguous_scope_test old_mapping_hazard_test
+           sim_backend_conformance_test sim_backend_test sim_cost_model_test
+           history_test snapshot_test device_report_test
+           plan_test budget_guard_test guard_concurrency_test
+           trace_reader_test replay_test
+           runtime_defaults_test plugin_abi_test no_abort_test)
+    tools=(vramledger-soak)
+    ;;
+  tsan)
+    dir=build-tsan
+    sanitize=thread
+    # NAME:FILTER runs only the binary's threaded tests (the model test's long single-threaded
+    # sequence runs in the other builds).
+    tests=(allocator_stress_test "allocator_model_test:AllocatorModel.EightThreads*"
+           contiguous_scope_test mem_pools_test graph_pools_test private_pools_test
+           sim_backend_test history_test guard_concurrency_test)
+    tools=()
+    ;;
+  *)
+    echo "usage: scripts/sanitize.sh asan|tsan" >&2
+    exit 2
+    ;;
+esac
+
+PY="$ROOT/.venv/bin/python"
+[ -x "$PY" ] || PY="$(command -v python3)"
+start=$SECONDS
+echo "== $variant: configure ($dir/)"
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DVRAMLEDGER_SANITIZE="$sanitize" -DVRAMLEDGER_BUILD_BENCHMARKS=OFF \
+  -DVRAMLEDGER_BUILD_PYTHON=OFF -DPython_EXECUTABLE="$PY" \
+  -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >/dev/null
+
+# A target the configuration did not create (no torch plugin without torch) is left out, saying so.
+available=()
+filters=()
+for entry in "${tests[@]}" "${tools[@]}"; do
+  t="${entry%%:*}"
+  filter="*"
+  [ "$entry" != "$t" ] && filter="${entry#*:}"
+  if ninja -C "$dir" -t query "$t" >/dev/null 2>&1; then
+    filters+=("$filter")
+    available+=("$t")
+  else
+    echo "$variant: $t is not built in this configuration; skipped"
+  fi
+done
+echo "== $variant: build ${#available[@]} targets"
+cmake --build "$dir" -j"$(nproc)" --target "${available[@]}"
+built=$SECONDS
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/tsan-suppressions.txt"
+# The C++ tests of the plugin load torch's libraries from .venv; none of them needs a GPU.
+export CUDA_VISIBLE_DEVICES=""
+
+logdir="$dir/sanitize-logs"
+mkdir -p "$logdir"
+failed=()
+total=0
+for i in "${!available[@]}"; do
+  t="${available[$i]}"
+  case " ${tools[*]} " in *" $t "*) continue ;; esac
+  exe="$(find "$dir" -name "$t" -type f -perm -u+x | head -n 1)"
+  log="$logdir/$t.log"
+  if (cd "$ROOT" && "$exe" --gtest_brief=1 --gtest_filter="${filters[$i]}" >"$log" 2>&1); then
+    n="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log" | tail -n 1)"
+    total=$((total + ${n:-0}))
+    printf '%-32s %5s tests passed\n' "$t" "${n:-0}"
+  else
+    failed+=("$t")
+    printf '%-32s FAILED (log: %s)\n' "$t" "$log"
+    grep -m 20 -E "ERROR: (Address|Thread|Undefined|Leak)Sanitizer|runtime error:|WARNING: ThreadSanitizer|\[  FAILED  \]" "$log" || true
+  fi
+done
+for t in "${tools[@]}"; do
+  case " ${available[*]} " in *" $t "*) ;; *) continue ;; esac
+  if [ "$t" = vramledger-soak ]; then
+    if "$dir/tools/vramledger-soak" --ops 100000 --seed 7 >"$logdir/soak.log" 2>&1; then
+      echo "vramledger-soak --ops 100000: $(grep -E '^(checks|violations) ' "$logdir/soak.log" | tr '\n' ' ')"
+    else
+      failed+=("$t")
+      echo "vramledger-soak FAILED (log: $logdir/soak.log)"
+      tail -n 20 "$logdir/soak.log"
+    fi
+  fi
+done
+echo "== $variant: $total tests in ${#available[@]} targets; build $((built - start)) s, run $((SECONDS - built)) s"
+if ((${#failed[@]})); then
+  echo "$variant: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
