@@ -38,6 +38,9 @@
 #     preload_plan  checks/preload_plan_check.sh: a plan 20% too small under the shim
 #     preload_direct checks/preload_direct_check.sh: the shim as torch's allocator (torch's
 #                   statistics, a plan refusal as torch.OutOfMemoryError) and its fallback
+#     regions       checks/regions_check.py: pausable regions: GPT-2-medium training and Llama-1B
+#                   generation taking turns on one GPU (free bytes after each pause, losses,
+#                   peak), a graph in a region, pause/resume speed, 10 GiB without backup
 #     wheel         checks/wheel_check.sh gpu: the wheel built and run there (needs wheeldeps)
 #     multi         two GPUs: checks/two_gpu_check.py, then checks/ddp_check.py (DDP over NCCL,
 #                   native vs vramledger with a plan per rank) and `vramledger report`
@@ -65,7 +68,7 @@ LIBDIR="$ROOT/.devbuild/lib"
 PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
-        snapshot guard preload preload_plan preload_direct wheel multi"
+        snapshot guard preload preload_plan preload_direct regions wheel multi"
 BENCH="workloads kernels ab inprocess hostcost graphstep"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
@@ -246,6 +249,7 @@ details() {
     preload) tail -12 "$f" ;;
     preload_plan) tail -8 "$f" ;;
     preload_direct) grep -E "^(PASS|FAIL|SKIP)|MemPool" "$f" ;;
+    regions) sed -n '/^regions check:/,$p' "$f" ;;
     wheel) grep -E "PASS|FAIL|SKIP|wheel" "$f" | tail -15 ;;
     multi) cat "$f" ;;
     workloads) tail -40 "$f" ;;
@@ -335,6 +339,8 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       preload_direct) item preload_direct check 60 env PYTHON="$PY" OUT="$RUN/preload_direct" \
                         timeout "$(bound)" bash benchmarks/gpu/checks/preload_direct_check.sh \
                         "$shim" ;;
+      regions) item regions check 245 timeout 240 "$PY" benchmarks/gpu/checks/regions_check.py \
+                 --json "$RUN/regions.json" ;;
       wheel) if [ -d .devbuild/wheeldeps ]; then
                item wheel check 150 env OUT="$RUN/wheel" timeout "$(bound)" \
                  bash benchmarks/gpu/checks/wheel_check.sh gpu
