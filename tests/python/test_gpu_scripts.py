@@ -62,7 +62,7 @@ def test_the_runner_runs_every_check_and_benchmark():
     scripts = [p for p in (GPU / "checks").iterdir() if p.suffix in (".py", ".sh")]
     scripts += [p for p in (GPU / "bench").glob("*.py") if p.name != "inprocess_stats.py"]
     scripts += [GPU / "checks" / "feature_matrix" / "run.py"]
-    assert len(scripts) == 20, scripts  # 15 checks, 5 benchmarks
+    assert len(scripts) == 21, scripts  # 16 checks, 5 benchmarks
     missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
     assert not missing, f"run.sh does not run {missing}"
 
