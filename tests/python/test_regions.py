@@ -300,3 +300,33 @@ def test_the_same_calls_reach_the_runtime_through_the_shim():
     assert out["region"]["paused"] is True
     assert out["resumed"]["restored_bytes"] == 8 * MiB
     assert "'ghost'" in out["err"]
+
+
+@needs_plugin
+def test_the_snapshot_marks_a_paused_regions_segments():
+    (out,) = run("""
+        outside = alloc(4 * MiB)
+        with vramledger.region("r"):
+            inside = alloc(10 * MiB)
+        running = vramledger.snapshot()["segments"]
+        paused = vramledger.pause("r", backup="cpu")
+        segments = vramledger.snapshot()["segments"]
+        (region,) = vramledger.regions()
+        print(json.dumps({
+            "running_paused": [s.get("paused", False) for s in running],
+            "paused": [[s["address"], s["total_size"], s["handles"],
+                        [b["state"] for b in s["blocks"]]]
+                       for s in segments if s.get("paused")],
+            "not_paused": [s["total_size"] for s in segments if not s.get("paused")],
+            "inside": inside, "released": paused["released_bytes"],
+            "pool": region["pool"],
+            "pools": [s["segment_pool_id"] for s in segments if s.get("paused")]}))
+    """)
+    assert not any(out["running_paused"])
+    assert out["paused"], "no segment marked paused"
+    assert sum(s[1] for s in out["paused"]) == out["released"]
+    assert all(s[2] == 0 for s in out["paused"])  # no physical handle under a paused range
+    assert any(s[0] <= out["inside"] < s[0] + s[1] and "active_allocated" in s[3]
+               for s in out["paused"])  # the live block is listed where it will be again
+    assert out["not_paused"], "the default pool's segment is still listed"
+    assert all(p == out["pool"] for p in out["pools"])
