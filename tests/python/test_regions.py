@@ -151,9 +151,18 @@ def test_region_scope_is_per_thread_nests_and_works_as_a_decorator():
         c = in_region(2 * MiB)
         outside = alloc(16 * MiB)
         (r,) = vramledger.regions()
-        print(json.dumps({"allocated": r["allocated_bytes"]}))
+        threaded = torch._C._is_multithreading_enabled
+        modes = [threaded()]
+        with vramledger.region("r"):
+            modes.append(threaded())  # backward() on this thread inside the block
+            with vramledger.region("r", backward_on_this_thread=False):
+                modes.append(threaded())
+            modes.append(threaded())
+        modes.append(threaded())
+        print(json.dumps({"allocated": r["allocated_bytes"], "modes": modes}))
     """)
     assert out["allocated"] == (4 + 2 + 2) * MiB  # not the other thread's, not outside
+    assert out["modes"] == [True, False, False, False, True]
 
 
 @needs_plugin

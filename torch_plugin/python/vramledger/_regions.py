@@ -127,27 +127,45 @@ class region:  # pylint: disable=invalid-name  # used as `with vramledger.region
     scopes inside it still set plan categories. Scopes nest; a tensor keeps its region after
     the block. Also usable as a decorator.
 
+    torch runs backward() on its own device threads, whose allocations (gradients, backward's
+    temporaries) a thread's scope would not see; so inside the block backward() runs on the
+    calling thread (torch.autograd.set_multithreading_enabled(False)), unless
+    `backward_on_this_thread` is False.
+
     Raises (on entry):
       ValueError: an empty name or a bad device.
       RuntimeError: vramledger does not serve this process, or the runtime refuses (the message
         names the region).
     """
 
-    def __init__(self, name: str, device: Any = None) -> None:
+    def __init__(self, name: str, device: Any = None, backward_on_this_thread: bool = True) -> None:
         self._name = _name(name)
         self._device_arg = device
-        self._entered: list[int] = []  # the device of each open entry, innermost last
+        self._backward_here = backward_on_this_thread
+        # Each open entry, innermost last: its device and the autograd threading it replaced.
+        self._entered: list[tuple[int, bool | None]] = []
 
     def __enter__(self) -> "region":
         calls = _calls()
         device = _device(self._device_arg)
         calls.check(calls.begin(device, self._name))
-        self._entered.append(device)
+        multithreaded = None
+        if self._backward_here:
+            import torch
+
+            multithreaded = torch._C._is_multithreading_enabled()  # pylint: disable=protected-access
+            torch._C._set_multithreading_enabled(False)  # pylint: disable=protected-access
+        self._entered.append((device, multithreaded))
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        device, multithreaded = self._entered.pop()
+        if multithreaded is not None:
+            import torch
+
+            torch._C._set_multithreading_enabled(multithreaded)  # pylint: disable=protected-access
         calls = _calls()
-        calls.check(calls.end(self._entered.pop(), self._name))
+        calls.check(calls.end(device, self._name))
 
     def __call__(self, fn: Any) -> Any:
         import functools
