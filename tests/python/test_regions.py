@@ -339,3 +339,28 @@ def test_the_snapshot_marks_a_paused_regions_segments():
                for s in out["paused"])  # the live block is listed where it will be again
     assert out["not_paused"], "the default pool's segment is still listed"
     assert all(p == out["pool"] for p in out["pools"])
+
+
+def test_inspect_lists_paused_ranges_apart_from_the_memory_held():
+    from vramledger import _inspect
+
+    def segment(address, size, paused, blocks):
+        s = {"device": 0, "address": address, "total_size": size, "segment_type": "large",
+             "stream": 0, "is_expandable": True,
+             "blocks": [{"address": address + off, "size": n, "state": st, "frames": []}
+                        for off, n, st in blocks]}
+        if paused:
+            s["paused"] = True
+        return s
+
+    snap = {"segments": [segment(0, 4 * MiB, False, [(0, 4 * MiB, "active_allocated")]),
+                         segment(64 * MiB, 10 * MiB, True,
+                                 [(0, 6 * MiB, "active_allocated"), (6 * MiB, 4 * MiB,
+                                                                     "inactive")])],
+            "device_traces": [[]]}
+    d = _inspect.device_summary(snap, 0)
+    assert d["segments"] == 1 and d["fragmentation"]["reserved_bytes"] == 4 * MiB
+    assert (d["paused_segments"], d["paused_bytes"], d["paused_allocated_bytes"]) == (
+        1, 10 * MiB, 6 * MiB)
+    text = _inspect.format_summary({"origin": "torch", "devices": [d]}, "x.pickle")
+    assert "paused regions: 1 ranges, 10.00 MiB released, 6.00 MiB of live blocks" in text
