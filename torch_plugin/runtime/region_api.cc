@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "ledger/region_report.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/runtime/device_table.h"
@@ -44,9 +46,10 @@ absl::StatusOr<DeviceAllocator*> AllocatorFor(int device, const char* name, bool
 // `status` with "region '<name>': " in front unless its message names the region already.
 absl::Status Named(const absl::Status& status, const char* name) {
   const std::string quoted = absl::StrCat("'", name, "'");
-  if (status.message().find(quoted) != std::string_view::npos) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("vramledger: region ", quoted, ": ", status.message()));
+  if (status.message().find(quoted) != absl::string_view::npos) return status;
+  absl::string_view message = status.message();
+  absl::ConsumePrefix(&message, "vramledger: ");
+  return absl::Status(status.code(), absl::StrCat("vramledger: region ", quoted, ": ", message));
 }
 
 // CatchAll for the region calls: a ResourceExhausted status is VRAMLEDGER_OUT_OF_MEMORY, so
