@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,6 +16,7 @@
 #include "ledger/region_report.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/runtime/device_table.h"
+#include "torch_plugin/runtime/guard_api.h"
 #include "vramledger/device_allocator.h"
 
 namespace vramledger {
@@ -94,9 +96,13 @@ int vramledger_region_begin(int device, const char* name) {
     absl::StatusOr<vramledger::DeviceAllocator*> allocator =
         vramledger::AllocatorFor(device, name, /*create=*/true);
     if (!allocator.ok()) return allocator.status();
-    // Every stream: the core routes only the calling thread's allocations to the region.
+    // Every stream of the calling thread, as torch's use_mem_pool filter: the core routes by
+    // the filter, so another thread's allocations stay where they were.
     return (*allocator)
-        ->BeginRegion(name, [](vramledger::StreamId) { return true; })
+        ->BeginRegion(name,
+                      [thread = std::this_thread::get_id()](vramledger::StreamId) {
+                        return std::this_thread::get_id() == thread;
+                      })
         .status();
   });
 }
@@ -138,7 +144,9 @@ int vramledger_region_resume(int device, const char* name, int keep_host_buffers
     if (!allocator.ok()) return allocator.status();
     absl::StatusOr<vramledger::RegionResumeResult> r =
         (*allocator)->ResumeRegion(name, keep_host_buffers != 0);
-    if (!r.ok()) return r.status();
+    // A refusal for memory gets the report an allocation's would: the guard's completed
+    // message (or the out-of-memory dump) and the device's regions.
+    if (!r.ok()) return vramledger::GuardRefusalOrOomDump(device, r.status());
     const nlohmann::json json = {{"device", device},
                                  {"region", name},
                                  {"mapped_bytes", r->mapped_bytes},

@@ -37,7 +37,9 @@ VRAMLEDGER_EXPORT int vramledger_region_pause(int device, const char* name, int 
                                               char** json_out);
 
 /// Resumes region `name` on `device` (DeviceAllocator::ResumeRegion); `keep_host_buffers`
-/// non-zero keeps the pinned buffers for the next pause. *json_out: {"device", "region",
+/// non-zero keeps the pinned buffers for the next pause. A refusal for memory reports as an
+/// allocation's does (GuardRefusalOrOomDump: the guard's full message or the out-of-memory dump,
+/// and the device's regions). *json_out: {"device", "region",
 /// "mapped_bytes", "restored_bytes", "already_running"}.
 VRAMLEDGER_EXPORT int vramledger_region_resume(int device, const char* name,
                                                int keep_host_buffers, char** json_out);
