@@ -28,6 +28,7 @@ import torch
 import vramledger
 from vramledger import _plugin
 lib = _plugin.load()
+lib.vramledger_testing_use_sim_backend.argtypes = [ctypes.c_int, ctypes.c_size_t]
 assert lib.vramledger_testing_use_sim_backend(1, CAPACITY) == 0
 _plugin.configure("expandable_segments:True,expandable_page_mb:2" + EXTRA)
 vramledger._installed = ("test", "")  # install() needs CUDA; the simulator stands in for it
@@ -126,7 +127,7 @@ def test_round_trip_reports_bytes_and_no_ops_say_so():
     assert stats["regions.train.paused"] == 1
     assert stats["regions.train.reserved_bytes"] == before["reserved_bytes"]
     assert stats["regions.train.backed_up_bytes"] == 20 * MiB
-    assert "train          paused" in out["summary"]
+    assert "| train paused " in out["summary"]
     assert out["resumed"] == {"mapped_bytes": reserved, "restored_bytes": 20 * MiB,
                               "already_running": False}
     assert out["noop"]["already_running"] is True
