@@ -296,8 +296,9 @@ def test_the_same_calls_reach_the_runtime_through_the_shim():
     """)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    # The exit dump is preload_route_test's subject; here only the region calls are.
     env.update(LD_PRELOAD=shim, VRAMLEDGER_CONF="expandable_page_mb:2",
-               VRAMLEDGER_PRELOAD_QUIET="1",
+               VRAMLEDGER_PRELOAD_QUIET="1", VRAMLEDGER_PRELOAD_NO_EXIT_DUMP="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     proc = subprocess.run(
         [sys.executable, "-c", code, os.path.join(os.path.dirname(shim), _plugin.PLUGIN_NAME)],
