@@ -67,7 +67,9 @@ Block* DeviceAllocatorImpl::TakeFromUseOnOomPools(const BlockPool* pool,
                                                   const AllocationRequest& request) {
   if (pool->owner != MempoolId{0, 0}) return nullptr;  // torch: a pool's request just fails
   for (core::PrivatePools::Pool* candidate : private_pools_.UseOnOomPools()) {
-    if (candidate->small.paused) continue;  // a paused region's pages are gone
+    // A region's pools are expandable: a free block there may lie on unmapped pages (or, paused,
+    // on none), so it cannot serve a request as it is.
+    if (candidate->small.expandable) continue;
     BlockPool& blocks = request.rounded <= 1 * kMiB ? candidate->small : candidate->large;
     auto found = blocks.blocks.FindBestFit(request.stream, request.rounded, options_.max_split_size,
                                            options_.max_non_split_rounding);

@@ -131,14 +131,17 @@ absl::Status DeviceAllocatorImpl::WaitForRegion(const Region& region,
     }
   }
   for (StreamId s : streams) {
-    if (absl::Status st = backend_->SynchronizeStream(s); !st.ok()) return st;
+    if (absl::Status st = backend_->SynchronizeStream(s); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("vramledger: pause of region '", region.name,
+                                                  "': waiting for stream ", s, ": ",
+                                                  st.message()));
+    }
   }
   // Old mappings inside the region's ranges map handles that are also mapped at their new place
   // in the region; their fences completed with the streams. They go now, so that every handle of
   // the region is mapped at one place only when it is unmapped.
-  return ClearOldMappings([&](const OldMapping& r) {
-    return regions_.OfPool(r.segment->pool->owner) == &region;
-  });
+  return ClearOldMappings(
+      [&](const OldMapping& r) { return absl::c_linear_search(segments, r.segment); });
 }
 
 absl::Status DeviceAllocatorImpl::BackUpRegion(Region* region,

@@ -19,6 +19,8 @@
 #   checks (the default: every one)
 #     bundle        the plugin's libraries resolve from .devbuild/lib and torch's folders only
 #     unit          the C++ CudaBackend tests on the device (peer access with two GPUs)
+#     regions_core  the core's pausable regions on CudaBackend (tests/gpu/cuda_regions_test.cc):
+#                   free bytes after a pause, a CPU backup restored, pause/resume times
 #     pytest        tests/gpu: the plugin on a real device
 #     train         checks/train_compare.py: GPT-2-medium, native vs vramledger, losses agree
 #     integration   checks/torch_integration_check.py: memory API, graphs, compile, observers
@@ -68,7 +70,7 @@ LIBDIR="$ROOT/.devbuild/lib"
 PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
-        snapshot guard preload preload_plan preload_direct regions wheel multi"
+        snapshot guard preload preload_plan preload_direct regions wheel multi regions_core"
 BENCH="workloads kernels ab inprocess hostcost graphstep"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
@@ -238,6 +240,7 @@ details() {
   case "$1" in
     bundle) grep -E "plugin loads|unresolved" "$f" ;;
     unit) grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] |^\[       OK \] .*Peer" "$f" ;;
+    regions_core) grep -E "^regions: |^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] " "$f" ;;
     pytest) tail -1 "$f" ;;
     train) cat "$RUN/train/train_compare_table.txt" 2>/dev/null || tail -12 "$f" ;;
     integration|native|snapshot|guard|contiguous) grep -E "PASS|FAIL" "$f" ;;
@@ -302,6 +305,8 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       bundle) item bundle check 20 bundle ;;
       unit) item unit check 30 env LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" timeout 120 \
               "$LIBDIR/$GPU_TEST" ;;
+      regions_core) item regions_core check 60 env LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" \
+                      timeout 60 "$LIBDIR/$GPU_TEST" --gtest_filter='CudaRegionsTest.*' ;;
       pytest) item pytest check 90 timeout "$(bound)" "$PY" -m pytest -q -p no:cacheprovider \
                 tests/gpu ;;
       train) item train check 200 timeout "$(bound)" "$PY" benchmarks/gpu/checks/train_compare.py \
