@@ -16,8 +16,8 @@
 #include "core/old_mappings.h"
 #include "core/page_table.h"
 #include "core/placement.h"
-#include "core/regions.h"
 #include "core/pool_stats.h"
+#include "core/regions.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/types.h"
 

@@ -190,8 +190,9 @@ class DeviceAllocatorImpl {
   std::vector<core::BlockPool*> RegionPools(const Region& region) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Malloc routed to a paused region's pool.
-  absl::Status PausedRegionRefusal(const core::BlockPool* pool, const AllocationRequest& request)
-      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PausedRegionRefusal(const core::BlockPool* pool,
+                                   const AllocationRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free of a paused region's block: its figures come back from the region's withdrawn stats
   // into the device's (the free then takes them out as any free does) and its stream uses are
   // dropped (its memory is unmapped: no work can use it, and the pause waited for what was
@@ -234,9 +235,9 @@ class DeviceAllocatorImpl {
   std::vector<std::array<const core::BlockPool*, 2>> ExpandableGroups() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The group of `pool` (nullptr: the device's own, Placement's default).
-  const std::array<const core::BlockPool*, 2>* GroupOf(const core::BlockPool* pool,
-                                                       std::array<const core::BlockPool*, 2>* buf)
-      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const std::array<const core::BlockPool*, 2>* GroupOf(
+      const core::BlockPool* pool, std::array<const core::BlockPool*, 2>* buf) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Checkpoints of a private pool (graph_checkpoints.cc) ----
   // The segments of private pool `pool`, in address order.

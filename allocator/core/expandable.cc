@@ -206,16 +206,16 @@ absl::Status DeviceAllocatorImpl::ReleaseExpandablePages() {
     for (const BlockPool* pool : group) {
       for (const auto& [seg, i] :
            placement_.FreeMappedPages(pool->page_size, SIZE_MAX, nullptr, 0, &group)) {
-      if (seg->pool != pool || absl::c_linear_search(failed, seg->stream)) continue;
-      if (!absl::c_linear_search(synced, seg->stream)) {
-        if (absl::Status s = backend_->SynchronizeStream(seg->stream); !s.ok()) {
-          first_error.Update(s);
-          failed.push_back(seg->stream);
-          continue;
+        if (seg->pool != pool || absl::c_linear_search(failed, seg->stream)) continue;
+        if (!absl::c_linear_search(synced, seg->stream)) {
+          if (absl::Status s = backend_->SynchronizeStream(seg->stream); !s.ok()) {
+            first_error.Update(s);
+            failed.push_back(seg->stream);
+            continue;
+          }
+          synced.push_back(seg->stream);
         }
-        synced.push_back(seg->stream);
-      }
-      first_error.Update(UnmapPage(seg, i, /*release=*/true));
+        first_error.Update(UnmapPage(seg, i, /*release=*/true));
       }
     }
   }

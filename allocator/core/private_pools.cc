@@ -81,8 +81,8 @@ std::vector<PrivatePools::Pool*> PrivatePools::UseOnOomPools() {
 
 absl::Status PrivatePools::CreateExpandable(MempoolId id, std::size_t large_page, int uses) {
   if (id == MempoolId{0, 0} || pools_.contains(id)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "vramledger: private pool ", PoolName(id), " exists, or is the default pool"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vramledger: private pool ", PoolName(id), " exists, or is the default pool"));
   }
   auto pool = std::make_unique<Pool>(id, nullptr, large_page);
   pool->use_count = uses;

@@ -27,7 +27,8 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseRegion(std::string_v
     core::DeviceMutexLock lock(&mu_);
     Region* region = regions_.Find(name);
     if (region == nullptr) {
-      result = absl::NotFoundError(absl::StrCat("vramledger: pause of unknown region '", std::string(name), "'"));
+      result = absl::NotFoundError(
+          absl::StrCat("vramledger: pause of unknown region '", std::string(name), "'"));
     } else {
       result = PauseLocked(region, backup);
     }
@@ -42,8 +43,8 @@ absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeRegion(std::string
     core::DeviceMutexLock lock(&mu_);
     Region* region = regions_.Find(name);
     if (region == nullptr) {
-      result =
-          absl::NotFoundError(absl::StrCat("vramledger: resume of unknown region '", std::string(name), "'"));
+      result = absl::NotFoundError(
+          absl::StrCat("vramledger: resume of unknown region '", std::string(name), "'"));
     } else {
       result = ResumeLocked(region, keep_host_buffers);
     }
@@ -113,8 +114,8 @@ absl::Status DeviceAllocatorImpl::WaitForRegion(const Region& region,
                                                 const std::vector<Segment*>& segments) {
   // Frees waiting on record_stream events (and deferred ones) complete first: their blocks are
   // free when the pages go.
-  if (absl::Status s = SettlePendingFrees(
-          segments, "Events should have synchronized when pausing a region");
+  if (absl::Status s =
+          SettlePendingFrees(segments, "Events should have synchronized when pausing a region");
       !s.ok()) {
     return s;
   }
@@ -133,8 +134,7 @@ absl::Status DeviceAllocatorImpl::WaitForRegion(const Region& region,
   for (StreamId s : streams) {
     if (absl::Status st = backend_->SynchronizeStream(s); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("vramledger: pause of region '", region.name,
-                                                  "': waiting for stream ", s, ": ",
-                                                  st.message()));
+                                                  "': waiting for stream ", s, ": ", st.message()));
     }
   }
   // Old mappings inside the region's ranges map handles that are also mapped at their new place
@@ -167,7 +167,8 @@ absl::Status DeviceAllocatorImpl::BackUpRegion(Region* region,
     if (bytes == 0) continue;
     HostBuffer buffer;
     // A buffer kept by an earlier resume (keep_host_buffers) serves if it is large enough.
-    auto kept = absl::c_find_if(region->kept, [&](const HostBuffer& h) { return h.bytes >= bytes; });
+    auto kept =
+        absl::c_find_if(region->kept, [&](const HostBuffer& h) { return h.bytes >= bytes; });
     if (kept != region->kept.end()) {
       buffer = *kept;
       buffer.kept = true;  // back to kept if the pause fails
@@ -188,9 +189,9 @@ absl::Status DeviceAllocatorImpl::BackUpRegion(Region* region,
     for (const auto& [address, n] : live) {
       status = backend_->CopyDeviceToHost(static_cast<char*>(buffer.data) + offset, address, n);
       if (!status.ok()) {
-        status = absl::Status(status.code(), absl::StrCat("vramledger: pause of region '",
-                                                          region->name, "': its backup: ",
-                                                          status.message()));
+        status =
+            absl::Status(status.code(), absl::StrCat("vramledger: pause of region '", region->name,
+                                                     "': its backup: ", status.message()));
         break;
       }
       backups.push_back({address, n, buffers.size() - 1, offset});
@@ -229,8 +230,8 @@ absl::Status DeviceAllocatorImpl::UnmapRegion(const Region& region,
                                                 " back failed too: ", again.message()));
       }
     }
-    return absl::Status(s.code(), absl::StrCat("vramledger: pause of region '", region.name,
-                                               "': ", s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("vramledger: pause of region '", region.name, "': ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -250,10 +251,10 @@ absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeLocked(Region* reg
   const std::size_t bytes = region->paused_bytes;
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
   if (fraction_set_ && reserved + bytes > allowed_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "vramledger: resume of region '", region->name, "' needs ", FormatSize(bytes),
-        ", which would take reserved memory to ", FormatSize(reserved + bytes),
-        ", past the memory fraction's cap of ", FormatSize(allowed_bytes_)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("vramledger: resume of region '", region->name, "' needs ", FormatSize(bytes),
+                     ", which would take reserved memory to ", FormatSize(reserved + bytes),
+                     ", past the memory fraction's cap of ", FormatSize(allowed_bytes_)));
   }
   if (AllocatorHooks* hooks = hooks_.load(std::memory_order_relaxed);
       hooks != nullptr && bytes > 0) {
@@ -331,8 +332,8 @@ absl::Status DeviceAllocatorImpl::MapRegion(const Region& region,
         }
         s = absl::ResourceExhaustedError(absl::StrCat(
             "CUDA out of memory: it needs ", FormatSize(region.paused_bytes), ", of which ",
-            FormatSize(missing), " could not be created with ", FormatSize(free_bytes),
-            " free of ", FormatSize(total_bytes), " (", s.message(), ")"));
+            FormatSize(missing), " could not be created with ", FormatSize(free_bytes), " free of ",
+            FormatSize(total_bytes), " (", s.message(), ")"));
       }
       return undo(s);
     }

@@ -89,10 +89,10 @@ std::vector<BlockPool*> DeviceAllocatorImpl::RegionPools(const Region& region) c
 absl::Status DeviceAllocatorImpl::PausedRegionRefusal(const BlockPool* pool,
                                                       const AllocationRequest& request) const {
   const Region* region = regions_.OfPool(pool->owner);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "vramledger: region '", region != nullptr ? region->name : "?",
-      "' is paused: an allocation of ", FormatSize(request.size), " on stream ", request.stream,
-      " was routed to it; resume it first"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("vramledger: region '", region != nullptr ? region->name : "?",
+                   "' is paused: an allocation of ", FormatSize(request.size), " on stream ",
+                   request.stream, " was routed to it; resume it first"));
 }
 
 void DeviceAllocatorImpl::ReadmitPausedBlock(Block* block) {
@@ -226,8 +226,7 @@ absl::Status DeviceAllocatorImpl::CheckRegions(std::int64_t* withdrawn) const {
 
 // ---- Public facade ----
 
-absl::StatusOr<MempoolId> DeviceAllocator::BeginRegion(std::string_view name,
-                                                       StreamFilter filter) {
+absl::StatusOr<MempoolId> DeviceAllocator::BeginRegion(std::string_view name, StreamFilter filter) {
   return impl_->BeginRegion(name, std::move(filter));
 }
 absl::Status DeviceAllocator::EndRegion(std::string_view name) { return impl_->EndRegion(name); }

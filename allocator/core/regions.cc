@@ -35,8 +35,8 @@ absl::Status Regions::Leave(std::string_view name) {
     return e.owner == self && e.region->name == name;
   });
   if (mine == entered_.rend()) {
-    return absl::NotFoundError(
-        absl::StrCat("vramledger: end of region '", std::string(name), "', which this thread is not inside"));
+    return absl::NotFoundError(absl::StrCat("vramledger: end of region '", std::string(name),
+                                            "', which this thread is not inside"));
   }
   entered_.erase(std::next(mine).base());
   return absl::OkStatus();
@@ -77,7 +77,8 @@ absl::Status Regions::CheckInvariants() const {
       }
       released += run.pages * seg->page_size;
     }
-    if (released != r->paused_bytes) return fail("paused bytes ", r->paused_bytes, " but ", released, " released");
+    if (released != r->paused_bytes)
+      return fail("paused bytes ", r->paused_bytes, " but ", released, " released");
     std::size_t backed = 0;
     for (const Backup& b : r->backups) {
       if (b.buffer >= r->buffers.size() || b.offset + b.bytes > r->buffers[b.buffer].bytes) {

@@ -60,7 +60,7 @@ class Regions {
   };
   struct Region {
     std::string name;
-    MempoolId id;                 // its own pool
+    MempoolId id;                  // its own pool
     std::vector<MempoolId> pools;  // id, then the private pools created inside it
     bool paused = false;
     // While paused: what the pause released (and resume maps again), its bytes, the backups

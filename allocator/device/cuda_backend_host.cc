@@ -13,8 +13,8 @@ absl::StatusOr<void*> CudaBackend::HostAllocPinned(std::size_t bytes) {
   if (!scope.status().ok()) return scope.status();
   void* p = nullptr;
   // cudaHostAllocPortable: a backup may be restored by a copy issued with another device current.
-  if (absl::Status s = RuntimeStatus(cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
-                                     "cudaHostAlloc", device_);
+  if (absl::Status s =
+          RuntimeStatus(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), "cudaHostAlloc", device_);
       !s.ok()) {
     return s;
   }
@@ -28,17 +28,16 @@ absl::Status CudaBackend::HostFreePinned(void* p) {
 absl::Status CudaBackend::CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) {
   ScopedDevice scope(device_, nullptr);
   if (!scope.status().ok()) return scope.status();
-  return RuntimeStatus(cudaMemcpy(dst, reinterpret_cast<const void*>(src), bytes,
-                                  cudaMemcpyDeviceToHost),
-                       "cudaMemcpy (device to host)", device_);
+  return RuntimeStatus(
+      cudaMemcpy(dst, reinterpret_cast<const void*>(src), bytes, cudaMemcpyDeviceToHost),
+      "cudaMemcpy (device to host)", device_);
 }
 
 absl::Status CudaBackend::CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) {
   ScopedDevice scope(device_, nullptr);
   if (!scope.status().ok()) return scope.status();
-  return RuntimeStatus(
-      cudaMemcpy(reinterpret_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice),
-      "cudaMemcpy (host to device)", device_);
+  return RuntimeStatus(cudaMemcpy(reinterpret_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice),
+                       "cudaMemcpy (host to device)", device_);
 }
 
 }  // namespace vramledger

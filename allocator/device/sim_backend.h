@@ -208,7 +208,8 @@ class SimBackend final : public DeviceBackend {
   };
 
   // Calls `fn(handle, offset, done, n)` for each piece of [va, va + bytes), in order: the handle
-  // mapped there, the piece's offset in it, the bytes before it and its length; InvalidArgument naming `call` when a byte is not mapped with access.
+  // mapped there, the piece's offset in it, the bytes before it and its length; InvalidArgument
+  // naming `call` when a byte is not mapped with access.
   template <typename Fn>
   absl::Status ForEachMappedPiece(const char* call, DevicePtr va, std::size_t bytes, Fn fn) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

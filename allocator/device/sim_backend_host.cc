@@ -18,9 +18,9 @@ absl::StatusOr<void*> SimBackend::HostAllocPinned(std::size_t bytes) {
   absl::MutexLock lock(&mu_);
   if (bytes == 0) return absl::InvalidArgumentError("cudaHostAlloc: size 0");
   if (bytes > pinned_cap_ || pinned_used_ > pinned_cap_ - bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "cudaHostAlloc: out of memory (%d pinned bytes asked, %d of %d in use)", bytes,
-        pinned_used_, pinned_cap_));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("cudaHostAlloc: out of memory (%d pinned bytes asked, %d of %d in use)",
+                        bytes, pinned_used_, pinned_cap_));
   }
   void* p = std::malloc(bytes);
   if (p == nullptr) return absl::ResourceExhaustedError("cudaHostAlloc: out of host memory");
@@ -83,9 +83,9 @@ absl::Status SimBackend::ForEachMappedPiece(const char* call, DevicePtr va, std:
       auto it = mappings_.upper_bound(at);
       if (it == mappings_.begin() || std::prev(it)->first + std::prev(it)->second.size <= at ||
           !std::prev(it)->second.accessible) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: device address %#x (in [%#x, %#x)) is not mapped with access", call, at, va,
-            va + bytes));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: device address %#x (in [%#x, %#x)) is not mapped with access",
+                            call, at, va, va + bytes));
       }
       --it;
       const std::size_t offset = at - it->first;
@@ -101,55 +101,55 @@ absl::Status SimBackend::ForEachMappedPiece(const char* call, DevicePtr va, std:
 absl::Status SimBackend::WriteLocked(const char* call, DevicePtr va, const void* src,
                                      std::size_t bytes) {
   const auto* in = static_cast<const std::uint8_t*>(src);
-  return ForEachMappedPiece(call, va, bytes,
-                            [&](PhysicalHandle h, std::size_t offset, std::size_t from,
-                                std::size_t n) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                              while (n > 0) {
-                                const std::size_t chunk = offset / kContentChunk;
-                                const std::size_t at = offset % kContentChunk;
-                                const std::size_t k = std::min(n, kContentChunk - at);
-                                auto& chunks = contents_[h];
-                                auto c = chunks.find(chunk);
-                                const bool zero = std::all_of(in + from, in + from + k,
-                                                              [](std::uint8_t b) { return b == 0; });
-                                if (c == chunks.end() && !zero) {
-                                  c = chunks.emplace(chunk, std::vector<std::uint8_t>(kContentChunk))
-                                          .first;
-                                }
-                                if (c != chunks.end()) std::memcpy(c->second.data() + at, in + from, k);
-                                offset += k;
-                                from += k;
-                                n -= k;
-                              }
-                            });
+  return ForEachMappedPiece(
+      call, va, bytes,
+      [&](PhysicalHandle h, std::size_t offset, std::size_t from, std::size_t n)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            while (n > 0) {
+              const std::size_t chunk = offset / kContentChunk;
+              const std::size_t at = offset % kContentChunk;
+              const std::size_t k = std::min(n, kContentChunk - at);
+              auto& chunks = contents_[h];
+              auto c = chunks.find(chunk);
+              const bool zero =
+                  std::all_of(in + from, in + from + k, [](std::uint8_t b) { return b == 0; });
+              if (c == chunks.end() && !zero) {
+                c = chunks.emplace(chunk, std::vector<std::uint8_t>(kContentChunk)).first;
+              }
+              if (c != chunks.end()) std::memcpy(c->second.data() + at, in + from, k);
+              offset += k;
+              from += k;
+              n -= k;
+            }
+          });
 }
 
 absl::Status SimBackend::ReadLocked(const char* call, void* dst, DevicePtr va,
                                     std::size_t bytes) const {
   auto* out = static_cast<std::uint8_t*>(dst);
   return ForEachMappedPiece(call, va, bytes,
-                            [&](PhysicalHandle h, std::size_t offset, std::size_t to,
-                                std::size_t n) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                              const auto handle = contents_.find(h);
-                              while (n > 0) {
-                                const std::size_t chunk = offset / kContentChunk;
-                                const std::size_t at = offset % kContentChunk;
-                                const std::size_t k = std::min(n, kContentChunk - at);
-                                const std::vector<std::uint8_t>* c = nullptr;
-                                if (handle != contents_.end()) {
-                                  auto it = handle->second.find(chunk);
-                                  if (it != handle->second.end()) c = &it->second;
-                                }
-                                if (c == nullptr) {
-                                  std::memset(out + to, 0, k);
-                                } else {
-                                  std::memcpy(out + to, c->data() + at, k);
-                                }
-                                offset += k;
-                                to += k;
-                                n -= k;
-                              }
-                            });
+                            [&](PhysicalHandle h, std::size_t offset, std::size_t to, std::size_t n)
+                                ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                  const auto handle = contents_.find(h);
+                                  while (n > 0) {
+                                    const std::size_t chunk = offset / kContentChunk;
+                                    const std::size_t at = offset % kContentChunk;
+                                    const std::size_t k = std::min(n, kContentChunk - at);
+                                    const std::vector<std::uint8_t>* c = nullptr;
+                                    if (handle != contents_.end()) {
+                                      auto it = handle->second.find(chunk);
+                                      if (it != handle->second.end()) c = &it->second;
+                                    }
+                                    if (c == nullptr) {
+                                      std::memset(out + to, 0, k);
+                                    } else {
+                                      std::memcpy(out + to, c->data() + at, k);
+                                    }
+                                    offset += k;
+                                    to += k;
+                                    n -= k;
+                                  }
+                                });
 }
 
 absl::Status SimBackend::WriteDevice(DevicePtr va, const void* src, std::size_t bytes) {

@@ -154,9 +154,9 @@ TEST_F(RegionErrorsTest, TheMemoryFractionCapsAResume) {
   std::size_t free_bytes = 0;
   std::size_t total = 0;
   ASSERT_TRUE(sim_->MemGetInfo(&free_bytes, &total).ok());
-  ASSERT_TRUE(alloc_->SetMemoryFraction(static_cast<double>(Reserved() + kMiB) /
-                                        static_cast<double>(total))
-                  .ok());
+  ASSERT_TRUE(
+      alloc_->SetMemoryFraction(static_cast<double>(Reserved() + kMiB) / static_cast<double>(total))
+          .ok());
   ExpectResumeFails(absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(alloc_->SetMemoryFraction(1.0).ok());
   Resume("train");

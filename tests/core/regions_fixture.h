@@ -81,10 +81,10 @@ class RegionsTest : public SimAllocatorTest {
   std::string Describe() {
     std::string out;
     for (const RegionInfo& r : alloc_->Regions()) {
-      absl::StrAppend(&out, "region ", r.name, " paused=", r.paused, " reserved=",
-                      r.reserved_bytes, " mapped=", r.mapped_bytes, " allocated=",
-                      r.allocated_bytes, " paused_bytes=", r.paused_bytes, " backed_up=",
-                      r.backed_up_bytes, " kept=", r.host_buffer_bytes, "\n");
+      absl::StrAppend(&out, "region ", r.name, " paused=", r.paused, " reserved=", r.reserved_bytes,
+                      " mapped=", r.mapped_bytes, " allocated=", r.allocated_bytes,
+                      " paused_bytes=", r.paused_bytes, " backed_up=", r.backed_up_bytes,
+                      " kept=", r.host_buffer_bytes, "\n");
     }
     const DeviceStats st = alloc_->GetStats();
     for (const StatArray* a : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes,

@@ -204,9 +204,10 @@ TEST_F(RegionsTest, AMemPoolCreatedInsideTheRegionBelongsToIt) {
   End("train");
   EXPECT_EQ(Info("train").pools.back(), (MempoolId{3, 0}));
   const std::thread::id self = std::this_thread::get_id();
-  ASSERT_TRUE(alloc_->BeginAllocateToPool({3, 0}, [self](StreamId) {
-                       return std::this_thread::get_id() == self;
-                     }).ok());
+  ASSERT_TRUE(alloc_
+                  ->BeginAllocateToPool(
+                      {3, 0}, [self](StreamId) { return std::this_thread::get_id() == self; })
+                  .ok());
   const DevicePtr m = Alloc(4 * kMiB);
   ASSERT_TRUE(alloc_->EndAllocateToPool({3, 0}).ok());
   Pause("train", RegionBackup::kNone);
@@ -228,7 +229,7 @@ TEST_F(RegionsTest, PauseWaitsForWorkPendingOnOtherStreams) {
   const std::int64_t event_syncs = Calls(DriverCall::kEventSynchronize);
   const std::int64_t stream_syncs = Calls(DriverCall::kStreamSynchronize);
   Pause("train", RegionBackup::kNone);
-  EXPECT_GT(Calls(DriverCall::kEventSynchronize), event_syncs);  // the event was waited for
+  EXPECT_GT(Calls(DriverCall::kEventSynchronize), event_syncs);        // the event was waited for
   EXPECT_GE(Calls(DriverCall::kStreamSynchronize), stream_syncs + 2);  // streams 1 and 3
   // The pending free completed: only `used` is live, and it left the stats with the pause.
   EXPECT_EQ(Info("train").allocated_bytes, 4 * kMiB);

@@ -145,9 +145,10 @@ TEST_F(CudaRegionsTest, PauseAndResumeTenGibWithoutBackup) {
   auto resumed = alloc_->ResumeRegion("big", false);
   const double resume_ms = Ms(start);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  std::printf("regions: no backup %zu bytes released: pause %.2f ms, resume %.2f ms (target: "
-              "each under 50 ms); free rose by %zu\n",
-              paused->released_bytes, pause_ms, resume_ms, risen);
+  std::printf(
+      "regions: no backup %zu bytes released: pause %.2f ms, resume %.2f ms (target: "
+      "each under 50 ms); free rose by %zu\n",
+      paused->released_bytes, pause_ms, resume_ms, risen);
   for (DevicePtr p : blocks) ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
