@@ -8,10 +8,10 @@ namespace {
 
 // The figures of `r` in kRegionFigures' order.
 std::vector<std::int64_t> Figures(const RegionInfo& r) {
-  return {static_cast<std::int64_t>(r.reserved_bytes),  static_cast<std::int64_t>(r.mapped_bytes),
-          static_cast<std::int64_t>(r.allocated_bytes), static_cast<std::int64_t>(r.paused_bytes),
-          static_cast<std::int64_t>(r.backed_up_bytes),
-          static_cast<std::int64_t>(r.host_buffer_bytes)};
+  return {
+      static_cast<std::int64_t>(r.reserved_bytes),  static_cast<std::int64_t>(r.mapped_bytes),
+      static_cast<std::int64_t>(r.allocated_bytes), static_cast<std::int64_t>(r.paused_bytes),
+      static_cast<std::int64_t>(r.backed_up_bytes), static_cast<std::int64_t>(r.host_buffer_bytes)};
 }
 
 }  // namespace
@@ -43,12 +43,11 @@ std::vector<std::pair<std::string, std::int64_t>> FlattenRegionStats(
 std::vector<std::string> RegionLines(const std::vector<RegionInfo>& regions) {
   std::vector<std::string> lines;
   for (const RegionInfo& r : regions) {
-    lines.push_back(absl::StrCat("region ", r.name, ": ", r.paused ? "paused" : "running",
-                                 ", reserved ", FormatSize(r.reserved_bytes), ", mapped ",
-                                 FormatSize(r.mapped_bytes), ", allocated ",
-                                 FormatSize(r.allocated_bytes), ", paused ",
-                                 FormatSize(r.paused_bytes), ", backed up ",
-                                 FormatSize(r.backed_up_bytes)));
+    lines.push_back(
+        absl::StrCat("region ", r.name, ": ", r.paused ? "paused" : "running", ", reserved ",
+                     FormatSize(r.reserved_bytes), ", mapped ", FormatSize(r.mapped_bytes),
+                     ", allocated ", FormatSize(r.allocated_bytes), ", paused ",
+                     FormatSize(r.paused_bytes), ", backed up ", FormatSize(r.backed_up_bytes)));
   }
   return lines;
 }

@@ -16,9 +16,9 @@ namespace vramledger {
 
 /// The figures of a region, in the order the reports list them: name in the keys, bytes in the
 /// values (docs/design/regions.md lists their meanings).
-inline constexpr const char* kRegionFigures[] = {
-    "reserved_bytes", "mapped_bytes",    "allocated_bytes",
-    "paused_bytes",   "backed_up_bytes", "host_buffer_bytes"};
+inline constexpr const char* kRegionFigures[] = {"reserved_bytes",  "mapped_bytes",
+                                                 "allocated_bytes", "paused_bytes",
+                                                 "backed_up_bytes", "host_buffer_bytes"};
 
 /// {"device", "name", "pool": [first, second], "paused", and every kRegionFigures field}.
 nlohmann::json RegionJson(int device, const RegionInfo& region);

@@ -64,8 +64,7 @@ int Report(const char* name, Fn fn) noexcept {
     if (!failure.ok() && name != nullptr && name[0] != '\0') failure = Named(failure, name);
     return failure;
   });
-  return rc != VRAMLEDGER_OK && absl::IsResourceExhausted(failure) ? VRAMLEDGER_OUT_OF_MEMORY
-                                                                    : rc;
+  return rc != VRAMLEDGER_OK && absl::IsResourceExhausted(failure) ? VRAMLEDGER_OUT_OF_MEMORY : rc;
 }
 
 absl::StatusOr<RegionBackup> BackupOf(int backup) {
@@ -75,8 +74,8 @@ absl::StatusOr<RegionBackup> BackupOf(int backup) {
     case VRAMLEDGER_BACKUP_CPU:
       return RegionBackup::kCpu;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "vramledger: backup must be 0 (none) or 1 (cpu), got ", backup));
+      return absl::InvalidArgumentError(
+          absl::StrCat("vramledger: backup must be 0 (none) or 1 (cpu), got ", backup));
   }
 }
 
@@ -135,8 +134,7 @@ int vramledger_region_pause(int device, const char* name, int backup, char** jso
   });
 }
 
-int vramledger_region_resume(int device, const char* name, int keep_host_buffers,
-                             char** json_out) {
+int vramledger_region_resume(int device, const char* name, int keep_host_buffers, char** json_out) {
   return vramledger::Report(name, [&]() -> absl::Status {
     if (absl::Status s = vramledger::CheckOut(json_out); !s.ok()) return s;
     absl::StatusOr<vramledger::DeviceAllocator*> allocator =

@@ -41,8 +41,8 @@ VRAMLEDGER_EXPORT int vramledger_region_pause(int device, const char* name, int 
 /// allocation's does (GuardRefusalOrOomDump: the guard's full message or the out-of-memory dump,
 /// and the device's regions). *json_out: {"device", "region",
 /// "mapped_bytes", "restored_bytes", "already_running"}.
-VRAMLEDGER_EXPORT int vramledger_region_resume(int device, const char* name,
-                                               int keep_host_buffers, char** json_out);
+VRAMLEDGER_EXPORT int vramledger_region_resume(int device, const char* name, int keep_host_buffers,
+                                               char** json_out);
 
 /// The regions of `device` (-1: every device that has an allocator) as a JSON array of
 /// {"device", "name", "pool": [first, second], "paused", "reserved_bytes", "mapped_bytes",
