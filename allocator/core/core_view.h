@@ -17,6 +17,7 @@
 #include "core/page_table.h"
 #include "core/placement.h"
 #include "core/pool_stats.h"
+#include "core/regions.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/types.h"
 
@@ -36,6 +37,8 @@ struct CoreView {
   const PageTable* page_table = nullptr;
   const OldMappings* old_mappings = nullptr;
   const Placement* placement = nullptr;
+  /// Pausable regions: what each paused one released (Regions::Region::released).
+  const Regions* regions = nullptr;
 };
 
 /// The largest request the free blocks of `pools` can serve without growing: a plain free block's

@@ -63,6 +63,11 @@ DeviceAllocatorImpl::~DeviceAllocatorImpl() {
     }
   }
   ReleaseExpandableSegmentsAtExit();
+  for (const auto& region : regions_.all()) {  // pinned backups and kept buffers
+    for (const auto* list : {&region->buffers, &region->kept}) {
+      for (const auto& buffer : *list) (void)backend_->HostFreePinned(buffer.data);
+    }
+  }
   for (const auto& [handle, fd] : exported_fds_) (void)backend_->CloseExported(fd);
   spare_events_.DestroyAll(backend_);
 }
@@ -95,6 +100,7 @@ absl::StatusOr<DevicePtr> DeviceAllocatorImpl::MallocLocked(AllocationRequest& r
                         ? private_pools_.Route(request.stream, request.rounded)
                         : nullptr;
   if (pool == nullptr) pool = PoolFor(request.rounded, contiguous);
+  if (pool->paused) return PausedRegionRefusal(pool, request);
   if (pool->expandable) {
     growth_refusal_ = absl::OkStatus();
     return MallocExpandable(pool, request);
@@ -296,6 +302,7 @@ absl::Status DeviceAllocatorImpl::FreeLocked(DevicePtr ptr, std::uint64_t contex
         "free of address 0x%x, which vramledger did not allocate on device %d or already freed",
         ptr, backend_->device()));
   }
+  if (block->pool->paused) ReadmitPausedBlock(block);  // its pages are gone: freed at once
   block->allocated = false;
   block->free_context = context;
   Emit(TraceAction::kFreeRequested, block->ptr, block->requested_size, block->stream, context,

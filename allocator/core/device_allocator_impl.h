@@ -31,6 +31,7 @@
 #include "core/pool_checkpoint.h"
 #include "core/pool_stats.h"
 #include "core/private_pools.h"
+#include "core/regions.h"
 #include "core/stream_events.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/hooks.h"
@@ -78,6 +79,16 @@ class DeviceAllocatorImpl {
   absl::Status SetUseOnOOM(MempoolId id, bool use_on_oom) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status SetNoSplit(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status EmptyCache(MempoolId id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Pausable regions (region_scope.cc, region_pause.cc; docs/design/regions.md) ----
+  absl::StatusOr<MempoolId> BeginRegion(std::string_view name, StreamFilter filter)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EndRegion(std::string_view name) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<RegionPauseResult> PauseRegion(std::string_view name, RegionBackup backup)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<RegionResumeResult> ResumeRegion(std::string_view name, bool keep_host_buffers)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<RegionInfo> Regions() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- CUDA IPC (ipc.cc): the sender's exports; the receiver's imports are ipc_imports_ ----
   absl::StatusOr<IpcShare> ShareIpcHandle(DevicePtr ptr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -165,6 +176,68 @@ class DeviceAllocatorImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the whole free segments (unsplit free blocks) of plain pool `pool`.
   absl::Status ReleaseWholeFreeSegments(core::BlockPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Pausable regions (region_scope.cc, region_pause.cc) ----
+  using Region = core::Regions::Region;
+  // A private pool created now on this thread (CreateOrIncrefPool: 1 use; BeginAllocateToPool:
+  // 0, its Begin adds one) joins the thread's current region, expandable; false when there is
+  // none or the pool exists (then nothing is done).
+  bool CreateInRegion(MempoolId id, int uses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The expandable segments of `region`'s pools.
+  std::vector<core::Segment*> RegionSegments(const Region& region) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The small and large block pools of the region's pools (those that still exist).
+  std::vector<core::BlockPool*> RegionPools(const Region& region) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Malloc routed to a paused region's pool.
+  absl::Status PausedRegionRefusal(const core::BlockPool* pool,
+                                   const AllocationRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free of a paused region's block: its figures come back from the region's withdrawn stats
+  // into the device's (the free then takes them out as any free does) and its stream uses are
+  // dropped (its memory is unmapped: no work can use it, and the pause waited for what was
+  // queued).
+  void ReadmitPausedBlock(core::Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live blocks' figures of `segments` leave the device's stats into region.withdrawn
+  // (pause), or come back (resume).
+  void WithdrawStats(Region* region, const std::vector<core::Segment*>& segments)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReadmitStats(Region* region) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<RegionPauseResult> PauseLocked(Region* region, RegionBackup backup)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<RegionResumeResult> ResumeLocked(Region* region, bool keep_host_buffers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pause's steps: wait for the region's queued work; copy its live blocks to pinned buffers
+  // (freed again on failure); unmap every handle (mapped back on failure).
+  absl::Status WaitForRegion(const Region& region, const std::vector<core::Segment*>& segments)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status BackUpRegion(Region* region, const std::vector<core::Segment*>& segments)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UnmapRegion(const Region& region, const std::vector<core::Regions::Released>& runs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resume's driver steps: handles created and mapped at the released runs (`handles`, one per
+  // run), access granted, backups copied back; on failure everything it mapped and created is
+  // undone.
+  absl::Status MapRegion(const Region& region, std::vector<PhysicalHandle>* handles)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns pinned buffers to `region.kept` (kKeep), to the backend (kFree), or where they came
+  // from (kAsBefore: a failed pause's; HostBuffer::kept says). One the backend refuses stays in
+  // kept, to be freed later.
+  enum class BufferFate { kKeep, kFree, kAsBefore };
+  void GiveBackBuffers(Region* region, std::vector<core::Regions::HostBuffer> buffers,
+                       BufferFate fate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Regions against the pools and segments: paused flags agree, a paused region maps nothing.
+  // Fills `withdrawn` with the sum of the paused regions' withdrawn figures, the order of the
+  // counts CheckSegmentChain fills.
+  absl::Status CheckRegions(std::int64_t* withdrawn) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The expandable pools whose free pages recycle among themselves: the device's own two, and
+  // each expandable private pool's two.
+  std::vector<std::array<const core::BlockPool*, 2>> ExpandableGroups() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The group of `pool` (nullptr: the device's own, Placement's default).
+  const std::array<const core::BlockPool*, 2>* GroupOf(
+      const core::BlockPool* pool, std::array<const core::BlockPool*, 2>* buf) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Checkpoints of a private pool (graph_checkpoints.cc) ----
   // The segments of private pool `pool`, in address order.
@@ -427,6 +500,8 @@ class DeviceAllocatorImpl {
   // (a receiver may duplicate one until then); memory other processes shared, opened here.
   absl::flat_hash_map<PhysicalHandle, int> exported_fds_ ABSL_GUARDED_BY(mu_);
   core::IpcImports ipc_imports_{backend_};
+  // Pausable regions: names, ids, member pools, what their pauses released and backed up.
+  core::Regions regions_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vramledger

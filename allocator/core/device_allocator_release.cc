@@ -106,6 +106,8 @@ absl::Status DeviceAllocatorImpl::ReleaseCachedBlocks() {
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseWholeFreeSegments(BlockPool* pool) {
+  // An expandable pool's ranges stay; its free pages go with ReleaseExpandablePages.
+  if (pool->expandable) return absl::OkStatus();
   std::vector<Block*> whole;
   for (Block* b : pool->blocks) {
     if (!b->is_split()) whole.push_back(b);

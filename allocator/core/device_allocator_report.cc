@@ -138,6 +138,7 @@ void DeviceAllocatorImpl::Read(absl::FunctionRef<void(const core::CoreView&)> re
   view.page_table = &page_table_;
   view.old_mappings = &old_mappings_;
   view.placement = &placement_;
+  view.regions = &regions_;
   reader(view);
 }
 
@@ -173,7 +174,7 @@ absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
       }
     } else {
       if (in_index || !in_live) return fail(b, "live block indexed as free");
-      if (seg.expandable) {
+      if (seg.expandable && !seg.pool->paused) {  // a paused region's pages come back
         for (std::size_t i = seg.PageOf(b->ptr); i <= seg.PageOf(b->ptr + b->size - 1); ++i) {
           if (seg.pages[i] == 0) return fail(b, "live block on unmapped page ", i);
         }
@@ -200,13 +201,15 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   if (absl::Status s = CheckParts(); !s.ok()) return s;
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   std::int64_t counts[8] = {};
+  std::int64_t paused_counts[8] = {};  // blocks of paused regions: not in the device's stats
   std::int64_t reserved = 0;
   for (const auto& [ptr, segment] : segments_) {
     if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->size);
   }
   for (const auto& segment : page_table_.segments()) {
-    if (absl::Status s = CheckSegmentChain(*segment, counts); !s.ok()) return s;
+    std::int64_t* into = segment->pool->paused ? paused_counts : counts;
+    if (absl::Status s = CheckSegmentChain(*segment, into); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->mapped_pages * segment->page_size);
   }
   const auto [allocated, active, requested, n_alloc, n_active, n_split, split_bytes, n_free] =
@@ -224,9 +227,9 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
     }
   }
   indexed += PrivatePoolFreeBlocks();  // CUDA graph private pools (graph_pools.cc)
-  if (indexed != n_free)
-    return fail("free index holds ", indexed, " blocks, segments hold ", n_free);
-  if (static_cast<std::int64_t>(live_blocks_.size()) != n_active)
+  if (indexed != n_free + paused_counts[7])
+    return fail("free index holds ", indexed, " blocks, segments hold ", n_free + paused_counts[7]);
+  if (static_cast<std::int64_t>(live_blocks_.size()) != n_active + paused_counts[4])
     return fail("live map size mismatch");
   struct Check {
     const char* name;
@@ -258,6 +261,15 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
   }
   if (!(allocated <= active && active <= reserved))
     return fail("allocated <= active <= reserved broken");
+  // What the paused regions withdrew from the stats is exactly what their blocks hold.
+  std::int64_t withdrawn[5] = {};
+  if (absl::Status s = CheckRegions(withdrawn); !s.ok()) return s;
+  for (int i = 0; i < 5; ++i) {
+    if (withdrawn[i] != paused_counts[i]) {
+      return fail("paused regions withdrew ", withdrawn[i], " from stat ", i,
+                  " but their blocks say ", paused_counts[i]);
+    }
+  }
   if (absl::Status s = page_table_.CheckInvariants(); !s.ok()) return s;
   if (absl::Status s = CheckExports(); !s.ok()) return s;  // ipc.cc
   return old_mappings_.CheckInvariants(page_table_);

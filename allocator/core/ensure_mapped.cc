@@ -114,9 +114,12 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::RecyclablePag
   const double reserved_after = static_cast<double>(stats_.reserved_bytes.current(kAggregate)) +
                                 static_cast<double>(plan.missing * plan.page);
   if (reserved_after <= (1.0 + options_.recycle_slack) * peak_after) return {};
-  // Pages of the block itself past the request count too (it is out of the index now).
+  // Pages of the block itself past the request count too (it is out of the index now). A
+  // private pool's (a region's) pages move only within it.
+  std::array<const core::BlockPool*, 2> group;
   return placement_.FreeMappedPages(plan.page, plan.missing, block,
-                                    seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1));
+                                    seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1),
+                                    GroupOf(seg->pool, &group));
 }
 
 void DeviceAllocatorImpl::PlanMappings(

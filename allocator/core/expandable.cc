@@ -202,18 +202,21 @@ absl::Status DeviceAllocatorImpl::ReleaseExpandablePages() {
   for (PhysicalHandle h : page_table_.TakeUnreleased()) first_error.Update(ReleaseHandle(h));
   std::vector<StreamId> synced;  // one wait per stream, for all its ranges
   std::vector<StreamId> failed;  // streams that could not be waited for: their pages stay
-  for (BlockPool* pool : {&exp_small_pool_, &exp_large_pool_}) {
-    for (const auto& [seg, i] : placement_.FreeMappedPages(pool->page_size, SIZE_MAX)) {
-      if (seg->pool != pool || absl::c_linear_search(failed, seg->stream)) continue;
-      if (!absl::c_linear_search(synced, seg->stream)) {
-        if (absl::Status s = backend_->SynchronizeStream(seg->stream); !s.ok()) {
-          first_error.Update(s);
-          failed.push_back(seg->stream);
-          continue;
+  for (const auto& group : ExpandableGroups()) {  // the device's pools, then private ones
+    for (const BlockPool* pool : group) {
+      for (const auto& [seg, i] :
+           placement_.FreeMappedPages(pool->page_size, SIZE_MAX, nullptr, 0, &group)) {
+        if (seg->pool != pool || absl::c_linear_search(failed, seg->stream)) continue;
+        if (!absl::c_linear_search(synced, seg->stream)) {
+          if (absl::Status s = backend_->SynchronizeStream(seg->stream); !s.ok()) {
+            first_error.Update(s);
+            failed.push_back(seg->stream);
+            continue;
+          }
+          synced.push_back(seg->stream);
         }
-        synced.push_back(seg->stream);
+        first_error.Update(UnmapPage(seg, i, /*release=*/true));
       }
-      first_error.Update(UnmapPage(seg, i, /*release=*/true));
     }
   }
   return first_error;

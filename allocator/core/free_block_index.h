@@ -132,6 +132,10 @@ struct BlockPool {
   std::pair<std::uint64_t, std::uint64_t> owner{0, 0};
   bool no_split = false;
   SegmentSource* source = nullptr;
+  // A paused region's pool (docs/design/regions.md): Malloc refuses it; a free of its blocks
+  // releases them at once (their pages are gone) and its figures leave the region's withdrawn
+  // stats instead of the device's.
+  bool paused = false;
 };
 
 }  // namespace vramledger::core

@@ -15,6 +15,7 @@ absl::Status DeviceAllocatorImpl::BeginAllocateToPool(MempoolId id, StreamFilter
   absl::Status result;
   {
     core::DeviceMutexLock lock(&mu_);
+    CreateInRegion(id, /*uses=*/0);  // a capture inside a region: its pool is the region's
     result = private_pools_.Begin(id, std::move(filter));
   }
   return AfterOperation("begin_allocate_to_pool", std::move(result));
@@ -60,9 +61,15 @@ absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools(const MempoolId* o
       [this](BlockPool* pool)
           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReleaseWholeFreeSegments(pool); },
       [this](const core::PrivatePools::Pool& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return std::any_of(segments_.begin(), segments_.end(), [&](const auto& entry) {
-          return entry.second->pool == &pool.small || entry.second->pool == &pool.large;
-        });
+        auto owned = [&](const core::Segment& seg) {
+          return seg.pool == &pool.small || seg.pool == &pool.large;
+        };
+        // A pool of a region keeps its expandable ranges (they are never released): the pool
+        // stays, and with it the blocks' pool pointers.
+        return std::any_of(segments_.begin(), segments_.end(),
+                           [&](const auto& entry) { return owned(*entry.second); }) ||
+               std::any_of(page_table_.segments().begin(), page_table_.segments().end(),
+                           [&](const auto& seg) { return owned(*seg); });
       },
       only);
 }

@@ -17,7 +17,11 @@ absl::Status DeviceAllocatorImpl::CreateOrIncrefPool(MempoolId id,
   absl::Status result;
   {
     core::DeviceMutexLock lock(&mu_);
-    result = private_pools_.CreateOrIncref(id, std::move(source));
+    // A MemPool made inside a region belongs to it (unless its segments come from a source of
+    // its own, which cannot be paused).
+    if (source != nullptr || !CreateInRegion(id, /*uses=*/1)) {
+      result = private_pools_.CreateOrIncref(id, std::move(source));
+    }
   }
   return AfterOperation("create_or_incref_pool", std::move(result));
 }
@@ -63,6 +67,9 @@ Block* DeviceAllocatorImpl::TakeFromUseOnOomPools(const BlockPool* pool,
                                                   const AllocationRequest& request) {
   if (pool->owner != MempoolId{0, 0}) return nullptr;  // torch: a pool's request just fails
   for (core::PrivatePools::Pool* candidate : private_pools_.UseOnOomPools()) {
+    // A region's pools are expandable: a free block there may lie on unmapped pages (or, paused,
+    // on none), so it cannot serve a request as it is.
+    if (candidate->small.expandable) continue;
     BlockPool& blocks = request.rounded <= 1 * kMiB ? candidate->small : candidate->large;
     auto found = blocks.blocks.FindBestFit(request.stream, request.rounded, options_.max_split_size,
                                            options_.max_non_split_rounding);

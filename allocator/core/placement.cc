@@ -202,7 +202,9 @@ DevicePtr Placement::StartFor(const Block* block, std::size_t size, DevicePtr st
 }
 
 std::vector<std::pair<Segment*, std::size_t>> Placement::FreeMappedPages(
-    std::size_t page_size, std::size_t limit, const Block* also, DevicePtr also_from) const {
+    std::size_t page_size, std::size_t limit, const Block* also, DevicePtr also_from,
+    const std::array<const BlockPool*, 2>* among) const {
+  const std::array<const BlockPool*, 2>& pools = among != nullptr ? *among : pools_;
   std::vector<std::pair<Segment*, std::size_t>> out;
   std::size_t pages = 0;
   // Whole handles (all their pages) inside [lo, hi) of free block `b`, by their first page.
@@ -258,14 +260,14 @@ std::vector<std::pair<Segment*, std::size_t>> Placement::FreeMappedPages(
   // and its peak reserved / allocated from 1.0086 to 1.0094-1.0105, past the 1.01 target once
   // (page-recycling.md, "Recycling").
   const bool tails_first = recycle_tails_first_;
-  for (const BlockPool* pool : pools_) {
+  for (const BlockPool* pool : pools) {
     if (!tails_first || pool->page_size != page_size) continue;
     for (const Block* b : pool->blocks) {
       if (pages >= limit) return out;
       if (b->next == nullptr) collect_last_first(b);
     }
   }
-  for (const BlockPool* pool : pools_) {
+  for (const BlockPool* pool : pools) {
     if (pool->page_size != page_size) continue;
     for (const Block* b : pool->blocks) {
       if (pages >= limit) return out;

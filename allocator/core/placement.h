@@ -55,11 +55,12 @@ class Placement {
   /// pages), by their first page, in the order they are taken: `also`'s, then the free blocks
   /// smallest first; with recycle_tails_first, each segment's free tail (highest first) before
   /// the holes (page-recycling.md, "Recycling"). `also` (optional): a free block
-  /// taken out of the index, whose pages from `also_from` on count.
-  std::vector<std::pair<Segment*, std::size_t>> FreeMappedPages(std::size_t page_size,
-                                                                std::size_t limit,
-                                                                const Block* also = nullptr,
-                                                                DevicePtr also_from = 0) const;
+  /// taken out of the index, whose pages from `also_from` on count. `among` (optional): the
+  /// pools to search instead of the device's own (a private pool's: a region's pages move only
+  /// within its pool, docs/design/regions.md).
+  std::vector<std::pair<Segment*, std::size_t>> FreeMappedPages(
+      std::size_t page_size, std::size_t limit, const Block* also = nullptr,
+      DevicePtr also_from = 0, const std::array<const BlockPool*, 2>* among = nullptr) const;
 
   /// Mapped bytes of the longest mapped run inside a free block (what it can serve at once).
   static std::size_t MappedRun(const Block* block);

@@ -50,6 +50,22 @@ class PoolStat {
     moved_ += amount;
   }
 
+  /// Takes `amount` (>= 0) out of pool `pool`'s current value without counting it as freed: a
+  /// paused region's live blocks leave the figures while its pages are gone (regions.md).
+  void Withdraw(StatType pool, std::int64_t amount) {
+    current_[pool] -= amount;
+    base_[pool] -= amount;
+  }
+  /// Puts back what Withdraw took, without counting it as allocated; the peaks follow when
+  /// `update_peak` (a resume; not a free of a paused block, which leaves again at once).
+  void Readmit(StatType pool, std::int64_t amount, bool update_peak) {
+    current_[pool] += amount;
+    base_[pool] += amount;
+    if (!update_peak) return;
+    peak_[pool] = std::max(peak_[pool], current_[pool]);
+    peak_[kAggregate] = std::max(peak_[kAggregate], current(kAggregate));
+  }
+
   /// Current value of `type` (kAggregate: the sum of both pools).
   std::int64_t current(StatType type) const {
     return type == kAggregate ? current_[kSmallPool] + current_[kLargePool] : current_[type];

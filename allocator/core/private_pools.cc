@@ -20,8 +20,11 @@ std::string PoolName(MempoolId id) { return absl::StrFormat("(%d, %d)", id.first
 
 }  // namespace
 
-PrivatePools::Pool::Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_source)
-    : source(std::move(segment_source)) {
+PrivatePools::Pool::Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_source,
+                         std::size_t large_page)
+    : small(true, large_page > 0, large_page > 0 ? 2 * kMiB : 0),
+      large(false, large_page > 0, large_page),
+      source(std::move(segment_source)) {
   for (BlockPool* blocks : {&small, &large}) {
     blocks->owner = id;
     blocks->source = source.get();
@@ -76,7 +79,18 @@ std::vector<PrivatePools::Pool*> PrivatePools::UseOnOomPools() {
   return out;
 }
 
-absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter) {
+absl::Status PrivatePools::CreateExpandable(MempoolId id, std::size_t large_page, int uses) {
+  if (id == MempoolId{0, 0} || pools_.contains(id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vramledger: private pool ", PoolName(id), " exists, or is the default pool"));
+  }
+  auto pool = std::make_unique<Pool>(id, nullptr, large_page);
+  pool->use_count = uses;
+  pools_.emplace(id, std::move(pool));
+  return absl::OkStatus();
+}
+
+absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter, bool fallback) {
   PruneFailedCaptures();
   const std::thread::id self = std::this_thread::get_id();
   // As torch: a pool may be allocated to by several entries at once (use_mem_pool on two
@@ -95,6 +109,7 @@ absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter) {
   active.id = id;
   active.filter = std::move(filter);
   active.owner = self;
+  active.fallback = fallback;
   active_.push_back(std::move(active));
   return absl::OkStatus();
 }
@@ -144,8 +159,17 @@ int PrivatePools::UseCount(MempoolId id) const {
 }
 
 BlockPool* PrivatePools::Route(StreamId stream, std::size_t rounded) {
+  // Every other entry before a region's (fallback), so a pool created inside a region (a
+  // capture's) takes what it accepts.
+  for (const bool fallback : {false, true}) {
+    if (BlockPool* pool = RouteAmong(stream, rounded, fallback); pool != nullptr) return pool;
+  }
+  return nullptr;
+}
+
+BlockPool* PrivatePools::RouteAmong(StreamId stream, std::size_t rounded, bool fallback) {
   for (Active& active : active_) {
-    if (!active.filter || !active.filter(stream)) continue;
+    if (active.fallback != fallback || !active.filter || !active.filter(stream)) continue;
     if (std::find(active.streams.begin(), active.streams.end(), stream) == active.streams.end()) {
       active.streams.push_back(stream);
     }
@@ -162,6 +186,10 @@ BlockPool* PrivatePools::Route(StreamId stream, std::size_t rounded) {
 
 void PrivatePools::PruneFailedCaptures() {
   for (auto it = active_.begin(); it != active_.end();) {
+    if (it->fallback) {  // a region's entry is no capture's: its EndRegion always comes
+      ++it;
+      continue;
+    }
     bool over = it->saw_capture && !it->served_plain &&
                 std::none_of(it->streams.begin(), it->streams.end(),
                              [&](StreamId s) { return backend_->IsCapturing(s); });
@@ -197,6 +225,7 @@ bool PrivatePools::CaptureUnderway() {
   if (active_.empty()) return false;
   PruneFailedCaptures();
   for (const Active& active : active_) {
+    if (active.fallback) continue;            // a region's entry: never a capture's
     if (active.streams.empty()) return true;  // may be capturing without having allocated
     for (StreamId s : active.streams) {
       if (backend_->IsCapturing(s)) return true;
@@ -252,7 +281,10 @@ absl::Status PrivatePools::CheckInvariants() const {
     for (const BlockPool* blocks : {&pool->small, &pool->large}) {
       if (blocks->owner != id) return fail(id, "a block pool names another owner");
       if (blocks->source != pool->source.get()) return fail(id, "a block pool's source differs");
-      if (blocks->expandable) return fail(id, "an expandable block pool");
+      if (blocks->expandable != pool->small.expandable) return fail(id, "half expandable");
+      if (blocks->expandable && blocks->source != nullptr) {
+        return fail(id, "expandable with a segment source");
+      }
     }
     if (pool->small.no_split != pool->large.no_split) return fail(id, "no_split set on one half");
     for (const BlockPool* blocks : {&pool->small, &pool->large}) {

@@ -26,10 +26,13 @@ class PrivatePools {
   /// One private pool: plain (never expandable) small and large pools of its own, and what a
   /// torch.cuda.MemPool sets on it.
   struct Pool {
-    explicit Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_source = nullptr);
+    /// `large_page` > 0: the pool's blocks live in expandable segments (a region's pools), the
+    /// small ones on 2 MiB pages, the large ones on `large_page`.
+    explicit Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_source = nullptr,
+                  std::size_t large_page = 0);
     int use_count = 1;
-    BlockPool small{true};
-    BlockPool large{false};
+    BlockPool small;
+    BlockPool large;
     std::shared_ptr<SegmentSource> source;  // null: segments from the backend
     bool use_on_oom = false;
   };
@@ -41,7 +44,18 @@ class PrivatePools {
   /// Starts allocating to pool `id` (created, or one more use of it) for the streams `filter`
   /// accepts, owned by the calling thread. A pool may have several such entries at once (as in
   /// torch: use_mem_pool on two threads, nested, or a capture into it inside use_mem_pool).
-  absl::Status Begin(MempoolId id, StreamFilter filter);
+  /// A `fallback` entry (a region's) takes a stream only when no other entry accepts it, and is
+  /// never taken for a capture's.
+  absl::Status Begin(MempoolId id, StreamFilter filter, bool fallback = false);
+  /// Creates pool `id` with expandable block pools (large pages of `large_page` bytes) and
+  /// `uses` uses: a region's pool, or a private pool created inside a region. InvalidArgument
+  /// when it exists or for {0, 0}.
+  absl::Status CreateExpandable(MempoolId id, std::size_t large_page, int uses);
+  /// The pool `id`, or nullptr.
+  Pool* Find(MempoolId id) const {
+    auto it = pools_.find(id);
+    return it == pools_.end() ? nullptr : it->second.get();
+  }
   /// Stops allocating to `id`: the calling thread's latest entry of it, else (as torch) the
   /// first entry of it. NotFound if it is not being allocated to (nor was pruned).
   absl::Status End(MempoolId id);
@@ -106,10 +120,14 @@ class PrivatePools {
     bool saw_capture = false;       // one of them was capturing when routed
     bool served_plain = false;      // one was not: a use_mem_pool entry, never pruned
     std::thread::id owner;          // the thread that began it (torch's capturing thread)
+    bool fallback = false;          // a region's entry: routed to after every other entry
     // When another thread first found its capture over (InfiniteFuture: not found so): after
     // kFailedCaptureGrace of that, any thread may prune it.
     absl::Time ended_seen = absl::InfiniteFuture();
   };
+
+  // Route among the entries that are (not) fallback.
+  BlockPool* RouteAmong(StreamId stream, std::size_t rounded, bool fallback);
 
   DeviceBackend* const backend_;
   Map pools_;

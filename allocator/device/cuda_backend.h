@@ -91,6 +91,11 @@ class CudaBackend final : public DeviceBackend {
   absl::Status ImportPhysical(int pid, const std::vector<int>& fds,
                               std::vector<PhysicalHandle>* out) override;
   absl::Status SynchronizeDevice() override;
+  // Pinned host memory and copies (cuda_backend_host.cc; docs/design/regions.md).
+  absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) override;
+  absl::Status HostFreePinned(void* p) override;
+  absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override;
+  absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override;
 
   /// OK if the driver VMM entry points were resolved and the granularity queried; else why not.
   const absl::Status& vmm_status() const { return vmm_status_; }

@@ -300,6 +300,7 @@ absl::Status SimBackend::ReleasePhysical(PhysicalHandle handle) {
   }
   if (!it->second.imported) used_ -= it->second.size;
   handles_.erase(it);
+  contents_.erase(handle);  // a new handle starts with fresh memory
   return absl::OkStatus();
 }
 

@@ -60,7 +60,7 @@ class SimBackend final : public DeviceBackend {
   explicit SimBackend(Config config = {});
   SimBackend(const SimBackend&) = delete;
   SimBackend& operator=(const SimBackend&) = delete;
-  ~SimBackend() override = default;
+  ~SimBackend() override;  // frees pinned host memory still held
 
   // ---- DeviceBackend ----
   int device() const override { return config_.device; }
@@ -100,6 +100,28 @@ class SimBackend final : public DeviceBackend {
   absl::Status ImportPhysical(int pid, const std::vector<int>& fds,
                               std::vector<PhysicalHandle>* out) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status SynchronizeDevice() override ABSL_LOCKS_EXCLUDED(mu_);
+  // Pinned host memory and copies (sim_backend_host.cc): host memory from the heap, counted
+  // against a cap (SetPinnedCapacity); a copy reads and writes the modelled contents of the
+  // physical handles mapped under its device range, which must be mapped with access.
+  absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status HostFreePinned(void* p) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Device contents (sim_backend_host.cc) ----
+  // Only expandable memory (physical handles) holds contents. They are kept per handle in
+  // chunks of kContentChunk bytes, made on the first non-zero write: a byte never written reads
+  // 0, so a test pays only for what it writes. A released handle's contents are gone.
+  static constexpr std::size_t kContentChunk = 64 * 1024;
+  /// Writes `bytes` at device range [va, va + bytes), as a kernel would (no call recorded).
+  /// InvalidArgument when a byte of it is not mapped with access.
+  absl::Status WriteDevice(DevicePtr va, const void* src, std::size_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// Reads device range [va, va + bytes) into `dst` (no call recorded); errors as WriteDevice.
+  absl::Status ReadDevice(void* dst, DevicePtr va, std::size_t bytes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Test controls (not driver calls: nothing is recorded in calls()) ----
   /// Completes `event` and every event recorded before it on the same stream.
@@ -123,6 +145,16 @@ class SimBackend final : public DeviceBackend {
   /// (Malloc, Free, CreatePhysical, ReleasePhysical, Map, Unmap, SetAccess, CreateEvent,
   /// RecordEvent, QueryEvent, SynchronizeEvent, SynchronizeStream).
   void FailCall(DriverCall call, int skip, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Caps the pinned host bytes live at once (default: no cap); HostAllocPinned past it is
+  /// ResourceExhausted.
+  void SetPinnedCapacity(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Fault injection for copies: the copy (either direction) made after `skip` more copies fails
+  /// once with `status`, copying nothing.
+  void FailCopy(int skip, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  /// Pinned host bytes live now, and copies made so far (either direction) with their bytes.
+  std::size_t pinned_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::int64_t copies() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::size_t copied_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Failures injected by FailCall that have happened.
   std::int64_t injected_failures() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -175,6 +207,17 @@ class SimBackend final : public DeviceBackend {
     double micros = 0;  // Modelled cost of the call over the covered mappings.
   };
 
+  // Calls `fn(handle, offset, done, n)` for each piece of [va, va + bytes), in order: the handle
+  // mapped there, the piece's offset in it, the bytes before it and its length; InvalidArgument
+  // naming `call` when a byte is not mapped with access.
+  template <typename Fn>
+  absl::Status ForEachMappedPiece(const char* call, DevicePtr va, std::size_t bytes, Fn fn) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteLocked(const char* call, DevicePtr va, const void* src, std::size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReadLocked(const char* call, void* dst, DevicePtr va, std::size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CopyInjectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the IPC export of the allocation at `base` of (pid, device): it was freed.
   static void ForgetMallocExport(int pid, int device, DevicePtr base);
   // The injected failure for `call`, if it is due now (FailCall); OK otherwise.
@@ -237,6 +280,18 @@ class SimBackend final : public DeviceBackend {
   absl::flat_hash_map<int, PhysicalHandle> exports_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<DevicePtr> exported_mallocs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DevicePtr, std::size_t> opened_ ABSL_GUARDED_BY(mu_);
+
+  // Pinned host memory (pointer -> bytes) and its cap; the injected copy failure; the contents
+  // of physical handles, by handle and chunk index (only chunks ever written non-zero).
+  absl::flat_hash_map<void*, std::size_t> pinned_ ABSL_GUARDED_BY(mu_);
+  std::size_t pinned_used_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t pinned_cap_ ABSL_GUARDED_BY(mu_) = SIZE_MAX;
+  Injected copy_failure_ ABSL_GUARDED_BY(mu_);
+  bool copy_failure_set_ ABSL_GUARDED_BY(mu_) = false;
+  std::int64_t copies_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t copied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<PhysicalHandle, absl::flat_hash_map<std::size_t, std::vector<std::uint8_t>>>
+      contents_ ABSL_GUARDED_BY(mu_);
 
   absl::flat_hash_set<StreamId> capturing_ ABSL_GUARDED_BY(mu_);
   std::int64_t capture_calls_relaxed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -137,17 +137,32 @@ std::vector<SegmentInfo> SegmentsOf(const core::CoreView& view) {
     }
     out.push_back(std::move(info));
   }
-  // Expandable segments: one SegmentInfo per contiguous mapped range, blocks clipped to it.
+  // Expandable segments: one SegmentInfo per contiguous mapped range, blocks clipped to it; a
+  // paused region's segment, one per contiguous range its pause released (marked paused).
   for (const auto& seg : view.page_table->segments()) {
     const Block* b = seg->head;
+    const bool paused = seg->pool->paused;
+    std::vector<bool> released;
+    if (paused && view.regions != nullptr) {
+      released.assign(seg->page_limit, false);
+      if (const auto* region = view.regions->OfPool(seg->pool->owner); region != nullptr) {
+        for (const auto& run : region->released) {
+          if (run.segment != seg.get()) continue;
+          for (std::size_t k = 0; k < run.pages; ++k) released[run.first_page + k] = true;
+        }
+      }
+    }
+    auto present = [&](std::size_t k) {
+      return paused ? k < released.size() && released[k] : seg->pages[k] != 0;
+    };
     std::size_t i = 0;
     while (i < seg->page_limit) {
-      if (seg->pages[i] == 0) {
+      if (!present(i)) {
         ++i;
         continue;
       }
       std::size_t j = i;
-      while (j < seg->page_limit && seg->pages[j] != 0) ++j;
+      while (j < seg->page_limit && present(j)) ++j;
       SegmentInfo info;
       info.device = view.device;
       info.address = seg->PageAddress(i);
@@ -156,6 +171,8 @@ std::vector<SegmentInfo> SegmentsOf(const core::CoreView& view) {
       info.is_small = seg->pool->is_small;
       info.is_expandable = true;
       info.handles = HandlesIn(seg.get(), i, j);
+      info.pool_id = seg->pool->owner;  // a region's pool, or {0, 0}
+      info.paused = paused;
       const DevicePtr lo = info.address;
       const DevicePtr hi = lo + info.total_size;
       while (b != nullptr && b->ptr + b->size <= lo) b = b->next;

@@ -108,6 +108,8 @@ Json SegmentJson(const SegmentInfo& s, const History* history, FrameCache& frame
   j["segment_pool_id"] = Json::array({s.pool_id.first, s.pool_id.second});
   j["is_expandable"] = s.is_expandable;
   j["handles"] = s.handles;  // vramledger's: physical handles backing the segment
+  // vramledger's: a paused region's range, whose pages the pause released (regions.md)
+  if (s.paused) j["paused"] = true;
   j["frames"] =
       history != nullptr ? frames.Get(history->SegmentStack(s.device, s.address)) : Json::array();
   Json blocks = Json::array();
@@ -262,6 +264,9 @@ std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_hand
 SegmentFigures ComputeSegmentFigures(const std::vector<SegmentInfo>& segments) {
   SegmentFigures f;
   for (const SegmentInfo& s : segments) {
+    // A paused region's range holds no memory now: it leaves the figures, as it leaves the
+    // device's reserved bytes (regions.md, "In the ledger").
+    if (s.paused) continue;
     ++f.segments;
     f.reserved_bytes += static_cast<std::int64_t>(s.total_size);
     f.allocated_bytes += static_cast<std::int64_t>(s.allocated_size);

@@ -54,7 +54,7 @@ struct SegmentFigures {
   std::map<StreamId, PerStream> per_stream;
 };
 
-/// Computes SegmentFigures over `segments` (one device's).
+/// Computes SegmentFigures over `segments` (one device's), leaving out paused regions' ranges.
 SegmentFigures ComputeSegmentFigures(const std::vector<SegmentInfo>& segments);
 
 /// Builds the whole snapshot. `allocators` may hold nullptr for devices without an allocator;

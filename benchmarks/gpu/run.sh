@@ -20,6 +20,8 @@
 #   checks (the default: every one)
 #     bundle        the plugin's libraries resolve from .devbuild/lib and torch's folders only
 #     unit          the C++ CudaBackend tests on the device (peer access with two GPUs)
+#     regions_core  the core's pausable regions on CudaBackend (tests/gpu/cuda_regions_test.cc):
+#                   free bytes after a pause, a CPU backup restored, pause/resume times
 #     pytest        tests/gpu: the plugin on a real device
 #     train         checks/train_compare.py: GPT-2-medium, native vs vramledger, losses agree
 #     integration   checks/torch_integration_check.py: memory API, graphs, compile, observers
@@ -39,6 +41,9 @@
 #     preload_plan  checks/preload_plan_check.sh: a plan 20% too small under the shim
 #     preload_direct checks/preload_direct_check.sh: the shim as torch's allocator (torch's
 #                   statistics, a plan refusal as torch.OutOfMemoryError) and its fallback
+#     regions       checks/regions_check.py: pausable regions: GPT-2-medium training and Llama-1B
+#                   generation taking turns on one GPU (free bytes after each pause, losses,
+#                   peak), a graph in a region, pause/resume speed, 10 GiB without backup
 #     wheel         checks/wheel_check.sh gpu: the wheel built and run there (needs wheeldeps)
 #     multi         checks/multi_gpu/run.py with one rank per GPU present (world size 1 on one
 #                   GPU): FSDP2 GPT-2-medium native vs vramledger's default, `vramledger report`,
@@ -79,7 +84,7 @@ LIBDIR="$ROOT/.devbuild/lib"
 PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
-        snapshot guard preload preload_plan preload_direct wheel multi ddp"
+        snapshot guard preload preload_plan preload_direct regions wheel multi ddp regions_core"
 BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
@@ -286,6 +291,7 @@ details() {
   case "$1" in
     bundle) grep -E "plugin loads|unresolved" "$f" ;;
     unit) grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] |^\[       OK \] .*Peer" "$f" ;;
+    regions_core) grep -E "^regions: |^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] " "$f" ;;
     pytest) tail -1 "$f" ;;
     train) cat "$RUN/train/train_compare_table.txt" 2>/dev/null || tail -12 "$f" ;;
     integration|native|snapshot|guard|contiguous) grep -E "PASS|FAIL" "$f" ;;
@@ -297,6 +303,7 @@ details() {
     preload) tail -12 "$f" ;;
     preload_plan) tail -8 "$f" ;;
     preload_direct) grep -E "^(PASS|FAIL|SKIP)|MemPool" "$f" ;;
+    regions) sed -n '/^regions check:/,$p' "$f" ;;
     wheel) grep -E "PASS|FAIL|SKIP|wheel" "$f" | tail -15 ;;
     multi) grep -E "^(PASS|FAIL|SKIP) " "$f"; sed -n '/^==== multi-GPU check/,$p' "$f" ;;
     ddp) cat "$f" ;;
@@ -352,6 +359,8 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       bundle) item bundle check 20 bundle ;;
       unit) item unit check 30 env LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" timeout 120 \
               "$LIBDIR/$GPU_TEST" ;;
+      regions_core) item regions_core check 60 env LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" \
+                      timeout 60 "$LIBDIR/$GPU_TEST" --gtest_filter='CudaRegionsTest.*' ;;
       pytest) item pytest check 90 timeout "$(bound)" "$PY" -m pytest -q -p no:cacheprovider \
                 tests/gpu ;;
       train) item train check 200 timeout "$(bound)" "$PY" benchmarks/gpu/checks/train_compare.py \
@@ -389,6 +398,8 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       preload_direct) item preload_direct check 60 env PYTHON="$PY" OUT="$RUN/preload_direct" \
                         timeout "$(bound)" bash benchmarks/gpu/checks/preload_direct_check.sh \
                         "$shim" ;;
+      regions) item regions check 245 timeout 240 "$PY" benchmarks/gpu/checks/regions_check.py \
+                 --json "$RUN/regions.json" ;;
       wheel) if [ -d .devbuild/wheeldeps ]; then
                item wheel check 150 env OUT="$RUN/wheel" timeout "$(bound)" \
                  bash benchmarks/gpu/checks/wheel_check.sh gpu

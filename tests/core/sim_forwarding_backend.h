@@ -55,6 +55,16 @@ class SimForwardingBackend : public DeviceBackend {
   bool IsCapturing(StreamId stream) override { return sim_->IsCapturing(stream); }
   int EnterRelaxedCapture() override { return sim_->EnterRelaxedCapture(); }
   void ExitRelaxedCapture(int previous_mode) override { sim_->ExitRelaxedCapture(previous_mode); }
+  absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) override {
+    return sim_->HostAllocPinned(bytes);
+  }
+  absl::Status HostFreePinned(void* p) override { return sim_->HostFreePinned(p); }
+  absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override {
+    return sim_->CopyDeviceToHost(dst, src, bytes);
+  }
+  absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override {
+    return sim_->CopyHostToDevice(dst, src, bytes);
+  }
   int ProcessId() const override { return sim_->ProcessId(); }
   absl::Status ExportMalloc(DevicePtr base, IpcMemHandle* out) override {
     return sim_->ExportMalloc(base, out);

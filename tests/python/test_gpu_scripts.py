@@ -66,7 +66,7 @@ def test_the_runner_runs_every_check_and_benchmark():
     scripts += [GPU / "checks" / "feature_matrix" / "run.py",
                 GPU / "checks" / "multi_gpu" / "run.py"]
     scripts += list((GPU / "record").glob("*.py"))
-    assert len(scripts) == 22, scripts  # 16 checks, 5 benchmarks, 1 recording
+    assert len(scripts) == 23, scripts  # 17 checks, 5 benchmarks, 1 recording
     missing = [str(p.relative_to(GPU)) for p in scripts if str(p.relative_to(GPU)) not in runner]
     assert not missing, f"run.sh does not run {missing}"
 

@@ -163,7 +163,13 @@ void DecideLoaded(void* c10) {
       Resolve(native, "vramledger_device_stats", &plugin->device_stats) &&
       Resolve(native, "vramledger_fragmentation_json", &plugin->fragmentation_json) &&
       Resolve(native, "vramledger_snapshot_json", &plugin->snapshot_json) &&
-      Resolve(native, "vramledger_string_free", &plugin->string_free);
+      Resolve(native, "vramledger_string_free", &plugin->string_free) &&
+      Resolve(native, "vramledger_last_error", &plugin->last_error) &&
+      Resolve(native, "vramledger_region_begin", &plugin->regions.begin) &&
+      Resolve(native, "vramledger_region_end", &plugin->regions.end) &&
+      Resolve(native, "vramledger_region_pause", &plugin->regions.pause) &&
+      Resolve(native, "vramledger_region_resume", &plugin->regions.resume) &&
+      Resolve(native, "vramledger_region_list", &plugin->regions.list);
   if (!complete) {
     const char* err = dlerror();
     return FallBack(absl::StrCat("vramledger: ", native_path, " is incomplete (",

@@ -159,6 +159,15 @@ struct LiveBlock {
 
 // ---- The direct route (direct_route.cc) ----
 
+// The region calls of one runtime (runtime/region_api.h): the shim's own, or the plugin's.
+struct RegionCalls {
+  int (*begin)(int device, const char* name) = nullptr;
+  int (*end)(int device, const char* name) = nullptr;
+  int (*pause)(int device, const char* name, int backup, char** json_out) = nullptr;
+  int (*resume)(int device, const char* name, int keep_host_buffers, char** json_out) = nullptr;
+  int (*list)(int device, char** json_out) = nullptr;
+};
+
 // The plugin's runtime, which serves torch once libvramledger_native.so is torch's allocator:
 // the entry points the reports read it through (torch_plugin/runtime/c_api.h, history_api.h),
 // resolved from the native library's dependencies. Set once, never freed.
@@ -168,6 +177,10 @@ struct PluginRuntime {
   int (*fragmentation_json)(int device, cudaStream_t stream, char** json_out) = nullptr;
   int (*snapshot_json)(char** json_out) = nullptr;
   void (*string_free)(char* s) = nullptr;
+  // Pausable regions (runtime/region_api.h) and the plugin's last error, which the shim's
+  // vramledger_preload_region_* calls forward to (preload_regions.cc).
+  RegionCalls regions;
+  const char* (*last_error)() = nullptr;
   const void* base = nullptr;  // the plugin's load address (its own calls see the real runtime)
   std::string torch_minor;     // the torch minor the native library was built for
 };

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -19,6 +20,7 @@
 #include "ledger/device_report.h"
 #include "ledger/fragmentation_json.h"
 #include "ledger/history.h"
+#include "ledger/region_report.h"
 #include "nlohmann/json.hpp"
 #include "torch_plugin/runtime/device_table.h"
 #include "torch_plugin/runtime/history_api.h"
@@ -191,8 +193,10 @@ int vramledger_memory_stats_json(int device, char** json_out) {
     vramledger::DeviceTable& state = vramledger::DeviceTable::Get();
     if (absl::Status s = state.CheckDevice(device); !s.ok()) return s;
     vramledger::DeviceStats stats;
+    std::vector<vramledger::RegionInfo> regions;
     if (DeviceAllocator* a = state.Existing(device)) {
       stats = a->GetStats();
+      regions = a->Regions();
     } else {
       // Nothing allocated on this device yet: zeros, and the configured max_split_size.
       absl::StatusOr<vramledger::Options> options = state.CurrentOptions(/*freeze=*/false);
@@ -203,6 +207,7 @@ int vramledger_memory_stats_json(int device, char** json_out) {
     }
     nlohmann::json json = nlohmann::json::object();
     for (const auto& [key, value] : vramledger::FlattenStats(stats)) json[key] = value;
+    for (const auto& [key, value] : vramledger::FlattenRegionStats(regions)) json[key] = value;
     json["utilization"] = stats.utilization();
     return vramledger::ExportString(json.dump(), json_out);
   });
@@ -227,6 +232,13 @@ int vramledger_fragmentation_json(int device, cudaStream_t current_stream, char*
     const vramledger::HostTime t = a != nullptr ? a->host_time() : vramledger::HostTime{};
     json["host_time"] = {{"malloc", {{"count", t.malloc_calls}, {"time_us", t.malloc_ns / 1e3}}},
                          {"free", {{"count", t.free_calls}, {"time_us", t.free_ns / 1e3}}}};
+    nlohmann::json regions = nlohmann::json::array();
+    if (a != nullptr) {
+      for (const vramledger::RegionInfo& r : a->Regions()) {
+        regions.push_back(vramledger::RegionJson(device, r));
+      }
+    }
+    json["regions"] = std::move(regions);
     json["device"] = device;
     json["current_stream"] = stream;
     return vramledger::ExportString(json.dump(), json_out);

@@ -42,8 +42,8 @@ VRAMLEDGER_EXPORT const char* vramledger_option_names();
 VRAMLEDGER_EXPORT int vramledger_device_count();
 
 /// The statistics of `device` as a JSON object: every key of torch.cuda.memory_stats() (integers,
-/// bytes or counts), "largest_free_block_bytes", and "utilization" (float, peak allocated / peak
-/// reserved). A device that has not allocated yet reports zeros. On success *json_out is a
+/// bytes or counts), "largest_free_block_bytes", "utilization" (float, peak allocated / peak
+/// reserved), and per pausable region "regions.<name>.<figure>" (ledger/region_report.h). A device that has not allocated yet reports zeros. On success *json_out is a
 /// malloc'd NUL-terminated string the caller releases with vramledger_string_free; on failure it
 /// is NULL. VRAMLEDGER_INVALID_ARGUMENT for a bad device index or null `json_out`,
 /// VRAMLEDGER_FAILED when CUDA is unavailable.
@@ -54,7 +54,7 @@ VRAMLEDGER_EXPORT int vramledger_memory_stats_json(int device, char** json_out);
 /// reserved, "wasted_bytes", "wasted_bytes_at_peak", "free_bytes", "largest_free_block",
 /// "free_space_fragmentation" in [0, 1], "holes", "mapped_free_pages",
 /// "other_stream_cached_bytes", "page_moves", "retiring_bytes", "reused_old_mappings"; sizes in
-/// bytes), "device", "current_stream" (the stream given, as an integer), "host_time" (the
+/// bytes), "regions" (a list, as vramledger_region_list gives it), "device", "current_stream" (the stream given, as an integer), "host_time" (the
 /// allocator's Malloc and Free: {"count", "time_us"} each, zeros unless host_timing is on), and
 /// the driver calls made so far:
 /// "driver_calls" maps each call kind's CUDA name (e.g. "cuMemMap") to {"count", "time_us"},

@@ -13,6 +13,8 @@ enum vramledger_status {
   VRAMLEDGER_OK = 0,
   VRAMLEDGER_INVALID_ARGUMENT = 1,  // bad options or arguments: Python raises ValueError
   VRAMLEDGER_FAILED = 2,            // anything else (driver error, wrong state): RuntimeError
+  // A refusal for memory from the calls that say so (region_api.h): torch.OutOfMemoryError.
+  VRAMLEDGER_OUT_OF_MEMORY = 3,
 };
 
 /// The message of the last failure on the calling thread ("" if none). Valid until the next

@@ -29,8 +29,10 @@
 #include "guard/tags.h"
 #include "ledger/history.h"
 #include "ledger/oom_dump.h"
+#include "ledger/region_report.h"
 #include "ledger/stack_capture.h"
 #include "nlohmann/json.hpp"
+#include "torch_plugin/runtime/device_table.h"
 #include "torch_plugin/runtime/history_api.h"
 #include "torch_plugin/runtime/process_env.h"
 #include "torch_plugin/runtime/trace_trackers.h"
@@ -234,18 +236,40 @@ absl::Status AttachGuard(int device, int device_count, const Options& options,
 
 std::string GuardTagName(std::uint32_t id) { return G().tags.Name(id); }
 
+namespace {
+
+// `status` (a refusal or an out-of-memory error of `device`) with one line per pausable region
+// of the device appended, so the report says which memory is paused and which runs.
+absl::Status WithRegionLines(int device, const absl::Status& status) {
+  if (!absl::IsResourceExhausted(status)) return status;
+  try {
+    const DeviceAllocator* allocator = DeviceTable::Get().Existing(device);
+    if (allocator == nullptr) return status;
+    const std::vector<std::string> lines = RegionLines(allocator->Regions());
+    if (lines.empty()) return status;
+    std::string text(status.message());
+    absl::StrAppend(&text, "\nvramledger regions on device ", device, ":");
+    for (const std::string& line : lines) absl::StrAppend(&text, "\n  ", line);
+    return absl::ResourceExhaustedError(text);
+  } catch (...) {
+    return status;  // a failed report must not hide the refusal
+  }
+}
+
+}  // namespace
+
 absl::Status GuardRefusalOrOomDump(int device, const absl::Status& status) {
   try {
     if (DeviceGuard* g = Lookup(device)) {
       absl::Status completed = g->guard->CompleteRefusal(status, *g->allocator);
-      if (completed.message() != status.message()) return completed;
+      if (completed.message() != status.message()) return WithRegionLines(device, completed);
     }
   } catch (const abi::__forced_unwind&) {
     throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     return status;  // a failed report must not hide the refusal
   }
-  return WithOomDump(device, status);
+  return WithRegionLines(device, WithOomDump(device, status));
 }
 
 }  // namespace vramledger

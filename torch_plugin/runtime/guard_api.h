@@ -81,7 +81,8 @@ std::string GuardTagName(std::uint32_t id);
 
 /// Every route calls this on a failed allocation of `device`: a guard refusal comes back with its
 /// message completed (largest free block, stack, forensic snapshot); any other status goes to
-/// WithOomDump (history_api.h). Never throws.
+/// WithOomDump (history_api.h). Either way a refusal for memory ends with one line per pausable
+/// region of the device (ledger/region_report.h). Never throws.
 absl::Status GuardRefusalOrOomDump(int device, const absl::Status& status);
 
 }  // namespace vramledger

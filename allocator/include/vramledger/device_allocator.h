@@ -73,6 +73,10 @@ struct SegmentInfo {
   MempoolId pool_id = {0, 0};     // the private pool that owns it (torch's segment_pool_id)
   std::size_t handles = 1;        // physical handles backing it (expandable: one per page, or
                                   // per expandable_handle_mb of a run)
+  // A paused region's range (docs/design/regions.md): its pages were released by the pause and
+  // come back at resume; total_size is what the pause released, handles is 0, and its blocks
+  // are the live and free blocks that will be there again.
+  bool paused = false;
   std::vector<BlockInfo> blocks;  // in address order
 };
 
@@ -141,6 +145,37 @@ struct HostTime {
   std::int64_t malloc_ns = 0;  // nanoseconds
   std::int64_t free_calls = 0;
   std::int64_t free_ns = 0;  // nanoseconds
+};
+
+/// Pausable regions (docs/design/regions.md). What a pause keeps of a region's live blocks.
+enum class RegionBackup {
+  kNone,  // nothing: the contents of its blocks are undefined after resume
+  kCpu,   // copied to pinned host memory before the pages go, copied back by resume
+};
+/// What PauseRegion did (bytes).
+struct RegionPauseResult {
+  std::size_t released_bytes = 0;   // physical bytes unmapped and released
+  std::size_t backed_up_bytes = 0;  // live bytes copied to pinned host memory (kCpu)
+  bool already_paused = false;      // the region was paused: nothing was done
+};
+/// What ResumeRegion did (bytes).
+struct RegionResumeResult {
+  std::size_t mapped_bytes = 0;    // physical bytes created and mapped at the old addresses
+  std::size_t restored_bytes = 0;  // bytes copied back from the backups
+  bool already_running = false;    // the region was not paused: nothing was done
+};
+/// One region as Regions() reports it (bytes).
+struct RegionInfo {
+  std::string name;
+  MempoolId pool;  // its own pool (in the regions' id space)
+  bool paused = false;
+  std::size_t reserved_bytes = 0;     // virtual bytes of its segments
+  std::size_t mapped_bytes = 0;       // physical bytes held now (0 when paused)
+  std::size_t allocated_bytes = 0;    // live blocks (allocated, not yet freed)
+  std::size_t paused_bytes = 0;       // physical bytes released by the pause (0 when running)
+  std::size_t backed_up_bytes = 0;    // bytes held in pinned host buffers as backups
+  std::size_t host_buffer_bytes = 0;  // pinned bytes kept (keep_host_buffers) for the next pause
+  std::vector<MempoolId> pools;       // its own pool, then the private pools created inside it
 };
 
 class DeviceAllocatorImpl;
@@ -307,6 +342,34 @@ class DeviceAllocator {
   /// starts at `ptr`. FailedPrecondition for expandable memory (no single allocation backs it:
   /// share it with ShareIpcHandle); the errors of ShareIpcHandle for other addresses.
   absl::StatusOr<std::pair<DevicePtr, std::size_t>> BaseAllocation(DevicePtr ptr) const;
+
+  // ---- Pausable regions (core/regions.h, core/region_pause.cc; docs/design/regions.md) ----
+
+  /// Creates region `name` on first use (its pool gets an id of the regions' id space,
+  /// {kRegionIdSpace, n}), then routes the calling thread's allocations on streams `filter`
+  /// accepts to the region's pool until EndRegion; private pools created meanwhile on this
+  /// thread (CreateOrIncrefPool, a capture's BeginAllocateToPool) belong to the region, are
+  /// expandable, and are paused with it. A private pool being allocated to takes precedence
+  /// over the region for the streams it accepts. Nests. InvalidArgument for an empty name.
+  absl::StatusOr<MempoolId> BeginRegion(std::string_view name, StreamFilter filter);
+  /// Ends the calling thread's innermost BeginRegion of `name`. NotFound when there is none.
+  absl::Status EndRegion(std::string_view name);
+  /// Waits for the work queued on the region's memory (its streams, record_stream uses, pending
+  /// frees), copies its live blocks to pinned host memory for kCpu, then unmaps and releases
+  /// every physical page of its segments, keeping their virtual addresses. A paused region:
+  /// already_paused, nothing done. NotFound for an unknown region; FailedPrecondition during a
+  /// capture; a failed pinned allocation (ResourceExhausted), copy or unmap leaves the region as
+  /// it was.
+  absl::StatusOr<RegionPauseResult> PauseRegion(std::string_view name, RegionBackup backup);
+  /// Maps new pages where the pause released them (asking AllocatorHooks::CheckGrowth first),
+  /// copies the backups back and frees their pinned memory (kept for the next pause with
+  /// `keep_host_buffers`). A running region: already_running, nothing done. NotFound for an
+  /// unknown region; FailedPrecondition during a capture; ResourceExhausted when the device or
+  /// the guard refuses the memory; on any failure what it mapped is released and the region
+  /// stays paused with its backups.
+  absl::StatusOr<RegionResumeResult> ResumeRegion(std::string_view name, bool keep_host_buffers);
+  /// Every region, in creation order.
+  std::vector<RegionInfo> Regions() const;
 
   /// Installs `hooks` (borrowed; nullptr removes them). They must outlive their installation.
   /// Safe to call at any time; an allocation in flight sees either the old or the new hooks.

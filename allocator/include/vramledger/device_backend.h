@@ -144,6 +144,20 @@ class DeviceBackend {
   virtual int EnterRelaxedCapture() = 0;
   virtual void ExitRelaxedCapture(int previous_mode) = 0;
 
+  // ---- Pinned host memory and copies (pausable regions' backups, docs/design/regions.md) ----
+  // Off the allocation path, so not counted in calls().
+  /// `bytes` (> 0) of page-locked host memory (cudaHostAlloc). ResourceExhausted when the host
+  /// cannot give it; the memory is the caller's until HostFreePinned.
+  virtual absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) = 0;
+  /// Frees memory HostAllocPinned gave (cudaFreeHost).
+  virtual absl::Status HostFreePinned(void* p) = 0;
+  /// Copies `bytes` from device address `src` (mapped, accessible) to host `dst`; returns once
+  /// the copy is complete (cudaMemcpy, device to host).
+  virtual absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) = 0;
+  /// Copies `bytes` from host `src` to device address `dst` (mapped, accessible); returns once
+  /// the copy is complete (cudaMemcpy, host to device).
+  virtual absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) = 0;
+
   // ---- Interprocess sharing (CUDA IPC, docs/design/ipc.md) ----
   // Off the allocation path, so not counted in calls(). Torch's IPC handle names the exporting
   // process and its descriptors; these primitives give and take exactly those.

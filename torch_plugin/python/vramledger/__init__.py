@@ -28,6 +28,7 @@ from vramledger._guard import phase, step, step_scope, tag  # budget guard
 from vramledger import _guard
 from vramledger import _fragmentation
 from vramledger._fragmentation import contiguous_segments, fragmentation
+from vramledger._regions import pause, region, regions, resume  # pausable regions
 __version__ = "0.1.0"
 
 __all__ = [
@@ -53,6 +54,10 @@ __all__ = [
     "step_scope",
     "contiguous_segments",
     "fragmentation",
+    "region",
+    "pause",
+    "resume",
+    "regions",
 ]
 
 _ENV_CONF = "VRAMLEDGER_CONF"
@@ -245,6 +250,9 @@ def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     "tags.<name>.peak" (requested bytes), "guard.refusals", "guard.warnings", "guard.limit_bytes".
     Fragmentation: "fragmentation.<field>" for the scalar figures of fragmentation()
     (holes, largest_free_block, free_space_fragmentation, wasted_bytes_at_peak, ...).
+    Pausable regions: "regions.<name>.<figure>" for reserved_bytes, mapped_bytes,
+    allocated_bytes, paused_bytes, backed_up_bytes, host_buffer_bytes (bytes) and paused (0/1),
+    as regions() gives them (docs/design/regions.md).
 
     Raises:
       RuntimeError: vramledger is not installed. ValueError: bad device.

@@ -158,6 +158,9 @@ def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str,
       host_time: {"malloc": {"count", "time_us"}, "free": {"count", "time_us"}}: calls to the
         allocator and the host time spent in them (lock wait and driver calls included),
         cumulative; what vramledger can add to a host-bound step.
+      regions: one dict per pausable region of the device, as vramledger.regions() gives it
+        (name, paused, reserved_bytes, mapped_bytes, allocated_bytes, paused_bytes,
+        backed_up_bytes, host_buffer_bytes; docs/design/regions.md).
       device, current_stream.
 
     Args:

@@ -87,7 +87,10 @@ def device_summary(snap: dict, device: int, top: int = 10) -> dict:
     free_bytes = largest_free = holes = hole_bytes = 0
     streams: dict[int, dict] = {}
     groups: dict[tuple, dict] = {}
-    segments = [s for s in snap["segments"] if int(s.get("device", 0)) == device]
+    on_device = [s for s in snap["segments"] if int(s.get("device", 0)) == device]
+    # A paused region's ranges hold no memory now (docs/design/regions.md): listed apart.
+    paused = [s for s in on_device if s.get("paused")]
+    segments = [s for s in on_device if not s.get("paused")]
     for seg in segments:
         pool = "small_pool" if seg.get("segment_type") == "small" else "large_pool"
         blocks = seg["blocks"]
@@ -138,6 +141,10 @@ def device_summary(snap: dict, device: int, top: int = 10) -> dict:
         "device": device,
         "segments": len(segments),
         "blocks": sum(len(s["blocks"]) for s in segments),
+        "paused_segments": len(paused),
+        "paused_bytes": sum(int(s["total_size"]) for s in paused),
+        "paused_allocated_bytes": sum(int(b["size"]) for s in paused for b in s["blocks"]
+                                      if b["state"] == "active_allocated"),
         "trace_entries": len(snap["device_traces"][device])
         if device < len(snap.get("device_traces", [])) else 0,
         "pools": pools,
@@ -241,6 +248,10 @@ def format_summary(summary: dict, source: str) -> str:
         out += ["", f"device {d['device']}: {d['segments']} segments, {d['blocks']} blocks, "
                     f"{d['live_allocations']} live allocations, "
                     f"{d['trace_entries']} trace entries"]
+        if d.get("paused_segments"):
+            out.append(f"  paused regions: {d['paused_segments']} ranges, "
+                       f"{fmt_bytes(d['paused_bytes'])} released, "
+                       f"{fmt_bytes(d['paused_allocated_bytes'])} of live blocks (not counted below)")
         stats = d["stats"] or {}
         out.append(f"  {'Metric':<28} {'Cur Usage':>14} {'Peak Usage':>14}")
         for label, key, is_bytes in _ROWS:

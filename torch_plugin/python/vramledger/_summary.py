@@ -93,7 +93,35 @@ def format_summary(stats: Mapping[str, Any], device: int, abbreviated: bool = Fa
         values = [stats[f"{key}.{column}"] for column in _COLUMNS]
         lines.append(_row(label, values, values, _format_count))
     lines.append("=" * _WIDTH)
+    regions = _regions_of(stats)
+    if regions:  # vramledger's pausable regions, below torch's table
+        lines.append("        Region         |  Reserved  |   Mapped   | Allocated  | Backed up  ")
+        lines.append("-" * _WIDTH)
+        for name, figures in regions.items():
+            label = f"{name[:14]} {'paused' if figures.get('paused') else 'running'}"
+            values = [figures.get(f, 0) for f in _REGION_COLUMNS]
+            lines.append(_row(label, values, values, _format_size))
+        lines.append("=" * _WIDTH)
     return "|" + "|\n|".join(lines) + "|\n"
+
+
+# The region figures the summary shows, in its columns' order (memory_stats'
+# "regions.<name>.<figure>" keys).
+_REGION_COLUMNS = ("reserved_bytes", "mapped_bytes", "allocated_bytes", "backed_up_bytes")
+_REGION_FIELDS = _REGION_COLUMNS + ("paused_bytes", "host_buffer_bytes", "paused")
+
+
+def _regions_of(stats: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """{region name: {figure: value}} from the "regions.<name>.<figure>" keys of `stats`, in
+    their order (a name may hold dots: the figure is the last part)."""
+    regions: dict[str, dict[str, int]] = {}
+    for key, value in stats.items():
+        if not key.startswith("regions."):
+            continue
+        name, _, field = key[len("regions."):].rpartition(".")
+        if name and field in _REGION_FIELDS:
+            regions.setdefault(name, {})[field] = value
+    return regions
 
 
 def nest(stats: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,115 @@
+// Pausable regions of one device (docs/design/regions.md): each region's name, its pool's id in
+// the regions' id space, the private pools created inside it, the threads it is active on, and
+// what a pause released and backed up. State only: the allocator (region_pause.cc) makes the
+// driver calls and holds the lock.
+#ifndef VRAMLEDGER_CORE_REGIONS_H_
+#define VRAMLEDGER_CORE_REGIONS_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "core/block.h"
+#include "vramledger/device_allocator.h"
+#include "vramledger/types.h"
+
+namespace vramledger::core {
+
+/// The first half of every region pool's id. torch's pool ids always have one half 0 (a graph
+/// pool's {0, n}, a MemPool's {n, 0}), so {kRegionIdSpace, n} with n >= 1 never meets one.
+inline constexpr std::uint64_t kRegionIdSpace = 0x5245'4749'4f4e'0000;  // "REGION\0\0"
+
+/// Not thread-safe: the owning allocator calls it with its lock held (docs/design/locking.md).
+class Regions {
+ public:
+  /// A run of pages one physical handle covered when the pause released it: resume maps a new
+  /// handle of the same size there.
+  struct Released {
+    Segment* segment = nullptr;
+    std::size_t first_page = 0;
+    std::size_t pages = 0;
+  };
+  /// Pinned host memory (HostAllocPinned).
+  struct HostBuffer {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+    bool kept = false;  // during a pause: taken from Region::kept (where a failure returns it)
+  };
+  /// One run of live bytes copied to `buffer` at `offset`.
+  struct Backup {
+    DevicePtr address = 0;
+    std::size_t bytes = 0;
+    std::size_t buffer = 0;  // index into Region::buffers
+    std::size_t offset = 0;
+  };
+  /// The figures of the region's live blocks that leave the device's stats while it is paused
+  /// (its pages are gone), per stat pool (kSmallPool, kLargePool).
+  struct Withdrawn {
+    std::array<std::int64_t, 2> allocation{};
+    std::array<std::int64_t, 2> allocated_bytes{};
+    std::array<std::int64_t, 2> active{};
+    std::array<std::int64_t, 2> active_bytes{};
+    std::array<std::int64_t, 2> requested_bytes{};
+  };
+  struct Region {
+    std::string name;
+    MempoolId id;                  // its own pool
+    std::vector<MempoolId> pools;  // id, then the private pools created inside it
+    bool paused = false;
+    // While paused: what the pause released (and resume maps again), its bytes, the backups
+    // and the pinned buffers holding them, and the withdrawn stats.
+    std::vector<Released> released;
+    std::size_t paused_bytes = 0;
+    std::vector<HostBuffer> buffers;
+    std::vector<Backup> backups;
+    std::size_t backed_up_bytes = 0;
+    Withdrawn withdrawn;
+    // Pinned buffers a resume with keep_host_buffers kept, reused by the next pause.
+    std::vector<HostBuffer> kept;
+  };
+
+  /// The region called `name`, created (with the next id) when `create` and it does not exist;
+  /// nullptr otherwise.
+  Region* Find(std::string_view name, bool create = false);
+  /// The region pool `id` belongs to (its own or one created inside it), or nullptr.
+  Region* OfPool(MempoolId id) const {
+    const auto it = by_pool_.find(id);
+    return it == by_pool_.end() ? nullptr : it->second;
+  }
+  /// Records private pool `id` as created inside `region`.
+  void AddPool(Region* region, MempoolId id);
+  /// Every region, in creation order.
+  const std::vector<std::unique_ptr<Region>>& all() const { return regions_; }
+
+  /// The calling thread enters / leaves `region` (BeginRegion / EndRegion); they nest.
+  void Enter(Region* region);
+  /// NotFound when the calling thread is not inside region `name`.
+  absl::Status Leave(std::string_view name);
+  /// The calling thread's innermost region, or nullptr.
+  Region* Current() const;
+
+  /// Each region's pools name it back; a running region holds no released pages or backups; a
+  /// paused one's backups lie inside its buffers and its released runs inside its segments.
+  absl::Status CheckInvariants() const;
+
+ private:
+  std::vector<std::unique_ptr<Region>> regions_;
+  absl::flat_hash_map<MempoolId, Region*> by_pool_;
+  struct Entry {
+    Region* region;
+    std::thread::id owner;
+  };
+  std::vector<Entry> entered_;  // in order of entry
+  std::uint64_t next_id_ = 1;
+};
+
+}  // namespace vramledger::core
+
+#endif  // VRAMLEDGER_CORE_REGIONS_H_
