@@ -71,7 +71,8 @@
 # AB_STEPS (10), INPROCESS_WORKLOADS (gpt2m,llama1b,llama1b-ckpt), INPROCESS_GROUPS (30),
 # INPROCESS_LENGTHS (repeat, steady or fresh), INPROCESS_SHIM (1: also under the shim),
 # INPROCESS_MODE (pluggable or native), HOSTCOST_TRACES (gpt2m llama1b llama1b-ckpt),
-# HOSTCOST_SHIM (1: also under the shim), GPU_TEST (the C++ GPU test binary, cuda_backend_test),
+# HOSTCOST_SHIM (1: also under the shim), PYTEST_ARGS (pytest's files, tests/gpu),
+# GPU_TEST (the C++ GPU test binary, cuda_backend_test),
 # CAPACITY_WORKLOADS (gpt2m,llama1b,llama1b-ckpt,llama1b-lora), CAPACITY_CAPS (24,80),
 # CAPACITY_ALLOCATORS (torch,torch-expandable,vramledger), CAPACITY_DIMS (batch,seq),
 # CAPACITY_BUDGET_S (500), CAPACITY_RESUME (results files; default .devbuild/capacity-results.json).
@@ -362,7 +363,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       regions_core) item regions_core check 60 env LD_LIBRARY_PATH="$LIBDIR:$TORCH_LIB" \
                       timeout 60 "$LIBDIR/$GPU_TEST" --gtest_filter='CudaRegionsTest.*' ;;
       pytest) item pytest check 90 timeout "$(bound)" "$PY" -m pytest -q -p no:cacheprovider \
-                tests/gpu ;;
+                ${PYTEST_ARGS:-tests/gpu} ;;
       train) item train check 200 timeout "$(bound)" "$PY" benchmarks/gpu/checks/train_compare.py \
                --out "$RUN/train" ;;
       integration) item integration check 120 timeout "$(bound)" "$PY" \
