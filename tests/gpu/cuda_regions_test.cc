@@ -47,7 +47,9 @@ class CudaRegionsTest : public ::testing::Test {
     alloc_ = std::make_unique<DeviceAllocator>(*options, backend_.get());
   }
   void TearDown() override {
-    if (alloc_ != nullptr) EXPECT_TRUE(alloc_->CheckInvariants().ok());
+    if (alloc_ != nullptr) {
+      EXPECT_TRUE(alloc_->CheckInvariants().ok());
+    }
   }
   DevicePtr AllocIn(const char* region, std::size_t size, StreamId stream = 0) {
     EXPECT_TRUE(alloc_->BeginRegion(region, [](StreamId) { return true; }).ok());
