@@ -135,6 +135,15 @@ absl::StatusOr<int> PrivatePools::Release(MempoolId id) {
     return absl::NotFoundError(
         absl::StrCat("vramledger: release of unknown private pool ", PoolName(id)));
   }
+  // Each allocation to the pool under way (a capture, use_mem_pool) holds a use until its End:
+  // releasing that use would let the pool's memory go while blocks are still routed to it.
+  const auto entries = std::count_if(active_.begin(), active_.end(),
+                                     [&](const Active& a) { return a.id == id; });
+  if (it->second->use_count <= entries) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "vramledger: release of private pool ", PoolName(id), " while ", entries,
+        " allocation(s) to it (a capture or use_mem_pool) have not ended; end them first"));
+  }
   return --it->second->use_count;
 }
 

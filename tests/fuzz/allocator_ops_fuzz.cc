@@ -216,7 +216,7 @@ class Run {
   }
   void ReleasePool(ByteReader& in, const std::string& name) {
     model_->Allowed(name, alloc_->ReleasePool(kPools[in.Byte() % 3]),
-                    {absl::StatusCode::kNotFound});
+                    {absl::StatusCode::kNotFound, absl::StatusCode::kFailedPrecondition});
   }
   // torch.cuda.MemPool: create or add a use, route every stream to it (use_mem_pool) or stop,
   // use_on_oom, no_split.
