@@ -178,7 +178,7 @@ class Model {
           absl::StrCat(name, ": a driver call during a capture outside relaxed mode; ", Calls()));
     if (capturing_) {
       Check(ForbiddenCalls() == forbidden_before_,
-            absl::StrCat(name, ": a free, unmap, event query or synchronize during a capture; ",
+            absl::StrCat(name, ": a free, event record or query, or event wait during a capture; ",
                          Calls()));
     }
   }
@@ -216,11 +216,12 @@ class Model {
   }
   std::int64_t ForbiddenCalls() const {
     std::int64_t n = 0;
-    // Not cuMemRelease: a handle that was never mapped (a growth undone) holds nothing a graph
-    // could use.
-    for (DriverCall c : {DriverCall::kFree, DriverCall::kMemUnmap,
-                         DriverCall::kEventQuery, DriverCall::kEventSynchronize,
-                         DriverCall::kStreamSynchronize, DriverCall::kAddressFree}) {
+    // What a capture forbids (device_allocator.h, BeginAllocateToPool): an event recorded or
+    // queried, a cudaFree, a synchronize on an event, a reservation returned. Page moves of the
+    // device's own expandable pools may unmap and wait for their source stream (relaxed mode;
+    // page-recycling.md), and a handle that was never mapped may be released.
+    for (DriverCall c : {DriverCall::kFree, DriverCall::kEventRecord, DriverCall::kEventQuery,
+                         DriverCall::kEventSynchronize, DriverCall::kAddressFree}) {
       n += sim_->calls().count(c);
     }
     return n;
