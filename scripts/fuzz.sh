@@ -28,7 +28,7 @@ if [ -z "$COVERAGE" ] && [ "$SECONDS_PER_TARGET" -ge 120 ]; then COVERAGE=1; fi
 # Inputs larger than these add time per run and no new paths.
 max_len() {
   case "$1" in
-    allocator_ops_fuzz) echo 384 ;;
+    allocator_ops_fuzz) echo 256 ;;
     options_fuzz) echo 256 ;;
     plan_fuzz) echo 1024 ;;
     *) echo 4096 ;;

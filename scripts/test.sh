@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command two: installs everything (scripts/setup.sh), builds the C++ tree with its tests,
-# runs every test (CTest: unit + gpu labels; pytest: tests/python + tests/gpu). Without a GPU the
+# runs every test (CTest: unit + gpu labels; the fuzz targets for a bounded time, scripts/fuzz.sh;
+# pytest: tests/python + tests/gpu). Without a GPU the
 # GPU tests are reported as skipped, never as passed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,5 +10,7 @@ cd "$ROOT"
 ./scripts/build.sh
 echo "== C++ tests (CTest)"
 (cd build-ci && ctest --output-on-failure -j"$(nproc)")
+echo "== Fuzz targets (libFuzzer, 25 s each from their seed corpora)"
+./scripts/fuzz.sh
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -rs tests/python tests/gpu

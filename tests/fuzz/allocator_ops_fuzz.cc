@@ -53,7 +53,7 @@ std::string ConfFrom(ByteReader& in) {
 }
 
 std::size_t CapacityFrom(std::uint8_t byte) {
-  static constexpr std::size_t kCapacities[] = {256 * kMiB, 1 * kGiB, 4 * kGiB, 80 * kGiB};
+  static constexpr std::size_t kCapacities[] = {256 * kMiB, 1 * kGiB, 4 * kGiB, 16 * kGiB};
   return kCapacities[byte & 3];
 }
 
