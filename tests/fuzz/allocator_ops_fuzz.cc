@@ -209,10 +209,14 @@ class Run {
   void EndCapture(ByteReader& in, const std::string& name) {
     const int c = in.Byte() & 1;
     if (!capture_pool_[c].has_value()) return;
+    const MempoolId pool = *capture_pool_[c];
     sim_->SetCapturing(kCaptureStreams[c], false);
-    model_->Allowed(name, alloc_->EndAllocateToPool(*capture_pool_[c]), {});
     capture_pool_[c].reset();
     --capturing_;
+    // The capture has ended before its pool's end: what that end does (deferred frees) is
+    // checked against the captures still under way.
+    model_->BeginOp(capturing_ > 0);
+    model_->Allowed(name, alloc_->EndAllocateToPool(pool), {});
   }
   void ReleasePool(ByteReader& in, const std::string& name) {
     model_->Allowed(name, alloc_->ReleasePool(kPools[in.Byte() % 3]),
