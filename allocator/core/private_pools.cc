@@ -102,9 +102,21 @@ absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter) {
 absl::Status PrivatePools::End(MempoolId id) {
   const std::thread::id self = std::this_thread::get_id();
   // The calling thread's own entry first (the innermost when nested), so one thread's end never
-  // removes another thread's filter; then any entry of the pool, as torch does.
-  auto mine = std::find_if(active_.rbegin(), active_.rend(),
-                           [&](const Active& a) { return a.id == id && a.owner == self; });
+  // removes another thread's filter; then any entry of the pool, as torch does. Among its own,
+  // one that served streams none of which captures any more: torch ends a stream's capture
+  // before the pool's, so with two captures into one pool the entry of the one still capturing
+  // stays (an entry that served nothing cannot tell, and is taken innermost first after these).
+  auto ended = [&](const Active& a) {
+    return !a.streams.empty() && std::none_of(a.streams.begin(), a.streams.end(),
+                        [&](StreamId s) { return backend_->IsCapturing(s); });
+  };
+  auto mine = std::find_if(active_.rbegin(), active_.rend(), [&](const Active& a) {
+    return a.id == id && a.owner == self && ended(a);
+  });
+  if (mine == active_.rend()) {
+    mine = std::find_if(active_.rbegin(), active_.rend(),
+                        [&](const Active& a) { return a.id == id && a.owner == self; });
+  }
   if (mine != active_.rend()) {
     active_.erase(std::next(mine).base());
     return absl::OkStatus();

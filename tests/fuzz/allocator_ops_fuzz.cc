@@ -203,6 +203,7 @@ class Run {
     model_->Allowed(name, s, {absl::StatusCode::kInvalidArgument});
     if (!s.ok()) return;
     sim_->SetCapturing(stream, true);
+    if (Tracing()) std::fprintf(stderr, "  capture on 0x%lx into pool %lu\n", stream, pool.first);
     capture_pool_[c] = pool;
     ++capturing_;
   }
@@ -210,6 +211,7 @@ class Run {
     const int c = in.Byte() & 1;
     if (!capture_pool_[c].has_value()) return;
     const MempoolId pool = *capture_pool_[c];
+    if (Tracing()) std::fprintf(stderr, "  end capture on 0x%lx\n", kCaptureStreams[c]);
     sim_->SetCapturing(kCaptureStreams[c], false);
     capture_pool_[c].reset();
     --capturing_;
