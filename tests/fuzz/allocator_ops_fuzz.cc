@@ -62,23 +62,36 @@ std::size_t CapacityFrom(std::uint8_t byte) {
 std::size_t SizeFrom(ByteReader& in, std::size_t capacity) {
   const std::uint8_t kind = in.Byte();
   switch (kind % 16) {
-    case 0: return 0;
-    case 1: return 1 + kind / 16;
-    case 2: return 511 + kind / 16 % 3;
-    case 3: return kMiB - 1 + kind / 16 % 3;
-    case 4: return 2 * kMiB + (kind / 16) * kMiB;
-    case 5: return 10 * kMiB + kind / 16 % 3 - 1;
-    case 6: return capacity + 1;
-    case 7: return kind & 16 ? std::numeric_limits<std::size_t>::max()
-                             : std::numeric_limits<std::size_t>::max() / 2 + 1;
-    case 8: return std::numeric_limits<std::size_t>::max() - 511 + kind / 16;
-    case 9: return capacity / 2 + kind;
+    case 0:
+      return 0;
+    case 1:
+      return 1 + kind / 16;
+    case 2:
+      return 511 + kind / 16 % 3;
+    case 3:
+      return kMiB - 1 + kind / 16 % 3;
+    case 4:
+      return 2 * kMiB + (kind / 16) * kMiB;
+    case 5:
+      return 10 * kMiB + kind / 16 % 3 - 1;
+    case 6:
+      return capacity + 1;
+    case 7:
+      return kind & 16 ? std::numeric_limits<std::size_t>::max()
+                       : std::numeric_limits<std::size_t>::max() / 2 + 1;
+    case 8:
+      return std::numeric_limits<std::size_t>::max() - 511 + kind / 16;
+    case 9:
+      return capacity / 2 + kind;
     case 10:
     case 11:
-    case 12: return 1 + in.U16();                                     // small pool
+    case 12:
+      return 1 + in.U16();  // small pool
     case 13:
-    case 14: return kMiB + static_cast<std::size_t>(in.U16()) * 1024;  // large pool, to 65 MiB
-    default: return static_cast<std::size_t>(in.U16() % 512 + 1) * kMiB;
+    case 14:
+      return kMiB + static_cast<std::size_t>(in.U16()) * 1024;  // large pool, to 65 MiB
+    default:
+      return static_cast<std::size_t>(in.U16() % 512 + 1) * kMiB;
   }
 }
 
@@ -106,23 +119,64 @@ class Run {
     model_->BeginOp(capturing_ > 0);
     if (Tracing()) std::fprintf(stderr, "%s\n", name.c_str());
     switch (op % 24) {
-      case 0: case 1: case 2: case 3: case 4: case 5: Malloc(in, name); break;
-      case 6: case 7: case 8: FreeLive(in, name); break;
-      case 9: FreeUnknown(in, name); break;
-      case 10: RecordStream(in, name); break;
-      case 11: Complete(in); break;
-      case 12: model_->Allowed(name, alloc_->EmptyCache(), {}); break;
-      case 13: BeginCapture(in, name); break;
-      case 14: EndCapture(in, name); break;
-      case 15: ReleasePool(in, name); break;
-      case 16: MemPool(in, name); break;
-      case 17: model_->Allowed(name, alloc_->EmptyCache(kPools[in.Byte() % 3]), {}); break;
-      case 18: Inject(in); break;
-      case 19: Fraction(in, name); break;
-      case 20: Checkpoint(in, name); break;
-      case 21: Restore(in, name); break;
-      case 22: Share(in, name); break;
-      default: alloc_->ResetPeakStats(); break;
+      case 0:
+      case 1:
+      case 2:
+      case 3:
+      case 4:
+      case 5:
+        Malloc(in, name);
+        break;
+      case 6:
+      case 7:
+      case 8:
+        FreeLive(in, name);
+        break;
+      case 9:
+        FreeUnknown(in, name);
+        break;
+      case 10:
+        RecordStream(in, name);
+        break;
+      case 11:
+        Complete(in);
+        break;
+      case 12:
+        model_->Allowed(name, alloc_->EmptyCache(), {});
+        break;
+      case 13:
+        BeginCapture(in, name);
+        break;
+      case 14:
+        EndCapture(in, name);
+        break;
+      case 15:
+        ReleasePool(in, name);
+        break;
+      case 16:
+        MemPool(in, name);
+        break;
+      case 17:
+        model_->Allowed(name, alloc_->EmptyCache(kPools[in.Byte() % 3]), {});
+        break;
+      case 18:
+        Inject(in);
+        break;
+      case 19:
+        Fraction(in, name);
+        break;
+      case 20:
+        Checkpoint(in, name);
+        break;
+      case 21:
+        Restore(in, name);
+        break;
+      case 22:
+        Share(in, name);
+        break;
+      default:
+        alloc_->ResetPeakStats();
+        break;
     }
     model_->CheckAll(name);
   }
@@ -176,9 +230,10 @@ class Run {
   void FreeUnknown(ByteReader& in, const std::string& name) {
     const std::uint8_t how = in.Byte();
     DevicePtr p = 0;
-    if (how % 3 == 0) p = model_->LastFreed();                    // a double free
-    if (how % 3 == 1) p = 0x7f0000000000 + in.U32() * 512ull;      // inside the sim's range
-    if (how % 3 == 2) if (auto q = model_->Pick(in.U16())) p = *q + 512 * (1 + how / 3);  // inside
+    if (how % 3 == 0) p = model_->LastFreed();                 // a double free
+    if (how % 3 == 1) p = 0x7f0000000000 + in.U32() * 512ull;  // inside the sim's range
+    if (how % 3 == 2)
+      if (auto q = model_->Pick(in.U16())) p = *q + 512 * (1 + how / 3);  // inside
     model_->FreeUnknown(name, p);
   }
   void RecordStream(ByteReader& in, const std::string& name) {
@@ -188,8 +243,10 @@ class Run {
   }
   void Complete(ByteReader& in) {
     const std::uint8_t how = in.Byte();
-    if (how % 4 == 0) sim_->CompleteAllEvents();
-    else sim_->CompleteStream(how & 128 ? kCaptureStreams[how & 1] : kStreams[(how >> 2) & 3]);
+    if (how % 4 == 0)
+      sim_->CompleteAllEvents();
+    else
+      sim_->CompleteStream(how & 128 ? kCaptureStreams[how & 1] : kStreams[(how >> 2) & 3]);
   }
   void BeginCapture(ByteReader& in, const std::string& name) {
     const std::uint8_t b = in.Byte();
@@ -259,8 +316,8 @@ class Run {
                    absl::InternalError("injected driver error"));
   }
   void Fraction(ByteReader& in, const std::string& name) {
-    static constexpr double kFractions[] = {0.0, 0.05, 0.5, 1.0, 1.5, -0.1,
-                                            std::numeric_limits<double>::quiet_NaN(), 0.9};
+    static constexpr double kFractions[] = {
+        0.0, 0.05, 0.5, 1.0, 1.5, -0.1, std::numeric_limits<double>::quiet_NaN(), 0.9};
     const double f = kFractions[in.Byte() % 8];
     const absl::Status s = alloc_->SetMemoryFraction(f);
     const bool valid = f >= 0.0 && f <= 1.0;

@@ -99,8 +99,8 @@ class Model {
              absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted});
     if (!r.ok()) return;
     for (DevicePtr p : r->freed) {
-      Check(live_.count(p) != 0, absl::StrCat(name, ": restore of pool ", pool.first,
-                                              " freed ", p, ", which the caller did not own"));
+      Check(live_.count(p) != 0, absl::StrCat(name, ": restore of pool ", pool.first, " freed ", p,
+                                              ", which the caller did not own"));
       Forget(p);
     }
     for (const core::BlockCheckpoint& b : r->allocated) {
@@ -145,8 +145,8 @@ class Model {
       auto it = live_.find(address);
       Check(it != live_.end(), absl::StrCat(name, ": allocated block ", address, " not owned"));
       Check(b->requested_size == it->second.size,
-            absl::StrCat(name, ": block ", address, " requested ", b->requested_size, " != ",
-                         it->second.size));
+            absl::StrCat(name, ": block ", address, " requested ", b->requested_size,
+                         " != ", it->second.size));
       Check(b->size >= size_policy::RoundSize(it->second.size, divisions_),
             absl::StrCat(name, ": block ", address, " smaller than its rounded request"));
     }
@@ -163,9 +163,9 @@ class Model {
     const std::size_t device = sim_->mapped_bytes() - sim_->aliased_bytes();
     Check(static_cast<std::size_t>(reserved - plain) == device,
           absl::StrCat(name, ": reserved ", reserved, " - plain ", plain, " != mapped ", device));
-    Check(static_cast<std::size_t>(FragmentationOf(*alloc_).retiring_bytes) ==
-              sim_->aliased_bytes(),
-          name + ": retiring bytes != aliased mappings");
+    Check(
+        static_cast<std::size_t>(FragmentationOf(*alloc_).retiring_bytes) == sim_->aliased_bytes(),
+        name + ": retiring bytes != aliased mappings");
     for (const SegmentInfo& seg : segments) {
       if (!seg.is_expandable) continue;
       for (const BlockInfo& b : seg.blocks) {

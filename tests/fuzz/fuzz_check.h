@@ -33,11 +33,14 @@ class ByteReader {
   bool done() const { return pos_ >= size_; }
   std::uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
   std::uint16_t U16() { return static_cast<std::uint16_t>(Byte() | Byte() << 8); }
-  std::uint32_t U32() { return static_cast<std::uint32_t>(U16()) | static_cast<std::uint32_t>(U16()) << 16; }
+  std::uint32_t U32() {
+    return static_cast<std::uint32_t>(U16()) | static_cast<std::uint32_t>(U16()) << 16;
+  }
   /// The unread bytes, as text.
   std::string_view Rest() const {
-    return pos_ < size_ ? std::string_view(reinterpret_cast<const char*>(data_ + pos_), size_ - pos_)
-                        : std::string_view();
+    return pos_ < size_
+               ? std::string_view(reinterpret_cast<const char*>(data_ + pos_), size_ - pos_)
+               : std::string_view();
   }
 
  private:

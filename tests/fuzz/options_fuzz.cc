@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Check(parsed.status().code() == absl::StatusCode::kInvalidArgument,
           absl::StrCat("'", conf, "': ", parsed.status().ToString()));
     Check(!parsed.status().message().empty(), "an error without a message");
-    Check(!fuzz::IsUtf8(conf) || fuzz::IsUtf8(parsed.status().message()),
+    Check(!fuzz::IsUtf8(conf) || fuzz::IsUtf8(std::string(parsed.status().message())),
           absl::StrCat("the message for valid UTF-8 input is not UTF-8: ",
                        parsed.status().message()));
     return 0;
@@ -46,8 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       Check(p.ok() || p.status().code() == absl::StatusCode::kResourceExhausted,
             absl::StrCat("'", conf, "': malloc: ", p.status().ToString()));
       if (p.ok()) live[i] = *p;
-      Check(alloc.CheckInvariants().ok(), absl::StrCat("'", conf, "': ",
-                                                       alloc.CheckInvariants().ToString()));
+      Check(alloc.CheckInvariants().ok(),
+            absl::StrCat("'", conf, "': ", alloc.CheckInvariants().ToString()));
     }
     for (DevicePtr p : live) Check(alloc.Free(p).ok(), "free");
     Check(alloc.EmptyCache().ok(), "empty_cache");

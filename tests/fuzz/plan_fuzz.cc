@@ -24,15 +24,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Check(s.code() == absl::StatusCode::kInvalidArgument, what + ": " + s.ToString());
     Check(absl::StartsWith(s.message(), "plan.json"),
           absl::StrCat(what, ": the message does not name the file: ", s.message()));
-    Check(!fuzz::IsUtf8(text) || fuzz::IsUtf8(s.message()),
+    Check(!fuzz::IsUtf8(text) || fuzz::IsUtf8(std::string(s.message())),
           absl::StrCat(what, ": the message for valid UTF-8 input is not UTF-8: ", s.message()));
   };
   if (!plan.ok()) {
     check_error(plan.status(), "parse");
     return 0;
   }
-  for (const std::uint64_t card : {std::uint64_t{1}, 80 * kGiB, 150109880320ull,
-                                   std::uint64_t{1} << 62}) {
+  for (const std::uint64_t card :
+       {std::uint64_t{1}, 80 * kGiB, 150109880320ull, std::uint64_t{1} << 62}) {
     for (int device = 0; device < (device_count > 0 ? device_count : 2); ++device) {
       const absl::StatusOr<guard::DeviceBudget> budget = guard::ResolvePlan(*plan, device, card);
       if (!budget.ok()) {

@@ -68,12 +68,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (!events.ok()) {
     const absl::Status& s = events.status();
-    Check(s.code() == absl::StatusCode::kInvalidArgument ||
-              s.code() == absl::StatusCode::kDataLoss,
+    Check(s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kDataLoss,
           s.ToString());
-    Check(absl::StartsWith(s.message(), path), "the message does not name the file: " +
-                                                   std::string(s.message()));
-    Check(fuzz::IsUtf8(s.message()), "the message is not UTF-8: " + std::string(s.message()));
+    Check(absl::StartsWith(s.message(), path),
+          "the message does not name the file: " + std::string(s.message()));
+    Check(fuzz::IsUtf8(std::string(s.message())),
+          "the message is not UTF-8: " + std::string(s.message()));
     return 0;
   }
   if (events->size() > 4096) return 0;  // a long replay says nothing more per second
@@ -86,7 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!result.ok()) {
     Check(absl::StartsWith(result.status().message(), "fuzz.csv:"),
           "a replay error without its line: " + result.status().ToString());
-    Check(fuzz::IsUtf8(result.status().message()), "the replay's message is not UTF-8");
+    Check(fuzz::IsUtf8(std::string(result.status().message())),
+          "the replay's message is not UTF-8");
   }
   return 0;
 }

@@ -64,10 +64,9 @@ class DiskFullTest : public ::testing::Test {
   void SetUp() override {
     // Past the limit the kernel also sends SIGXFSZ, which would end the process.
     previous_ = std::signal(SIGXFSZ, SIG_IGN);
-    dir_ = fs::temp_directory_path() / absl::StrCat("vramledger-diskfull-", ::getpid(), "-",
-                                                    ::testing::UnitTest::GetInstance()
-                                                        ->current_test_info()
-                                                        ->name());
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat("vramledger-diskfull-", ::getpid(), "-",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -109,8 +108,7 @@ TEST_F(DiskFullTest, AnInterruptedWriteLeavesTheOldFileWholeAndNoTemporary) {
       });
     }
     ASSERT_FALSE(status.ok());
-    EXPECT_TRUE(absl::StrContains(status.message(), "cannot write " + path + ".tmp-"))
-        << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "cannot write " + path + ".tmp-")) << status;
     EXPECT_TRUE(absl::StrContains(status.message(), "File too large")) << status;
     EXPECT_EQ(ReadFile(path), old_content);
     EXPECT_EQ(Files(dir_), std::vector<std::string>{"out.bin"});
@@ -144,8 +142,9 @@ class DumpDiskFullTest : public DiskFullTest {
     config.capacity = 8 * kGiB;
     sim_ = std::make_unique<SimBackend>(config);
     alloc_ = std::make_unique<DeviceAllocator>(Options(), sim_.get());
-    for (int i = 0; i < 300; ++i) {  // enough blocks for a dump of more than one buffer
-      auto p = alloc_->Malloc(static_cast<std::size_t>(1 + i) * 4096, static_cast<StreamId>(i % 3));
+    for (int i = 0; i < 4000; ++i) {  // enough blocks for a dump of more than one buffer
+      auto p =
+          alloc_->Malloc(static_cast<std::size_t>(1 + i % 500) * 512, static_cast<StreamId>(i % 3));
       ASSERT_TRUE(p.ok()) << p.status();
       if (i % 2 == 0) {
         ASSERT_TRUE(alloc_->Free(*p).ok());
