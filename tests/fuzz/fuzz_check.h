@@ -14,8 +14,19 @@
 namespace vramledger::fuzz {
 
 /// Prints `what` and aborts: libFuzzer saves the input as a crash.
+/// Control bytes (a NUL among them) are written as \xNN, so the whole message shows.
 [[noreturn]] inline void Fail(const std::string& what) {
-  std::fprintf(stderr, "fuzz check failed: %s\n", what.c_str());
+  std::string shown;
+  for (const char c : what) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      shown += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
+    } else {
+      shown.push_back(c);
+    }
+  }
+  std::fprintf(stderr, "fuzz check failed: %s\n", shown.c_str());
   std::fflush(stderr);
   std::abort();
 }

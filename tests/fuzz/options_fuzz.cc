@@ -16,7 +16,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace vramledger;
   using fuzz::Check;
-  const std::string_view conf(reinterpret_cast<const char*>(data), size);
+  const std::string conf(reinterpret_cast<const char*>(data), size);
   const absl::StatusOr<Options> parsed = ParseOptions(conf);
   if (!parsed.ok()) {
     Check(parsed.status().code() == absl::StatusCode::kInvalidArgument,

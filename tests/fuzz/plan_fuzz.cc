@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   for (const std::uint64_t card :
-       {std::uint64_t{1}, 80 * kGiB, 150109880320ull, std::uint64_t{1} << 62}) {
+       {std::uint64_t{1}, 80 * kGiB, std::uint64_t{150109880320}, std::uint64_t{1} << 62}) {
     for (int device = 0; device < (device_count > 0 ? device_count : 2); ++device) {
       const absl::StatusOr<guard::DeviceBudget> budget = guard::ResolvePlan(*plan, device, card);
       if (!budget.ok()) {
