@@ -216,6 +216,13 @@ absl::StatusOr<Plan> ParsePlan(std::string_view text, std::string_view path, int
     const std::size_t offset = e.byte > 0 ? e.byte - 1 : 0;
     return absl::InvalidArgumentError(absl::StrCat(AV(path), ":", LineOfOffset(text, offset),
                                                    ": syntax error: ", SyntaxMessage(e.what())));
+  } catch (const Json::exception& e) {
+    // Not a syntax error but still the file's fault, e.g. "number overflow parsing '1e400'"
+    // (out_of_range): an uncaught one would end the process.
+    const std::string what = e.what();  // "[json.exception.out_of_range.406] number overflow..."
+    const std::size_t end = what.find("] ");
+    return absl::InvalidArgumentError(absl::StrCat(
+        AV(path), ": ", end == std::string::npos ? what : what.substr(end + 2)));
   }
   const Reporter r(path, text);
   if (absl::Status s = r.CheckNoDuplicate(); !s.ok()) return s;
