@@ -199,7 +199,19 @@ absl::Status ParseDevices(const Reporter& r, const Json& devices, int device_cou
 // keep the part after the location.
 std::string SyntaxMessage(const std::string& what) {
   const std::size_t colon = what.find(": ");
-  return colon == std::string::npos ? what : what.substr(colon + 2);
+  const std::string message = colon == std::string::npos ? what : what.substr(colon + 2);
+  // nlohmann's "last read: '...'" may end inside a multi-byte character: bytes past ASCII are
+  // written \xNN so that the message stays UTF-8 (Python decodes it).
+  std::string out;
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x80) {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    }
+  }
+  return out;
 }
 
 }  // namespace
