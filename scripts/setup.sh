@@ -6,8 +6,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
+# clang and libclang-rt-14-dev (libFuzzer, the sanitizer runtimes) build the fuzz targets
+# (scripts/fuzz.sh). Its long run also needs llvm (llvm-profdata, llvm-cov) for coverage.
 APT_PKGS=(build-essential cmake ninja-build pkg-config libabsl-dev zlib1g-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev python3-venv)
+          libgtest-dev libgmock-dev libbenchmark-dev python3-venv clang libclang-rt-14-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -24,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, pytest, numpy, matplotlib, scikit_build_core, pybind11" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, pytest, numpy, matplotlib, scikit_build_core, pybind11, hypothesis" 2>/dev/null; then
   echo "setup: pip install -r requirements.txt (torch is large; first run takes minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements.txt

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # README command two: installs everything (scripts/setup.sh), builds the C++ tree with its tests,
-# runs every test (CTest: unit + gpu labels; pytest: tests/python + tests/gpu), then the CPU tests
-# again under AddressSanitizer + UndefinedBehaviorSanitizer and the threaded ones under
-# ThreadSanitizer (scripts/sanitize.sh). Without a GPU the GPU tests are reported as skipped,
-# never as passed. VRAMLEDGER_SKIP_SANITIZERS=1 leaves the sanitizer builds out (a quick local
-# run; CI runs them).
+# runs every test (CTest: unit + gpu labels; the fuzz targets for a bounded time, scripts/fuzz.sh;
+# pytest: tests/python + tests/gpu), then the CPU tests again under AddressSanitizer +
+# UndefinedBehaviorSanitizer and the threaded ones under ThreadSanitizer (scripts/sanitize.sh).
+# Without a GPU the GPU tests are reported as skipped, never as passed.
+# VRAMLEDGER_SKIP_SANITIZERS=1 leaves the sanitizer builds out (a quick local run; CI runs them).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -12,6 +12,8 @@ cd "$ROOT"
 ./scripts/build.sh
 echo "== C++ tests (CTest)"
 (cd build-ci && ctest --output-on-failure -j"$(nproc)")
+echo "== Fuzz targets (libFuzzer, 25 s each from their seed corpora)"
+./scripts/fuzz.sh
 echo "== Python tests (pytest)"
 .venv/bin/python -m pytest -q -rs tests/python tests/gpu
 if [ "${VRAMLEDGER_SKIP_SANITIZERS:-0}" != 1 ]; then

@@ -391,7 +391,10 @@ absl::Status DeviceAllocatorImpl::SetMemoryFraction(double fraction) {
   }
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
-  if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
+  {
+    RelaxedCaptureScope relaxed(backend_);  // another thread may be capturing
+    if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
+  }
   {
     core::DeviceMutexLock lock(&mu_);
     fraction_set_ = true;

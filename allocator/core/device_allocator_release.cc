@@ -16,7 +16,9 @@ absl::Status DeviceAllocatorImpl::GarbageCollectCachedBlocks() {
   // torch's garbage_collect_cached_blocks (CUDACachingAllocator.cpp): above threshold x the
   // memory-fraction cap of reserved bytes, return whole cached segments of the large pool,
   // the oldest first (unused for more free-block lookups than the average of the candidates),
-  // until reserved is back under the threshold or nothing more can go.
+  // until reserved is back under the threshold or nothing more can go. Not during a capture:
+  // no cudaFree then (the out-of-memory path's releases skip it too).
+  if (CaptureUnderway()) return absl::OkStatus();
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
   const auto threshold = static_cast<std::size_t>(options_.garbage_collection_threshold *
                                                   static_cast<double>(allowed_bytes_));

@@ -124,15 +124,20 @@ Block* DeviceAllocatorImpl::PlaceOnMappedPages(Block* block, std::size_t size, D
 absl::Status DeviceAllocatorImpl::CreateExpandableSegment(BlockPool* pool, StreamId stream) {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
-  if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
-  page_table_.set_device_total(total_bytes);
-  const std::size_t page = pool->page_size;
-  const std::size_t pages = page_table_.RangeBytes(page) / page;
   DevicePtr va = 0;
   {
+    // Another stream may be capturing (an eager allocation beside a capture): in global capture
+    // mode the driver refuses, or invalidates that capture over, any call outside relaxed mode.
     RelaxedCaptureScope relaxed(backend_);
-    if (absl::Status s = backend_->ReserveAddress(pages * page, &va); !s.ok()) return s;
+    if (absl::Status s = backend_->MemGetInfo(&free_bytes, &total_bytes); !s.ok()) return s;
+    page_table_.set_device_total(total_bytes);
+    const std::size_t pages = page_table_.RangeBytes(pool->page_size) / pool->page_size;
+    if (absl::Status s = backend_->ReserveAddress(pages * pool->page_size, &va); !s.ok()) {
+      return s;
+    }
   }
+  const std::size_t page = pool->page_size;
+  const std::size_t pages = page_table_.RangeBytes(page) / page;
   Segment* segment = page_table_.AddSegment(va, pages, page, stream, pool);
   Block* block = NewBlock();
   block->ptr = va;

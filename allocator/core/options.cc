@@ -45,19 +45,27 @@ absl::Status ApplyOne(string_view key, string_view value, Options* o) {
                                                  "; accepted keys: ", absl::StrJoin(names, ", ")));
 }
 
-// Splits on commas that are not inside [...].
-std::vector<std::string> SplitTopLevel(string_view conf) {
+// Splits on commas that are not inside [...]. A ']' without its '[' or a '[' left open is an
+// error: either would make the commas after it part of one value, hiding the keys there.
+absl::StatusOr<std::vector<std::string>> SplitTopLevel(string_view conf) {
   std::vector<std::string> items(1);
   int depth = 0;
   for (char c : conf) {
     if (absl::ascii_isspace(static_cast<unsigned char>(c))) continue;
     if (c == '[') ++depth;
-    if (c == ']') --depth;
+    if (c == ']' && --depth < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unbalanced brackets in '", conf, "': a ']' without its '['"));
+    }
     if (c == ',' && depth == 0) {
       items.emplace_back();
     } else {
       items.back().push_back(c);
     }
+  }
+  if (depth > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unbalanced brackets in '", conf, "': a '[' without its ']'"));
   }
   return items;
 }
@@ -145,7 +153,9 @@ std::string OptionsMarkdown() {
 absl::StatusOr<Options> ParseOptions(std::string_view std_conf, const Options& base) {
   const string_view conf(std_conf.data(), std_conf.size());
   Options out = base;
-  for (const std::string& item : SplitTopLevel(conf)) {
+  absl::StatusOr<std::vector<std::string>> items = SplitTopLevel(conf);
+  if (!items.ok()) return items.status();
+  for (const std::string& item : *items) {
     if (item.empty()) continue;
     const std::size_t colon = item.find(':');
     if (colon == std::string::npos || colon == 0) {

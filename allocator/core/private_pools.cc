@@ -117,9 +117,21 @@ absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter, bool fallbac
 absl::Status PrivatePools::End(MempoolId id) {
   const std::thread::id self = std::this_thread::get_id();
   // The calling thread's own entry first (the innermost when nested), so one thread's end never
-  // removes another thread's filter; then any entry of the pool, as torch does.
-  auto mine = std::find_if(active_.rbegin(), active_.rend(),
-                           [&](const Active& a) { return a.id == id && a.owner == self; });
+  // removes another thread's filter; then any entry of the pool, as torch does. Among its own,
+  // one that served streams none of which captures any more: torch ends a stream's capture
+  // before the pool's, so with two captures into one pool the entry of the one still capturing
+  // stays (an entry that served nothing cannot tell, and is taken innermost first after these).
+  auto ended = [&](const Active& a) {
+    return !a.streams.empty() && std::none_of(a.streams.begin(), a.streams.end(),
+                        [&](StreamId s) { return backend_->IsCapturing(s); });
+  };
+  auto mine = std::find_if(active_.rbegin(), active_.rend(), [&](const Active& a) {
+    return a.id == id && a.owner == self && ended(a);
+  });
+  if (mine == active_.rend()) {
+    mine = std::find_if(active_.rbegin(), active_.rend(),
+                        [&](const Active& a) { return a.id == id && a.owner == self; });
+  }
   if (mine != active_.rend()) {
     active_.erase(std::next(mine).base());
     return absl::OkStatus();
@@ -149,6 +161,15 @@ absl::StatusOr<int> PrivatePools::Release(MempoolId id) {
   if (it == pools_.end() || it->second->use_count <= 0) {
     return absl::NotFoundError(
         absl::StrCat("vramledger: release of unknown private pool ", PoolName(id)));
+  }
+  // Each allocation to the pool under way (a capture, use_mem_pool) holds a use until its End:
+  // releasing that use would let the pool's memory go while blocks are still routed to it.
+  const auto entries = std::count_if(active_.begin(), active_.end(),
+                                     [&](const Active& a) { return a.id == id; });
+  if (it->second->use_count <= entries) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "vramledger: release of private pool ", PoolName(id), " while ", entries,
+        " allocation(s) to it (a capture or use_mem_pool) have not ended; end them first"));
   }
   return --it->second->use_count;
 }

@@ -199,7 +199,19 @@ absl::Status ParseDevices(const Reporter& r, const Json& devices, int device_cou
 // keep the part after the location.
 std::string SyntaxMessage(const std::string& what) {
   const std::size_t colon = what.find(": ");
-  return colon == std::string::npos ? what : what.substr(colon + 2);
+  const std::string message = colon == std::string::npos ? what : what.substr(colon + 2);
+  // nlohmann's "last read: '...'" may end inside a multi-byte character: bytes past ASCII are
+  // written \xNN so that the message stays UTF-8 (Python decodes it).
+  std::string out;
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x80) {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -216,6 +228,13 @@ absl::StatusOr<Plan> ParsePlan(std::string_view text, std::string_view path, int
     const std::size_t offset = e.byte > 0 ? e.byte - 1 : 0;
     return absl::InvalidArgumentError(absl::StrCat(AV(path), ":", LineOfOffset(text, offset),
                                                    ": syntax error: ", SyntaxMessage(e.what())));
+  } catch (const Json::exception& e) {
+    // Not a syntax error but still the file's fault, e.g. "number overflow parsing '1e400'"
+    // (out_of_range): an uncaught one would end the process.
+    const std::string what = e.what();  // "[json.exception.out_of_range.406] number overflow..."
+    const std::size_t end = what.find("] ");
+    return absl::InvalidArgumentError(absl::StrCat(
+        AV(path), ": ", end == std::string::npos ? what : what.substr(end + 2)));
   }
   const Reporter r(path, text);
   if (absl::Status s = r.CheckNoDuplicate(); !s.ok()) return s;

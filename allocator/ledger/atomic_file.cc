@@ -79,8 +79,12 @@ absl::Status WriteFileAtomically(const std::string& path,
     std::ostream out(&buf);
     status = write(out);
     out.flush();
-    if (status.ok() && (buf.error() != 0 || !out.good())) {
-      status = SystemError("write", temp, buf.error() != 0 ? buf.error() : EIO);
+    if (buf.error() != 0) {
+      // The system's error (a full disk) is the cause of a writer's stream failure: name it and
+      // the file rather than the writer's own "writing ... failed".
+      status = SystemError("write", temp, buf.error());
+    } else if (status.ok() && !out.good()) {
+      status = SystemError("write", temp, EIO);
     }
   }
   if (status.ok() && ::fsync(fd) != 0) status = SystemError("sync", temp, errno);

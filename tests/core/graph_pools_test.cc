@@ -331,5 +331,20 @@ TEST_F(GraphPoolsTest, SnapshotNamesThePrivatePoolOfItsSegments) {
   for (const SegmentInfo& s : SegmentsOf(*alloc_)) EXPECT_EQ(s.pool_id, (MempoolId{0, 0}));
 }
 
+// The use a capture holds is given back by a release after its end only: a release before it is
+// refused, and the pool stays as it was.
+TEST_F(GraphPoolsTest, AReleaseBeforeItsCaptureEndedIsRefused) {
+  BeginCapture(kPool);
+  const DevicePtr p = Alloc(4 * kMiB, kCapture);
+  const absl::Status refused = alloc_->ReleasePool(kPool);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("have not ended; end them first"), std::string::npos);
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 1);
+  EndCapture(kPool);
+  Free(p);
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  EXPECT_EQ(alloc_->PoolUseCount(kPool), 0);
+}
+
 }  // namespace
 }  // namespace vramledger

@@ -183,7 +183,11 @@ class LineParser {
     std::string diff;
     if (!missing.empty()) absl::StrAppend(&diff, "; missing ", absl::StrJoin(missing, ", "));
     if (!unexpected.empty()) {
-      absl::StrAppend(&diff, "; unexpected ", absl::StrJoin(unexpected, ", "));
+      // Quoted: a column name may hold any byte, and the message must stay UTF-8.
+      absl::StrAppend(&diff, "; unexpected ",
+                      absl::StrJoin(unexpected, ", ", [](std::string* out, absl::string_view n) {
+                        out->append(Quote(n));
+                      }));
     }
     return diff.empty() ? "; columns out of order" : diff;
   }

@@ -272,7 +272,8 @@ class DeviceAllocator {
   absl::Status EndAllocateToPool(MempoolId pool);
   /// Drops one use of `pool` (torch's graph reset). At zero uses its memory returns to the
   /// driver once its blocks are free: whole free segments at once, the rest at the next
-  /// EmptyCache or out-of-memory retry. NotFound for an unknown pool.
+  /// EmptyCache or out-of-memory retry. NotFound for an unknown pool; FailedPrecondition for the
+  /// use an allocation to the pool still under way holds (BeginAllocateToPool without its End).
   absl::Status ReleasePool(MempoolId pool);
   /// Use count of `pool`, 0 if it does not exist (any more).
   int PoolUseCount(MempoolId pool) const;
