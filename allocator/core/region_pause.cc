@@ -20,6 +20,10 @@ using core::OldMapping;
 using core::Segment;
 using HostBuffer = core::Regions::HostBuffer;
 
+namespace {
+constexpr std::size_t kPinnedRounding = std::size_t{2} << 20;
+}  // namespace
+
 absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseRegion(std::string_view name,
                                                                    RegionBackup backup) {
   absl::StatusOr<RegionPauseResult> result;
@@ -166,15 +170,21 @@ absl::Status DeviceAllocatorImpl::BackUpRegion(Region* region,
     for (const auto& run : live) bytes += run.second;
     if (bytes == 0) continue;
     HostBuffer buffer;
-    // A buffer kept by an earlier resume (keep_host_buffers) serves if it is large enough.
-    auto kept =
-        absl::c_find_if(region->kept, [&](const HostBuffer& h) { return h.bytes >= bytes; });
+    // A buffer kept by an earlier resume (keep_host_buffers) serves if it is large enough: the
+    // smallest such, so a small segment's backup does not take the buffer a larger one needs
+    // (pinning new host memory costs far more than the copy).
+    auto kept = region->kept.end();
+    for (auto h = region->kept.begin(); h != region->kept.end(); ++h) {
+      if (h->bytes >= bytes && (kept == region->kept.end() || h->bytes < kept->bytes)) kept = h;
+    }
     if (kept != region->kept.end()) {
       buffer = *kept;
       buffer.kept = true;  // back to kept if the pause fails
       region->kept.erase(kept);
     } else {
-      absl::StatusOr<void*> data = backend_->HostAllocPinned(bytes);
+      // Rounded up to 2 MiB, so a later pause whose live bytes grew a little reuses it.
+      const std::size_t pinned = (bytes + kPinnedRounding - 1) / kPinnedRounding * kPinnedRounding;
+      absl::StatusOr<void*> data = backend_->HostAllocPinned(pinned);
       if (!data.ok()) {
         status = absl::Status(data.status().code(),
                               absl::StrCat("vramledger: pause of region '", region->name,
@@ -182,7 +192,7 @@ absl::Status DeviceAllocatorImpl::BackUpRegion(Region* region,
                                            FormatSize(bytes), "): ", data.status().message()));
         break;
       }
-      buffer = {*data, bytes};
+      buffer = {*data, pinned};
     }
     buffers.push_back(buffer);
     std::size_t offset = 0;
