@@ -5,6 +5,8 @@
 // so that neither library's exports interpose the other's (exports.map). Never throw.
 #include <cstdlib>
 
+#include "absl/status/status.h"
+
 #include "torch_plugin/preload/preload_state.h"
 #include "torch_plugin/runtime/c_errors.h"
 #include "torch_plugin/runtime/region_api.h"
@@ -31,8 +33,10 @@ template <typename Call>
 int Forward(Call call) {
   const RegionCalls* calls = Serving();
   if (calls == nullptr) {
-    LastError() = "vramledger: the LD_PRELOAD shim is disabled in this process (preload_disable)";
-    return VRAMLEDGER_FAILED;
+    return CatchAll([] {
+      return absl::FailedPreconditionError(
+          "vramledger: the LD_PRELOAD shim is disabled in this process (preload_disable)");
+    });
   }
   InsideScope inside;
   return call(*calls);

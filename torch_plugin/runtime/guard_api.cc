@@ -251,6 +251,8 @@ absl::Status WithRegionLines(int device, const absl::Status& status) {
     absl::StrAppend(&text, "\nvramledger regions on device ", device, ":");
     for (const std::string& line : lines) absl::StrAppend(&text, "\n  ", line);
     return absl::ResourceExhaustedError(text);
+  } catch (const abi::__forced_unwind&) {
+    throw;  // a thread's exit or cancellation unwinds on (c_errors.h)
   } catch (...) {
     return status;  // a failed report must not hide the refusal
   }

@@ -57,7 +57,7 @@ absl::Status Named(const absl::Status& status, const char* name) {
 // CatchAll for the region calls: a ResourceExhausted status is VRAMLEDGER_OUT_OF_MEMORY, so
 // Python raises torch.OutOfMemoryError for a resume the card or the plan cannot hold.
 template <typename Fn>
-int Report(const char* name, Fn fn) noexcept {
+int Report(const char* name, Fn fn) {  // not noexcept: a forced unwind passes (c_errors.h)
   absl::Status failure;
   const int rc = CatchAll([&]() -> absl::Status {
     failure = fn();
