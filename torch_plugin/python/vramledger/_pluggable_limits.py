@@ -103,26 +103,27 @@ def _owner(torch: Any, path: str) -> Any:
     return owner
 
 
+def _replace(torch: Any, path: str, name: str,
+             make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Replaces torch.<path>.<name> by make(original) once; False when this torch lacks it."""
+    owner = _owner(torch, path)
+    original = getattr(owner, name, None) if owner is not None else None
+    if original is None:
+        return False
+    if not getattr(original, "__vramledger_wrapped__", False):
+        _originals[(path, name)] = original
+        setattr(owner, name, make(original))
+    return True
+
+
 def install(torch: Any) -> list[str]:
     """Wraps every entry point of _ENTRY_POINTS and _GROUP_MAKERS that this torch has; returns
     their names."""
     wrapped = []
     for path, name, what in _ENTRY_POINTS:
-        owner = _owner(torch, path)
-        original = getattr(owner, name, None) if owner is not None else None
-        if original is None:
-            continue
-        if not getattr(original, "__vramledger_wrapped__", False):
-            _originals[(path, name)] = original
-            setattr(owner, name, wrap(original, what))
-        wrapped.append(f"torch.{path}.{name}")
+        if _replace(torch, path, name, lambda f, what=what: wrap(f, what)):
+            wrapped.append(f"torch.{path}.{name}")
     for path, name, position in _GROUP_MAKERS:
-        owner = _owner(torch, path)
-        original = getattr(owner, name, None) if owner is not None else None
-        if original is None:
-            continue
-        if not getattr(original, "__vramledger_wrapped__", False):
-            _originals[(path, name)] = original
-            setattr(owner, name, refuse_register_hook(original, position))
-        wrapped.append(f"torch.{path}.{name}")
+        if _replace(torch, path, name, lambda f, p=position: refuse_register_hook(f, p)):
+            wrapped.append(f"torch.{path}.{name}")
     return wrapped
