@@ -117,9 +117,14 @@ def test_round_trip_reports_bytes_and_no_ops_say_so():
     assert before["allocated_bytes"] == 20 * MiB
     reserved = before["mapped_bytes"]  # the physical bytes it holds: what a pause releases
     assert reserved >= 20 * MiB and before["reserved_bytes"] >= reserved
-    assert out["paused"] == {"released_bytes": reserved, "backed_up_bytes": 20 * MiB,
-                             "already_paused": False}
-    assert out["again"] == {"released_bytes": 0, "backed_up_bytes": 0, "already_paused": True}
+    paused = out["paused"]
+    assert {k: paused[k] for k in ("released_bytes", "backed_up_bytes", "already_paused")} == {
+        "released_bytes": reserved, "backed_up_bytes": 20 * MiB, "already_paused": False}
+    assert paused["handles"] == 1  # the block's whole pages share one handle in a region
+    assert all(paused[k] >= 0 for k in ("wait_seconds", "copy_seconds", "driver_seconds"))
+    assert out["again"] == {"released_bytes": 0, "backed_up_bytes": 0, "already_paused": True,
+                            "handles": 0, "wait_seconds": 0, "copy_seconds": 0,
+                            "driver_seconds": 0}
     assert during["paused"] and during["mapped_bytes"] == 0
     assert during["paused_bytes"] == reserved and during["backed_up_bytes"] == 20 * MiB
     stats = out["stats"]
@@ -128,8 +133,11 @@ def test_round_trip_reports_bytes_and_no_ops_say_so():
     assert stats["regions.train.reserved_bytes"] == before["reserved_bytes"]
     assert stats["regions.train.backed_up_bytes"] == 20 * MiB
     assert "| train paused " in out["summary"]
-    assert out["resumed"] == {"mapped_bytes": reserved, "restored_bytes": 20 * MiB,
-                              "already_running": False}
+    resumed = out["resumed"]
+    assert {k: resumed[k] for k in ("mapped_bytes", "restored_bytes", "already_running")} == {
+        "mapped_bytes": reserved, "restored_bytes": 20 * MiB, "already_running": False}
+    assert resumed["handles"] == 1
+    assert resumed["driver_seconds"] >= 0 and resumed["copy_seconds"] >= 0
     assert out["noop"]["already_running"] is True
     assert not after["paused"] and after["mapped_bytes"] == reserved
     assert after["host_buffer_bytes"] == 0
@@ -164,6 +172,51 @@ def test_region_scope_is_per_thread_nests_and_works_as_a_decorator():
     """)
     assert out["allocated"] == (4 + 2 + 2) * MiB  # not the other thread's, not outside
     assert out["modes"] == [True, False, False, False, True]
+
+
+@needs_plugin
+def test_one_region_object_entered_on_many_threads_keeps_each_threads_entries():
+    (out,) = run("""
+        scope = vramledger.region("r")  # one object, as a decorator shares it
+        barrier = threading.Barrier(4)
+        errors, modes, ptrs = [], [], []
+        lock = threading.Lock()
+
+        def worker(i):
+            try:
+                # torch's flag is per thread: half the threads start with it off, so a thread
+                # that restored another's saved flag would show.
+                torch._C._set_multithreading_enabled(i % 2 == 0)
+                for _ in range(20):
+                    before = torch._C._is_multithreading_enabled()
+                    with scope:
+                        barrier.wait()  # every thread inside at once
+                        p = alloc(2 * MiB)
+                        inside = torch._C._is_multithreading_enabled()
+                        barrier.wait()
+                    after = torch._C._is_multithreading_enabled()
+                    with lock:
+                        modes.append([i % 2 == 0, before, inside, after])
+                        ptrs.append(p)
+            except Exception as e:
+                errors.append(repr(e))
+                barrier.abort()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        (r,) = vramledger.regions()
+        outside = alloc(2 * MiB)  # this thread was never inside
+        (r2,) = vramledger.regions()
+        print(json.dumps({"errors": errors, "modes": modes, "allocated": r["allocated_bytes"],
+                          "after": r2["allocated_bytes"], "n": len(ptrs)}))
+    """)
+    assert out["errors"] == []
+    assert out["n"] == 80
+    # Each thread restored its own flag.
+    assert all(m[1:] == [m[0], False, m[0]] for m in out["modes"]), out["modes"]
+    assert out["allocated"] == 80 * 2 * MiB  # every thread's allocations went to the region
+    assert out["after"] == out["allocated"]
 
 
 @needs_plugin
