@@ -17,8 +17,8 @@ using HostBuffer = core::Regions::HostBuffer;
 namespace {
 constexpr std::size_t kPinnedRounding = std::size_t{2} << 20;
 
-// `live` less the pages a failed pause lost (Region::lost): nothing is mapped there to copy, and
-// their contents are gone already.
+// `live` less the pages a failed pause lost (Region::lost) that are still unmapped: nothing is
+// mapped there to copy, and their contents are gone already.
 std::vector<std::pair<DevicePtr, std::size_t>> WithoutLostPages(
     const core::Regions::Region& region, const Segment& seg,
     const std::vector<std::pair<DevicePtr, std::size_t>>& live) {
@@ -27,7 +27,8 @@ std::vector<std::pair<DevicePtr, std::size_t>> WithoutLostPages(
     for (DevicePtr at = address; at < address + n;) {
       const std::size_t page = seg.PageOf(at);
       const DevicePtr end = std::min(address + n, seg.PageAddress(page + 1));
-      if (!core::Regions::IsLost(region, &seg, page)) {
+      // A lost page mapped again since (its block freed, the page grown into) holds data.
+      if (seg.pages[page] != 0 || !core::Regions::IsLost(region, &seg, page)) {
         if (!out.empty() && out.back().first + out.back().second == at) {
           out.back().second += end - at;
         } else {
