@@ -162,7 +162,7 @@ class DeviceBackend {
   /// Copies each of `copies` between its device range (mapped, accessible) and its host memory
   /// (pinned, from HostAllocPinned), device to host, in order on one stream of the backend's own,
   /// and returns once every one is complete (cudaMemcpyAsync per copy, one
-  /// cudaStreamSynchronize): one wait for a whole region instead of one per run. On failure the
+  /// cudaStreamSynchronize): one wait for a whole region rather than one per run. On failure the
   /// destination of every copy is undefined.
   virtual absl::Status CopyDeviceToHost(absl::Span<const HostCopy> copies) = 0;
   /// The same, host to device.
