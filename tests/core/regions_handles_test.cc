@@ -1,4 +1,4 @@
-// Pausable regions' handles and copies (docs/design/regions.md, "Handles" and "Copies"): a
+// Pausable regions' handles and copies (docs/design/regions.md, "Resume"): a
 // resume maps few large handles, cut where pages change between used and free, which empty_cache
 // then releases only whole; a region's blocks get large handles; the copies are one batch per
 // pause and per resume; empty_cache frees kept pinned buffers; a failed map-back and a handle a
