@@ -205,27 +205,45 @@ class DeviceAllocatorImpl {
   void ReadmitStats(Region* region) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RegionPauseResult> PauseLocked(Region* region, RegionBackup backup)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RegionResumeResult> ResumeLocked(Region* region, bool keep_host_buffers)
+  absl::StatusOr<RegionResumeResult> ResumeLocked(
+      Region* region, bool keep_host_buffers, std::vector<core::Regions::HostBuffer>* to_free)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pause's steps: wait for the region's queued work; copy its live blocks to pinned buffers
-  // (freed again on failure); unmap every handle (mapped back on failure).
+  // (freed again on failure; region_backup.cc); unmap every handle (mapped back on failure; a
+  // handle that cannot be mapped back is booked unmapped and its run kept in region.lost by
+  // LosePages).
   absl::Status WaitForRegion(const Region& region, const std::vector<core::Segment*>& segments)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BackUpRegion(Region* region, const std::vector<core::Segment*>& segments)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status UnmapRegion(const Region& region, const std::vector<core::Regions::Released>& runs)
+  absl::Status UnmapRegion(Region* region, const std::vector<core::Regions::Released>& runs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Resume's driver steps: handles created and mapped at the released runs (`handles`, one per
-  // run), access granted, backups copied back; on failure everything it mapped and created is
-  // undone.
-  absl::Status MapRegion(const Region& region, std::vector<PhysicalHandle>* handles)
+  void LosePages(Region* region, const std::vector<core::Regions::Released>& lost)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resume's driver steps: handles a failed resume left mapped are unmapped and released
+  // (ReleaseHeld); one handle created and mapped per run of `runs` (`handles`), access granted
+  // per contiguous range, backups copied back (*mapped_at: when the mapping was done); on
+  // failure everything it mapped and created is undone, but for a handle that will not unmap,
+  // which the region holds (Region::held).
+  absl::Status ReleaseHeld(Region* region) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MapRegion(Region* region, const std::vector<core::Regions::Released>& runs,
+                         std::vector<PhysicalHandle>* handles, absl::Time* mapped_at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The region's backups copied back, one batch.
+  absl::Status RestoreBackups(const Region& region) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns pinned buffers to `region.kept` (kKeep), to the backend (kFree), or where they came
   // from (kAsBefore: a failed pause's; HostBuffer::kept says). One the backend refuses stays in
   // kept, to be freed later.
   enum class BufferFate { kKeep, kFree, kAsBefore };
   void GiveBackBuffers(Region* region, std::vector<core::Regions::HostBuffer> buffers,
                        BufferFate fate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every region's kept pinned buffers, taken out of the books for empty_cache (none while a
+  // capture may be under way: cudaFreeHost would end it).
+  std::vector<core::Regions::HostBuffer> TakeKeptBuffers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees pinned buffers no book names, without the lock; one the backend refuses goes back to
+  // `home`'s kept buffers (the first region's when null).
+  absl::Status FreePinned(std::vector<core::Regions::HostBuffer> buffers, Region* home = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Regions against the pools and segments: paused flags agree, a paused region maps nothing.
   // Fills `withdrawn` with the sum of the paused regions' withdrawn figures, the order of the
   // counts CheckSegmentChain fills.

@@ -122,10 +122,16 @@ absl::Status DeviceAllocatorImpl::ReleaseWholeFreeSegments(BlockPool* pool) {
 
 absl::Status DeviceAllocatorImpl::EmptyCache() {
   absl::Status result;
+  std::vector<core::Regions::HostBuffer> kept;
   {
     core::DeviceMutexLock lock(&mu_);
     result = ReleaseCachedBlocks();
+    // The pinned buffers running regions kept for their next pause (keep_host_buffers) are
+    // cache too: freed after the lock is dropped (region_backup.cc).
+    kept = TakeKeptBuffers();
   }
+  absl::Status freed = FreePinned(std::move(kept));
+  if (result.ok()) result = std::move(freed);
   return AfterOperation("empty_cache", std::move(result));
 }
 

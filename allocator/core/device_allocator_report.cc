@@ -176,7 +176,13 @@ absl::Status DeviceAllocatorImpl::CheckSegmentChain(const core::Segment& seg,
       if (in_index || !in_live) return fail(b, "live block indexed as free");
       if (seg.expandable && !seg.pool->paused) {  // a paused region's pages come back
         for (std::size_t i = seg.PageOf(b->ptr); i <= seg.PageOf(b->ptr + b->size - 1); ++i) {
-          if (seg.pages[i] == 0) return fail(b, "live block on unmapped page ", i);
+          // A page a failed pause lost stays unmapped under its blocks until the region's next
+          // pause and resume (Region::lost).
+          const core::Regions::Region* region = regions_.OfPool(seg.pool->owner);
+          if (seg.pages[i] == 0 &&
+              (region == nullptr || !core::Regions::IsLost(*region, &seg, i))) {
+            return fail(b, "live block on unmapped page ", i);
+          }
         }
       }
       ++counts[4];
@@ -211,6 +217,9 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
     std::int64_t* into = segment->pool->paused ? paused_counts : counts;
     if (absl::Status s = CheckSegmentChain(*segment, into); !s.ok()) return s;
     reserved += static_cast<std::int64_t>(segment->mapped_pages * segment->page_size);
+  }
+  for (const auto& region : regions_.all()) {  // handles a failed resume could not unmap
+    for (const core::Regions::Held& h : region->held) reserved += static_cast<std::int64_t>(h.bytes);
   }
   const auto [allocated, active, requested, n_alloc, n_active, n_split, split_bytes, n_free] =
       std::to_array(counts);

@@ -1,15 +1,16 @@
 // Pause and resume of a region (docs/design/regions.md): a pause waits for the region's queued
 // work, backs its live blocks up to pinned host memory when asked, and unmaps and releases every
-// physical handle of its segments, keeping their virtual ranges; a resume maps new handles at the
-// same addresses and copies the backups back. Each checks and does every step that can fail
-// before it changes the books, and undoes its own driver calls when one fails, so a failure
-// leaves the region as it was. Locking: locking.md (everything under mu_).
+// physical handle of its segments, keeping their virtual ranges; a resume maps fewer, larger
+// handles at the same addresses and copies the backups back. Each checks and does every step
+// that can fail (region_mapping.cc, region_backup.cc) before it changes the books. Locking:
+// locking.md (everything under mu_, but for freeing a resume's pinned buffers).
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/device_allocator_impl.h"
 
 namespace vramledger {
@@ -20,8 +21,10 @@ using core::OldMapping;
 using core::Segment;
 using HostBuffer = core::Regions::HostBuffer;
 
+using Released = core::Regions::Released;
+
 namespace {
-constexpr std::size_t kPinnedRounding = std::size_t{2} << 20;
+double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
 }  // namespace
 
 absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseRegion(std::string_view name,
@@ -43,16 +46,21 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseRegion(std::string_v
 absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeRegion(std::string_view name,
                                                                      bool keep_host_buffers) {
   absl::StatusOr<RegionResumeResult> result;
+  std::vector<HostBuffer> to_free;
+  Region* region = nullptr;
   {
     core::DeviceMutexLock lock(&mu_);
-    Region* region = regions_.Find(name);
+    region = regions_.Find(name);
     if (region == nullptr) {
       result = absl::NotFoundError(
           absl::StrCat("vramledger: resume of unknown region '", std::string(name), "'"));
     } else {
-      result = ResumeLocked(region, keep_host_buffers);
+      result = ResumeLocked(region, keep_host_buffers, &to_free);
     }
   }
+  // The backups' buffers are freed without the lock (cudaFreeHost waits for the device); one the
+  // backend refuses is kept by the region, and freed by a later empty_cache.
+  if (!to_free.empty()) (void)FreePinned(std::move(to_free), region);
   return AfterOperation("resume_region", std::move(result));
 }
 
@@ -68,9 +76,11 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(Region* regio
         absl::StrCat("vramledger: region '", region->name,
                      "' cannot be paused while a CUDA graph capture is under way"));
   }
+  const absl::Time start = absl::Now();
   const std::vector<Segment*> segments = RegionSegments(*region);
   if (absl::Status s = WaitForRegion(*region, segments); !s.ok()) return s;
-  std::vector<core::Regions::Released> runs;
+  const absl::Time waited = absl::Now();
+  std::vector<Released> runs;  // one per mapped handle
   for (Segment* seg : segments) {
     for (std::size_t i = 0; i < seg->page_limit;) {
       if (seg->pages[i] == 0) {
@@ -85,14 +95,15 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(Region* regio
   if (backup == RegionBackup::kCpu) {
     if (absl::Status s = BackUpRegion(region, segments); !s.ok()) return s;
   }
-  if (absl::Status s = UnmapRegion(*region, runs); !s.ok()) {
+  const absl::Time copied = absl::Now();
+  if (absl::Status s = UnmapRegion(region, runs); !s.ok()) {
     GiveBackBuffers(region, std::exchange(region->buffers, {}), BufferFate::kAsBefore);
     region->backups.clear();
     region->backed_up_bytes = 0;
     return s;
   }
   // Every driver call that could fail is done: the books follow.
-  for (const core::Regions::Released& run : runs) {
+  for (const Released& run : runs) {
     Segment* seg = run.segment;
     const std::size_t bytes = run.pages * seg->page_size;
     std::size_t pages = 0;
@@ -105,12 +116,30 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(Region* regio
     (void)ReleaseCounted(handle, StatTypesFor(seg->pool), static_cast<std::int64_t>(bytes));
     out.released_bytes += bytes;
   }
+  out.handles = runs.size();
+  // Pages an earlier pause lost (its map-back failed) come back with this resume too.
+  for (const Released& lost : std::exchange(region->lost, {})) {
+    for (std::size_t i = lost.first_page; i < lost.first_page + lost.pages; ++i) {
+      if (lost.segment->pages[i] != 0) continue;
+      if (!runs.empty() && runs.back().segment == lost.segment &&
+          runs.back().first_page + runs.back().pages == i && runs.back().lost) {
+        ++runs.back().pages;
+      } else {
+        runs.push_back({lost.segment, i, 1, /*lost=*/true});
+      }
+    }
+  }
   WithdrawStats(region, segments);
   for (BlockPool* pool : RegionPools(*region)) pool->paused = true;
   region->paused = true;
+  region->paused_bytes = 0;
+  for (const Released& run : runs) region->paused_bytes += run.pages * run.segment->page_size;
   region->released = std::move(runs);
-  region->paused_bytes = out.released_bytes;
   out.backed_up_bytes = region->backed_up_bytes;
+  const absl::Time done = absl::Now();
+  out.wait_seconds = Seconds(start, waited);
+  out.copy_seconds = Seconds(waited, copied);
+  out.driver_seconds = Seconds(copied, done);
   return out;
 }
 
@@ -148,106 +177,8 @@ absl::Status DeviceAllocatorImpl::WaitForRegion(const Region& region,
       [&](const OldMapping& r) { return absl::c_linear_search(segments, r.segment); });
 }
 
-absl::Status DeviceAllocatorImpl::BackUpRegion(Region* region,
-                                               const std::vector<Segment*>& segments) {
-  // One pinned buffer per segment holding live blocks, sized to their bytes; each run of
-  // neighbouring live blocks is one copy.
-  std::vector<HostBuffer> buffers;
-  std::vector<core::Regions::Backup> backups;
-  std::size_t total = 0;
-  absl::Status status;
-  for (const Segment* seg : segments) {
-    std::vector<std::pair<DevicePtr, std::size_t>> live;
-    for (const Block* b = seg->head; b != nullptr; b = b->next) {
-      if (!b->allocated) continue;
-      if (!live.empty() && live.back().first + live.back().second == b->ptr) {
-        live.back().second += b->size;
-      } else {
-        live.emplace_back(b->ptr, b->size);
-      }
-    }
-    std::size_t bytes = 0;
-    for (const auto& run : live) bytes += run.second;
-    if (bytes == 0) continue;
-    HostBuffer buffer;
-    // A buffer kept by an earlier resume (keep_host_buffers) serves if it is large enough: the
-    // smallest such, so a small segment's backup does not take the buffer a larger one needs
-    // (pinning new host memory costs far more than the copy).
-    auto kept = region->kept.end();
-    for (auto h = region->kept.begin(); h != region->kept.end(); ++h) {
-      if (h->bytes >= bytes && (kept == region->kept.end() || h->bytes < kept->bytes)) kept = h;
-    }
-    if (kept != region->kept.end()) {
-      buffer = *kept;
-      buffer.kept = true;  // back to kept if the pause fails
-      region->kept.erase(kept);
-    } else {
-      // Rounded up to 2 MiB, so a later pause whose live bytes grew a little reuses it.
-      const std::size_t pinned = (bytes + kPinnedRounding - 1) / kPinnedRounding * kPinnedRounding;
-      absl::StatusOr<void*> data = backend_->HostAllocPinned(pinned);
-      if (!data.ok()) {
-        status = absl::Status(data.status().code(),
-                              absl::StrCat("vramledger: pause of region '", region->name,
-                                           "': pinned host memory for its backup (",
-                                           FormatSize(bytes), "): ", data.status().message()));
-        break;
-      }
-      buffer = {*data, pinned};
-    }
-    buffers.push_back(buffer);
-    std::size_t offset = 0;
-    for (const auto& [address, n] : live) {
-      status = backend_->CopyDeviceToHost(static_cast<char*>(buffer.data) + offset, address, n);
-      if (!status.ok()) {
-        status =
-            absl::Status(status.code(), absl::StrCat("vramledger: pause of region '", region->name,
-                                                     "': its backup: ", status.message()));
-        break;
-      }
-      backups.push_back({address, n, buffers.size() - 1, offset});
-      offset += n;
-    }
-    if (!status.ok()) break;
-    total += bytes;
-  }
-  if (!status.ok()) {
-    GiveBackBuffers(region, std::move(buffers), BufferFate::kAsBefore);
-    return status;
-  }
-  region->buffers = std::move(buffers);
-  region->backups = std::move(backups);
-  region->backed_up_bytes = total;
-  return absl::OkStatus();
-}
-
-absl::Status DeviceAllocatorImpl::UnmapRegion(const Region& region,
-                                              const std::vector<core::Regions::Released>& runs) {
-  for (std::size_t k = 0; k < runs.size(); ++k) {
-    const Segment* seg = runs[k].segment;
-    const DevicePtr va = seg->PageAddress(runs[k].first_page);
-    const std::size_t bytes = runs[k].pages * seg->page_size;
-    absl::Status s = backend_->Unmap(va, bytes);
-    if (s.ok()) continue;
-    // The handles unmapped so far still hold their contents: mapped back, nothing is lost.
-    for (std::size_t j = 0; j < k; ++j) {
-      const Segment* back = runs[j].segment;
-      const DevicePtr at = back->PageAddress(runs[j].first_page);
-      const std::size_t n = runs[j].pages * back->page_size;
-      absl::Status again = backend_->Map(at, n, back->pages[runs[j].first_page]);
-      if (again.ok()) again = backend_->SetAccess(at, n);
-      if (!again.ok()) {
-        s = absl::Status(s.code(), absl::StrCat(s.message(), "; mapping 0x", absl::Hex(at),
-                                                " back failed too: ", again.message()));
-      }
-    }
-    return absl::Status(
-        s.code(), absl::StrCat("vramledger: pause of region '", region.name, "': ", s.message()));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeLocked(Region* region,
-                                                                     bool keep_host_buffers) {
+absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeLocked(
+    Region* region, bool keep_host_buffers, std::vector<HostBuffer>* to_free) {
   RegionResumeResult out;
   if (!region->paused) {
     out.already_running = true;
@@ -258,6 +189,7 @@ absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeLocked(Region* reg
         absl::StrCat("vramledger: region '", region->name,
                      "' cannot be resumed while a CUDA graph capture is under way"));
   }
+  if (absl::Status s = ReleaseHeld(region); !s.ok()) return s;
   const std::size_t bytes = region->paused_bytes;
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.current(kAggregate));
   if (fraction_set_ && reserved + bytes > allowed_bytes_) {
@@ -278,10 +210,17 @@ absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeLocked(Region* reg
       return verdict;
     }
   }
+  const absl::Time start = absl::Now();
+  // Fewer, larger handles than the pause released (Regions::Regroup): the driver's cost is per
+  // handle, and the next pause releases these.
+  const std::vector<Released> runs =
+      core::Regions::Regroup(region->released, core::kRegionHandleBytes);
   std::vector<PhysicalHandle> handles;
-  if (absl::Status s = MapRegion(*region, &handles); !s.ok()) return s;
-  for (std::size_t k = 0; k < region->released.size(); ++k) {
-    const core::Regions::Released& run = region->released[k];
+  absl::Time mapped;
+  if (absl::Status s = MapRegion(region, runs, &handles, &mapped); !s.ok()) return s;
+  const absl::Time copied = absl::Now();
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const Released& run = runs[k];
     Segment* seg = run.segment;
     const std::size_t n = run.pages * seg->page_size;
     page_table_.Map(seg, run.first_page, run.pages, handles[k]);
@@ -291,90 +230,24 @@ absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeLocked(Region* reg
          seg->pool->owner);
     out.mapped_bytes += n;
   }
+  out.handles = runs.size();
   ReadmitStats(region);
   for (BlockPool* pool : RegionPools(*region)) pool->paused = false;
   out.restored_bytes = region->backed_up_bytes;
-  GiveBackBuffers(region, std::exchange(region->buffers, {}),
-                  keep_host_buffers ? BufferFate::kKeep : BufferFate::kFree);
+  std::vector<HostBuffer> buffers = std::exchange(region->buffers, {});
+  if (keep_host_buffers) {
+    GiveBackBuffers(region, std::move(buffers), BufferFate::kKeep);
+  } else {
+    *to_free = std::move(buffers);  // no book names them now
+  }
   region->backups.clear();
   region->backed_up_bytes = 0;
   region->released.clear();
   region->paused_bytes = 0;
   region->paused = false;
+  out.driver_seconds = Seconds(start, mapped);
+  out.copy_seconds = Seconds(mapped, copied);
   return out;
-}
-
-absl::Status DeviceAllocatorImpl::MapRegion(const Region& region,
-                                            std::vector<PhysicalHandle>* handles) {
-  const std::vector<core::Regions::Released>& runs = region.released;
-  std::size_t mapped = 0;  // runs[0, mapped) have their handle mapped
-  auto undo = [&](absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (std::size_t k = 0; k < handles->size(); ++k) {
-      if (k < mapped) {
-        const Segment* seg = runs[k].segment;
-        // A handle that will not unmap cannot be released: it stays mapped there, unused, and
-        // the next resume's map of that run fails and says so.
-        if (!backend_->Unmap(seg->PageAddress(runs[k].first_page), runs[k].pages * seg->page_size)
-                 .ok()) {
-          continue;
-        }
-      }
-      if (!backend_->ReleasePhysical((*handles)[k]).ok()) {
-        page_table_.KeepUnreleased((*handles)[k]);  // released by a later empty_cache
-      }
-    }
-    handles->clear();
-    return absl::Status(error.code(), absl::StrCat("vramledger: resume of region '", region.name,
-                                                   "': ", error.message()));
-  };
-  RelaxedCaptureScope relaxed(backend_);
-  for (const core::Regions::Released& run : runs) {
-    const std::size_t n = run.pages * run.segment->page_size;
-    PhysicalHandle handle = 0;
-    if (absl::Status s = backend_->CreatePhysical(n, &handle); !s.ok()) {
-      if (absl::IsResourceExhausted(s)) {
-        std::size_t free_bytes = 0;
-        std::size_t total_bytes = 0;
-        (void)backend_->MemGetInfo(&free_bytes, &total_bytes);
-        std::size_t missing = 0;
-        for (std::size_t k = handles->size(); k < runs.size(); ++k) {
-          missing += runs[k].pages * runs[k].segment->page_size;
-        }
-        s = absl::ResourceExhaustedError(absl::StrCat(
-            "CUDA out of memory: it needs ", FormatSize(region.paused_bytes), ", of which ",
-            FormatSize(missing), " could not be created with ", FormatSize(free_bytes), " free of ",
-            FormatSize(total_bytes), " (", s.message(), ")"));
-      }
-      return undo(s);
-    }
-    handles->push_back(handle);
-  }
-  for (; mapped < runs.size(); ++mapped) {
-    const core::Regions::Released& run = runs[mapped];
-    const DevicePtr va = run.segment->PageAddress(run.first_page);
-    const std::size_t n = run.pages * run.segment->page_size;
-    if (absl::Status s = backend_->Map(va, n, (*handles)[mapped]); !s.ok()) return undo(s);
-    if (absl::Status s = backend_->SetAccess(va, n); !s.ok()) {
-      ++mapped;  // mapped without access: undo unmaps it
-      return undo(s);
-    }
-  }
-  for (const core::Regions::Backup& b : region.backups) {
-    const char* src = static_cast<const char*>(region.buffers[b.buffer].data) + b.offset;
-    if (absl::Status s = backend_->CopyHostToDevice(b.address, src, b.bytes); !s.ok()) {
-      return undo(s);
-    }
-  }
-  return absl::OkStatus();
-}
-
-void DeviceAllocatorImpl::GiveBackBuffers(Region* region, std::vector<HostBuffer> buffers,
-                                          BufferFate fate) {
-  for (HostBuffer& buffer : buffers) {
-    const bool keep = fate == BufferFate::kKeep || (fate == BufferFate::kAsBefore && buffer.kept);
-    buffer.kept = false;
-    if (keep || !backend_->HostFreePinned(buffer.data).ok()) region->kept.push_back(buffer);
-  }
 }
 
 }  // namespace vramledger

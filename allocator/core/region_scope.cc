@@ -27,19 +27,18 @@ absl::StatusOr<MempoolId> DeviceAllocatorImpl::BeginRegion(std::string_view name
   {
     core::DeviceMutexLock lock(&mu_);
     Region* region = regions_.Find(name, /*create=*/true);
+    absl::Status s;
     if (private_pools_.Find(region->id) == nullptr) {
       // The region's own use, never given back: its pool and its ranges last as long as the
       // allocator, so a pause always finds them.
-      absl::Status s =
-          private_pools_.CreateExpandable(region->id, options_.expandable_page_size, 1);
-      if (!s.ok()) return s;
+      s = private_pools_.CreateExpandable(region->id, options_.expandable_page_size, 1);
     }
-    absl::Status s = private_pools_.Begin(region->id, std::move(filter), /*fallback=*/true);
+    if (s.ok()) s = private_pools_.Begin(region->id, std::move(filter), /*fallback=*/true);
     if (s.ok()) {
       regions_.Enter(region);
       result = region->id;
     } else {
-      result = s;
+      result = s;  // reported through AfterOperation like every other outcome
     }
   }
   return AfterOperation("begin_region", std::move(result));
@@ -49,11 +48,17 @@ absl::Status DeviceAllocatorImpl::EndRegion(std::string_view name) {
   absl::Status result;
   {
     core::DeviceMutexLock lock(&mu_);
-    result = regions_.Leave(name);
-    if (result.ok()) {
-      const MempoolId id = regions_.Find(name)->id;
+    absl::StatusOr<Region*> region = regions_.Inside(name);
+    if (!region.ok()) {
+      result = region.status();  // nothing changes
+    } else {
+      // The routing entry first: when it fails (the entry was ended through the pool API with
+      // the region's id), the thread's region entry still goes, so the two books agree.
+      const MempoolId id = (*region)->id;
       result = private_pools_.End(id);
       if (result.ok()) result = private_pools_.Release(id).status();
+      const absl::Status left = regions_.Leave(name);  // found above: cannot fail
+      if (result.ok()) result = left;
     }
   }
   return AfterOperation("end_region", std::move(result));

@@ -27,6 +27,50 @@ void Regions::AddPool(Region* region, MempoolId id) {
   if (by_pool_.try_emplace(id, region).second) region->pools.push_back(id);
 }
 
+std::vector<Regions::Released> Regions::Regroup(std::vector<Released> released,
+                                                std::size_t handle_bytes) {
+  std::sort(released.begin(), released.end(), [](const Released& a, const Released& b) {
+    return a.segment->ptr != b.segment->ptr ? a.segment->ptr < b.segment->ptr
+                                            : a.first_page < b.first_page;
+  });
+  std::vector<Released> out;
+  for (std::size_t k = 0; k < released.size();) {
+    // One contiguous span of released pages in one segment.
+    Segment* seg = released[k].segment;
+    const std::size_t first = released[k].first_page;
+    std::size_t end = first + released[k].pages;
+    for (++k; k < released.size() && released[k].segment == seg && released[k].first_page == end;
+         ++k) {
+      end += released[k].pages;
+    }
+    const std::size_t max_pages = std::max<std::size_t>(1, handle_bytes / seg->page_size);
+    for (std::size_t i = first; i < end; ++i) {
+      const bool used = seg->use[i] > 0;
+      if (i == first || out.back().pages == max_pages || used != (seg->use[i - 1] > 0)) {
+        out.push_back({seg, i, 1});
+      } else {
+        ++out.back().pages;
+      }
+    }
+  }
+  return out;
+}
+
+bool Regions::IsLost(const Region& region, const Segment* seg, std::size_t page) {
+  return std::any_of(region.lost.begin(), region.lost.end(), [&](const Released& r) {
+    return r.segment == seg && page >= r.first_page && page < r.first_page + r.pages;
+  });
+}
+
+absl::StatusOr<Regions::Region*> Regions::Inside(std::string_view name) const {
+  const std::thread::id self = std::this_thread::get_id();
+  for (auto it = entered_.rbegin(); it != entered_.rend(); ++it) {
+    if (it->owner == self && it->region->name == name) return it->region;
+  }
+  return absl::NotFoundError(absl::StrCat("vramledger: end of region '", std::string(name),
+                                          "', which this thread is not inside"));
+}
+
 void Regions::Enter(Region* region) { entered_.push_back({region, std::this_thread::get_id()}); }
 
 absl::Status Regions::Leave(std::string_view name) {
@@ -61,7 +105,7 @@ absl::Status Regions::CheckInvariants() const {
     }
     if (!r->paused) {
       if (!r->released.empty() || r->paused_bytes != 0 || !r->buffers.empty() ||
-          !r->backups.empty() || r->backed_up_bytes != 0) {
+          !r->backups.empty() || r->backed_up_bytes != 0 || !r->held.empty()) {
         return fail("running, yet holding what a pause keeps");
       }
       for (std::int64_t v : r->withdrawn.allocated_bytes) {
@@ -69,6 +113,7 @@ absl::Status Regions::CheckInvariants() const {
       }
       continue;
     }
+    if (!r->lost.empty()) return fail("paused, yet holding lost runs (its pause takes them)");
     std::size_t released = 0;
     for (const Released& run : r->released) {
       const Segment* seg = run.segment;

@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/block.h"
 #include "vramledger/device_allocator.h"
 #include "vramledger/types.h"
@@ -25,6 +26,13 @@ namespace vramledger::core {
 /// The first half of every region pool's id. torch's pool ids always have one half 0 (a graph
 /// pool's {0, n}, a MemPool's {n, 0}), so {kRegionIdSpace, n} with n >= 1 never meets one.
 inline constexpr std::uint64_t kRegionIdSpace = 0x5245'4749'4f4e'0000;  // "REGION\0\0"
+/// The largest physical handle a region's pages get: at allocation, for the pages a block
+/// covers whole, and at resume, for each run of pages that are all used or all free
+/// (Regions::Regroup). The driver's cost of pause and resume is per handle (cuMemSetAccess,
+/// cuMemUnmap ~14-38 us each on the H200, whatever the size up to 256 MiB), so fewer handles
+/// make them fast; a handle is released only whole, so one over used pages stays until every
+/// page under it is free.
+inline constexpr std::size_t kRegionHandleBytes = std::size_t{256} << 20;
 
 /// Not thread-safe: the owning allocator calls it with its lock held (docs/design/locking.md).
 class Regions {
@@ -35,6 +43,15 @@ class Regions {
     Segment* segment = nullptr;
     std::size_t first_page = 0;
     std::size_t pages = 0;
+    bool lost = false;  // pages a failed pause lost (Region::lost), not released by this pause
+  };
+  /// A handle a failed resume mapped and could not unmap: still mapped at `address` in
+  /// `segment`, and counted in reserved bytes (it holds device memory) until released.
+  struct Held {
+    Segment* segment = nullptr;
+    DevicePtr address = 0;
+    std::size_t bytes = 0;
+    PhysicalHandle handle = 0;
   };
   /// Pinned host memory (HostAllocPinned).
   struct HostBuffer {
@@ -71,8 +88,14 @@ class Regions {
     std::vector<Backup> backups;
     std::size_t backed_up_bytes = 0;
     Withdrawn withdrawn;
-    // Pinned buffers a resume with keep_host_buffers kept, reused by the next pause.
+    // Pinned buffers a resume with keep_host_buffers kept, reused by the next pause (or freed
+    // by empty_cache).
     std::vector<HostBuffer> kept;
+    // While running: runs whose handle a failed pause unmapped and could not map back (booked
+    // unmapped, released); the next pause adds their unmapped pages to what its resume maps.
+    std::vector<Released> lost;
+    // While paused: handles a failed resume could not unmap; the next resume releases them.
+    std::vector<Held> held;
   };
 
   /// The region called `name`, created (with the next id) when `create` and it does not exist;
@@ -88,8 +111,19 @@ class Regions {
   /// Every region, in creation order.
   const std::vector<std::unique_ptr<Region>>& all() const { return regions_; }
 
+  /// The runs a resume maps for `released` (a pause's runs, one per handle it released): the
+  /// neighbouring runs of one segment joined, then cut where the pages change between used
+  /// (Segment::use > 0) and free, and at `handle_bytes` (at least one page). A run of free
+  /// pages then lies inside one free block, so empty_cache and page recycling can take its
+  /// handle whole. In segment and page order.
+  static std::vector<Released> Regroup(std::vector<Released> released, std::size_t handle_bytes);
+  /// True when page `page` of `seg` lies in a run `region` lost (Region::lost).
+  static bool IsLost(const Region& region, const Segment* seg, std::size_t page);
+
   /// The calling thread enters / leaves `region` (BeginRegion / EndRegion); they nest.
   void Enter(Region* region);
+  /// The calling thread's innermost entry of region `name`, or NotFound naming it.
+  absl::StatusOr<Region*> Inside(std::string_view name) const;
   /// NotFound when the calling thread is not inside region `name`.
   absl::Status Leave(std::string_view name);
   /// The calling thread's innermost region, or nullptr.

@@ -239,6 +239,13 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   if (driver_ != nullptr) PeerAccessRegistry::Get().Remove(this);
+  absl::MutexLock lock(&copy_mu_);
+  if (copy_stream_ != nullptr) {
+    // At exit the runtime may be unloading already: its error is not torch's to see.
+    if (cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream_)) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+  }
 }
 
 std::uint64_t CudaBackend::peer_mask() const {

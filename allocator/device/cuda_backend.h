@@ -94,8 +94,10 @@ class CudaBackend final : public DeviceBackend {
   // Pinned host memory and copies (cuda_backend_host.cc; docs/design/regions.md).
   absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) override;
   absl::Status HostFreePinned(void* p) override;
-  absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override;
-  absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override;
+  absl::Status CopyDeviceToHost(absl::Span<const HostCopy> copies) override
+      ABSL_LOCKS_EXCLUDED(copy_mu_);
+  absl::Status CopyHostToDevice(absl::Span<const HostCopy> copies) override
+      ABSL_LOCKS_EXCLUDED(copy_mu_);
 
   /// OK if the driver VMM entry points were resolved and the granularity queried; else why not.
   const absl::Status& vmm_status() const { return vmm_status_; }
@@ -128,6 +130,11 @@ class CudaBackend final : public DeviceBackend {
   std::uint64_t peer_capable_ = 0;  // devices that can access this one (cudaDeviceCanAccessPeer)
   // cuMemCreate asks for POSIX-descriptor handles until the driver refuses that type once.
   std::atomic<bool> posix_handles_{true};
+
+  // The copies' stream (non-blocking, made by the first copy), one batch of copies at a time.
+  absl::Status Copy(absl::Span<const HostCopy> copies, bool to_host) ABSL_LOCKS_EXCLUDED(copy_mu_);
+  absl::Mutex copy_mu_;
+  void* copy_stream_ ABSL_GUARDED_BY(copy_mu_) = nullptr;  // cudaStream_t
 
   // Every mapped handle (address -> size), for granting peers that appear later.
   mutable absl::Mutex mapped_mu_;

@@ -105,9 +105,9 @@ class SimBackend final : public DeviceBackend {
   // physical handles mapped under its device range, which must be mapped with access.
   absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status HostFreePinned(void* p) override ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override
+  absl::Status CopyDeviceToHost(absl::Span<const HostCopy> copies) override
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override
+  absl::Status CopyHostToDevice(absl::Span<const HostCopy> copies) override
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Device contents (sim_backend_host.cc) ----
@@ -148,12 +148,14 @@ class SimBackend final : public DeviceBackend {
   /// Caps the pinned host bytes live at once (default: no cap); HostAllocPinned past it is
   /// ResourceExhausted.
   void SetPinnedCapacity(std::size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  /// Fault injection for copies: the copy (either direction) made after `skip` more copies fails
-  /// once with `status`, copying nothing.
+  /// Fault injection for copies: the copy (either direction; one HostCopy of a batch) made after
+  /// `skip` more copies fails once with `status`, copying nothing; the batch stops there.
   void FailCopy(int skip, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
-  /// Pinned host bytes live now, and copies made so far (either direction) with their bytes.
+  /// Pinned host bytes live now, and copies made so far (either direction) with their bytes;
+  /// copy_waits: the batches (CopyDeviceToHost / CopyHostToDevice calls), one wait each.
   std::size_t pinned_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   std::int64_t copies() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::int64_t copy_waits() const ABSL_LOCKS_EXCLUDED(mu_);
   std::size_t copied_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Failures injected by FailCall that have happened.
   std::int64_t injected_failures() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -218,6 +220,8 @@ class SimBackend final : public DeviceBackend {
   absl::Status ReadLocked(const char* call, void* dst, DevicePtr va, std::size_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CopyInjectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CopyLocked(absl::Span<const HostCopy> copies, bool to_host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the IPC export of the allocation at `base` of (pid, device): it was freed.
   static void ForgetMallocExport(int pid, int device, DevicePtr base);
   // The injected failure for `call`, if it is due now (FailCall); OK otherwise.
@@ -289,6 +293,7 @@ class SimBackend final : public DeviceBackend {
   Injected copy_failure_ ABSL_GUARDED_BY(mu_);
   bool copy_failure_set_ ABSL_GUARDED_BY(mu_) = false;
   std::int64_t copies_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t copy_waits_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t copied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<PhysicalHandle, absl::flat_hash_map<std::size_t, std::vector<std::uint8_t>>>
       contents_ ABSL_GUARDED_BY(mu_);

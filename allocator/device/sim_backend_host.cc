@@ -1,4 +1,4 @@
-// SimBackend's pinned host memory (heap memory under a cap), synchronous copies, and the modelled
+// SimBackend's pinned host memory (heap memory under a cap), batched copies, and the modelled
 // contents of physical handles that the copies and the tests read and write. Thread-safe (mu_).
 #include <algorithm>
 #include <cstdlib>
@@ -50,26 +50,37 @@ absl::Status SimBackend::CopyInjectedLocked() {
   return copy_failure_.status;
 }
 
-absl::Status SimBackend::CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = CopyInjectedLocked(); !s.ok()) return s;
-  if (absl::Status s = ReadLocked("cudaMemcpy (device to host)", dst, src, bytes); !s.ok()) {
-    return s;
+absl::Status SimBackend::CopyLocked(absl::Span<const HostCopy> copies, bool to_host) {
+  const char* call = to_host ? "cudaMemcpyAsync (device to host)" : "cudaMemcpyAsync (host to device)";
+  ++copy_waits_;  // the one cudaStreamSynchronize of the batch
+  for (const HostCopy& c : copies) {
+    // The host side lies inside one pinned allocation, as the contract asks.
+    const auto* host = static_cast<const char*>(c.host);
+    if (std::none_of(pinned_.begin(), pinned_.end(), [&](const auto& p) {
+          const auto* base = static_cast<const char*>(p.first);
+          return host >= base && host + c.bytes <= base + p.second;
+        })) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: host range %p + %d is not pinned memory", call, c.host, c.bytes));
+    }
+    if (absl::Status s = CopyInjectedLocked(); !s.ok()) return s;
+    absl::Status s = to_host ? ReadLocked(call, c.host, c.device, c.bytes)
+                             : WriteLocked(call, c.device, c.host, c.bytes);
+    if (!s.ok()) return s;
+    ++copies_;
+    copied_bytes_ += c.bytes;
   }
-  ++copies_;
-  copied_bytes_ += bytes;
   return absl::OkStatus();
 }
 
-absl::Status SimBackend::CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) {
+absl::Status SimBackend::CopyDeviceToHost(absl::Span<const HostCopy> copies) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CopyInjectedLocked(); !s.ok()) return s;
-  if (absl::Status s = WriteLocked("cudaMemcpy (host to device)", dst, src, bytes); !s.ok()) {
-    return s;
-  }
-  ++copies_;
-  copied_bytes_ += bytes;
-  return absl::OkStatus();
+  return CopyLocked(copies, /*to_host=*/true);
+}
+
+absl::Status SimBackend::CopyHostToDevice(absl::Span<const HostCopy> copies) {
+  absl::MutexLock lock(&mu_);
+  return CopyLocked(copies, /*to_host=*/false);
 }
 
 template <typename Fn>
@@ -181,6 +192,11 @@ std::size_t SimBackend::pinned_bytes() const {
 std::int64_t SimBackend::copies() const {
   absl::MutexLock lock(&mu_);
   return copies_;
+}
+
+std::int64_t SimBackend::copy_waits() const {
+  absl::MutexLock lock(&mu_);
+  return copy_waits_;
 }
 
 std::size_t SimBackend::copied_bytes() const {

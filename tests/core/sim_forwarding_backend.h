@@ -59,11 +59,11 @@ class SimForwardingBackend : public DeviceBackend {
     return sim_->HostAllocPinned(bytes);
   }
   absl::Status HostFreePinned(void* p) override { return sim_->HostFreePinned(p); }
-  absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override {
-    return sim_->CopyDeviceToHost(dst, src, bytes);
+  absl::Status CopyDeviceToHost(absl::Span<const HostCopy> copies) override {
+    return sim_->CopyDeviceToHost(copies);
   }
-  absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override {
-    return sim_->CopyHostToDevice(dst, src, bytes);
+  absl::Status CopyHostToDevice(absl::Span<const HostCopy> copies) override {
+    return sim_->CopyHostToDevice(copies);
   }
   int ProcessId() const override { return sim_->ProcessId(); }
   absl::Status ExportMalloc(DevicePtr base, IpcMemHandle* out) override {

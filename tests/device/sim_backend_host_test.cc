@@ -75,25 +75,42 @@ TEST_F(SimHostTest, CopiesMoveBytesBetweenPinnedAndDeviceMemory) {
   ASSERT_TRUE(host.ok());
   const auto pattern = Bytes(64 * 1024, 3);
   std::memcpy(*host, pattern.data(), pattern.size());
-  ASSERT_TRUE(sim_.CopyHostToDevice(va_ + kGran + 100 * 512, *host, pattern.size()).ok());
+  const DevicePtr at = va_ + kGran + 100 * 512;
+  ASSERT_TRUE(sim_.CopyHostToDevice({{*host, at, pattern.size()}}).ok());
   std::memset(*host, 0, pattern.size());
-  ASSERT_TRUE(sim_.CopyDeviceToHost(*host, va_ + kGran + 100 * 512, pattern.size()).ok());
+  // Two copies in one batch: halves, the second half first.
+  auto* half = static_cast<char*>(*host) + pattern.size() / 2;
+  ASSERT_TRUE(sim_.CopyDeviceToHost({{half, at + pattern.size() / 2, pattern.size() / 2},
+                                     {*host, at, pattern.size() / 2}})
+                  .ok());
   EXPECT_EQ(std::memcmp(*host, pattern.data(), pattern.size()), 0);
-  EXPECT_EQ(sim_.copies(), 2);
+  EXPECT_EQ(sim_.copies(), 3);
+  EXPECT_EQ(sim_.copy_waits(), 2);
   EXPECT_EQ(sim_.copied_bytes(), 2 * pattern.size());
   sim_.FailCopy(1, absl::InternalError("injected"));
-  ASSERT_TRUE(sim_.CopyDeviceToHost(*host, va_ + kGran, 512).ok());  // skipped once
-  EXPECT_THAT(sim_.CopyDeviceToHost(*host, va_ + kGran, 512).message(), HasSubstr("injected"));
-  ASSERT_TRUE(sim_.CopyDeviceToHost(*host, va_ + kGran, 512).ok());  // once only
+  // The second copy of the batch fails: the batch stops there.
+  EXPECT_THAT(sim_.CopyDeviceToHost({{*host, va_ + kGran, 512}, {*host, va_ + kGran, 512}})
+                  .message(),
+              HasSubstr("injected"));
+  EXPECT_EQ(sim_.copies(), 4);
+  ASSERT_TRUE(sim_.CopyDeviceToHost({{*host, va_ + kGran, 512}}).ok());  // once only
+  // Host memory that is not pinned is refused.
+  std::vector<std::uint8_t> heap(512);
+  EXPECT_THAT(sim_.CopyDeviceToHost({{heap.data(), va_ + kGran, 512}}).message(),
+              HasSubstr("not pinned"));
   ASSERT_TRUE(sim_.HostFreePinned(*host).ok());
 }
 
 TEST_F(SimHostTest, UnmappedOrInaccessibleMemoryCannotBeCopiedAndNothingMoves) {
   std::vector<std::uint8_t> buf(4096, 1);
+  auto pinned = sim_.HostAllocPinned(buf.size());
+  ASSERT_TRUE(pinned.ok());
+  std::memcpy(*pinned, buf.data(), buf.size());
   // Page 0 is not mapped: a copy starting in the mapped handle and running into page 3 fails.
-  EXPECT_THAT(sim_.CopyHostToDevice(va_, buf.data(), buf.size()).message(),
+  EXPECT_THAT(sim_.CopyHostToDevice({{*pinned, va_, buf.size()}}).message(),
               HasSubstr("not mapped with access"));
-  EXPECT_FALSE(sim_.CopyHostToDevice(va_ + 3 * kGran - 512, buf.data(), 1024).ok());
+  EXPECT_FALSE(sim_.CopyHostToDevice({{*pinned, va_ + 3 * kGran - 512, 1024}}).ok());
+  ASSERT_TRUE(sim_.HostFreePinned(*pinned).ok());
   std::vector<std::uint8_t> back(512, 0xff);
   ASSERT_TRUE(sim_.ReadDevice(back.data(), va_ + 3 * kGran - 512, back.size()).ok());
   EXPECT_EQ(back, std::vector<std::uint8_t>(512, 0));  // the failed copy wrote nothing

@@ -117,9 +117,14 @@ def test_round_trip_reports_bytes_and_no_ops_say_so():
     assert before["allocated_bytes"] == 20 * MiB
     reserved = before["mapped_bytes"]  # the physical bytes it holds: what a pause releases
     assert reserved >= 20 * MiB and before["reserved_bytes"] >= reserved
-    assert out["paused"] == {"released_bytes": reserved, "backed_up_bytes": 20 * MiB,
-                             "already_paused": False}
-    assert out["again"] == {"released_bytes": 0, "backed_up_bytes": 0, "already_paused": True}
+    paused = out["paused"]
+    assert {k: paused[k] for k in ("released_bytes", "backed_up_bytes", "already_paused")} == {
+        "released_bytes": reserved, "backed_up_bytes": 20 * MiB, "already_paused": False}
+    assert paused["handles"] == 1  # the block's whole pages share one handle in a region
+    assert all(paused[k] >= 0 for k in ("wait_seconds", "copy_seconds", "driver_seconds"))
+    assert out["again"] == {"released_bytes": 0, "backed_up_bytes": 0, "already_paused": True,
+                            "handles": 0, "wait_seconds": 0, "copy_seconds": 0,
+                            "driver_seconds": 0}
     assert during["paused"] and during["mapped_bytes"] == 0
     assert during["paused_bytes"] == reserved and during["backed_up_bytes"] == 20 * MiB
     stats = out["stats"]
@@ -128,8 +133,11 @@ def test_round_trip_reports_bytes_and_no_ops_say_so():
     assert stats["regions.train.reserved_bytes"] == before["reserved_bytes"]
     assert stats["regions.train.backed_up_bytes"] == 20 * MiB
     assert "| train paused " in out["summary"]
-    assert out["resumed"] == {"mapped_bytes": reserved, "restored_bytes": 20 * MiB,
-                              "already_running": False}
+    resumed = out["resumed"]
+    assert {k: resumed[k] for k in ("mapped_bytes", "restored_bytes", "already_running")} == {
+        "mapped_bytes": reserved, "restored_bytes": 20 * MiB, "already_running": False}
+    assert resumed["handles"] == 1
+    assert resumed["driver_seconds"] >= 0 and resumed["copy_seconds"] >= 0
     assert out["noop"]["already_running"] is True
     assert not after["paused"] and after["mapped_bytes"] == reserved
     assert after["host_buffer_bytes"] == 0

@@ -129,7 +129,11 @@ int vramledger_region_pause(int device, const char* name, int backup, char** jso
                                  {"region", name},
                                  {"released_bytes", r->released_bytes},
                                  {"backed_up_bytes", r->backed_up_bytes},
-                                 {"already_paused", r->already_paused}};
+                                 {"already_paused", r->already_paused},
+                                 {"handles", r->handles},
+                                 {"wait_seconds", r->wait_seconds},
+                                 {"copy_seconds", r->copy_seconds},
+                                 {"driver_seconds", r->driver_seconds}};
     return vramledger::ExportString(json.dump(), json_out);
   });
 }
@@ -149,7 +153,10 @@ int vramledger_region_resume(int device, const char* name, int keep_host_buffers
                                  {"region", name},
                                  {"mapped_bytes", r->mapped_bytes},
                                  {"restored_bytes", r->restored_bytes},
-                                 {"already_running", r->already_running}};
+                                 {"already_running", r->already_running},
+                                 {"handles", r->handles},
+                                 {"driver_seconds", r->driver_seconds},
+                                 {"copy_seconds", r->copy_seconds}};
     return vramledger::ExportString(json.dump(), json_out);
   });
 }

@@ -32,15 +32,16 @@ VRAMLEDGER_EXPORT int vramledger_region_end(int device, const char* name);
 
 /// Pauses region `name` on `device` (DeviceAllocator::PauseRegion) with `backup`
 /// (vramledger_region_backup). *json_out: {"device", "region", "released_bytes",
-/// "backed_up_bytes", "already_paused"}.
+/// "backed_up_bytes", "already_paused", "handles", "wait_seconds", "copy_seconds",
+/// "driver_seconds"} (RegionPauseResult).
 VRAMLEDGER_EXPORT int vramledger_region_pause(int device, const char* name, int backup,
                                               char** json_out);
 
 /// Resumes region `name` on `device` (DeviceAllocator::ResumeRegion); `keep_host_buffers`
 /// non-zero keeps the pinned buffers for the next pause. A refusal for memory reports as an
 /// allocation's does (GuardRefusalOrOomDump: the guard's full message or the out-of-memory dump,
-/// and the device's regions). *json_out: {"device", "region",
-/// "mapped_bytes", "restored_bytes", "already_running"}.
+/// and the device's regions). *json_out: {"device", "region", "mapped_bytes", "restored_bytes",
+/// "already_running", "handles", "driver_seconds", "copy_seconds"} (RegionResumeResult).
 VRAMLEDGER_EXPORT int vramledger_region_resume(int device, const char* name, int keep_host_buffers,
                                                char** json_out);
 

@@ -157,12 +157,24 @@ struct RegionPauseResult {
   std::size_t released_bytes = 0;   // physical bytes unmapped and released
   std::size_t backed_up_bytes = 0;  // live bytes copied to pinned host memory (kCpu)
   bool already_paused = false;      // the region was paused: nothing was done
+  // Where the time went (wall-clock seconds, steady clock): waiting for the region's streams
+  // and events, the backup's copies (pinning included), unmapping and releasing `handles`
+  // physical handles with the books.
+  std::size_t handles = 0;
+  double wait_seconds = 0;
+  double copy_seconds = 0;
+  double driver_seconds = 0;
 };
 /// What ResumeRegion did (bytes).
 struct RegionResumeResult {
   std::size_t mapped_bytes = 0;    // physical bytes created and mapped at the old addresses
   std::size_t restored_bytes = 0;  // bytes copied back from the backups
   bool already_running = false;    // the region was not paused: nothing was done
+  // Where the time went (wall-clock seconds): creating and mapping `handles` physical handles
+  // and granting access, then copying the backups back.
+  std::size_t handles = 0;
+  double driver_seconds = 0;
+  double copy_seconds = 0;
 };
 /// One region as Regions() reports it (bytes).
 struct RegionInfo {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "vramledger/types.h"
 
 namespace vramledger {
@@ -86,6 +87,13 @@ class DriverCallLedger {
 /// The device primitives. Every method returns a status; on failure nothing changed on the device.
 /// Out of device memory is reported as absl::ResourceExhaustedError; any other failure as
 /// absl::InternalError (CUDA) or absl::InvalidArgumentError / FailedPreconditionError (misuse).
+/// One copy between pinned host memory and a device range (DeviceBackend::CopyDeviceToHost).
+struct HostCopy {
+  void* host = nullptr;
+  DevicePtr device = 0;
+  std::size_t bytes = 0;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -151,12 +159,14 @@ class DeviceBackend {
   virtual absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) = 0;
   /// Frees memory HostAllocPinned gave (cudaFreeHost).
   virtual absl::Status HostFreePinned(void* p) = 0;
-  /// Copies `bytes` from device address `src` (mapped, accessible) to host `dst`; returns once
-  /// the copy is complete (cudaMemcpy, device to host).
-  virtual absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) = 0;
-  /// Copies `bytes` from host `src` to device address `dst` (mapped, accessible); returns once
-  /// the copy is complete (cudaMemcpy, host to device).
-  virtual absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) = 0;
+  /// Copies each of `copies` between its device range (mapped, accessible) and its host memory
+  /// (pinned, from HostAllocPinned), device to host, in order on one stream of the backend's own,
+  /// and returns once every one is complete (cudaMemcpyAsync per copy, one
+  /// cudaStreamSynchronize): one wait for a whole region rather than one per run. On failure the
+  /// destination of every copy is undefined.
+  virtual absl::Status CopyDeviceToHost(absl::Span<const HostCopy> copies) = 0;
+  /// The same, host to device.
+  virtual absl::Status CopyHostToDevice(absl::Span<const HostCopy> copies) = 0;
 
   // ---- Interprocess sharing (CUDA IPC, docs/design/ipc.md) ----
   // Off the allocation path, so not counted in calls(). Torch's IPC handle names the exporting

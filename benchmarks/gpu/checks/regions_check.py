@@ -77,7 +77,9 @@ def child(mode: str, rounds: int) -> None:
         rec = {"region": name, "reserved": before["mapped_bytes"],
                "virtual": before["reserved_bytes"], "free_rise": free_after - free_before,
                "released": r["released_bytes"], "backed_up": r["backed_up_bytes"],
-               "pause_s": seconds, "outside_regions": outside}
+               "pause_s": seconds, "outside_regions": outside,
+               "pause_phases": {k: r[k] for k in ("handles", "wait_seconds", "copy_seconds",
+                                                  "driver_seconds")}}
         out["pauses"].append(rec)
         return rec
 
@@ -87,6 +89,7 @@ def child(mode: str, rounds: int) -> None:
         if rec is not None:
             rec["resume_s"] = time.perf_counter() - t0
             rec["restored"] = r["restored_bytes"]
+            rec["resume_phases"] = {k: r[k] for k in ("handles", "driver_seconds", "copy_seconds")}
 
     # cuBLAS's workspaces (one per stream, kept by torch for the process) outside the regions: a
     # workspace made inside one would vanish with its pause while the other job still uses it.
@@ -170,6 +173,15 @@ def child(mode: str, rounds: int) -> None:
     print(RESULT_PREFIX + json.dumps(out), flush=True)
 
 
+def phases(paused: dict, resumed: dict) -> str:
+    """One pause's and resume's phases (milliseconds, handles), for telling where time goes."""
+    return (f"pause wait {paused['wait_seconds'] * 1e3:.1f} + copy "
+            f"{paused['copy_seconds'] * 1e3:.1f} + unmap/release "
+            f"{paused['driver_seconds'] * 1e3:.1f} ms ({paused['handles']} handles); resume "
+            f"create/map {resumed['driver_seconds'] * 1e3:.1f} ms ({resumed['handles']} "
+            f"handles) + copy {resumed['copy_seconds'] * 1e3:.1f} ms")
+
+
 def extra_figures(torch, vramledger, region, copy_bytes: int) -> dict:
     """The loop child's figures apart from the loop: a graph in a region after pause and resume,
     a plain copy of `copy_bytes` to pinned memory and back, and backup "none" pause and resume
@@ -223,10 +235,11 @@ def extra_figures(torch, vramledger, region, copy_bytes: int) -> dict:
         t0 = time.perf_counter()
         r = vramledger.pause("big", backup="none")
         t1 = time.perf_counter()
-        vramledger.resume("big")
+        back = vramledger.resume("big")
         t2 = time.perf_counter()
         pause_ms.append((t1 - t0) * 1e3)
         resume_ms.append((t2 - t1) * 1e3)
+        res.setdefault("big_phases", []).append(phases(r, back))
     res["big_released"] = r["released_bytes"]
     res["big_pause_ms"] = statistics.median(pause_ms)
     res["big_resume_ms"] = statistics.median(resume_ms)
@@ -334,6 +347,12 @@ def main() -> int:
                                                          widths)) + " |")
     for r in rows:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    # Where the time of each round went (the first train round also pins its buffers).
+    for i, p in enumerate(trains):
+        print(f"phases train round {i + 1} ({gib(p['backed_up'])} backed up): "
+              + phases(p["pause_phases"], p["resume_phases"]))
+    for i, text in enumerate(loop.get("big_phases", [])):
+        print(f"phases 10 GiB round {i + 1}: {text}")
     return 0 if all(r[3] == "PASS" for r in rows) else 1
 
 

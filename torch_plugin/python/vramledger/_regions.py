@@ -142,8 +142,17 @@ class region:  # pylint: disable=invalid-name  # used as `with vramledger.region
         self._name = _name(name)
         self._device_arg = device
         self._backward_here = backward_on_this_thread
-        # Each open entry, innermost last: its device and the autograd threading it replaced.
-        self._entered: list[tuple[int, bool | None]] = []
+        # Each thread's open entries of this object (one object may be entered on several
+        # threads at once, as a decorator is), innermost last: its device and the autograd
+        # threading it replaced. torch keeps that flag per thread (c10::AutogradState), so each
+        # thread restores its own.
+        self._local = threading.local()
+
+    def _entered(self) -> list[tuple[int, bool | None]]:
+        entered = getattr(self._local, "entered", None)
+        if entered is None:
+            entered = self._local.entered = []
+        return entered
 
     def __enter__(self) -> "region":
         calls = _calls()
@@ -155,11 +164,11 @@ class region:  # pylint: disable=invalid-name  # used as `with vramledger.region
 
             multithreaded = torch._C._is_multithreading_enabled()  # pylint: disable=protected-access
             torch._C._set_multithreading_enabled(False)  # pylint: disable=protected-access
-        self._entered.append((device, multithreaded))
+        self._entered().append((device, multithreaded))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        device, multithreaded = self._entered.pop()
+        device, multithreaded = self._entered().pop()
         if multithreaded is not None:
             import torch
 
@@ -186,8 +195,11 @@ def pause(name: str, backup: str = "none", device: Any = None) -> dict[str, Any]
     until resume(); freeing one is allowed. Safe from any thread.
 
     Returns:
-      {"released_bytes", "backed_up_bytes", "already_paused"}: bytes released to the driver and
-      bytes copied to host memory; pausing a paused region is a no-op with already_paused True.
+      {"released_bytes", "backed_up_bytes", "already_paused", "handles", "wait_seconds",
+      "copy_seconds", "driver_seconds"}: bytes released to the driver and bytes copied to host
+      memory; pausing a paused region is a no-op with already_paused True. The rest say where the
+      time went: waiting for the region's queued work, the backup's copies, and unmapping and
+      releasing `handles` physical handles.
 
     Raises:
       ValueError: `backup` is not "none" or "cpu", an empty name, a bad device.
@@ -198,7 +210,8 @@ def pause(name: str, backup: str = "none", device: Any = None) -> dict[str, Any]
         raise ValueError(f"vramledger.pause(): backup must be 'none' or 'cpu', got {backup!r}")
     calls = _calls()
     r = calls.json_call(calls.pause, _device(device), _name(name), _BACKUPS[backup])
-    return {key: r[key] for key in ("released_bytes", "backed_up_bytes", "already_paused")}
+    return {key: r[key] for key in ("released_bytes", "backed_up_bytes", "already_paused",
+                                     "handles", "wait_seconds", "copy_seconds", "driver_seconds")}
 
 
 def resume(name: str, keep_host_buffers: bool = False, device: Any = None) -> dict[str, Any]:
@@ -207,8 +220,10 @@ def resume(name: str, keep_host_buffers: bool = False, device: Any = None) -> di
     unless `keep_host_buffers` keeps them for the next pause. Safe from any thread.
 
     Returns:
-      {"mapped_bytes", "restored_bytes", "already_running"}; resuming a running region is a
-      no-op with already_running True.
+      {"mapped_bytes", "restored_bytes", "already_running", "handles", "driver_seconds",
+      "copy_seconds"}; resuming a running region is a no-op with already_running True. The rest
+      say where the time went: creating and mapping `handles` physical handles, and copying the
+      backups back.
 
     Raises:
       torch.OutOfMemoryError: the card or the plan cannot hold the region (the message names
@@ -218,7 +233,8 @@ def resume(name: str, keep_host_buffers: bool = False, device: Any = None) -> di
     """
     calls = _calls()
     r = calls.json_call(calls.resume, _device(device), _name(name), int(bool(keep_host_buffers)))
-    return {key: r[key] for key in ("mapped_bytes", "restored_bytes", "already_running")}
+    return {key: r[key] for key in ("mapped_bytes", "restored_bytes", "already_running",
+                                     "handles", "driver_seconds", "copy_seconds")}
 
 
 def regions(device: Any = None) -> list[dict[str, Any]]:
