@@ -16,6 +16,11 @@
 #       DIR (default build-fuzz-long/run) receives fuzz.log, summary.txt, corpus/ (the merged
 #       corpus) and crashes/ (every crashing input, with its log in fuzz.log).
 #       Defaults: 600 s, nproc jobs, .devbuild/fuzz/allocator_ops_fuzz.
+#   scripts/fuzz_long.sh coverage [CORPUS_DIR ...]
+#       here: builds the target with source-based coverage (build-fuzz-cov/, as scripts/fuzz.sh
+#       --coverage), runs the seed corpus and each CORPUS_DIR (e.g. a run's DIR/corpus, unpacked
+#       from the GPU machine's fuzz-long.tar.gz) through it and prints the line coverage of each
+#       allocator/core/*.cc file and the total (build-fuzz-cov/core.txt: llvm-cov's whole report).
 # Exit status of `run`: 0 when nothing crashed, 1 when an input crashed (or broke a check),
 # 2 on a usage error or a missing binary.
 set -euo pipefail
@@ -104,8 +109,35 @@ run() {
   fi
 }
 
+coverage() {
+  command -v llvm-cov >/dev/null || { echo "fuzz_long: llvm-cov not found" >&2; exit 2; }
+  local dir=build-fuzz-cov d
+  for d in "$@"; do [ -d "$d" ] || { echo "fuzz_long: no corpus folder $d" >&2; exit 2; }; done
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+    -DVRAMLEDGER_FUZZ=ON -DVRAMLEDGER_FUZZ_COVERAGE=ON -DVRAMLEDGER_BUILD_TESTS=OFF \
+    -DVRAMLEDGER_BUILD_BENCHMARKS=OFF -DVRAMLEDGER_BUILD_CUDA=OFF \
+    -DVRAMLEDGER_BUILD_TORCH_PLUGIN=OFF -DVRAMLEDGER_BUILD_PYTHON=OFF >/dev/null
+  cmake --build "$dir" -j"${JOBS:-2}" --target "$TARGET" >/dev/null
+  rm -f "$dir"/*.profraw
+  # -runs=0: every input of the folders once, no fuzzing.
+  LLVM_PROFILE_FILE="$ROOT/$dir/ops-%p.profraw" "$dir/tests/fuzz/$TARGET" -runs=0 \
+    -max_len=$MAX_LEN "$SEEDS" "$@" >"$dir/run.log" 2>&1
+  llvm-profdata merge -sparse "$dir"/*.profraw -o "$dir/ops.profdata"
+  llvm-cov report "$dir/tests/fuzz/$TARGET" -instr-profile="$dir/ops.profdata" \
+    "$ROOT/allocator/core" >"$dir/core.txt"
+  local inputs
+  inputs=$(sed -n 's/.*INITED.*corp: \([0-9]*\).*/\1/p' "$dir/run.log" | tail -1)
+  echo "line coverage of allocator/core by the $TARGET corpus (${inputs:-?} inputs kept of" \
+    "$(find "$SEEDS" "$@" -type f | wc -l) files; $dir/core.txt):"
+  # llvm-cov's columns: file, regions, missed, cover, functions, missed, executed, lines,
+  # missed, cover, branches, ...
+  awk '$1 ~ /\.cc$/ || $1 == "TOTAL" {printf "  %-32s %6s lines %6s missed %8s\n", $1, $8, $9, $10}' \
+    "$dir/core.txt"
+}
+
 case "${1:-}" in
   build) build ;;
+  coverage) shift; coverage "$@" ;;
   run) shift; run "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;
 esac
