@@ -248,6 +248,22 @@ TEST_F(RegionsTest, AMemPoolCreatedWhileItsRegionIsPausedPausesWithIt) {
   Free(a);
 }
 
+// A paused region's block has no pages: sharing it is refused naming the region (it once failed
+// inside the page walk with an internal error), and works again after the resume.
+TEST_F(RegionsTest, SharingABlockOfAPausedRegionIsRefusedNamingIt) {
+  const DevicePtr a = AllocIn("train", 4 * kMiB);
+  Pause("train", RegionBackup::kNone);
+  auto refused = alloc_->ShareIpcHandle(a);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("region 'train', which is paused"), std::string::npos)
+      << refused.status();
+  Check();
+  Resume("train");
+  auto shared = alloc_->ShareIpcHandle(a);
+  EXPECT_TRUE(shared.ok()) << shared.status();
+  Free(a);
+}
+
 TEST_F(RegionsTest, PauseWaitsForWorkPendingOnOtherStreams) {
   Begin("train");
   const DevicePtr freed = Alloc(4 * kMiB, 1);

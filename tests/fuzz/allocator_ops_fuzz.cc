@@ -196,7 +196,8 @@ class Run {
     }
     for (const MempoolId& pool : kPools) {
       while (routed_[pool.first] > 0) {
-        Check(alloc_->EndAllocateToPool(pool).ok(), "end use_mem_pool at finish");
+        const absl::Status ended = alloc_->EndAllocateToPool(pool);
+        Check(ended.ok(), absl::StrCat("end use_mem_pool at finish: ", ended.ToString()));
         --routed_[pool.first];
       }
     }
