@@ -264,6 +264,22 @@ TEST_F(RegionsTest, SharingABlockOfAPausedRegionIsRefusedNamingIt) {
   Free(a);
 }
 
+// no_split on a region's MemPool: its segments are expandable, so a request still takes only
+// its rounded size, not the segment's whole unmapped range (which once made allocated bytes
+// exceed reserved).
+TEST_F(RegionsTest, NoSplitInARegionsPoolTakesOnlyTheRequest) {
+  Begin("train");
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool({3, 0}).ok());
+  End("train");
+  ASSERT_TRUE(alloc_->SetNoSplit({3, 0}).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool({3, 0}, ThisThread()).ok());
+  const DevicePtr m = Alloc(3 * kMiB);
+  ASSERT_TRUE(alloc_->EndAllocateToPool({3, 0}).ok());
+  Check();
+  EXPECT_EQ(Info("train").allocated_bytes, 3 * kMiB);  // the request, not the whole range
+  Free(m);
+}
+
 TEST_F(RegionsTest, PauseWaitsForWorkPendingOnOtherStreams) {
   Begin("train");
   const DevicePtr freed = Alloc(4 * kMiB, 1);

@@ -29,6 +29,7 @@ constexpr StreamId kStreams[] = {0, 0x11, 0x22, 0x33};
 constexpr StreamId kCaptureStreams[] = {0x20, 0x30};
 constexpr MempoolId kPools[] = {{1, 0}, {2, 0}, {3, 0}};
 constexpr const char* kRegions[] = {"ra", "rb"};
+constexpr std::size_t kPinnedCapacity = 256 * kMiB;
 
 // Options from the first two bytes: every setting that changes where a block goes.
 std::string ConfFrom(ByteReader& in) {
@@ -109,6 +110,10 @@ class Run {
     SimBackend::Config config;
     config.capacity = capacity;
     sim_ = std::make_unique<SimBackend>(config);
+    // A region's CPU backup is real host memory here: capped, so that a pause of a region of
+    // gigabytes is refused (ResourceExhausted, a path of its own) instead of exhausting the
+    // fuzzer's memory limit.
+    sim_->SetPinnedCapacity(kPinnedCapacity);
     auto options = ParseOptions(conf);
     Check(options.ok(), absl::StrCat("options '", conf, "': ", options.status().ToString()));
     alloc_ = std::make_unique<DeviceAllocator>(*options, sim_.get());
