@@ -89,8 +89,8 @@ done
 COV="-"
 if [ -n "$COVERAGE" ] && [[ " $TARGETS " == *" allocator_ops_fuzz "* ]]; then
   echo "== fuzz: line coverage of allocator/core by the allocator_ops_fuzz corpus"
-  scripts/fuzz_long.sh coverage build-fuzz/corpus/allocator_ops_fuzz
-  COV=$(awk '$1 == "TOTAL" {print $10}' build-fuzz-cov/core.txt)
+  scripts/fuzz_long.sh coverage build-fuzz/corpus/allocator_ops_fuzz | tee build-fuzz/coverage.txt
+  COV=$(awk '$1 == "TOTAL" {print $7}' build-fuzz/coverage.txt)
 fi
 
 echo "== fuzz summary (${SECONDS_PER_TARGET} s per target; $(date -u +%Y-%m-%dT%H:%MZ))"

@@ -82,7 +82,7 @@
 # and after the items waits for it: row `fuzz_long` of the table (PASS: nothing crashed) with its
 # executions, exec/s, crashes and corpus; its crashing inputs, merged corpus and log in
 # $OUT/fuzz-long.tar.gz. Needs .devbuild/fuzz/allocator_ops_fuzz carried (fuzz_long.sh build);
-# FUZZ_BINARY names another (the UBSan variant), FUZZ_CORPUS a grown corpus to start from.
+# FUZZ_BINARY names another build of it, FUZZ_CORPUS a grown corpus to start from.
 # Outputs: $OUT/table.txt and $OUT/gpu-run.tar.gz (every log and output; the device machine sends
 # back a few files only), $OUT default .devbuild/out. Exit status 0 when every item that ran
 # passed (a benchmark passes when it ran to its end) and none was skipped.
