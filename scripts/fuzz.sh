@@ -2,7 +2,9 @@
 # Builds the libFuzzer targets (tests/fuzz; clang, ASan + UBSan) in build-fuzz/ and runs each for a
 # bounded time from its seed corpus (tests/fuzz/corpus/<target>/, crash reproducers included), then
 # prints per target: executions, crashes, corpus size; and, for a long run (--seconds 120 or more,
-# or --coverage), the allocator_ops_fuzz corpus's line coverage of allocator/core.
+# or --coverage), the allocator_ops_fuzz corpus's line coverage of allocator/core (per file, by
+# scripts/fuzz_long.sh coverage). The many-core long run of allocator_ops_fuzz without
+# sanitizers is scripts/fuzz_long.sh.
 #   scripts/fuzz.sh                 # CI: 25 s per target
 #   scripts/fuzz.sh --seconds 600   # long run (docs/results/reliability.md)
 #   scripts/fuzz.sh --seconds 60 --targets "options_fuzz plan_fuzz"
@@ -87,16 +89,8 @@ done
 COV="-"
 if [ -n "$COVERAGE" ] && [[ " $TARGETS " == *" allocator_ops_fuzz "* ]]; then
   echo "== fuzz: line coverage of allocator/core by the allocator_ops_fuzz corpus"
-  configure build-fuzz-cov -DVRAMLEDGER_FUZZ_COVERAGE=ON
-  cmake --build build-fuzz-cov -j"$(nproc)" --target allocator_ops_fuzz >/dev/null
-  rm -f build-fuzz-cov/*.profraw
-  LLVM_PROFILE_FILE="$ROOT/build-fuzz-cov/ops-%p.profraw" build-fuzz-cov/tests/fuzz/allocator_ops_fuzz \
-    -runs=0 build-fuzz/corpus/allocator_ops_fuzz tests/fuzz/corpus/allocator_ops_fuzz \
-    >build-fuzz-cov/run.log 2>&1
-  llvm-profdata merge -sparse build-fuzz-cov/*.profraw -o build-fuzz-cov/ops.profdata
-  llvm-cov report build-fuzz-cov/tests/fuzz/allocator_ops_fuzz \
-    -instr-profile=build-fuzz-cov/ops.profdata "$ROOT/allocator/core" >build-fuzz-cov/core.txt
-  COV=$(awk '$1 == "TOTAL" {print $10}' build-fuzz-cov/core.txt)
+  scripts/fuzz_long.sh coverage build-fuzz/corpus/allocator_ops_fuzz | tee build-fuzz/coverage.txt
+  COV=$(awk '$1 == "TOTAL" {print $7}' build-fuzz/coverage.txt)
 fi
 
 echo "== fuzz summary (${SECONDS_PER_TARGET} s per target; $(date -u +%Y-%m-%dT%H:%MZ))"

@@ -234,8 +234,11 @@ absl::StatusOr<Block*> DeviceAllocatorImpl::AllocSegment(BlockPool* pool,
 
 bool DeviceAllocatorImpl::ShouldSplit(const Block* block, std::size_t size) const {
   const std::size_t remaining = block->size - size;
+  // An expandable segment's free tail is the unmapped rest of its range, not a cached block:
+  // it is split off even under no_split, or one request would take (and count) the whole range.
+  if (block->pool->expandable) return remaining >= sp::kMinBlockSize;
   if (block->pool->no_split) return false;  // a MemPool's no_split
-  if (block->pool->is_small || block->pool->expandable) return remaining >= sp::kMinBlockSize;
+  if (block->pool->is_small) return remaining >= sp::kMinBlockSize;
   return size < options_.max_split_size && remaining > sp::kSmallSize;
 }
 

@@ -95,6 +95,14 @@ absl::StatusOr<IpcShare> DeviceAllocatorImpl::ShareLocked(DevicePtr ptr) {
   if (!found.ok()) return found.status();
   const Block* block = *found;
   const Segment* seg = block->segment;
+  // A paused region's block has no pages to share until its region is resumed.
+  if (seg->pool->paused) {
+    const Region* region = regions_.OfPool(seg->pool->owner);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "vramledger: shareIpcHandle: the block at %#x is in region '%s', which is paused; "
+        "resume it first",
+        block->ptr, region != nullptr ? region->name : "?"));
+  }
   core::IpcHandle handle;
   IpcShare share;
   if (!seg->expandable) {  // the whole cudaMalloc'd segment, as torch shares it

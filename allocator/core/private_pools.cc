@@ -121,9 +121,16 @@ absl::Status PrivatePools::End(MempoolId id) {
   // one that served streams none of which captures any more: torch ends a stream's capture
   // before the pool's, so with two captures into one pool the entry of the one still capturing
   // stays (an entry that served nothing cannot tell, and is taken innermost first after these).
+  // Only a capture's entry can be ended so: one that served capturing streams only, whose
+  // filter no longer accepts them. A use_mem_pool entry (it served a stream that was not
+  // capturing, or its filter still accepts) stays for its own end.
   auto ended = [&](const Active& a) {
-    return !a.streams.empty() && std::none_of(a.streams.begin(), a.streams.end(),
-                        [&](StreamId s) { return backend_->IsCapturing(s); });
+    if (!a.saw_capture || a.served_plain || a.streams.empty()) return false;
+    if (std::any_of(a.streams.begin(), a.streams.end(),
+                    [&](StreamId s) { return backend_->IsCapturing(s); })) {
+      return false;
+    }
+    return !(a.filter && a.owner == self && a.filter(a.streams.front()));
   };
   auto mine = std::find_if(active_.rbegin(), active_.rend(), [&](const Active& a) {
     return a.id == id && a.owner == self && ended(a);

@@ -69,6 +69,11 @@ bool DeviceAllocatorImpl::CreateInRegion(MempoolId id, int uses) {
   if (region == nullptr || private_pools_.Find(id) != nullptr) return false;
   if (!private_pools_.CreateExpandable(id, options_.expandable_page_size, uses).ok()) return false;
   regions_.AddPool(region, id);
+  // A pool made while its region is paused starts paused with it (it has no pages to release):
+  // its requests are refused as the region's are, and the resume runs it with the rest.
+  if (region->paused) {
+    for (BlockPool* pool : RegionPools(*region)) pool->paused = true;
+  }
   return true;
 }
 

@@ -76,6 +76,13 @@
 # CAPACITY_WORKLOADS (gpt2m,llama1b,llama1b-ckpt,llama1b-lora), CAPACITY_CAPS (24,80),
 # CAPACITY_ALLOCATORS (torch,torch-expandable,vramledger), CAPACITY_DIMS (batch,seq),
 # CAPACITY_BUDGET_S (500), CAPACITY_RESUME (results files; default .devbuild/capacity-results.json).
+# Background fuzzing on the CPU cores the items leave idle (nothing changes when unset):
+# FUZZ_BACKGROUND_S=S starts scripts/fuzz_long.sh run (allocator_ops_fuzz, -fork=FUZZ_JOBS jobs,
+# default nproc - 4, under nice) before the items, for S seconds (at most the budget less 30 s),
+# and after the items waits for it: row `fuzz_long` of the table (PASS: nothing crashed) with its
+# executions, exec/s, crashes and corpus; its crashing inputs, merged corpus and log in
+# $OUT/fuzz-long.tar.gz. Needs .devbuild/fuzz/allocator_ops_fuzz carried (fuzz_long.sh build);
+# FUZZ_BINARY names another build of it, FUZZ_CORPUS a grown corpus to start from.
 # Outputs: $OUT/table.txt and $OUT/gpu-run.tar.gz (every log and output; the device machine sends
 # back a few files only), $OUT default .devbuild/out. Exit status 0 when every item that ran
 # passed (a benchmark passes when it ran to its end) and none was skipped.
@@ -315,8 +322,12 @@ details() {
     hostcost) grep -E "^(trace|\| |vramledger)" "$f" ;;
     record_empty_cache) sed -n '/^program:/,$p' "$f" ;;
     capacity) sed -n '/^capacity (/,$p' "$f" ;;
+    fuzz_long) grep -E "^fuzz_long" "$f" ;;
   esac
 }
+
+# FUZZ_BACKGROUND_S: fuzz_start and fuzz_collect (see the top).
+source "$ROOT/benchmarks/gpu/fuzz_background.sh"
 
 run_items() {
   local want=" $* "
@@ -353,6 +364,7 @@ print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', 
 r = os.path.dirname(torch.__file__)
 print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 'cu13', 'lib'))")"
   local shim="$LIBDIR/libvramledger_preload.so"
+  [ -n "${FUZZ_BACKGROUND_S:-}" ] && fuzz_start
 
   for name in $CHECKS $BENCH; do
     [[ "$want" == *" $name "* ]] || continue
@@ -433,6 +445,8 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       capacity) item capacity bench 60 capacity ;;
     esac
   done
+
+  [ -n "${FUZZ_BACKGROUND_S:-}" ] && fuzz_collect
 
   echo
   echo "==== details"

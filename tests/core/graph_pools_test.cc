@@ -167,6 +167,33 @@ TEST_F(GraphPoolsTest, AUseMemPoolThatServedACaptureIsKeptAfterIt) {
   EXPECT_EQ(Reserved(), 0);
 }
 
+// A capture into p, then use_mem_pool(p) on the same thread serving eager streams: the
+// capture's end removes the capture's entry, not use_mem_pool's (the innermost, whose streams do
+// not capture either), so eager requests still go to p and use_mem_pool's own end finds its
+// entry. (allocator_ops_fuzz found the wrong entry removed: use_mem_pool's end then failed.)
+TEST_F(GraphPoolsTest, TheEndOfACaptureLeavesAUseMemPoolBegunInsideIt) {
+  const std::thread::id me = std::this_thread::get_id();
+  auto this_thread = [me](StreamId) { return std::this_thread::get_id() == me; };
+  BeginCapture(kPool);
+  const DevicePtr captured = Alloc(kMiB, kCapture);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, this_thread).ok());  // use_mem_pool
+  const DevicePtr before = Alloc(kMiB, kEager);
+  EndCapture(kPool);
+  const DevicePtr after = Alloc(4 * kMiB, kEager);  // still use_mem_pool's: in kPool
+  const std::int64_t reserved = Reserved();
+  Free(captured);
+  Free(before);
+  Free(after);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), reserved);  // kPool's, which is in use
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  EXPECT_FALSE(alloc_->EndAllocateToPool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());  // the graph's use
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());  // the MemPool's
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
 TEST_F(GraphPoolsTest, FailedCaptureLeaksNothing) {
   const std::int64_t before = Reserved();
   BeginCapture(kPool);

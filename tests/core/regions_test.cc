@@ -218,6 +218,68 @@ TEST_F(RegionsTest, AMemPoolCreatedInsideTheRegionBelongsToIt) {
   Free(m);
 }
 
+// A pool made inside a region while the region is paused starts paused: its requests are
+// refused naming the region, and it runs again with the region's resume. (The invariant check
+// once failed here: "a pool's paused flag disagrees".)
+TEST_F(RegionsTest, AMemPoolCreatedWhileItsRegionIsPausedPausesWithIt) {
+  const DevicePtr a = AllocIn("train", 4 * kMiB);
+  Pause("train", RegionBackup::kNone);
+  Begin("train");
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool({3, 0}).ok());
+  End("train");
+  Check();
+  EXPECT_EQ(Info("train").pools.back(), (MempoolId{3, 0}));
+  ASSERT_TRUE(alloc_->BeginAllocateToPool({3, 0}, ThisThread()).ok());
+  auto refused = alloc_->Malloc(kMiB, 0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("region 'train' is paused"), std::string::npos)
+      << refused.status();
+  ASSERT_TRUE(alloc_->EndAllocateToPool({3, 0}).ok());
+  Check();
+  Resume("train");
+  ASSERT_TRUE(alloc_->BeginAllocateToPool({3, 0}, ThisThread()).ok());
+  const DevicePtr m = Alloc(kMiB);
+  ASSERT_TRUE(alloc_->EndAllocateToPool({3, 0}).ok());
+  Pause("train", RegionBackup::kNone);
+  EXPECT_EQ(sim_->HandleAt(m), 0u);
+  Resume("train");
+  EXPECT_NE(sim_->HandleAt(m), 0u);
+  Free(m);
+  Free(a);
+}
+
+// A paused region's block has no pages: sharing it is refused naming the region (it once failed
+// inside the page walk with an internal error), and works again after the resume.
+TEST_F(RegionsTest, SharingABlockOfAPausedRegionIsRefusedNamingIt) {
+  const DevicePtr a = AllocIn("train", 4 * kMiB);
+  Pause("train", RegionBackup::kNone);
+  auto refused = alloc_->ShareIpcHandle(a);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("region 'train', which is paused"), std::string::npos)
+      << refused.status();
+  Check();
+  Resume("train");
+  auto shared = alloc_->ShareIpcHandle(a);
+  EXPECT_TRUE(shared.ok()) << shared.status();
+  Free(a);
+}
+
+// no_split on a region's MemPool: its segments are expandable, so a request still takes only
+// its rounded size, not the segment's whole unmapped range (which once made allocated bytes
+// exceed reserved).
+TEST_F(RegionsTest, NoSplitInARegionsPoolTakesOnlyTheRequest) {
+  Begin("train");
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool({3, 0}).ok());
+  End("train");
+  ASSERT_TRUE(alloc_->SetNoSplit({3, 0}).ok());
+  ASSERT_TRUE(alloc_->BeginAllocateToPool({3, 0}, ThisThread()).ok());
+  const DevicePtr m = Alloc(3 * kMiB);
+  ASSERT_TRUE(alloc_->EndAllocateToPool({3, 0}).ok());
+  Check();
+  EXPECT_EQ(Info("train").allocated_bytes, 3 * kMiB);  // the request, not the whole range
+  Free(m);
+}
+
 TEST_F(RegionsTest, PauseWaitsForWorkPendingOnOtherStreams) {
   Begin("train");
   const DevicePtr freed = Alloc(4 * kMiB, 1);

@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -56,6 +57,12 @@ class Model {
   void Malloc(const std::string& name, std::size_t size, StreamId stream,
               const absl::StatusOr<DevicePtr>& p) {
     if (!p.ok()) {
+      // A request routed to a paused region is refused, naming it.
+      if (!paused_.empty() && p.status().code() == absl::StatusCode::kFailedPrecondition) {
+        Check(p.status().message().find("region") != std::string_view::npos,
+              absl::StrCat(name, ": refusal names no region: ", p.status().ToString()));
+        return;
+      }
       Allowed(name, p.status(), {absl::StatusCode::kResourceExhausted});
       Check(size > 0, name + ": malloc(0) failed");
       Check(!p.status().message().empty(), name + ": an error without a message");
@@ -78,6 +85,15 @@ class Model {
     return order_[pick % order_.size()];
   }
   DevicePtr LastFreed() const { return last_freed_; }
+
+  /// A region paused (its blocks leave the device's statistics and lose their pages) or running.
+  void SetPaused(const std::string& region, bool paused) {
+    if (paused) {
+      paused_.insert(region);
+    } else {
+      paused_.erase(region);
+    }
+  }
 
   void Free(const std::string& name, DevicePtr p) {
     // An injected error on the way (an event record) still frees the block.
@@ -124,24 +140,31 @@ class Model {
     Check(inv.ok(), absl::StrCat(name, ": ", inv.ToString()));
     const DeviceStats s = alloc_->GetStats();
     std::int64_t allocated = 0, active = 0, reserved = 0, plain = 0;
-    std::size_t owned = 0;
+    std::size_t owned = 0, owned_paused = 0;
     DevicePtr end_of_last = 0;
-    std::map<DevicePtr, const BlockInfo*> blocks;
+    // A paused region's segments keep their blocks, but not its pages nor its statistics.
+    std::map<DevicePtr, std::pair<const BlockInfo*, bool>> blocks;  // and whether paused
     const std::vector<SegmentInfo> segments = SegmentsOf(*alloc_);
+    std::size_t paused_segments = 0;
     for (const SegmentInfo& seg : segments) {
-      reserved += static_cast<std::int64_t>(seg.total_size);
+      Check(!seg.paused || seg.is_expandable, name + ": a paused plain segment");
+      paused_segments += seg.paused;
+      if (!seg.paused) reserved += static_cast<std::int64_t>(seg.total_size);
       if (!seg.is_expandable) plain += static_cast<std::int64_t>(seg.total_size);
-      for (const BlockInfo& b : seg.blocks) blocks[b.address] = &b;
+      for (const BlockInfo& b : seg.blocks) blocks[b.address] = {&b, seg.paused};
     }
-    for (const auto& [address, b] : blocks) {
+    Check(paused_segments == 0 || !paused_.empty(), name + ": a paused segment, no paused region");
+    for (const auto& [address, entry] : blocks) {
+      const auto& [b, paused] = entry;
       Check(address >= end_of_last, absl::StrCat(name, ": block ", address, " overlaps"));
       end_of_last = address + b->size;
       const std::string_view state = b->state;
       if (state == "inactive") continue;
-      active += static_cast<std::int64_t>(b->size);
+      if (!paused) active += static_cast<std::int64_t>(b->size);
       if (state != "active_allocated") continue;
-      allocated += static_cast<std::int64_t>(b->size);
+      if (!paused) allocated += static_cast<std::int64_t>(b->size);
       ++owned;
+      owned_paused += paused;
       auto it = live_.find(address);
       Check(it != live_.end(), absl::StrCat(name, ": allocated block ", address, " not owned"));
       Check(b->requested_size == it->second.size,
@@ -152,8 +175,9 @@ class Model {
     }
     Check(owned == live_.size(),
           absl::StrCat(name, ": ", live_.size(), " blocks owned, ", owned, " allocated"));
-    Check(s.allocation[kAggregate].current == static_cast<std::int64_t>(live_.size()),
-          name + ": allocation count");
+    Check(
+        s.allocation[kAggregate].current == static_cast<std::int64_t>(live_.size() - owned_paused),
+        name + ": allocation count");
     Check(s.allocated_bytes[kAggregate].current == allocated, name + ": allocated_bytes");
     Check(s.active_bytes[kAggregate].current == active, name + ": active_bytes");
     Check(s.reserved_bytes[kAggregate].current == reserved, name + ": reserved_bytes");
@@ -167,7 +191,7 @@ class Model {
         static_cast<std::size_t>(FragmentationOf(*alloc_).retiring_bytes) == sim_->aliased_bytes(),
         name + ": retiring bytes != aliased mappings");
     for (const SegmentInfo& seg : segments) {
-      if (!seg.is_expandable) continue;
+      if (!seg.is_expandable || seg.paused) continue;
       for (const BlockInfo& b : seg.blocks) {
         if (std::string_view(b.state) == "inactive") continue;
         Check(sim_->IsAccessible(b.address, b.size),
@@ -231,6 +255,7 @@ class Model {
   SimBackend* sim_;
   std::array<std::size_t, kRoundupPower2Intervals> divisions_;
   std::map<DevicePtr, Live> live_;
+  std::set<std::string> paused_;  // the regions paused
   std::vector<DevicePtr> order_;
   DevicePtr last_freed_ = 0;
   bool capturing_ = false;
