@@ -2,9 +2,9 @@
 # `scripts/sanitize.sh asan|tsan`: builds the CPU tests of one sanitizer variant and runs them.
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/): the core (its checked
 #         build: the full invariant check after every operation), device layer, ledger, guard,
-#         replay, the torch plugin's runtime and C ABI, every refusal of the native allocator
-#         (no_abort_test), and a short soak. The plugin's other suites, each a translation unit
-#         of torch's headers, are left to the plain build to keep CI within its time.
+#         replay, the runtime through the plugin's C ABI (guard, history, regions, OOM
+#         observers), every refusal of the native allocator (no_abort_test), and a short soak.
+#         The torch-native mode's other suites (native_*_test) run in the plain build only.
 #   tsan  ThreadSanitizer (build-tsan/, Abseil built from source so that absl::Mutex is seen):
 #         every test that runs threads, the eight-thread stress test among them.
 # Only the targets a variant runs are built. A sanitizer report fails the run (the runtimes halt
@@ -23,12 +23,13 @@ case "$variant" in
     # core_checked_test holds the core's part tests and scenarios; the others are the tests of
     # the layers above and the core tests it does not hold.
     tests=(core_checked_test size_policy_test options_test hot_path_structures_test
-           contiguous_scope_test old_mapping_hazard_test
+           contiguous_scope_test old_mapping_hazard_test old_mapping_placement_stress_test
            sim_backend_conformance_test sim_backend_test sim_cost_model_test
-           history_test snapshot_test device_report_test
+           history_test snapshot_test device_report_test region_report_test atomic_file_test
            plan_test budget_guard_test guard_concurrency_test
-           trace_reader_test replay_test
-           runtime_defaults_test plugin_abi_test no_abort_test)
+           trace_reader_test replay_test replay_follow_test
+           runtime_defaults_test plugin_abi_test guard_api_test plugin_history_test
+           plugin_oom_observer_test region_api_test no_abort_test)
     tools=(vramledger-soak)
     ;;
   tsan)
