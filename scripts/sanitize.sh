@@ -50,6 +50,9 @@ esac
 
 PY="$ROOT/.venv/bin/python"
 [ -x "$PY" ] || PY="$(command -v python3)"
+# CPU seconds of the finished child processes (a build's wall time on an idle machine is about
+# this over the number of cores).
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print int(($16 + $17) / hz)}' /proc/$$/stat; }
 start=$SECONDS
 echo "== $variant: configure ($dir/)"
 # -O1 -g1: the optimisation the sanitizers' documentation recommends, and line tables only (a
@@ -79,6 +82,7 @@ done
 echo "== $variant: build ${#available[@]} targets"
 cmake --build "$dir" -j"$(nproc)" --target "${available[@]}"
 built=$SECONDS
+built_cpu=$(cpu_seconds)
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
@@ -117,7 +121,7 @@ for t in "${tools[@]}"; do
     fi
   fi
 done
-echo "== $variant: $total tests in ${#available[@]} targets; configure $((configured - start)) s, build $((built - configured)) s, run $((SECONDS - built)) s"
+echo "== $variant: $total tests in ${#available[@]} targets; configure $((configured - start)) s, build $((built - configured)) s (CPU ${built_cpu} s), run $((SECONDS - built)) s (CPU $(($(cpu_seconds) - built_cpu)) s)"
 if ((${#failed[@]})); then
   echo "$variant: FAILED: ${failed[*]}" >&2
   exit 1

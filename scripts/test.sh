@@ -5,15 +5,22 @@
 # UndefinedBehaviorSanitizer and the threaded ones under ThreadSanitizer (scripts/sanitize.sh,
 # each building only what it runs). Without a GPU the GPU tests are reported as skipped, never as
 # passed. VRAMLEDGER_SANITIZERS=0 leaves the two sanitizer builds out (a quicker local run).
-# Each phase ends with a line `== phase NAME: N s`; the last one gives the total.
+# Each phase ends with a line `== phase NAME: N s (CPU M s)`; the last one gives the total.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# CPU seconds of the finished child processes: with other work on the machine a phase's wall
+# time grows, its CPU time does not (wall on an idle machine is about CPU / cores for builds).
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print int(($16 + $17) / hz)}' /proc/$$/stat; }
 start=$SECONDS
 phase_start=$SECONDS
-phase() {  # ends the current phase, printing its seconds
-  echo "== phase $1: $((SECONDS - phase_start)) s"
+phase_cpu=0
+phase() {  # ends the current phase, printing its wall and CPU seconds
+  local cpu
+  cpu=$(cpu_seconds)
+  echo "== phase $1: $((SECONDS - phase_start)) s (CPU $((cpu - phase_cpu)) s)"
   phase_start=$SECONDS
+  phase_cpu=$cpu
 }
 ./scripts/setup.sh
 phase setup
@@ -36,4 +43,4 @@ if [ "${VRAMLEDGER_SANITIZERS:-1}" != 0 ]; then
   ./scripts/sanitize.sh tsan
   phase tsan
 fi
-echo "== phase total: $((SECONDS - start)) s"
+echo "== phase total: $((SECONDS - start)) s (CPU $(cpu_seconds) s)"
