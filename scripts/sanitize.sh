@@ -4,7 +4,9 @@
 #         build: the full invariant check after every operation), device layer, ledger, guard,
 #         replay, the runtime through the plugin's C ABI (guard, history, regions, OOM
 #         observers), every refusal of the native allocator (no_abort_test), and a short soak.
-#         The torch-native mode's other suites (native_*_test) run in the plain build only.
+#         The torch-native mode's other suites (native_*_test) and the long randomized runs of
+#         old_mapping_placement_stress_test (minutes in the plain build; the same paths run here
+#         through the checked core's old-mapping tests) run in the plain build only.
 #   tsan  ThreadSanitizer (build-tsan/, Abseil built from source so that absl::Mutex is seen):
 #         every test that runs threads, the eight-thread stress test among them.
 # Only the targets a variant runs are built. A sanitizer report fails the run (the runtimes halt
@@ -23,7 +25,7 @@ case "$variant" in
     # core_checked_test holds the core's part tests and scenarios; the others are the tests of
     # the layers above and the core tests it does not hold.
     tests=(core_checked_test size_policy_test options_test hot_path_structures_test
-           contiguous_scope_test old_mapping_hazard_test old_mapping_placement_stress_test
+           contiguous_scope_test old_mapping_hazard_test
            sim_backend_conformance_test sim_backend_test sim_cost_model_test
            history_test snapshot_test device_report_test region_report_test atomic_file_test
            plan_test budget_guard_test guard_concurrency_test
