@@ -96,10 +96,26 @@ export CUDA_VISIBLE_DEVICES=""
 # as CTest runs every test.
 one_per_process=(region_api_test)
 run_binary() {  # EXE FILTER LOG: runs the tests; the log ends with gtest's "PASSED" line
-  local exe="$1" filter="$2" log="$3" name n=0
+  local exe="$1" filter="$2" log="$3" name n=0 k m rc=0
   if [[ " ${one_per_process[*]} " != *" $(basename "$exe") "* ]]; then
-    "$exe" --gtest_brief=1 --gtest_filter="$filter" >"$log" 2>&1
-    return
+    # One gtest shard per core, in parallel (the tests already run side by side under CTest -j).
+    local shards pids=()
+    shards="$(nproc)"
+    for ((k = 0; k < shards; k++)); do
+      GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$k" \
+        "$exe" --gtest_brief=1 --gtest_filter="$filter" >"$log.$k" 2>&1 &
+      pids+=($!)
+    done
+    for k in "${!pids[@]}"; do wait "${pids[$k]}" || rc=1; done
+    : >"$log"
+    for ((k = 0; k < shards; k++)); do
+      m="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log.$k" | tail -n 1)"
+      n=$((n + ${m:-0}))
+      cat "$log.$k" >>"$log"
+      rm -f "$log.$k"
+    done
+    ((rc == 0)) && echo "[  PASSED  ] $n tests." >>"$log"
+    return "$rc"
   fi
   : >"$log"
   for name in $("$exe" --gtest_list_tests --gtest_filter="$filter" |
