@@ -2,9 +2,11 @@
 # `scripts/sanitize.sh asan|tsan`: builds the CPU tests of one sanitizer variant and runs them.
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/): the core (its checked
 #         build: the full invariant check after every operation), device layer, ledger, guard,
-#         replay, the torch plugin's runtime and C ABI, every refusal of the native allocator
-#         (no_abort_test), and a short soak. The plugin's other suites, each a translation unit
-#         of torch's headers, are left to the plain build to keep CI within its time.
+#         replay, the runtime through the plugin's C ABI (guard, history, regions, OOM
+#         observers), every refusal of the native allocator (no_abort_test), and a short soak.
+#         The torch-native mode's other suites (native_*_test) and the long randomized runs of
+#         old_mapping_placement_stress_test (minutes in the plain build; the same paths run here
+#         through the checked core's old-mapping tests) run in the plain build only.
 #   tsan  ThreadSanitizer (build-tsan/, Abseil built from source so that absl::Mutex is seen):
 #         every test that runs threads, the eight-thread stress test among them.
 # Only the targets a variant runs are built. A sanitizer report fails the run (the runtimes halt
@@ -25,10 +27,11 @@ case "$variant" in
     tests=(core_checked_test size_policy_test options_test hot_path_structures_test
            contiguous_scope_test old_mapping_hazard_test
            sim_backend_conformance_test sim_backend_test sim_cost_model_test
-           history_test snapshot_test device_report_test
+           history_test snapshot_test device_report_test region_report_test atomic_file_test
            plan_test budget_guard_test guard_concurrency_test
-           trace_reader_test replay_test
-           runtime_defaults_test plugin_abi_test no_abort_test)
+           trace_reader_test replay_test replay_follow_test
+           runtime_defaults_test plugin_abi_test guard_api_test plugin_history_test
+           plugin_oom_observer_test region_api_test no_abort_test)
     tools=(vramledger-soak)
     ;;
   tsan)
@@ -49,12 +52,20 @@ esac
 
 PY="$ROOT/.venv/bin/python"
 [ -x "$PY" ] || PY="$(command -v python3)"
+# CPU seconds of the finished child processes (a build's wall time on an idle machine is about
+# this over the number of cores).
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print int(($16 + $17) / hz)}' /proc/$$/stat; }
 start=$SECONDS
 echo "== $variant: configure ($dir/)"
+# -O1 -g1: the optimisation the sanitizers' documentation recommends, and line tables only (a
+# report still names file and line), both cheaper to compile than RelWithDebInfo's -O2 -g.
+# NDEBUG as in the plain build, so the same code is tested.
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DVRAMLEDGER_SANITIZE="$sanitize" -DVRAMLEDGER_BUILD_BENCHMARKS=OFF \
   -DVRAMLEDGER_BUILD_PYTHON=OFF -DPython_EXECUTABLE="$PY" \
   -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >/dev/null
+configured=$SECONDS
 
 # A target the configuration did not create (no torch plugin without torch) is left out, saying so.
 available=()
@@ -73,12 +84,47 @@ done
 echo "== $variant: build ${#available[@]} targets"
 cmake --build "$dir" -j"$(nproc)" --target "${available[@]}"
 built=$SECONDS
+built_cpu=$(cpu_seconds)
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/tests/tsan-suppressions.txt"
 # The C++ tests of the plugin load torch's libraries from .venv; none of them needs a GPU.
 export CUDA_VISIBLE_DEVICES=""
+
+# Tests that set process-wide state once (the plugin's device table) run one process per test,
+# as CTest runs every test.
+one_per_process=(region_api_test)
+run_binary() {  # EXE FILTER LOG: runs the tests; the log ends with gtest's "PASSED" line
+  local exe="$1" filter="$2" log="$3" name n=0 k m rc=0
+  if [[ " ${one_per_process[*]} " != *" $(basename "$exe") "* ]]; then
+    # One gtest shard per core, in parallel (the tests already run side by side under CTest -j).
+    local shards pids=()
+    shards="$(nproc)"
+    for ((k = 0; k < shards; k++)); do
+      GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$k" \
+        "$exe" --gtest_brief=1 --gtest_filter="$filter" >"$log.$k" 2>&1 &
+      pids+=($!)
+    done
+    for k in "${!pids[@]}"; do wait "${pids[$k]}" || rc=1; done
+    : >"$log"
+    for ((k = 0; k < shards; k++)); do
+      m="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log.$k" | tail -n 1)"
+      n=$((n + ${m:-0}))
+      cat "$log.$k" >>"$log"
+      rm -f "$log.$k"
+    done
+    ((rc == 0)) && echo "[  PASSED  ] $n tests." >>"$log"
+    return "$rc"
+  fi
+  : >"$log"
+  for name in $("$exe" --gtest_list_tests --gtest_filter="$filter" |
+                awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}'); do
+    "$exe" --gtest_brief=1 --gtest_filter="$name" >>"$log" 2>&1 || return 1
+    n=$((n + 1))
+  done
+  echo "[  PASSED  ] $n tests." >>"$log"
+}
 
 logdir="$dir/sanitize-logs"
 mkdir -p "$logdir"
@@ -89,7 +135,7 @@ for i in "${!available[@]}"; do
   case " ${tools[*]} " in *" $t "*) continue ;; esac
   exe="$(find "$dir" -name "$t" -type f -perm -u+x | head -n 1)"
   log="$logdir/$t.log"
-  if (cd "$ROOT" && "$exe" --gtest_brief=1 --gtest_filter="${filters[$i]}" >"$log" 2>&1); then
+  if (cd "$ROOT" && run_binary "$exe" "${filters[$i]}" "$log"); then
     n="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log" | tail -n 1)"
     total=$((total + ${n:-0}))
     printf '%-32s %5s tests passed\n' "$t" "${n:-0}"
@@ -111,7 +157,7 @@ for t in "${tools[@]}"; do
     fi
   fi
 done
-echo "== $variant: $total tests in ${#available[@]} targets; build $((built - start)) s, run $((SECONDS - built)) s"
+echo "== $variant: $total tests in ${#available[@]} targets; configure $((configured - start)) s, build $((built - configured)) s (CPU ${built_cpu} s), run $((SECONDS - built)) s (CPU $(($(cpu_seconds) - built_cpu)) s)"
 if ((${#failed[@]})); then
   echo "$variant: FAILED: ${failed[*]}" >&2
   exit 1

@@ -29,7 +29,7 @@ TEST_F(DeviceReportTest, AnExpandableSegmentShowsOneEntryPerMappedRange) {
     EXPECT_EQ(s.total_size, 4 * kMiB);
     EXPECT_EQ(s.allocated_size, 4 * kMiB);
     ASSERT_EQ(s.blocks.size(), 1u);
-    EXPECT_EQ(s.blocks[0].state, "active_allocated");
+    EXPECT_STREQ(s.blocks[0].state, "active_allocated");
     EXPECT_EQ(s.blocks[0].size, 4 * kMiB);
   }
   Free(a);
