@@ -205,8 +205,8 @@ class DeviceAllocatorImpl {
   void ReadmitStats(Region* region) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RegionPauseResult> PauseLocked(Region* region, RegionBackup backup)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RegionResumeResult> ResumeLocked(
-      Region* region, bool keep_host_buffers, std::vector<core::Regions::HostBuffer>* to_free)
+  absl::StatusOr<RegionResumeResult> ResumeLocked(Region* region, bool keep_host_buffers,
+                                                  std::vector<core::Regions::HostBuffer>* to_free)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pause's steps: wait for the region's queued work; copy its live blocks to pinned buffers
   // (freed again on failure; region_backup.cc); unmap every handle (mapped back on failure; a

@@ -219,7 +219,8 @@ absl::Status DeviceAllocatorImpl::CheckInvariants() const {
     reserved += static_cast<std::int64_t>(segment->mapped_pages * segment->page_size);
   }
   for (const auto& region : regions_.all()) {  // handles a failed resume could not unmap
-    for (const core::Regions::Held& h : region->held) reserved += static_cast<std::int64_t>(h.bytes);
+    for (const core::Regions::Held& h : region->held)
+      reserved += static_cast<std::int64_t>(h.bytes);
   }
   const auto [allocated, active, requested, n_alloc, n_active, n_split, split_bytes, n_free] =
       std::to_array(counts);

@@ -147,10 +147,10 @@ void DeviceAllocatorImpl::PlanMappings(
   const std::size_t page = plan->page;
   // A region's pages get handles of up to kRegionHandleBytes: its pause and resume cost per
   // handle.
-  const std::size_t handle_bytes = regions_.OfPool(seg->pool->owner) != nullptr
-                                       ? std::max(options_.expandable_handle_size,
-                                                  core::kRegionHandleBytes)
-                                       : options_.expandable_handle_size;
+  const std::size_t handle_bytes =
+      regions_.OfPool(seg->pool->owner) != nullptr
+          ? std::max(options_.expandable_handle_size, core::kRegionHandleBytes)
+          : options_.expandable_handle_size;
   const std::size_t max_pages = std::max<std::size_t>(1, handle_bytes / page);
   const std::size_t first_whole = seg->PageOf(block->ptr + page - 1);
   const std::size_t end_whole = seg->PageOf(block->ptr + size);  // one past the last whole page

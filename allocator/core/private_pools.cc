@@ -171,8 +171,8 @@ absl::StatusOr<int> PrivatePools::Release(MempoolId id) {
   }
   // Each allocation to the pool under way (a capture, use_mem_pool) holds a use until its End:
   // releasing that use would let the pool's memory go while blocks are still routed to it.
-  const auto entries = std::count_if(active_.begin(), active_.end(),
-                                     [&](const Active& a) { return a.id == id; });
+  const auto entries =
+      std::count_if(active_.begin(), active_.end(), [&](const Active& a) { return a.id == id; });
   if (it->second->use_count <= entries) {
     return absl::FailedPreconditionError(absl::StrCat(
         "vramledger: release of private pool ", PoolName(id), " while ", entries,

@@ -102,9 +102,9 @@ absl::Status DeviceAllocatorImpl::BackUpRegion(Region* region,
   if (status.ok()) {
     status = backend_->CopyDeviceToHost(copies);
     if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat("vramledger: pause of region '",
-                                                        region->name, "': its backup: ",
-                                                        status.message()));
+      status =
+          absl::Status(status.code(), absl::StrCat("vramledger: pause of region '", region->name,
+                                                   "': its backup: ", status.message()));
     }
   }
   if (!status.ok()) {
@@ -121,8 +121,8 @@ absl::Status DeviceAllocatorImpl::RestoreBackups(const Region& region) {
   std::vector<HostCopy> copies;
   copies.reserve(region.backups.size());
   for (const core::Regions::Backup& b : region.backups) {
-    copies.push_back({static_cast<char*>(region.buffers[b.buffer].data) + b.offset, b.address,
-                      b.bytes});
+    copies.push_back(
+        {static_cast<char*>(region.buffers[b.buffer].data) + b.offset, b.address, b.bytes});
   }
   return backend_->CopyHostToDevice(copies);
 }
@@ -155,8 +155,8 @@ absl::Status DeviceAllocatorImpl::FreePinned(std::vector<HostBuffer> buffers, Re
   for (const HostBuffer& buffer : buffers) {
     if (absl::Status s = backend_->HostFreePinned(buffer.data); !s.ok()) {
       if (first.ok()) {
-        first = absl::Status(s.code(), absl::StrCat("vramledger: freeing a region's pinned buffer: ",
-                                                    s.message()));
+        first = absl::Status(
+            s.code(), absl::StrCat("vramledger: freeing a region's pinned buffer: ", s.message()));
       }
       refused.push_back(buffer);
     }

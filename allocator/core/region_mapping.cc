@@ -46,8 +46,8 @@ absl::Status DeviceAllocatorImpl::UnmapRegion(Region* region, const std::vector<
       s = absl::Status(s.code(), absl::StrCat(s.message(), ": its contents are lost"));
     }
     LosePages(region, lost);
-    return absl::Status(s.code(), absl::StrCat("vramledger: pause of region '", region->name,
-                                               "': ", s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("vramledger: pause of region '", region->name, "': ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -77,9 +77,9 @@ absl::Status DeviceAllocatorImpl::ReleaseHeld(Region* region) {
   while (!region->held.empty()) {
     const core::Regions::Held& h = region->held.back();
     if (absl::Status s = backend_->Unmap(h.address, h.bytes); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("vramledger: resume of region '", region->name,
-                                                 "': unmapping 0x", absl::Hex(h.address),
-                                                 ", left by a failed resume: ", s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("vramledger: resume of region '", region->name, "': unmapping 0x",
+                                 absl::Hex(h.address), ", left by a failed resume: ", s.message()));
     }
     if (!backend_->ReleasePhysical(h.handle).ok()) page_table_.KeepUnreleased(h.handle);
     UpdateStat(stats_.reserved_bytes, StatTypesFor(h.segment->pool),
@@ -147,16 +147,17 @@ absl::Status DeviceAllocatorImpl::MapRegion(Region* region, const std::vector<Re
     for (; mapped < end; ++mapped) {
       const Released& run = runs[mapped];
       const DevicePtr va = run.segment->PageAddress(run.first_page);
-      if (absl::Status s = backend_->Map(va, run.pages * run.segment->page_size,
-                                         (*handles)[mapped]);
+      if (absl::Status s =
+              backend_->Map(va, run.pages * run.segment->page_size, (*handles)[mapped]);
           !s.ok()) {
         return undo(s);
       }
     }
     const Segment* seg = runs[span].segment;
-    const std::size_t pages = runs[end - 1].first_page + runs[end - 1].pages - runs[span].first_page;
-    if (absl::Status s = backend_->SetAccess(seg->PageAddress(runs[span].first_page),
-                                             pages * seg->page_size);
+    const std::size_t pages =
+        runs[end - 1].first_page + runs[end - 1].pages - runs[span].first_page;
+    if (absl::Status s =
+            backend_->SetAccess(seg->PageAddress(runs[span].first_page), pages * seg->page_size);
         !s.ok()) {
       return undo(s);  // mapped without access: undo unmaps them
     }

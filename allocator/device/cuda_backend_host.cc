@@ -1,5 +1,6 @@
 // CudaBackend's pinned host memory and batched copies on a stream of its own, which pausable
-// regions back their live blocks up with (docs/design/regions.md). Thread-safe: each call sets the device itself.
+// regions back their live blocks up with (docs/design/regions.md). Thread-safe: each call sets the
+// device itself.
 #include <cuda_runtime_api.h>
 
 #include "device/cuda_backend.h"
@@ -42,7 +43,8 @@ absl::Status CudaBackend::Copy(absl::Span<const HostCopy> copies, bool to_host) 
     copy_stream_ = stream;
   }
   auto stream = static_cast<cudaStream_t>(copy_stream_);
-  const char* call = to_host ? "cudaMemcpyAsync (device to host)" : "cudaMemcpyAsync (host to device)";
+  const char* call =
+      to_host ? "cudaMemcpyAsync (device to host)" : "cudaMemcpyAsync (host to device)";
   for (const HostCopy& c : copies) {
     auto* device = reinterpret_cast<void*>(c.device);
     const cudaError_t e =

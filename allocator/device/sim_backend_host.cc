@@ -51,7 +51,8 @@ absl::Status SimBackend::CopyInjectedLocked() {
 }
 
 absl::Status SimBackend::CopyLocked(absl::Span<const HostCopy> copies, bool to_host) {
-  const char* call = to_host ? "cudaMemcpyAsync (device to host)" : "cudaMemcpyAsync (host to device)";
+  const char* call =
+      to_host ? "cudaMemcpyAsync (device to host)" : "cudaMemcpyAsync (host to device)";
   ++copy_waits_;  // the one cudaStreamSynchronize of the batch
   for (const HostCopy& c : copies) {
     // The host side lies inside one pinned allocation, as the contract asks.

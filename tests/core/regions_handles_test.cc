@@ -46,8 +46,8 @@ TEST_F(RegionHandlesTest, AResumeMapsOneHandlePerRunOfUsedOrFreePagesAndThePause
   const RegionPauseResult paused = Pause("train", RegionBackup::kCpu);
   EXPECT_EQ(paused.handles, 15u);
   EXPECT_EQ(paused.released_bytes, 30 * kMiB);
-  EXPECT_EQ(sim_->copy_waits(), waits + 1);   // one batch
-  EXPECT_EQ(sim_->copies(), copies + 2);      // the live runs [0, 9) and [18, 30) MiB
+  EXPECT_EQ(sim_->copy_waits(), waits + 1);  // one batch
+  EXPECT_EQ(sim_->copies(), copies + 2);     // the live runs [0, 9) and [18, 30) MiB
   EXPECT_EQ(paused.backed_up_bytes, 21 * kMiB);
   EXPECT_GE(paused.copy_seconds, 0.0);
   const RegionResumeResult resumed = Resume("train");
@@ -59,7 +59,7 @@ TEST_F(RegionHandlesTest, AResumeMapsOneHandlePerRunOfUsedOrFreePagesAndThePause
   EXPECT_EQ(resumed.mapped_bytes, 30 * kMiB);
   ExpectContents();
   const DevicePtr base = blocks_[0];
-  EXPECT_EQ(sim_->HandleAt(base), sim_->HandleAt(base + 9 * kMiB));        // page 4
+  EXPECT_EQ(sim_->HandleAt(base), sim_->HandleAt(base + 9 * kMiB));  // page 4
   EXPECT_NE(sim_->HandleAt(base + 9 * kMiB), sim_->HandleAt(base + 10 * kMiB));
   EXPECT_EQ(sim_->HandleAt(base + 10 * kMiB), sim_->HandleAt(base + 17 * kMiB));
   EXPECT_EQ(sim_->HandleAt(base + 18 * kMiB), sim_->HandleAt(base + 29 * kMiB));

@@ -89,9 +89,9 @@ TEST_F(SimHostTest, CopiesMoveBytesBetweenPinnedAndDeviceMemory) {
   EXPECT_EQ(sim_.copied_bytes(), 2 * pattern.size());
   sim_.FailCopy(1, absl::InternalError("injected"));
   // The second copy of the batch fails: the batch stops there.
-  EXPECT_THAT(sim_.CopyDeviceToHost({{*host, va_ + kGran, 512}, {*host, va_ + kGran, 512}})
-                  .message(),
-              HasSubstr("injected"));
+  EXPECT_THAT(
+      sim_.CopyDeviceToHost({{*host, va_ + kGran, 512}, {*host, va_ + kGran, 512}}).message(),
+      HasSubstr("injected"));
   EXPECT_EQ(sim_.copies(), 4);
   ASSERT_TRUE(sim_.CopyDeviceToHost({{*host, va_ + kGran, 512}}).ok());  // once only
   // Host memory that is not pinned is refused.

@@ -101,8 +101,7 @@ TEST_F(CudaRegionsTest, PauseGivesThePagesBackAndResumeRestoresEveryByte) {
     resume_ms = Ms(start);
     ASSERT_TRUE(resumed.ok()) << resumed.status();
     const std::string what = "cpu backup round " + std::to_string(round);
-    std::printf("regions: %s: pause %.2f ms, resume %.2f ms\n", what.c_str(), pause_ms,
-                resume_ms);
+    std::printf("regions: %s: pause %.2f ms, resume %.2f ms\n", what.c_str(), pause_ms, resume_ms);
     PrintPhases(what.c_str(), *paused, *resumed);
   }
   auto start = std::chrono::steady_clock::now();

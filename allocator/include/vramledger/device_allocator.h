@@ -70,9 +70,9 @@ struct SegmentInfo {
   StreamId stream = 0;
   bool is_small = false;  // segment_type "small" / "large"
   bool is_expandable = false;
-  MempoolId pool_id = {0, 0};     // the private pool that owns it (torch's segment_pool_id)
-  std::size_t handles = 1;        // physical handles backing it (expandable: one per page, or
-                                  // per expandable_handle_mb of a run)
+  MempoolId pool_id = {0, 0};  // the private pool that owns it (torch's segment_pool_id)
+  std::size_t handles = 1;     // physical handles backing it (expandable: one per page, or
+                               // per expandable_handle_mb of a run)
   // A paused region's range (docs/design/regions.md): its pages were released by the pause and
   // come back at resume; total_size is what the pause released, handles is 0, and its blocks
   // are the live and free blocks that will be there again.
