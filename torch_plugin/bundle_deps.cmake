@@ -11,10 +11,11 @@ if(NOT LIBRARY OR NOT DESTINATION)
 endif()
 
 # Resolve a copy that sits alone in a scratch folder, so that its $ORIGIN finds no bundled copies
-# from an earlier build and every dependency resolves to the system's file.
+# from an earlier build and every dependency resolves to the system's file. The folder is the
+# library's own: the build bundles several libraries into one DESTINATION in parallel.
 get_filename_component(dest "${DESTINATION}" REALPATH)
 get_filename_component(library_name "${LIBRARY}" NAME)
-set(scratch "${dest}/.bundle_scratch")
+set(scratch "${dest}/.bundle_scratch-${library_name}")
 file(REMOVE_RECURSE "${scratch}")
 file(MAKE_DIRECTORY "${scratch}")
 file(COPY_FILE "${LIBRARY}" "${scratch}/${library_name}")
@@ -35,7 +36,10 @@ set(count 0)
 foreach(dep IN LISTS resolved)
   # `dep` is the path of the NEEDED name (a symlink to the versioned file); copy its content.
   get_filename_component(name "${dep}" NAME)
-  file(COPY_FILE "${dep}" "${dest}/${name}" ONLY_IF_DIFFERENT)
+  # Copied under a name of this library's, then renamed over: a library bundled at the same time
+  # never sees a half-written file.
+  file(COPY_FILE "${dep}" "${dest}/${name}.tmp-${library_name}")
+  file(RENAME "${dest}/${name}.tmp-${library_name}" "${dest}/${name}")
   math(EXPR count "${count} + 1")
 endforeach()
 message(STATUS "vramledger: ${count} Abseil libraries bundled beside ${LIBRARY}")
