@@ -220,6 +220,11 @@ class DeviceAllocatorImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LosePages(Region* region, const std::vector<core::Regions::Released>& lost)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Books a run's handle (unmapped by the driver already) as unmapped, emits its unmap and
+  // releases it (a handle the driver will not release waits for a later empty_cache); returns
+  // its bytes.
+  std::size_t ReleaseUnmappedRun(const core::Regions::Released& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resume's driver steps: handles a failed resume left mapped are unmapped and released
   // (ReleaseHeld); one handle created and mapped per run of `runs` (`handles`), access granted
   // per contiguous range, backups copied back (*mapped_at: when the mapping was done); on

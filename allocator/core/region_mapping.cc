@@ -57,17 +57,22 @@ void DeviceAllocatorImpl::LosePages(Region* region, const std::vector<Released>&
   // run, so that its next pause and resume map pages there again (the blocks over them have lost
   // their contents; a kernel that reads them faults until then).
   for (const Released& run : lost) {
-    Segment* seg = run.segment;
-    const std::size_t bytes = run.pages * seg->page_size;
-    std::size_t pages = 0;
-    const PhysicalHandle handle = page_table_.Unmap(seg, run.first_page, &pages);
-    page_table_.ForgetInaccessible(seg, run.first_page);
-    ++stats_.num_device_free;
-    Emit(TraceAction::kSegmentUnmap, seg->PageAddress(run.first_page), bytes, seg->stream, 0, 0,
-         seg->pool->owner);
-    (void)ReleaseCounted(handle, StatTypesFor(seg->pool), static_cast<std::int64_t>(bytes));
+    ReleaseUnmappedRun(run);
     region->lost.push_back(run);
   }
+}
+
+std::size_t DeviceAllocatorImpl::ReleaseUnmappedRun(const Released& run) {
+  Segment* seg = run.segment;
+  const std::size_t bytes = run.pages * seg->page_size;
+  std::size_t pages = 0;
+  const PhysicalHandle handle = page_table_.Unmap(seg, run.first_page, &pages);
+  page_table_.ForgetInaccessible(seg, run.first_page);
+  ++stats_.num_device_free;
+  Emit(TraceAction::kSegmentUnmap, seg->PageAddress(run.first_page), bytes, seg->stream, 0, 0,
+       seg->pool->owner);
+  (void)ReleaseCounted(handle, StatTypesFor(seg->pool), static_cast<std::int64_t>(bytes));
+  return bytes;
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseHeld(Region* region) {

@@ -103,19 +103,7 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(Region* regio
     return s;
   }
   // Every driver call that could fail is done: the books follow.
-  for (const Released& run : runs) {
-    Segment* seg = run.segment;
-    const std::size_t bytes = run.pages * seg->page_size;
-    std::size_t pages = 0;
-    const PhysicalHandle handle = page_table_.Unmap(seg, run.first_page, &pages);
-    page_table_.ForgetInaccessible(seg, run.first_page);
-    ++stats_.num_device_free;
-    Emit(TraceAction::kSegmentUnmap, seg->PageAddress(run.first_page), bytes, seg->stream, 0, 0,
-         seg->pool->owner);
-    // A handle the driver will not release is kept and released by a later empty_cache.
-    (void)ReleaseCounted(handle, StatTypesFor(seg->pool), static_cast<std::int64_t>(bytes));
-    out.released_bytes += bytes;
-  }
+  for (const Released& run : runs) out.released_bytes += ReleaseUnmappedRun(run);
   out.handles = runs.size();
   // Pages an earlier pause lost (its map-back failed) come back with this resume too.
   for (const Released& lost : std::exchange(region->lost, {})) {
