@@ -1,7 +1,8 @@
 # Checks that the README works as the project's front door: it starts with the two commands that
 # .ci/run and a fresh machine depend on, every link in it and in the docs leads somewhere, its
 # measured figures are the ones in docs/results/, and its examples name functions, commands and
-# files that exist (the plan and replay one-liners are run).
+# files that exist (its plan and replay one-liners are run).
+import json
 import os
 import pathlib
 import re
@@ -144,6 +145,17 @@ def test_commands_in_the_examples_exist(doc):
 def _readme_commands(prefix):
     return [shlex.split(c) for c in CODE_SPAN.findall(_without_code(README.read_text()))
             if c.startswith(prefix) and "..." not in c]
+
+
+@pytest.mark.parametrize("command", _readme_commands("vramledger replay traces/"), ids=" ".join)
+def test_readme_replay_commands_run(command):
+    pytest.importorskip("vramledger._core", reason="the replay needs the built _core module")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VRAMLEDGER_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    proc = subprocess.run([sys.executable, "-m", "vramledger", *command[1:], "--json"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["peak_reserved_bytes"] > 0
 
 
 @pytest.mark.parametrize("command", _readme_commands("vramledger plan "), ids=" ".join)
