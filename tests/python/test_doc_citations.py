@@ -59,3 +59,22 @@ def test_every_cited_heading_exists():
         if not any(_cites(doc, heading) for doc in places):
             bad.append(f'{where}: no {doc_name} with the heading "{heading}"')
     assert not bad, "\n".join(sorted(set(bad)))
+
+
+# A test file named by its path under tests/, or one test in it (the path, "::", its name).
+TEST_REFERENCE = re.compile(r"\btests/[A-Za-z0-9_/.-]+\.(?:py|cc|h)(?:::[A-Za-z_0-9]+)?")
+
+
+def test_every_named_test_file_and_test_exists():
+    found, bad = 0, []
+    for path in _source_files():
+        for ref in set(TEST_REFERENCE.findall(path.read_text(errors="replace"))):
+            found += 1
+            file, _, test = ref.partition("::")
+            where = f"{path.relative_to(ROOT)}: {ref}"
+            if not (ROOT / file).is_file():
+                bad.append(f"{where}: no such file")
+            elif test and not re.search(rf"^def {test}\(", (ROOT / file).read_text(), re.M):
+                bad.append(f"{where}: no such test in {file}")
+    assert found, "no test references found: the pattern no longer matches the tree"
+    assert not bad, "\n".join(sorted(bad))

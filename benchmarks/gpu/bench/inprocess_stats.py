@@ -1,7 +1,7 @@
 """The figures of inprocess_ab.py, apart from the GPU: its step schedule, the ratios, bootstrap
 intervals and verdicts, the shim's chained ratio, pooling of earlier outputs and the table.
 
-Standard library only, so the CPU tests (tests/python/test_gpu_scripts.py) check all of it.
+Standard library only, so the CPU tests (tests/python/test_inprocess_ab.py) check all of it.
 docs/design/step-time-measurement.md, "One process, both allocators", says why each is so.
 """
 
