@@ -98,13 +98,17 @@ def report(results: Results, groups, seq_step: int) -> str:
     rows = list(dict.fromkeys((w, c) for w, c, _ in every))
     machine = sorted({f"{r.get('device')}, torch {r.get('torch')}"
                       for r in results.records.values() if r.get("device")})
-    return ("\n" + f"capacity ({'; '.join(machine) or 'no trial ran'}); planner: "
-            f"{planner.COMMAND}\n\n"
+    models = {"uncapped allowance": planner.predict_uncapped,
+              "allowance under a cap": planner.predict}
+    return ("\n" + f"capacity ({'; '.join(machine) or 'no trial ran'}); planner, with the "
+            f"allowance under a cap: {planner.COMMAND}\n\n"
             + table.capacity_table(results, rows, planner.predict, seq_step) + "\n"
             f"Sequences are searched {seq_step} apart: the limit lies below the next multiple; the "
             f"error is (planned - measured) / measured.\n\n"
+            "plan --fit's error by allowance model (the allowance under a cap is calibrated on "
+            "the calibration rows only):\n\n"
+            + table.errors_table(results, every, models, planner.role, seq_step) + "\n\n"
             + table.retries_table(results, every, seq_step))
-
 
 if __name__ == "__main__":
     sys.exit(main())
