@@ -8,8 +8,11 @@ trains six steps of varying length without running out of memory, one process pe
 search assumes a size fits when any larger one does: it gallops from a guess (vramledger's from the
 planner's prediction, `vramledger plan --fit`; the torch allocators' from vramledger's measured
 limit) and bisects. Prints the largest sizes
-beside the planner's with its error and vramledger's gain over each torch allocator, then each
-allocator's retries per step and median step time at the largest size all three fit.
+beside the planner's (allowance under a cap) with its error and vramledger's gain over each torch
+allocator; then plan --fit's error per row under both allowance models, uncapped and under a cap,
+each row marked as one the cap model is calibrated on or one that evaluates it
+(docs/design/memory-planner.md, "Two allowances"); then each allocator's retries per step and
+median step time at the largest size all three fit.
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--resume FILE ...] [--out FILE] [--table-only]
