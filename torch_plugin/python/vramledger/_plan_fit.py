@@ -17,7 +17,6 @@ from vramledger import _plan, _plan_allowance, _plan_cli
 from vramledger._plan import PlanError, gb
 from vramledger._plan_allowance import ALLOCATOR_NAMES, Allowance
 
-ALLOWANCES = _plan_allowance.UNCAPPED  # by allocator: the uncapped model's factors
 DIMENSIONS = {"batch": "micro-batch", "seq": "sequence length"}
 MAX_SIZE = {"batch": 1 << 16, "seq": 1 << 22}  # the search's bound
 
@@ -123,7 +122,8 @@ def describe_allowances(allocator: str, model: str) -> str:
 
 
 def check_fit_flags(args) -> None:
-    """PlanError for --allocator without --fit, or --fit without the sizes it needs."""
+    """PlanError for --allocator or --allowance without --fit, or --fit without the sizes it
+    needs."""
     if args.fit is None:
         for flag in ("allocator", "allowance"):
             if getattr(args, flag) is not None:
