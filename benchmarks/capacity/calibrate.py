@@ -93,6 +93,29 @@ def report(c: Calibration) -> str:
     return "\n".join(lines)
 
 
+def brackets(results: Results, seq_step: int = 64) -> list[tuple]:
+    """Per row with a found limit, calibration and evaluation alike: (workload, cap, dim,
+    allocator, role, low, high) where the allocator's reserved / allocated need at its limit lies
+    in (low, high], if it is one number per row: the size that trained bounds it from above (peak
+    reserved / peak allocated), the next size, which did not, from below (cap / that size's peak
+    allocated, as a trial of another allocator that trained at it measured; None when none did)."""
+    out = []
+    for workload, cap, dim in sorted(results.groups()):
+        for a in ALLOCATOR_ORDER:
+            size = table.measured(results, workload, a, cap, dim, seq_step)
+            if not size:
+                continue
+            r = results.get(workload, a, cap, dim, size)
+            failing = min(s for s, fits in results.known(workload, a, cap, dim).items()
+                          if not fits)
+            above = [t["peak_allocated"] for o in ALLOCATOR_ORDER
+                     if (t := results.get(workload, o, cap, dim, failing)) and t.get("fits")]
+            low = r["cap_bytes"] / max(above) if above else None
+            out.append((workload, cap, dim, a, planner.role(workload, cap, dim), low,
+                        r["peak_reserved"] / r["peak_allocated"]))
+    return out
+
+
 def matches_package(c: Calibration) -> bool:
     from vramledger import _plan_allowance as pa
     return c.allowance == pa.UNDER_A_CAP and c.peak_correction == pa.PEAK_CORRECTION
@@ -113,6 +136,11 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--resume: {e}")
     print(report(c))
+    print("\nWhere each row puts the allocator's need at its limit (not used by the calibration "
+          "but for its rows):\n\n| row | allocator | role | need in |\n|---|---|---|---|")
+    for workload, cap, dim, alloc, role, low, high in brackets(results, a.seq_step):
+        print(f"| {workload} {dim} {cap:g} GiB | {table.NAMES[alloc]} | {role} | "
+              f"({'?' if low is None else f'{low:.4f}'}, {high:.4f}] |")
     same = matches_package(c)
     print("the planner's constants (vramledger/_plan_allowance.py) are these" if same else
           f"the planner's constants differ: UNDER_A_CAP {pa.UNDER_A_CAP}, PEAK_CORRECTION "

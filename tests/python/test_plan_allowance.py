@@ -141,3 +141,18 @@ def test_the_errors_table_splits_calibration_from_evaluation(trials):
     summary = [line for line in text.splitlines() if line.endswith("rows.")]
     assert [line.split(":")[0] for line in summary] == ["uncapped allowance",
                                                         "allowance under a cap"]
+
+
+def test_torch_natives_need_under_a_cap_differs_by_workload(trials):
+    """The records bracket each row's need: GPT-2-medium's torch native lies wholly below the
+    LoRA workload's, so no one constant can predict both rows exactly."""
+    rows = {(w, d, a): (low, high) for w, _, d, a, _, low, high
+            in calibrate.brackets(load(trials))}
+    for (w, d, a), (low, high) in rows.items():
+        assert low is None or low < high, (w, d, a)
+        assert high >= 1, (w, d, a)
+    gpt2_high = max(rows[("gpt2m", d, "torch")][1] for d in ("batch", "seq"))
+    lora_low = rows[("llama1b-lora", "batch", "torch")][0]
+    assert gpt2_high < lora_low
+    # The calibrated constant is GPT-2-medium's upper bound, rounded up.
+    assert pa.UNDER_A_CAP["torch"] == math.ceil(gpt2_high * 1e4) / 1e4
