@@ -8,8 +8,11 @@ trains six steps of varying length without running out of memory, one process pe
 search assumes a size fits when any larger one does: it gallops from a guess (vramledger's from the
 planner's prediction, `vramledger plan --fit`; the torch allocators' from vramledger's measured
 limit) and bisects. Prints the largest sizes
-beside the planner's with its error and vramledger's gain over each torch allocator, then each
-allocator's retries per step and median step time at the largest size all three fit.
+beside the planner's (allowance under a cap) with its error and vramledger's gain over each torch
+allocator; then plan --fit's error per row under both allowance models, uncapped and under a cap,
+each row marked as one the cap model is calibrated on or one that evaluates it
+(docs/design/memory-planner.md, "Two allowances"); then each allocator's retries per step and
+median step time at the largest size all three fit.
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--resume FILE ...] [--out FILE] [--table-only]
@@ -98,13 +101,17 @@ def report(results: Results, groups, seq_step: int) -> str:
     rows = list(dict.fromkeys((w, c) for w, c, _ in every))
     machine = sorted({f"{r.get('device')}, torch {r.get('torch')}"
                       for r in results.records.values() if r.get("device")})
-    return ("\n" + f"capacity ({'; '.join(machine) or 'no trial ran'}); planner: "
-            f"{planner.COMMAND}\n\n"
+    models = {"uncapped allowance": planner.predict_uncapped,
+              "allowance under a cap": planner.predict}
+    return ("\n" + f"capacity ({'; '.join(machine) or 'no trial ran'}); planner, with the "
+            f"allowance under a cap: {planner.COMMAND}\n\n"
             + table.capacity_table(results, rows, planner.predict, seq_step) + "\n"
             f"Sequences are searched {seq_step} apart: the limit lies below the next multiple; the "
             f"error is (planned - measured) / measured.\n\n"
+            "plan --fit's error by allowance model (the allowance under a cap is calibrated on "
+            "the calibration rows only):\n\n"
+            + table.errors_table(results, every, models, planner.role, seq_step) + "\n\n"
             + table.retries_table(results, every, seq_step))
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -96,6 +96,44 @@ def capacity_table(results: Results, rows: Iterable[tuple[str, float]],
     return "\n".join(lines)
 
 
+def errors_table(results: Results, groups: Iterable[tuple[str, float, str]],
+                 models: dict[str, Callable[[str, str, float, str], int | None]],
+                 role: Callable[[str, float, str], str], seq_step: int) -> str:
+    """Per row with a measured limit: its role (calibration or evaluation), the limit, what one
+    step of the search is there, and each model's prediction with its error; then, per model and
+    role, on how many rows the error is within 5%."""
+    names = list(models)
+    lines = ["| workload | cap GiB | dimension | allocator | role | measured | one step | "
+             + " | ".join(f"{m} (error)" for m in names) + " |",
+             "|---" * (7 + len(names)) + "|"]
+    within: dict[tuple[str, str], list[bool]] = {}
+    for workload, cap, dim in groups:
+        for a in ALLOCATOR_ORDER:
+            got = measured(results, workload, a, cap, dim, seq_step)
+            if not got:
+                continue
+            r = role(workload, cap, dim)
+            step = (f"{100 / got:.1f}%" if dim == "batch"
+                    else f"searched {seq_step} apart ({100 * seq_step / got:.1f}%)")
+            cols = []
+            for m in names:
+                pred = models[m](workload, a, cap, dim)
+                if pred is None:
+                    cols.append("-")
+                    continue
+                err = (pred - got) / got
+                within.setdefault((m, r), []).append(abs(err) <= 0.05)
+                cols.append(f"{pred} ({100 * err:+.1f}%)")
+            lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {NAMES[a]} | {r} | "
+                         f"{got} | {step} | " + " | ".join(cols) + " |")
+    lines.append("")
+    for m in names:
+        counts = [f"{sum(v)} of {len(v)} {r} rows" for (mm, r), v in sorted(within.items())
+                  if mm == m]
+        lines.append(f"{m}: within 5% on " + (", ".join(counts) or "no rows") + ".")
+    return "\n".join(lines)
+
+
 def retries_table(results: Results, rows: Iterable[tuple[str, float, str]],
                   seq_step: int) -> str:
     """At the largest size all three allocators fit: each one's alloc retries per step and its

@@ -63,7 +63,8 @@
 #                   between phases recorded under torch's allocator, replayed by vramledger-replay
 #                   with and without --ignore-releases: torch's peak reserved beside both (~30 s)
 #     capacity      python -m benchmarks.capacity: the largest batch and sequence per workload, cap
-#                   and allocator, beside plan --fit (CAPACITY_* pick the rows; resumes from
+#                   and allocator, beside plan --fit and its error under both allowance models
+#                   (CAPACITY_* pick the rows; resumes from
 #                   .devbuild/capacity-results.json when carried; writes $OUT/capacity-results.json)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS

@@ -1,6 +1,6 @@
-"""`vramledger plan --fit batch|seq` (_plan_fit.py): the largest size whose planned peak times the
-allocator's allowance fits the card, checked against the plain plan; its table against its JSON;
-its bad inputs."""
+"""`vramledger plan --fit batch|seq` (_plan_fit.py): the largest size whose planned peak with the
+allocator's allowance (under a cap, or uncapped) fits the card, checked against the plain plan; its
+table against its JSON; its bad inputs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from vramledger import _plan, _plan_fit, cli
+from vramledger import _plan, _plan_allowance, _plan_fit, cli
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "traces" / "configs"
 GPT2M = ["--config", str(CONFIGS / "gpt2-medium.json")]
@@ -38,29 +38,38 @@ def plan_json(capsys, *args, statuses=(0,)):
     return json.loads(out)
 
 
-@pytest.mark.parametrize("allocator", sorted(_plan_fit.ALLOWANCES))
+ALLOCATORS = sorted(_plan_allowance.ALLOCATOR_NAMES)
+
+
+@pytest.mark.parametrize("allowance", _plan_allowance.MODELS)
+@pytest.mark.parametrize("allocator", ALLOCATORS)
 @pytest.mark.parametrize("model, dim, other", CASES)
-def test_fit_is_monotone_in_the_card(capsys, model, dim, other, allocator):
+def test_fit_is_monotone_in_the_card(capsys, model, dim, other, allocator, allowance):
     sizes = []
     for card in (30, 40, 48, 64, 80, 96, 120, 139.8):
         fit = plan_json(capsys, *model, *other, "--fit", dim, "--card-gib", card,
-                        "--allocator", allocator)["fit"]
+                        "--allocator", allocator, "--allowance", allowance)["fit"]
         sizes.append(fit["size"])
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1], sizes
 
 
-@pytest.mark.parametrize("allocator", sorted(_plan_fit.ALLOWANCES))
+@pytest.mark.parametrize("allowance", _plan_allowance.MODELS)
+@pytest.mark.parametrize("allocator", ALLOCATORS)
 @pytest.mark.parametrize("model, dim, other", CASES)
 @pytest.mark.parametrize("card", (32, 80))
 def test_fit_agrees_with_the_plain_plan_at_its_size_and_one_above(capsys, model, dim, other,
-                                                                  allocator, card):
+                                                                  allocator, allowance, card):
     got = plan_json(capsys, *model, *other, "--fit", dim, "--card-gib", card,
-                    "--allocator", allocator)
+                    "--allocator", allocator, "--allowance", allowance)
     fit = got["fit"]
     n, card_bytes = fit["size"], int(card * _plan.GIB)
     assert n >= 1 and fit["card_bytes"] == card_bytes == got["card_bytes"]
     assert got["inputs"][dim] == n
-    allowance = _plan_fit.ALLOWANCES[allocator]
+    factor = (_plan_allowance.UNDER_A_CAP if allowance == "cap" else _plan_allowance.UNCAPPED)[
+        allocator]
+    correction = _plan_allowance.PEAK_CORRECTION if allowance == "cap" else 1
+    assert (fit["allowance_model"], fit["allowance"], fit["peak_correction"]) == (
+        allowance, factor, correction)
     at = plan_json(capsys, *model, *other, f"--{dim}", n, "--card-gib", card)
     # The plain plan adds no allowance: one step above may still fit the card, or not (status 1).
     above = plan_json(capsys, *model, *other, f"--{dim}", n + 1, "--card-gib", card,
@@ -69,7 +78,8 @@ def test_fit_agrees_with_the_plain_plan_at_its_size_and_one_above(capsys, model,
     assert {k: v for k, v in got.items() if k != "fit"} == at
     assert fit["planned_peak_bytes"] == at["total_bytes"]
     assert fit["next_planned_peak_bytes"] == above["total_bytes"]
-    assert at["total_bytes"] * allowance <= card_bytes < above["total_bytes"] * allowance
+    times = max(1, correction * factor)  # never below the planned peak: the plain plan fits
+    assert at["total_bytes"] * times <= card_bytes < above["total_bytes"] * times
     assert fit["needed_bytes"] <= card_bytes < fit["next_needed_bytes"]
 
 
@@ -81,13 +91,18 @@ def test_fit_table_carries_the_json_figures(capsys):
     assert status == 0 and err == ""
     fit = got["fit"]
     assert (f"the largest micro-batch that fits is {fit['size']} at seq 2048 "
-            f"(torch expandable_segments:True's allowance {fit['allowance']:g}") in text
+            f"(torch expandable_segments:True's allowance under a cap)") in text
     gb = _plan.gb
-    assert (f"batch {fit['size']}: planned peak {gb(fit['planned_peak_bytes'])} x "
-            f"{fit['allowance']:g} = {gb(fit['needed_bytes'])} <= card {gb(fit['card_bytes'])}"
-            in text)
-    assert (f"batch {fit['next_size']}: planned peak {gb(fit['next_planned_peak_bytes'])} x "
-            f"{fit['allowance']:g} = {gb(fit['next_needed_bytes'])} > card" in text)
+    times = f"x {fit['peak_correction']:g} x {fit['allowance']:g}"
+    assert (f"batch {fit['size']}: planned peak {gb(fit['planned_peak_bytes'])} {times} = "
+            f"{gb(fit['needed_bytes'])} <= card {gb(fit['card_bytes'])}" in text)
+    assert (f"batch {fit['next_size']}: planned peak {gb(fit['next_planned_peak_bytes'])} "
+            f"{times} = {gb(fit['next_needed_bytes'])} > card" in text)
+    # Both allowances are named, the one used first, each with its source.
+    cap, uncapped = fit["allowances"]["cap"], fit["allowances"]["uncapped"]
+    assert (f"allowance under a cap {cap['factor']:g} with the planned peak x "
+            f"{cap['peak_correction']:g} ({cap['source']}); not used: uncapped "
+            f"{uncapped['factor']:g}, peak reserved with abundant memory" in text)
     assert f"micro-batch {fit['size']} x seq 2048 per GPU" in text
     for c in _plan.CATEGORIES:
         assert re.search(rf"^  {c} +{re.escape(gb(got[c]))} ", text, re.M), c
@@ -136,6 +151,9 @@ def test_fits_at_every_size_tried_names_the_bound(capsys):
     ([*GPT2M, "--fit", "batch", "--seq", "512", "--batch", "4"],
      "--fit batch searches the micro-batch: drop --batch 4"),
     ([*GPT2M, "--allocator", "torch"], "--allocator applies to --fit only"),
+    ([*GPT2M, "--allowance", "cap"], "--allowance applies to --fit only"),
+    ([*GPT2M, "--fit", "batch", "--seq", "512", "--allowance", "tight"],
+     "argument --allowance: invalid choice: 'tight'"),
     ([*GPT2M, "--fit", "size", "--seq", "512"], "argument --fit: invalid choice: 'size'"),
     ([*GPT2M, "--fit", "seq", "--batch", "0"], "--batch must be at least 1, got 0"),
 ])

@@ -1,8 +1,9 @@
 """`vramledger plan --fit batch|seq`: the largest micro-batch or sequence length whose planned
-peak, times the allocator's measured fragmentation allowance, fits the card.
+peak, with the allocator's allowance, fits the card.
 
 Pure Python, no torch. The planner's peak (_plan.estimate) never falls as the micro-batch or the
-sequence grows, so the largest size that fits is found by bisection over [1, MAX_SIZE].
+sequence grows, so the largest size that fits is found by bisection over [1, MAX_SIZE]. The
+allowances (under a cap, the default, and uncapped) are _plan_allowance.py's.
 docs/design/memory-planner.md, "The largest run that fits".
 """
 
@@ -12,17 +13,10 @@ import dataclasses
 import sys
 from typing import Any
 
-from vramledger import _plan, _plan_cli
+from vramledger import _plan, _plan_allowance, _plan_cli
 from vramledger._plan import PlanError, gb
+from vramledger._plan_allowance import ALLOCATOR_NAMES, Allowance
 
-# Peak reserved / peak allocated of real training on the H200, the largest of the three workloads
-# (GPT-2-medium, Llama-1B, Llama-1B with checkpointing) for each allocator, measured with no cap on
-# memory: docs/results/h200-training.md, "Three allocators on three workloads".
-ALLOWANCES = {"vramledger": 1.0088, "torch-expandable": 1.0437, "torch": 1.4591}
-ALLOWANCE_SOURCE = "docs/results/h200-training.md, \"Three allocators on three workloads\""
-ALLOCATOR_NAMES = {"vramledger": "vramledger (install() defaults)",
-                   "torch-expandable": "torch expandable_segments:True",
-                   "torch": "torch native"}
 DIMENSIONS = {"batch": "micro-batch", "seq": "sequence length"}
 MAX_SIZE = {"batch": 1 << 16, "seq": 1 << 22}  # the search's bound
 
@@ -33,14 +27,19 @@ def add_arguments(p) -> None:
                    help="print the plan at the largest micro-batch (batch; give --seq) or "
                         "sequence length (seq; give --batch) whose planned peak x the allocator's "
                         "allowance fits --card-gib; exit status 1 when not even size 1 fits")
-    p.add_argument("--allocator", choices=tuple(ALLOWANCES), default=None,
-                   help="with --fit: the allocator whose fragmentation allowance (peak reserved / "
-                        "peak allocated) that multiplies the planned peak: "
-                        + ", ".join(f"{k} {v}" for k, v in ALLOWANCES.items())
-                        + " (default vramledger), the largest measured on the H200 over GPT-2-"
-                          "medium, Llama-1B and Llama-1B with checkpointing with no cap on memory "
-                          f"({ALLOWANCE_SOURCE}); under a cap torch native frees its cache and "
-                          "retries before it fails, so its allowance there may be smaller")
+    p.add_argument("--allocator", choices=tuple(ALLOCATOR_NAMES), default=None,
+                   help="with --fit: the allocator whose allowance (reserved bytes per allocated "
+                        "byte) multiplies the planned peak (default vramledger)")
+    p.add_argument("--allowance", choices=_plan_allowance.MODELS, default=None,
+                   help="with --fit: cap (default): the allocator under a cap on reserved "
+                        "memory, where torch's allocators free their cache and retry before they "
+                        "fail (" + ", ".join(f"{k} {v:g}" for k, v in
+                                             _plan_allowance.UNDER_A_CAP.items())
+                        + f", with the planned peak x {_plan_allowance.PEAK_CORRECTION:g}; "
+                          f"{_plan_allowance.CAP_SOURCE}); uncapped: peak reserved / peak "
+                          "allocated with abundant memory ("
+                        + ", ".join(f"{k} {v:g}" for k, v in _plan_allowance.UNCAPPED.items())
+                        + f"; {_plan_allowance.UNCAPPED_SOURCE})")
 
 
 @dataclasses.dataclass
@@ -50,21 +49,28 @@ class Fit:
     dimension: str
     size: int
     bound: int
-    allocator: str
-    allowance: float
+    allowance: Allowance
     card_bytes: int
     estimate: dict[str, Any] | None       # the plan at `size` (at 1 when nothing fits)
     above: dict[str, Any] | None          # the plan at size + 1 (None at the bound)
 
+    @property
+    def allocator(self) -> str:
+        return self.allowance.allocator
+
     def needed(self, est: dict[str, Any]) -> int:
         """Bytes of reserved memory the allocator needs for the plan `est`."""
-        return needed_bytes(est["total_bytes"], self.allowance)
+        return self.allowance.needed(est["total_bytes"])
 
     def as_json(self) -> dict[str, Any]:
+        a = self.allowance
         out: dict[str, Any] = {
             "dimension": self.dimension, "size": self.size, "bound": self.bound,
-            "allocator": self.allocator, "allowance": self.allowance,
-            "allowance_source": ALLOWANCE_SOURCE, "card_bytes": self.card_bytes,
+            "allocator": a.allocator, "allowance_model": a.model, "allowance": a.factor,
+            "peak_correction": a.peak_correction, "allowance_source": a.source,
+            "allowances": {m: dataclasses.asdict(_plan_allowance.allowance(a.allocator, m))
+                           for m in _plan_allowance.MODELS},
+            "card_bytes": self.card_bytes,
             "planned_peak_bytes": self.estimate["total_bytes"],
             "needed_bytes": self.needed(self.estimate),
         }
@@ -74,24 +80,21 @@ class Fit:
         return out
 
 
-def needed_bytes(planned: int, allowance: float) -> int:
-    """`planned` peak allocated bytes x the allowance, rounded up to a byte."""
-    return -(-planned * round(allowance * 10**6) // 10**6)
-
-
-def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str) -> Fit:
+def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str,
+        allowance_model: str = "cap") -> Fit:
     """The largest `dimension` ("batch" or "seq") in [1, MAX_SIZE[dimension]], the other held at
-    `setup`'s value, for which needed_bytes(estimate) <= setup.card_bytes."""
-    allowance = ALLOWANCES[allocator]
+    `setup`'s value, for which the allocator's reserved bytes for the estimate, in
+    `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes."""
+    allowance = _plan_allowance.allowance(allocator, allowance_model)
     bound = MAX_SIZE[dimension]
 
     def plan_at(n: int) -> dict[str, Any]:
         return _plan.estimate(model, dataclasses.replace(setup, **{dimension: n}))
 
     def fits(n: int) -> bool:
-        return needed_bytes(plan_at(n)["total_bytes"], allowance) <= setup.card_bytes
+        return allowance.needed(plan_at(n)["total_bytes"]) <= setup.card_bytes
 
-    result = Fit(dimension, 0, bound, allocator, allowance, setup.card_bytes, None, None)
+    result = Fit(dimension, 0, bound, allowance, setup.card_bytes, None, None)
     if not fits(1):
         result.estimate = plan_at(1)
         return result
@@ -105,11 +108,26 @@ def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str) 
     return result
 
 
+def describe_allowances(allocator: str, model: str) -> str:
+    """Both allowances of `allocator`, the one used (`model`) first, each with its source."""
+    cap = _plan_allowance.allowance(allocator, "cap")
+    uncapped = _plan_allowance.allowance(allocator, "uncapped")
+    texts = {"cap": f"under a cap {cap.factor:g} with the planned peak x "
+                    f"{cap.peak_correction:g} ({cap.source})",
+             "uncapped": f"uncapped {uncapped.factor:g}, peak reserved with abundant memory, "
+                         f"the plain plan's question ({uncapped.source})"}
+    other = "uncapped" if model == "cap" else "cap"
+    return (f"{ALLOCATOR_NAMES[allocator]}'s allowance {texts[model]}; not used: "
+            f"{texts[other]}")
+
+
 def check_fit_flags(args) -> None:
-    """PlanError for --allocator without --fit, or --fit without the sizes it needs."""
+    """PlanError for --allocator or --allowance without --fit, or --fit without the sizes it
+    needs."""
     if args.fit is None:
-        if args.allocator is not None:
-            raise PlanError("--allocator applies to --fit only (give --fit batch or --fit seq)")
+        for flag in ("allocator", "allowance"):
+            if getattr(args, flag) is not None:
+                raise PlanError(f"--{flag} applies to --fit only (give --fit batch or --fit seq)")
         return
     other = "seq" if args.fit == "batch" else "batch"
     if getattr(args, args.fit) is not None:
@@ -124,6 +142,7 @@ def run(args, cli_error: type[Exception]) -> int:
     """Runs `vramledger plan` with parsed `args` (the plain plan without --fit); bad input
     becomes `cli_error` (status 2); 1 when not even size 1 fits."""
     allocator = args.allocator or "vramledger"
+    model_name = args.allowance or "cap"
     try:
         check_fit_flags(args)
         if args.fit is None:
@@ -133,35 +152,37 @@ def run(args, cli_error: type[Exception]) -> int:
             raise PlanError(f"--fit needs the model's shape, which sets how the activations grow "
                             f"with the {DIMENSIONS[args.fit]}: give --config, or --layers, "
                             f"--hidden and --vocab")
-        result = fit(model, setup, args.fit, allocator)
+        result = fit(model, setup, args.fit, allocator, model_name)
     except PlanError as e:
         raise cli_error(str(e)) from e
     dim, word = args.fit, DIMENSIONS[args.fit]
     where = (f"seq {setup.seq}" if dim == "batch" else f"micro-batch {setup.batch}")
-    alloc = f"{ALLOCATOR_NAMES[allocator]}'s allowance {result.allowance:g}"
+    times = result.allowance.describe()
+    alloc = (f"{ALLOCATOR_NAMES[allocator]}'s allowance "
+             f"{'under a cap' if model_name == 'cap' else 'uncapped'}")
     if result.size == 0:
         est = result.estimate
         # The optimizer step holds the weights, gradients, optimizer state and its temporaries,
         # whatever the size: the floor no size goes below.
-        floor = needed_bytes(est["phases"]["optimizer_step"], result.allowance)
+        floor = result.allowance.needed(est["phases"]["optimizer_step"])
         why = (f"the optimizer step alone (weights, gradients, optimizer state, at any size) "
                f"needs {gb(floor)}" if floor > result.card_bytes
                else f"a smaller --{'seq' if dim == 'batch' else 'batch'} may fit")
         print(f"vramledger: error: nothing fits the card {gb(result.card_bytes)}: {dim} 1 at "
-              f"{where} plans {gb(est['total_bytes'])} x {alloc} = "
+              f"{where} plans {gb(est['total_bytes'])}{times} ({alloc}) = "
               f"{gb(result.needed(est))}; {why}", file=sys.stderr)
         return 1
     if result.above is None:
         raise cli_error(f"every {word} tried fits the card {gb(result.card_bytes)}, up to "
                         f"{dim} {result.bound} (the search's bound) at {where}: it plans "
-                        f"{gb(result.estimate['total_bytes'])} x {alloc} = "
+                        f"{gb(result.estimate['total_bytes'])}{times} ({alloc}) = "
                         f"{gb(result.needed(result.estimate))}")
     header = (f"vramledger plan --fit {dim}: the largest {word} that fits is {result.size} at "
-              f"{where} ({alloc}, {ALLOWANCE_SOURCE}):\n"
-              f"  {dim} {result.size}: planned peak {gb(result.estimate['total_bytes'])} x "
-              f"{result.allowance:g} = {gb(result.needed(result.estimate))} <= card "
-              f"{gb(result.card_bytes)}\n"
-              f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])} x "
-              f"{result.allowance:g} = {gb(result.needed(result.above))} > card\n\n")
+              f"{where} ({alloc}):\n"
+              f"  {dim} {result.size}: planned peak {gb(result.estimate['total_bytes'])}{times} = "
+              f"{gb(result.needed(result.estimate))} <= card {gb(result.card_bytes)}\n"
+              f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
+              f"{gb(result.needed(result.above))} > card\n"
+              f"  {describe_allowances(allocator, model_name)}\n\n")
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
                           extra={"fit": result.as_json()})
