@@ -117,10 +117,9 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::RecyclablePag
   // Pages of the block itself past the request count too (it is out of the index now). A
   // private pool's (a region's) pages move only within it.
   std::array<const core::BlockPool*, 2> group;
-  std::vector<std::pair<Segment*, std::size_t>> pages =
-      placement_.FreeMappedPages(plan.page, plan.missing, block,
-                                 seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1),
-                                 GroupOf(seg->pool, &group));
+  std::vector<std::pair<Segment*, std::size_t>> pages = placement_.FreeMappedPages(
+      plan.page, plan.missing, block, seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1),
+      GroupOf(seg->pool, &group));
   // A page moved or released waits for its segment's stream (or that stream's fence), which
   // cannot be done on a stream that is capturing: a synchronize would end its capture, and no
   // event may be waited for during one. Such pages stay where they are until it ends.

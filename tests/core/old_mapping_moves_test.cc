@@ -276,6 +276,38 @@ TEST_F(OldMappingMovesTest, HandleWithPendingAliasMovesToAnotherStream) {
   EXPECT_EQ(sim_->used_bytes(), 0u);
 }
 
+// The same while kCapture, whose free pages would be recycled, captures: waiting for it (a
+// synchronize, or its fences) would end the capture, so its pages stay and new ones are mapped.
+TEST_F(OldMappingMovesTest, PagesOfACapturingStreamAreNotRecycledDuringItsCapture) {
+  std::vector<DevicePtr> live;
+  MakeOldMapping(kCapture, &live);
+  DevicePtr big = live.back();
+  live.pop_back();
+  Free(big);  // the moved handles are now in a free block of kCapture's
+  SimBackend* sim = sim_.get();
+  ASSERT_TRUE(alloc_
+                  ->BeginAllocateToPool(
+                      kPool, [sim](StreamId s) { return s == kCapture && sim->IsCapturing(s); })
+                  .ok());
+  sim_->SetCapturing(kCapture, true);
+  const auto moves = FragmentationOf(*alloc_).page_moves;
+  const auto ssync = Calls(DriverCall::kStreamSynchronize);
+  const auto events = Calls(DriverCall::kEventQuery) + Calls(DriverCall::kEventSynchronize);
+  alloc_->ResetPeakStats();
+  DevicePtr other = Alloc(10 * kMiB, kS1);
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, moves);
+  EXPECT_EQ(Calls(DriverCall::kStreamSynchronize), ssync);
+  EXPECT_EQ(Calls(DriverCall::kEventQuery) + Calls(DriverCall::kEventSynchronize), events);
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
+  sim_->SetCapturing(kCapture, false);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  Free(other);
+  for (DevicePtr p : live) Free(p);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+}
+
 // A handle with a pending alias that is released "because it fits nowhere".
 // Stream kS1: a 12 MiB free block F whose pages are [unmapped x2][mapped][unmapped x3].
 // Stream 0: handle H (4 pages) moves within stream 0 (old address retiring, fence pending),
