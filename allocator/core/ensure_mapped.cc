@@ -117,9 +117,25 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::RecyclablePag
   // Pages of the block itself past the request count too (it is out of the index now). A
   // private pool's (a region's) pages move only within it.
   std::array<const core::BlockPool*, 2> group;
-  return placement_.FreeMappedPages(plan.page, plan.missing, block,
-                                    seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1),
-                                    GroupOf(seg->pool, &group));
+  std::vector<std::pair<Segment*, std::size_t>> pages = placement_.FreeMappedPages(
+      plan.page, plan.missing, block, seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1),
+      GroupOf(seg->pool, &group));
+  // A page moved or released waits for its segment's stream (or that stream's fence), which
+  // cannot be done on a stream that is capturing: a synchronize would end its capture, and no
+  // event may be waited for during one. Such pages stay where they are until it ends.
+  if (private_pools_.any_active()) {
+    std::vector<StreamId> capturing;
+    std::vector<StreamId> not_capturing;
+    std::erase_if(pages, [&](const std::pair<Segment*, std::size_t>& p) {
+      const StreamId s = p.first->stream;
+      if (absl::c_linear_search(not_capturing, s)) return false;
+      if (absl::c_linear_search(capturing, s)) return true;
+      const bool now = backend_->IsCapturing(s);
+      (now ? capturing : not_capturing).push_back(s);
+      return now;
+    });
+  }
+  return pages;
 }
 
 void DeviceAllocatorImpl::PlanMappings(

@@ -295,7 +295,10 @@ absl::Status DeviceAllocatorImpl::SettleOldMappings(bool wait, const Segment* on
 
 absl::Status DeviceAllocatorImpl::ClearOldMappings(
     absl::FunctionRef<bool(const OldMapping&)> which) {
-  return old_mappings_.Clear(backend_, which, GiveBackFence());
+  // During a capture the fences' streams are waited for instead of the fences (old_mappings.h),
+  // and every call is one a capture allows in relaxed mode.
+  RelaxedCaptureScope relaxed(backend_);
+  return old_mappings_.Clear(backend_, which, CaptureUnderway(), GiveBackFence());
 }
 
 absl::Status DeviceAllocatorImpl::ReuseOldMappings(Block* block, std::size_t size,

@@ -121,13 +121,27 @@ absl::Status OldMappings::Settle(DeviceBackend* backend, bool wait, bool keep, c
 
 absl::Status OldMappings::Clear(DeviceBackend* backend,
                                 absl::FunctionRef<bool(const OldMapping&)> which,
-                                GiveBack give_back) {
+                                bool capture_underway, GiveBack give_back) {
+  PendingStreams synced;  // during a capture: streams waited for (their fences are complete)
   for (std::size_t i = 0; i < entries_.size();) {
     if (!which(entries_[i])) {
       ++i;
       continue;
     }
-    if (entries_[i].fence != 0) {
+    const StreamId stream = entries_[i].segment->stream;  // the fence was recorded there
+    if (entries_[i].fence != 0 && capture_underway) {
+      if (!absl::c_linear_search(synced, stream)) {
+        if (backend->IsCapturing(stream)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "vramledger: pages at 0x",
+              absl::Hex(entries_[i].segment->PageAddress(entries_[i].first_page)),
+              " are still mapped for work queued on stream ", stream,
+              " before its CUDA graph capture began; they can be reused once the capture ends"));
+        }
+        if (absl::Status s = backend->SynchronizeStream(stream); !s.ok()) return s;
+        synced.push_back(stream);
+      }
+    } else if (entries_[i].fence != 0) {
       absl::StatusOr<bool> done = backend->QueryEvent(entries_[i].fence);  // waits if it must
       if (!done.ok()) return done.status();
       if (!*done) {

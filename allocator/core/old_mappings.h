@@ -63,9 +63,13 @@ class OldMappings {
   absl::Status Settle(DeviceBackend* backend, bool wait, bool keep, const Segment* only,
                       PendingStreams* pending, GiveBack give_back);
   /// Unmaps the entries `which` selects, waiting for their fence if need be: before something
-  /// is mapped over an old address, or before a handle is released.
+  /// is mapped over an old address, or before a handle is released. While a capture may be
+  /// under way (`capture_underway`) no event is queried or waited for (torch's rule: no
+  /// cudaEventQuery during any capture): the stream each fence was recorded on is synchronized
+  /// instead, in relaxed capture mode as a page move waits for its source stream. A fence on a
+  /// stream that is capturing itself cannot be waited for: FailedPrecondition naming it.
   absl::Status Clear(DeviceBackend* backend, absl::FunctionRef<bool(const OldMapping&)> which,
-                     GiveBack give_back);
+                     bool capture_underway, GiveBack give_back);
   /// Unmaps entry `index` (backend) and forgets it.
   absl::Status UnmapEntry(DeviceBackend* backend, std::size_t index, GiveBack give_back);
 

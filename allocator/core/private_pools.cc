@@ -140,7 +140,11 @@ absl::Status PrivatePools::End(MempoolId id) {
                         [&](const Active& a) { return a.id == id && a.owner == self; });
   }
   if (mine != active_.rend()) {
+    // A region's entry is never a capture's (its EndRegion always comes).
+    const bool served_nothing =
+        !mine->fallback && (mine->streams.empty() || mine->may_hold_capture);
     active_.erase(std::next(mine).base());
+    if (served_nothing) KeepCaptureCaution(id);
     return absl::OkStatus();
   }
   // Pruned as failed by a call of its own thread between the end of its capture and this one
@@ -249,17 +253,51 @@ void PrivatePools::PruneFailedCaptures() {
   }
 }
 
+void PrivatePools::KeepCaptureCaution(MempoolId id) {
+  const std::thread::id self = std::this_thread::get_id();
+  Active* kept = nullptr;  // the thread's innermost entry of `id` left
+  for (Active& a : active_) {
+    if (a.id != id || a.owner != self || a.fallback) continue;
+    // A capture of this thread routed here and has ended: the End was most likely its own.
+    if (a.saw_capture && std::none_of(a.streams.begin(), a.streams.end(),
+                                      [&](StreamId s) { return backend_->IsCapturing(s); })) {
+      return;
+    }
+    kept = &a;
+  }
+  if (kept != nullptr) kept->may_hold_capture = true;
+}
+
 bool PrivatePools::CaptureUnderway() {
   if (active_.empty()) return false;
   PruneFailedCaptures();
   for (const Active& active : active_) {
-    if (active.fallback) continue;            // a region's entry: never a capture's
-    if (active.streams.empty()) return true;  // may be capturing without having allocated
+    if (active.fallback) continue;  // a region's entry: never a capture's
+    // May be capturing without having allocated, or kept for a capture that may go on.
+    if (active.streams.empty() || active.may_hold_capture) return true;
     for (StreamId s : active.streams) {
       if (backend_->IsCapturing(s)) return true;
     }
   }
   return false;
+}
+
+std::string PrivatePools::DescribeCapture() const {
+  for (const Active& active : active_) {
+    if (active.fallback) continue;
+    for (StreamId s : active.streams) {
+      if (backend_->IsCapturing(s)) {
+        return absl::StrCat("stream ", s, " captures into private pool ", PoolName(active.id));
+      }
+    }
+  }
+  for (const Active& active : active_) {
+    if (!active.fallback && (active.streams.empty() || active.may_hold_capture)) {
+      return absl::StrCat("a capture into private pool ", PoolName(active.id),
+                          " may be under way: it has begun and not ended");
+    }
+  }
+  return "none seen";
 }
 
 absl::Status PrivatePools::ReleaseUnused(absl::FunctionRef<absl::Status(BlockPool*)> release,

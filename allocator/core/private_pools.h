@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -57,7 +58,11 @@ class PrivatePools {
     return it == pools_.end() ? nullptr : it->second.get();
   }
   /// Stops allocating to `id`: the calling thread's latest entry of it, else (as torch) the
-  /// first entry of it. NotFound if it is not being allocated to (nor was pruned).
+  /// first entry of it. NotFound if it is not being allocated to (nor was pruned). When the
+  /// thread keeps another entry of `id` and the one taken had served no stream, the End may
+  /// have been that other entry's while the one taken was a capture that goes on (the two
+  /// cannot be told apart): the kept entry then counts as a capture (Active::may_hold_capture)
+  /// unless one of the thread's entries of `id` routed a capture that has ended.
   absl::Status End(MempoolId id);
   /// One use of `id` less; returns the uses left. NotFound for an unknown or unused pool.
   absl::StatusOr<int> Release(MempoolId id);
@@ -83,6 +88,9 @@ class PrivatePools {
   /// True while a capture may be under way: an active pool has served no stream yet, or one of
   /// its streams is capturing. Prunes the pools of failed captures first.
   bool CaptureUnderway();
+  /// While CaptureUnderway(): the capture, for an error that refuses what a capture forbids
+  /// ("stream S captures into private pool (a, b)", or that one may be under way).
+  std::string DescribeCapture() const;
   /// An active pool that served a capturing stream, none of whose streams capture any more, had
   /// its capture fail (torch sends no End or Release then): it stops being active and loses a
   /// use. Only its owner thread decides so at once: torch calls endAllocateToPool after
@@ -121,11 +129,19 @@ class PrivatePools {
     bool served_plain = false;      // one was not: a use_mem_pool entry, never pruned
     std::thread::id owner;          // the thread that began it (torch's capturing thread)
     bool fallback = false;          // a region's entry: routed to after every other entry
+    // An End of the same pool on this thread removed another entry that may have been a
+    // capture still under way (it had served no stream): this entry counts as one may (in
+    // CaptureUnderway) until its own End, so no event, free or unmap breaks that capture.
+    bool may_hold_capture = false;
     // When another thread first found its capture over (InfiniteFuture: not found so): after
     // kFailedCaptureGrace of that, any thread may prune it.
     absl::Time ended_seen = absl::InfiniteFuture();
   };
 
+  // After an End of `id` took an entry that had served no stream: Active::may_hold_capture on
+  // the calling thread's innermost entry of `id` left, unless one of them routed a capture that
+  // has ended.
+  void KeepCaptureCaution(MempoolId id);
   // Route among the entries that are (not) fallback.
   BlockPool* RouteAmong(StreamId stream, std::size_t rounded, bool fallback);
 

@@ -73,8 +73,9 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(Region* regio
   }
   if (CaptureUnderway()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("vramledger: region '", region->name,
-                     "' cannot be paused while a CUDA graph capture is under way"));
+        absl::StrCat("vramledger: region '", region->name, "' cannot be paused while a CUDA graph ",
+                     "capture is under way (", private_pools_.DescribeCapture(),
+                     "): nothing was changed; pause it after the capture ends"));
   }
   const absl::Time start = absl::Now();
   const std::vector<Segment*> segments = RegionSegments(*region);
@@ -173,9 +174,10 @@ absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeLocked(
     return out;
   }
   if (CaptureUnderway()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("vramledger: region '", region->name,
-                     "' cannot be resumed while a CUDA graph capture is under way"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "vramledger: region '", region->name, "' cannot be resumed while a CUDA graph ",
+        "capture is under way (", private_pools_.DescribeCapture(),
+        "): nothing was changed; resume it after the capture ends"));
   }
   if (absl::Status s = ReleaseHeld(region); !s.ok()) return s;
   const std::size_t bytes = region->paused_bytes;

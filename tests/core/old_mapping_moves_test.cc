@@ -276,6 +276,38 @@ TEST_F(OldMappingMovesTest, HandleWithPendingAliasMovesToAnotherStream) {
   EXPECT_EQ(sim_->used_bytes(), 0u);
 }
 
+// The same while kCapture, whose free pages would be recycled, captures: waiting for it (a
+// synchronize, or its fences) would end the capture, so its pages stay and new ones are mapped.
+TEST_F(OldMappingMovesTest, PagesOfACapturingStreamAreNotRecycledDuringItsCapture) {
+  std::vector<DevicePtr> live;
+  MakeOldMapping(kCapture, &live);
+  DevicePtr big = live.back();
+  live.pop_back();
+  Free(big);  // the moved handles are now in a free block of kCapture's
+  SimBackend* sim = sim_.get();
+  ASSERT_TRUE(alloc_
+                  ->BeginAllocateToPool(
+                      kPool, [sim](StreamId s) { return s == kCapture && sim->IsCapturing(s); })
+                  .ok());
+  sim_->SetCapturing(kCapture, true);
+  const auto moves = FragmentationOf(*alloc_).page_moves;
+  const auto ssync = Calls(DriverCall::kStreamSynchronize);
+  const auto events = Calls(DriverCall::kEventQuery) + Calls(DriverCall::kEventSynchronize);
+  alloc_->ResetPeakStats();
+  DevicePtr other = Alloc(10 * kMiB, kS1);
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, moves);
+  EXPECT_EQ(Calls(DriverCall::kStreamSynchronize), ssync);
+  EXPECT_EQ(Calls(DriverCall::kEventQuery) + Calls(DriverCall::kEventSynchronize), events);
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
+  sim_->SetCapturing(kCapture, false);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  Free(other);
+  for (DevicePtr p : live) Free(p);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+}
+
 // A handle with a pending alias that is released "because it fits nowhere".
 // Stream kS1: a 12 MiB free block F whose pages are [unmapped x2][mapped][unmapped x3].
 // Stream 0: handle H (4 pages) moves within stream 0 (old address retiring, fence pending),
@@ -323,7 +355,11 @@ TEST_F(OldMappingMovesTest, ReleasedHandleWithPendingAliasDuringCapture) {
   const auto moves = FragmentationOf(*alloc_).page_moves;
   ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId s) { return s == kCapture; }).ok());
   sim_->SetCapturing(kCapture, true);
+  const auto events = Calls(DriverCall::kEventQuery) + Calls(DriverCall::kEventSynchronize);
   auto p = alloc_->Malloc(10 * kMiB, kS1);
+  // The released handle's old mapping goes first: its stream is waited for, not its fence.
+  EXPECT_EQ(Calls(DriverCall::kEventQuery) + Calls(DriverCall::kEventSynchronize), events);
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
   sim_->SetCapturing(kCapture, false);
   ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
   ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
@@ -386,7 +422,7 @@ TEST_F(OldMappingMovesTest, MoveDuringCaptureRecordsNoFence) {
 }
 
 // A old-mapping alias made before the capture, whose address is mapped over during the capture.
-TEST_F(OldMappingMovesTest, OldMappingAddressMappedOverDuringCaptureWaitsInRelaxedMode) {
+TEST_F(OldMappingMovesTest, OldMappingAddressMappedOverDuringCaptureWaitsForItsStream) {
   std::vector<DevicePtr> live;
   DevicePtr hole = MakeOldMappingInLargeHole(200 * kMiB, 2 * kMiB, &live);
   ASSERT_GT(OldMappingBytes(), 0);
@@ -394,14 +430,17 @@ TEST_F(OldMappingMovesTest, OldMappingAddressMappedOverDuringCaptureWaitsInRelax
   sim_->SetCapturing(kCapture, true);
   const auto queries = Calls(DriverCall::kEventQuery);
   const auto esync = Calls(DriverCall::kEventSynchronize);
+  const auto ssync = Calls(DriverCall::kStreamSynchronize);
   DevicePtr again = Alloc(202 * kMiB);  // over the old-mapping address (64 < 101 new pages)
   EXPECT_EQ(again, hole);
   EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
-  // The old mapping must go before a handle is mapped there, so the fence (recorded before the
-  // capture, on a stream that is not capturing) is queried and waited for, in relaxed mode; no
-  // new fence is recorded during the capture.
-  EXPECT_GT(Calls(DriverCall::kEventQuery), queries);
-  EXPECT_GT(Calls(DriverCall::kEventSynchronize), esync);
+  // The old mapping must go before a handle is mapped there. No event is queried or waited for
+  // during a capture (torch's rule), so the stream the fence was recorded on (stream 0, not
+  // capturing) is synchronized instead, in relaxed mode; no fence is recorded either.
+  EXPECT_EQ(Calls(DriverCall::kEventQuery), queries);
+  EXPECT_EQ(Calls(DriverCall::kEventSynchronize), esync);
+  EXPECT_GT(Calls(DriverCall::kStreamSynchronize), ssync);
+  EXPECT_EQ(OldMappingBytes(), 0);
   EXPECT_GT(sim_->calls_during_capture_relaxed(), 0);
   sim_->SetCapturing(kCapture, false);
   ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());

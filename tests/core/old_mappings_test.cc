@@ -154,12 +154,57 @@ TEST_F(OldMappingsTest, ClearUnmapsTheSelectedEntriesWaitingForTheirFence) {
   Move(0, 4, RecordFence());
   Move(1, 5, RecordFence());
   ASSERT_TRUE(old_.Clear(
-                      &sim_, [&](const OldMapping& r) { return r.handle == a; }, GiveBack())
+                      &sim_, [&](const OldMapping& r) { return r.handle == a; },
+                      /*capture_underway=*/false, GiveBack())
                   .ok());
   ASSERT_EQ(old_.entries().size(), 1u);
   EXPECT_EQ(old_.entries()[0].handle, b);
   EXPECT_EQ(sim_.calls().count(DriverCall::kEventSynchronize), 1);  // a's fence was pending
   EXPECT_EQ(given_back_.size(), 1u);
+  ExpectValid();
+}
+
+TEST_F(OldMappingsTest, ClearDuringACaptureWaitsForTheFencesStreamNotTheFence) {
+  // No event may be queried or waited for while a capture is under way (on another stream
+  // here): the stream the fences were recorded on is synchronized once, in relaxed mode.
+  MapNew(0);
+  MapNew(1);
+  const EventId fence = RecordFence();
+  Move(0, 4, fence);
+  Move(1, 5, fence);
+  constexpr StreamId kCapturing = 9;
+  sim_.SetCapturing(kCapturing, true);
+  const std::int64_t queries = sim_.calls().count(DriverCall::kEventQuery);
+  {
+    RelaxedCaptureScope relaxed(&sim_);
+    ASSERT_TRUE(old_.Clear(
+                        &sim_, [](const OldMapping&) { return true; },
+                        /*capture_underway=*/true, GiveBack())
+                    .ok());
+  }
+  EXPECT_TRUE(old_.empty());
+  EXPECT_EQ(sim_.calls().count(DriverCall::kEventQuery), queries);
+  EXPECT_EQ(sim_.calls().count(DriverCall::kEventSynchronize), 0);
+  EXPECT_EQ(sim_.calls().count(DriverCall::kStreamSynchronize), 1);
+  EXPECT_EQ(sim_.calls_during_capture_not_relaxed(), 0);
+  EXPECT_EQ(given_back_, std::vector<EventId>{fence});
+  ExpectValid();
+}
+
+TEST_F(OldMappingsTest, ClearRefusesAFenceOnAStreamThatIsCapturing) {
+  // The fence was recorded before the stream's capture began; synchronizing a capturing stream
+  // would end its capture, so the entry stays, and the error says what it waits for.
+  MapNew(0);
+  Move(0, 4, RecordFence());
+  sim_.SetCapturing(kStream, true);
+  const absl::Status s = old_.Clear(
+      &sim_, [](const OldMapping&) { return true; }, /*capture_underway=*/true, GiveBack());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("stream 5"), std::string_view::npos) << s;
+  EXPECT_NE(s.message().find("capture ends"), std::string_view::npos) << s;
+  EXPECT_EQ(old_.entries().size(), 1u);
+  EXPECT_EQ(sim_.calls().count(DriverCall::kStreamSynchronize), 0);
+  sim_.SetCapturing(kStream, false);
   ExpectValid();
 }
 

@@ -166,5 +166,51 @@ TEST_F(RegionErrorsTest, TheMemoryFractionCapsAResume) {
   Resume("train");
 }
 
+// A capture into pool p begun inside use_mem_pool(p) on one thread, and use_mem_pool's end
+// before the capture's (torch's private bindings allow that order): the end cannot tell which
+// of the two entries it ends, so the capture still counts as under way. A pause or resume of
+// any region is refused, naming the capture and saying what to do, with nothing changed; a
+// free beside the capture records no event; once the capture ends, both run.
+TEST_F(RegionErrorsTest, APauseOrResumeBesideACaptureWhoseUseMemPoolEndedFirstIsRefused) {
+  constexpr StreamId kCapture = 0x30;
+  constexpr StreamId kEager = 0x20;
+  constexpr MempoolId kPool{3, 0};
+  Pause("rollout", RegionBackup::kNone);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId) { return true; }).ok());
+  const DevicePtr eager = Alloc(512, kEager);  // use_mem_pool's, on a stream that does not capture
+  SimBackend* sim = sim_.get();
+  ASSERT_TRUE(alloc_
+                  ->BeginAllocateToPool(
+                      kPool, [sim](StreamId s) { return s == kCapture && sim->IsCapturing(s); })
+                  .ok());
+  sim_->SetCapturing(kCapture, true);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());  // use_mem_pool's end
+  const std::string before = Describe();
+  for (const bool pause : {true, false}) {
+    const absl::Status s = pause ? alloc_->PauseRegion("train", RegionBackup::kCpu).status()
+                                 : alloc_->ResumeRegion("rollout", false).status();
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    for (const char* part :
+         {pause ? "'train'" : "'rollout'", "CUDA graph capture", "private pool (3, 0)",
+          "nothing was changed", "after the capture ends"}) {
+      EXPECT_NE(s.message().find(part), std::string_view::npos) << part << " in " << s;
+    }
+    EXPECT_EQ(Describe(), before);
+  }
+  ASSERT_TRUE(alloc_->RecordStream(eager, 0).ok());
+  const std::int64_t records = Calls(DriverCall::kEventRecord);
+  Free(eager);
+  EXPECT_EQ(Calls(DriverCall::kEventRecord), records);  // deferred until no capture is under way
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
+  sim_->SetCapturing(kCapture, false);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());  // the capture's end
+  Pause("train", RegionBackup::kCpu);
+  Resume("train");
+  Resume("rollout");
+  ExpectContents();
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+}
+
 }  // namespace
 }  // namespace vramledger
