@@ -141,10 +141,11 @@ for i in "${!available[@]}"; do
   case " ${tools[*]} " in *" $t "*) continue ;; esac
   exe="$(find "$dir" -name "$t" -type f -perm -u+x | head -n 1)"
   log="$logdir/$t.log"
+  t_cpu=$(cpu_seconds)
   if (cd "$ROOT" && run_binary "$exe" "${filters[$i]}" "$log"); then
     n="$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$log" | tail -n 1)"
     total=$((total + ${n:-0}))
-    printf '%-32s %5s tests passed\n' "$t" "${n:-0}"
+    printf '%-32s %5s tests passed (CPU %s s)\n' "$t" "${n:-0}" "$(($(cpu_seconds) - t_cpu))"
   else
     failed+=("$t")
     printf '%-32s FAILED (log: %s)\n' "$t" "$log"
