@@ -12,8 +12,17 @@
 # annotations compiled in when Abseil itself is built with -fsanitize=thread. Debian's libabsl is
 # not, so the thread build turns VRAMLEDGER_ABSL_FROM_SOURCE on (the same Abseil release, built
 # from source with these flags; CMakeLists.txt).
+#
+# VRAMLEDGER_NO_UNDEFINED: the link option the shared libraries use to prove that nothing is left
+# for the loader to find. Empty where clang sanitizes: clang links its sanitizer runtime into the
+# executable only (gcc links libasan.so into every object), so a shared library's calls into the
+# runtime are resolved at load time, from the test executable.
+set(VRAMLEDGER_NO_UNDEFINED "LINKER:--no-undefined")
 if(NOT VRAMLEDGER_SANITIZE)
   return()
+endif()
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  set(VRAMLEDGER_NO_UNDEFINED "")
 endif()
 set(_vl_known address undefined thread)
 string(REPLACE "," ";" _vl_sanitizers "${VRAMLEDGER_SANITIZE}")

@@ -266,7 +266,8 @@ absl::Status CudaBackend::GrantMapped(std::uint64_t peers) {
   const std::vector<CUmemAccessDesc> descs = AccessDescriptors(/*self=*/-1, peers);
   absl::MutexLock lock(&mapped_mu_);
   for (const auto& [va, size] : mapped_) {
-    const CUresult err = Timed(calls_, DriverCall::kMemSetAccess, [&] {
+    // The bindings are captured by name: clang before 16 cannot capture a structured binding.
+    const CUresult err = Timed(calls_, DriverCall::kMemSetAccess, [&, va = va, size = size] {
       return driver_->mem_set_access(ToDevicePtr(va), size, descs.data(), descs.size());
     });
     if (err != CUDA_SUCCESS) {

@@ -424,9 +424,12 @@ TEST_F(AllocatorTest, ALargeSegmentSizeUnderTheRequestStillHoldsIt) {
     EXPECT_EQ(sum, s.total_size);
   }
   for (const auto& [x, size] : {std::pair{p, 4 * kMiB}, {q, 3 * kMiB + 1}, {r, kMiB + 1}}) {
-    EXPECT_TRUE(std::any_of(segments.begin(), segments.end(), [&](const SegmentInfo& s) {
-      return x >= s.address && x + size <= s.address + s.total_size;
-    })) << "a block outside every segment";
+    // The bindings are captured by name: clang before 16 cannot capture a structured binding.
+    EXPECT_TRUE(std::any_of(segments.begin(), segments.end(),
+                            [x = x, size = size](const SegmentInfo& s) {
+                              return x >= s.address && x + size <= s.address + s.total_size;
+                            }))
+        << "a block outside every segment";
   }
   const Fragmentation f = FragmentationOf(*alloc_);
   EXPECT_GE(f.largest_free_block, 0);
