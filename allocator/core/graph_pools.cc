@@ -76,10 +76,9 @@ absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools(const MempoolId* o
   // name a new pool later (the API allows it; torch's own ids only grow), made outside the
   // region or inside another, and a region whose list still named it would pause and check a
   // pool that is not its own.
-  regions_.ForgetPools(
-      [this](MempoolId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return private_pools_.Find(id) == nullptr;
-      });
+  regions_.ForgetPools([this](MempoolId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return private_pools_.Find(id) == nullptr;
+  });
   return released;
 }
 

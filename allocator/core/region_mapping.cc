@@ -59,17 +59,16 @@ void DeviceAllocatorImpl::LosePages(Region* region, const std::vector<Released>&
   // contents undefined, as after a pause without backup. Only when the driver refuses that too
   // does the region keep the run, so that its next pause and resume map pages there again (a
   // kernel that reads the blocks over it faults until then).
-  auto book_mapped = [this](const Released& run, PhysicalHandle handle)
-                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                           Segment* seg = run.segment;
-                           const std::size_t n = run.pages * seg->page_size;
-                           page_table_.Map(seg, run.first_page, run.pages, handle);
-                           UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool),
-                                      static_cast<std::int64_t>(n));
-                           ++stats_.num_device_alloc;
-                           Emit(TraceAction::kSegmentMap, seg->PageAddress(run.first_page), n,
-                                seg->stream, 0, 0, seg->pool->owner);
-                         };
+  auto book_mapped = [this](const Released& run,
+                            PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Segment* seg = run.segment;
+    const std::size_t n = run.pages * seg->page_size;
+    page_table_.Map(seg, run.first_page, run.pages, handle);
+    UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool), static_cast<std::int64_t>(n));
+    ++stats_.num_device_alloc;
+    Emit(TraceAction::kSegmentMap, seg->PageAddress(run.first_page), n, seg->stream, 0, 0,
+         seg->pool->owner);
+  };
   for (const Released& run : lost) {
     ReleaseUnmappedRun(run);
     const DevicePtr va = run.segment->PageAddress(run.first_page);

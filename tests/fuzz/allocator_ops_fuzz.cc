@@ -340,9 +340,10 @@ class Run {
     const std::uint8_t kind = in.Byte();
     const std::uint8_t skip = in.Byte();
     if (Tracing()) {
-      std::fprintf(stderr, "  fail %s after %d calls\n",
-                   std::string(DriverCallName(static_cast<DriverCall>(kind % kNumDriverCalls))).c_str(),
-                   skip % 8);
+      std::fprintf(
+          stderr, "  fail %s after %d calls\n",
+          std::string(DriverCallName(static_cast<DriverCall>(kind % kNumDriverCalls))).c_str(),
+          skip % 8);
     }
     sim_->FailCall(static_cast<DriverCall>(kind % kNumDriverCalls), skip % 8,
                    absl::InternalError("injected driver error"));
@@ -359,7 +360,8 @@ class Run {
   void Checkpoint(ByteReader& in, const std::string& name) {
     const int i = in.Byte() % 3;
     auto cp = alloc_->CheckpointPool(kPools[i]);
-    if (Tracing()) std::fprintf(stderr, "  checkpoint pool %d: %s\n", i + 1, cp.status().ToString().c_str());
+    if (Tracing())
+      std::fprintf(stderr, "  checkpoint pool %d: %s\n", i + 1, cp.status().ToString().c_str());
     // A pool made inside a region has the region's expandable segments, which checkpoints do
     // not cover (docs/design/regions.md): refused as unimplemented, saying so.
     if (cp.status().code() == absl::StatusCode::kUnimplemented) {
