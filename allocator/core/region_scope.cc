@@ -32,6 +32,11 @@ absl::StatusOr<MempoolId> DeviceAllocatorImpl::BeginRegion(std::string_view name
       // The region's own use, never given back: its pool and its ranges last as long as the
       // allocator, so a pause always finds them.
       s = private_pools_.CreateExpandable(region->id, options_.expandable_page_size, 1);
+      // The copy stream is made now rather than by the first pause with a backup: the driver
+      // keeps device memory for it, which that pause would otherwise fail to give back. Not
+      // during a capture, so that no driver call is made beside it; a failure here is not the
+      // region's: the pause makes the stream then and reports its error.
+      if (s.ok() && !CaptureUnderway()) (void)backend_->PrepareCopies();
     }
     if (s.ok()) s = private_pools_.Begin(region->id, std::move(filter), /*fallback=*/true);
     if (s.ok()) {

@@ -98,6 +98,7 @@ class CudaBackend final : public DeviceBackend {
       ABSL_LOCKS_EXCLUDED(copy_mu_);
   absl::Status CopyHostToDevice(absl::Span<const HostCopy> copies) override
       ABSL_LOCKS_EXCLUDED(copy_mu_);
+  absl::Status PrepareCopies() override ABSL_LOCKS_EXCLUDED(copy_mu_);
 
   /// OK if the driver VMM entry points were resolved and the granularity queried; else why not.
   const absl::Status& vmm_status() const { return vmm_status_; }
@@ -131,8 +132,10 @@ class CudaBackend final : public DeviceBackend {
   // cuMemCreate asks for POSIX-descriptor handles until the driver refuses that type once.
   std::atomic<bool> posix_handles_{true};
 
-  // The copies' stream (non-blocking, made by the first copy), one batch of copies at a time.
+  // The copies' stream (non-blocking, made by PrepareCopies or the first copy), one batch of
+  // copies at a time.
   absl::Status Copy(absl::Span<const HostCopy> copies, bool to_host) ABSL_LOCKS_EXCLUDED(copy_mu_);
+  absl::Status EnsureCopyStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_);
   absl::Mutex copy_mu_;
   void* copy_stream_ ABSL_GUARDED_BY(copy_mu_) = nullptr;  // cudaStream_t
 

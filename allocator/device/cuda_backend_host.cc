@@ -26,22 +26,33 @@ absl::Status CudaBackend::HostFreePinned(void* p) {
   return RuntimeStatus(cudaFreeHost(p), "cudaFreeHost", device_);
 }
 
+absl::Status CudaBackend::EnsureCopyStreamLocked() {
+  if (copy_stream_ != nullptr) return absl::OkStatus();
+  cudaStream_t stream = nullptr;
+  // Non-blocking: the legacy default stream's work does not hold the copies up (the region's
+  // streams were synchronised before the copies are issued).
+  if (absl::Status s = RuntimeStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                     "cudaStreamCreateWithFlags", device_);
+      !s.ok()) {
+    return s;
+  }
+  copy_stream_ = stream;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::PrepareCopies() {
+  ScopedDevice scope(device_, nullptr);
+  if (!scope.status().ok()) return scope.status();
+  absl::MutexLock lock(&copy_mu_);
+  return EnsureCopyStreamLocked();
+}
+
 absl::Status CudaBackend::Copy(absl::Span<const HostCopy> copies, bool to_host) {
   if (copies.empty()) return absl::OkStatus();
   ScopedDevice scope(device_, nullptr);
   if (!scope.status().ok()) return scope.status();
   absl::MutexLock lock(&copy_mu_);
-  if (copy_stream_ == nullptr) {
-    cudaStream_t stream = nullptr;
-    // Non-blocking: the legacy default stream's work does not hold the copies up (the region's
-    // streams were synchronised before the copies are issued).
-    if (absl::Status s = RuntimeStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                                       "cudaStreamCreateWithFlags", device_);
-        !s.ok()) {
-      return s;
-    }
-    copy_stream_ = stream;
-  }
+  if (absl::Status s = EnsureCopyStreamLocked(); !s.ok()) return s;
   auto stream = static_cast<cudaStream_t>(copy_stream_);
   const char* call =
       to_host ? "cudaMemcpyAsync (device to host)" : "cudaMemcpyAsync (host to device)";

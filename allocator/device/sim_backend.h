@@ -109,6 +109,8 @@ class SimBackend final : public DeviceBackend {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CopyHostToDevice(absl::Span<const HostCopy> copies) override
       ABSL_LOCKS_EXCLUDED(mu_);
+  /// Counts the call (copy_prepares()); nothing else to prepare.
+  absl::Status PrepareCopies() override ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Device contents (sim_backend_host.cc) ----
   // Only expandable memory (physical handles) holds contents. They are kept per handle in
@@ -156,6 +158,8 @@ class SimBackend final : public DeviceBackend {
   std::size_t pinned_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   std::int64_t copies() const ABSL_LOCKS_EXCLUDED(mu_);
   std::int64_t copy_waits() const ABSL_LOCKS_EXCLUDED(mu_);
+  /// PrepareCopies calls so far.
+  std::int64_t copy_prepares() const ABSL_LOCKS_EXCLUDED(mu_);
   std::size_t copied_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   /// Failures injected by FailCall that have happened.
   std::int64_t injected_failures() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -294,6 +298,7 @@ class SimBackend final : public DeviceBackend {
   bool copy_failure_set_ ABSL_GUARDED_BY(mu_) = false;
   std::int64_t copies_ ABSL_GUARDED_BY(mu_) = 0;
   std::int64_t copy_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t copy_prepares_ ABSL_GUARDED_BY(mu_) = 0;
   std::size_t copied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<PhysicalHandle, absl::flat_hash_map<std::size_t, std::vector<std::uint8_t>>>
       contents_ ABSL_GUARDED_BY(mu_);

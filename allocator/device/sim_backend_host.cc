@@ -84,6 +84,12 @@ absl::Status SimBackend::CopyHostToDevice(absl::Span<const HostCopy> copies) {
   return CopyLocked(copies, /*to_host=*/false);
 }
 
+absl::Status SimBackend::PrepareCopies() {
+  absl::MutexLock lock(&mu_);
+  ++copy_prepares_;
+  return absl::OkStatus();
+}
+
 template <typename Fn>
 absl::Status SimBackend::ForEachMappedPiece(const char* call, DevicePtr va, std::size_t bytes,
                                             Fn fn) const {
@@ -198,6 +204,11 @@ std::int64_t SimBackend::copies() const {
 std::int64_t SimBackend::copy_waits() const {
   absl::MutexLock lock(&mu_);
   return copy_waits_;
+}
+
+std::int64_t SimBackend::copy_prepares() const {
+  absl::MutexLock lock(&mu_);
+  return copy_prepares_;
 }
 
 std::size_t SimBackend::copied_bytes() const {

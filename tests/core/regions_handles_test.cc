@@ -211,5 +211,26 @@ TEST_F(RegionHandlesTest, EndRegionAfterItsPoolEntryEndedElsewhereLeavesBothBook
   EXPECT_TRUE(absl::IsNotFound(alloc_->EndRegion("train")));
 }
 
+TEST_F(RegionHandlesTest, MakingARegionPreparesTheCopiesOnceAndNotDuringACapture) {
+  constexpr StreamId kCapture = 3;
+  const std::int64_t before = sim_->copy_prepares();  // "train", made by SetUp, prepared once
+  EXPECT_EQ(before, 1);
+  sim_->SetCapturing(kCapture, true);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool({0, 5}, [](StreamId s) { return s == kCapture; }).ok());
+  Begin("early");  // made while a capture is under way: nothing is prepared beside it
+  End("early");
+  EXPECT_EQ(sim_->copy_prepares(), before);
+  sim_->SetCapturing(kCapture, false);
+  ASSERT_TRUE(alloc_->EndAllocateToPool({0, 5}).ok());
+  ASSERT_TRUE(alloc_->ReleasePool({0, 5}).ok());
+  Begin("rollout");  // made: its first pause finds the copy stream ready
+  End("rollout");
+  EXPECT_EQ(sim_->copy_prepares(), before + 1);
+  Begin("rollout");  // entered again: already made
+  End("rollout");
+  EXPECT_EQ(sim_->copy_prepares(), before + 1);
+  Check();
+}
+
 }  // namespace
 }  // namespace vramledger

@@ -167,6 +167,10 @@ class DeviceBackend {
   virtual absl::Status CopyDeviceToHost(absl::Span<const HostCopy> copies) = 0;
   /// The same, host to device.
   virtual absl::Status CopyHostToDevice(absl::Span<const HostCopy> copies) = 0;
+  /// Makes ready what the copies need before the first one (CudaBackend: its copy stream, for
+  /// which the driver takes device memory it keeps), so that a region's first pause gives back as
+  /// much as every later one. Called when a region is made; later calls do nothing.
+  virtual absl::Status PrepareCopies() { return absl::OkStatus(); }
 
   // ---- Interprocess sharing (CUDA IPC, docs/design/ipc.md) ----
   // Off the allocation path, so not counted in calls(). Torch's IPC handle names the exporting
