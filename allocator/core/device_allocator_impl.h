@@ -210,8 +210,8 @@ class DeviceAllocatorImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pause's steps: wait for the region's queued work; copy its live blocks to pinned buffers
   // (freed again on failure; region_backup.cc); unmap every handle (mapped back on failure; a
-  // handle that cannot be mapped back is booked unmapped and its run kept in region.lost by
-  // LosePages).
+  // handle that cannot be is released and a new one mapped in its place by LosePages, which
+  // keeps the run in region.lost when the driver refuses that too).
   absl::Status WaitForRegion(const Region& region, const std::vector<core::Segment*>& segments)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BackUpRegion(Region* region, const std::vector<core::Segment*>& segments)

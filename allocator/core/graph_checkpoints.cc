@@ -55,6 +55,23 @@ absl::Status CheckPoolUsable(const core::PrivatePools::Pool* pool, MempoolId id,
 
 bool PendingFree(const Block* b) { return !b->allocated && b->event_count > 0; }
 
+// Synchronizes every stream a live block of `segments` was used on (record_stream).
+absl::Status WaitForStreamUses(DeviceBackend* backend, const std::vector<Segment*>& segments) {
+  std::vector<StreamId> streams;
+  for (const Segment* segment : segments) {
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      if (!b->allocated) continue;
+      for (StreamId s : b->stream_uses) {
+        if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+      }
+    }
+  }
+  for (StreamId s : streams) {
+    if (absl::Status st = backend->SynchronizeStream(s); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<Segment*> DeviceAllocatorImpl::PoolSegments(
@@ -160,19 +177,25 @@ absl::StatusOr<PoolRestore> DeviceAllocatorImpl::RestorePool(MempoolId id,
           "while a capture is under way (torch: Events should have synchronized when setting "
           "checkpointed block); the pool is unchanged");
     }
-    PoolRestore restored;
-    for (Segment* segment : segments) {
-      for (const Block* b = segment->head; b != nullptr; b = b->next) {
-        if (b->allocated) restored.freed.push_back(b->ptr);
-      }
-    }
-    for (DevicePtr ptr : restored.freed) {
-      if (absl::Status s = FreeLocked(ptr, /*context=*/0); !s.ok()) return s;
-    }
+    // What can fail comes before the pool's frees, so a failure leaves the caller's blocks
+    // live: the frees it requested already (waiting on events) complete, then the work queued
+    // on its live blocks' other streams is waited for, so those blocks free at once.
     if (absl::Status s = SettlePendingFrees(
             segments, "Events should have synchronized when setting checkpointed block");
         !s.ok()) {
       return s;
+    }
+    if (absl::Status s = WaitForStreamUses(backend_, segments); !s.ok()) return s;
+    PoolRestore restored;
+    for (Segment* segment : segments) {
+      for (Block* b = segment->head; b != nullptr; b = b->next) {
+        if (!b->allocated) continue;
+        b->stream_uses.clear();  // their work is done (above)
+        restored.freed.push_back(b->ptr);
+      }
+    }
+    for (DevicePtr ptr : restored.freed) {
+      if (absl::Status s = FreeLocked(ptr, /*context=*/0); !s.ok()) return s;
     }
     for (const SegmentCheckpoint& seg : checkpoint.segments) {
       const Block* head = segments_.at(seg.ptr)->head;

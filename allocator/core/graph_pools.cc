@@ -57,7 +57,7 @@ absl::Status DeviceAllocatorImpl::FlushDeferredFrees() {
 }
 
 absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools(const MempoolId* only) {
-  return private_pools_.ReleaseUnused(
+  const absl::Status released = private_pools_.ReleaseUnused(
       [this](BlockPool* pool)
           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReleaseWholeFreeSegments(pool); },
       [this](const core::PrivatePools::Pool& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -72,6 +72,14 @@ absl::Status DeviceAllocatorImpl::ReleaseFreeablePrivatePools(const MempoolId* o
                            [&](const auto& seg) { return owned(*seg); });
       },
       only);
+  // A forgotten pool leaves its region (also when a later pool's release failed): its id may
+  // name a new pool later (the API allows it; torch's own ids only grow), made outside the
+  // region or inside another, and a region whose list still named it would pause and check a
+  // pool that is not its own.
+  regions_.ForgetPools([this](MempoolId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return private_pools_.Find(id) == nullptr;
+  });
+  return released;
 }
 
 absl::Status DeviceAllocator::BeginAllocateToPool(MempoolId pool, StreamFilter filter) {

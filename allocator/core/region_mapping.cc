@@ -53,11 +53,42 @@ absl::Status DeviceAllocatorImpl::UnmapRegion(Region* region, const std::vector<
 }
 
 void DeviceAllocatorImpl::LosePages(Region* region, const std::vector<Released>& lost) {
-  // Not mapped anywhere now: the books say so, the handle is released, and the region keeps the
-  // run, so that its next pause and resume map pages there again (the blocks over them have lost
-  // their contents; a kernel that reads them faults until then).
+  // Not mapped anywhere now: the books say so and the handle is released. Live blocks may lie
+  // on the run, and a running region's live blocks need pages under them (the stats, the
+  // snapshot and the kernels that use them count on it): a new handle is mapped there, its
+  // contents undefined, as after a pause without backup. Only when the driver refuses that too
+  // does the region keep the run, so that its next pause and resume map pages there again (a
+  // kernel that reads the blocks over it faults until then).
+  auto book_mapped = [this](const Released& run,
+                            PhysicalHandle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Segment* seg = run.segment;
+    const std::size_t n = run.pages * seg->page_size;
+    page_table_.Map(seg, run.first_page, run.pages, handle);
+    UpdateStat(stats_.reserved_bytes, StatTypesFor(seg->pool), static_cast<std::int64_t>(n));
+    ++stats_.num_device_alloc;
+    Emit(TraceAction::kSegmentMap, seg->PageAddress(run.first_page), n, seg->stream, 0, 0,
+         seg->pool->owner);
+  };
   for (const Released& run : lost) {
     ReleaseUnmappedRun(run);
+    const DevicePtr va = run.segment->PageAddress(run.first_page);
+    const std::size_t n = run.pages * run.segment->page_size;
+    PhysicalHandle handle = 0;
+    if (backend_->CreatePhysical(n, &handle).ok()) {
+      const bool mapped = backend_->Map(va, n, handle).ok();
+      absl::Status access = mapped ? backend_->SetAccess(va, n) : absl::OkStatus();
+      if (mapped && access.ok()) {
+        book_mapped(run, handle);
+        continue;
+      }
+      if (mapped && !backend_->Unmap(va, n).ok()) {
+        // Mapped without access and not unmappable: booked as mapped (it is), as above.
+        book_mapped(run, handle);
+        page_table_.MarkInaccessible(run.segment, run.first_page, std::move(access));
+        continue;
+      }
+      if (!backend_->ReleasePhysical(handle).ok()) page_table_.KeepUnreleased(handle);
+    }
     region->lost.push_back(run);
   }
 }

@@ -27,6 +27,21 @@ void Regions::AddPool(Region* region, MempoolId id) {
   if (by_pool_.try_emplace(id, region).second) region->pools.push_back(id);
 }
 
+void Regions::ForgetPools(absl::FunctionRef<bool(MempoolId)> gone) {
+  for (const auto& region : regions_) {
+    std::vector<MempoolId>& pools = region->pools;
+    // The region's own pool (first) lasts as long as the allocator.
+    for (auto it = pools.begin() + 1; it != pools.end();) {
+      if (gone(*it)) {
+        by_pool_.erase(*it);
+        it = pools.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
 std::vector<Regions::Released> Regions::Regroup(std::vector<Released> released,
                                                 std::size_t handle_bytes) {
   std::sort(released.begin(), released.end(), [](const Released& a, const Released& b) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/block.h"
@@ -108,6 +109,10 @@ class Regions {
   }
   /// Records private pool `id` as created inside `region`.
   void AddPool(Region* region, MempoolId id);
+  /// Drops every member pool (not a region's own) for which `gone` is true: a private pool the
+  /// allocator forgot (no use, no segment left). Its id may name another pool later, which
+  /// belongs where that one is created.
+  void ForgetPools(absl::FunctionRef<bool(MempoolId)> gone);
   /// Every region, in creation order.
   const std::vector<std::unique_ptr<Region>>& all() const { return regions_; }
 

@@ -1,6 +1,6 @@
 // Checkpoints of a private pool on SimBackend: the refusals of a restore (a stale checkpoint,
-// another pool's or device's, a malformed one, an unknown or released pool), each with torch's
-// words or clearer ones, and the pool left as it was.
+// another pool's or device's, a malformed one, an unknown or released pool, a stream that cannot
+// be waited for), each with torch's words or clearer ones, and the pool left as it was.
 #include <string>
 
 #include "pool_checkpoint_fixture.h"
@@ -115,6 +115,37 @@ TEST_F(PoolCheckpointTest, UnknownAndReleasedPoolsGetTorchsErrors) {
             std::string::npos);
   EXPECT_TRUE(absl::IsFailedPrecondition(alloc_->RestorePool(kGraphPool, saved).status()));
   Free(held);
+}
+
+// A restore that cannot wait for the streams its live blocks were used on fails before it frees
+// them: the caller still owns every block. (It once freed them first, then failed on an event,
+// so the caller's blocks were gone behind an error.)
+TEST_F(PoolCheckpointTest, ARestoreThatCannotWaitForItsBlocksStreamsLeavesThemLive) {
+  constexpr StreamId kOther = 0x11;
+  Begin();
+  const DevicePtr a = Alloc(3 * kMiB);
+  const DevicePtr b = Alloc(2 * kMiB);
+  End();
+  const core::PoolCheckpoint saved = Checkpoint();
+  ASSERT_TRUE(alloc_->RecordStream(a, kOther).ok());
+  const std::int64_t allocated = Stat(&DeviceStats::allocated_bytes);
+  sim_->FailCall(DriverCall::kStreamSynchronize, 0,
+                 absl::InternalError("cudaStreamSynchronize: injected"));
+  auto r = alloc_->RestorePool(kGraphPool, saved);
+  EXPECT_TRUE(absl::IsInternal(r.status())) << r.status();
+  Check();
+  EXPECT_TRUE(Live({a, b}));
+  EXPECT_EQ(Stat(&DeviceStats::allocated_bytes), allocated);
+  EXPECT_EQ(Checkpoint(), saved);
+  // Waited for, the restore frees both without an event and lays the pool out as saved.
+  const std::int64_t events = Calls(DriverCall::kEventRecord);
+  const core::PoolRestore restored = Restore(saved);
+  EXPECT_EQ(restored.freed.size(), 2u);
+  EXPECT_EQ(restored.allocated.size(), 2u);
+  EXPECT_EQ(Calls(DriverCall::kEventRecord), events);
+  EXPECT_TRUE(Live({a, b}));
+  Free(a);
+  Free(b);
 }
 
 }  // namespace

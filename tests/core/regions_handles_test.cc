@@ -1,8 +1,9 @@
 // Pausable regions' handles and copies (docs/design/regions.md, "Resume"): a
 // resume maps few large handles, cut where pages change between used and free, which empty_cache
 // then releases only whole; a region's blocks get large handles; the copies are one batch per
-// pause and per resume; empty_cache frees kept pinned buffers; a failed map-back and a handle a
-// failed resume cannot unmap leave books that match the card; EndRegion after the pool's entry
+// pause and per resume; empty_cache frees kept pinned buffers; a failed map-back (a new handle
+// under the live blocks, or lost pages) and a handle a failed resume cannot unmap leave books that
+// match the card; EndRegion after the pool's entry
 // was ended elsewhere leaves both books agreeing.
 #include "regions_fixture.h"
 
@@ -117,10 +118,41 @@ TEST_F(RegionHandlesTest, EmptyCacheFreesTheKeptPinnedBuffers) {
   EXPECT_EQ(sim_->pinned_bytes(), 0u);
 }
 
-TEST_F(RegionHandlesTest, AMapBackThatFailsBooksThePagesUnmappedUntilTheNextResume) {
-  // The third unmap fails; mapping the first handle back fails too: its page (page 0) is lost.
+// The books once counted the live block over a lost page as allocated with no page under it
+// (allocated above reserved, and the snapshot without the block): a new handle goes there.
+TEST_F(RegionHandlesTest, AMapBackThatFailsMapsANewHandleUnderTheLiveBlock) {
+  // The third unmap fails; mapping the first handle back fails too: page 0's contents are lost.
   sim_->FailCall(DriverCall::kMemUnmap, 2, absl::InternalError("cuMemUnmap: injected"));
   sim_->FailCall(DriverCall::kMemMap, 0, absl::InternalError("cuMemMap: injected"));
+  const std::size_t used = sim_->used_bytes();
+  const PhysicalHandle old = sim_->HandleAt(blocks_[0]);
+  auto r = alloc_->PauseRegion("train", RegionBackup::kCpu);
+  EXPECT_TRUE(absl::IsInternal(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("contents are lost"), std::string::npos) << r.status();
+  Check();
+  EXPECT_FALSE(Info("train").paused);
+  EXPECT_EQ(Info("train").mapped_bytes, 30 * kMiB);
+  EXPECT_EQ(sim_->used_bytes(), used);
+  EXPECT_NE(sim_->HandleAt(blocks_[0]), 0u);
+  EXPECT_NE(sim_->HandleAt(blocks_[0]), old);
+  EXPECT_TRUE(sim_->IsAccessible(blocks_[0], 3 * kMiB));
+  EXPECT_EQ(sim_->pinned_bytes(), 0u);
+  for (int i = 1; i < 10; ++i) {
+    if (i < 3 || i > 5) {
+      EXPECT_EQ(Read(blocks_[i], 3 * kMiB), Pattern(3 * kMiB, i)) << i;
+    }
+  }
+  Pause("train", RegionBackup::kCpu);
+  Resume("train");
+  EXPECT_EQ(sim_->used_bytes(), used);
+}
+
+TEST_F(RegionHandlesTest, AMapBackThatFailsBooksThePagesUnmappedUntilTheNextResume) {
+  // The third unmap fails; mapping the first handle back fails too, and so does creating a new
+  // handle for it: its page (page 0) is lost.
+  sim_->FailCall(DriverCall::kMemUnmap, 2, absl::InternalError("cuMemUnmap: injected"));
+  sim_->FailCall(DriverCall::kMemMap, 0, absl::InternalError("cuMemMap: injected"));
+  sim_->FailCall(DriverCall::kMemCreate, 0, absl::InternalError("cuMemCreate: injected"));
   const std::size_t used = sim_->used_bytes();
   auto r = alloc_->PauseRegion("train", RegionBackup::kCpu);
   EXPECT_TRUE(absl::IsInternal(r.status())) << r.status();

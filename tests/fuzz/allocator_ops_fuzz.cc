@@ -212,24 +212,26 @@ class Run {
     }
     model_->BeginOp(/*capturing=*/false);
     model_->FreeEverything();
+    for (const MempoolId& pool : kPools) {
+      for (int guard = 0; alloc_->PoolUseCount(pool) > 0 && guard < 1000; ++guard) {
+        Check(alloc_->ReleasePool(pool).ok(), "release pool at finish");
+      }
+    }
     // A paused region keeps its virtual ranges until it runs again: resumed (its free pages
-    // only, nothing is live), then emptied with the rest.
+    // only, nothing is live), then emptied. A resume asks for every page the pause released, as
+    // any growth of reserved memory: with the fraction lifted, each region alone fits on the
+    // card (it did before its pause), so each resume comes after every other byte is released.
     Check(alloc_->SetMemoryFraction(1.0).ok(), "fraction at finish");
+    sim_->CompleteAllEvents();
     Check(alloc_->EmptyCache().ok(), "empty_cache before the resumes at finish");
     for (const char* region : kRegions) {
       const auto r = alloc_->ResumeRegion(region, /*keep_host_buffers=*/false);
       Check(r.ok() || r.status().code() == absl::StatusCode::kNotFound,
             absl::StrCat("resume of region ", region, " at finish: ", r.status().ToString()));
       model_->SetPaused(region, false);
+      const absl::Status emptied = alloc_->EmptyCache();
+      Check(emptied.ok(), absl::StrCat("empty_cache at finish: ", emptied.ToString()));
     }
-    for (const MempoolId& pool : kPools) {
-      for (int guard = 0; alloc_->PoolUseCount(pool) > 0 && guard < 1000; ++guard) {
-        Check(alloc_->ReleasePool(pool).ok(), "release pool at finish");
-      }
-    }
-    sim_->CompleteAllEvents();
-    const absl::Status emptied = alloc_->EmptyCache();
-    Check(emptied.ok(), absl::StrCat("empty_cache at finish: ", emptied.ToString()));
     model_->CheckAll("finish");
     model_->CheckEmpty();
     model_.reset();
@@ -300,7 +302,9 @@ class Run {
     model_->Allowed(name, alloc_->EndAllocateToPool(pool), {});
   }
   void ReleasePool(ByteReader& in, const std::string& name) {
-    model_->Allowed(name, alloc_->ReleasePool(kPools[in.Byte() % 3]),
+    const MempoolId pool = kPools[in.Byte() % 3];
+    if (Tracing()) std::fprintf(stderr, "  release pool %lu\n", pool.first);
+    model_->Allowed(name, alloc_->ReleasePool(pool),
                     {absl::StatusCode::kNotFound, absl::StatusCode::kFailedPrecondition});
   }
   // torch.cuda.MemPool: create or add a use, route every stream to it (use_mem_pool) or stop,
@@ -308,6 +312,7 @@ class Run {
   void MemPool(ByteReader& in, const std::string& name) {
     const std::uint8_t b = in.Byte();
     const MempoolId pool = kPools[b % 3];
+    if (Tracing()) std::fprintf(stderr, "  mem pool %lu: call %d\n", pool.first, (b >> 2) % 5);
     switch ((b >> 2) % 5) {
       case 0:
         model_->Allowed(name, alloc_->CreateOrIncrefPool(pool), {});
@@ -334,6 +339,12 @@ class Run {
   void Inject(ByteReader& in) {
     const std::uint8_t kind = in.Byte();
     const std::uint8_t skip = in.Byte();
+    if (Tracing()) {
+      std::fprintf(
+          stderr, "  fail %s after %d calls\n",
+          std::string(DriverCallName(static_cast<DriverCall>(kind % kNumDriverCalls))).c_str(),
+          skip % 8);
+    }
     sim_->FailCall(static_cast<DriverCall>(kind % kNumDriverCalls), skip % 8,
                    absl::InternalError("injected driver error"));
   }
@@ -349,6 +360,8 @@ class Run {
   void Checkpoint(ByteReader& in, const std::string& name) {
     const int i = in.Byte() % 3;
     auto cp = alloc_->CheckpointPool(kPools[i]);
+    if (Tracing())
+      std::fprintf(stderr, "  checkpoint pool %d: %s\n", i + 1, cp.status().ToString().c_str());
     // A pool made inside a region has the region's expandable segments, which checkpoints do
     // not cover (docs/design/regions.md): refused as unimplemented, saying so.
     if (cp.status().code() == absl::StatusCode::kUnimplemented) {
@@ -363,6 +376,7 @@ class Run {
   void Restore(ByteReader& in, const std::string& name) {
     const int i = in.Byte() % 3;
     if (!checkpoints_[i].has_value()) return;
+    if (Tracing()) std::fprintf(stderr, "  restore pool %d\n", i + 1);
     model_->Restore(name, kPools[i], alloc_->RestorePool(kPools[i], *checkpoints_[i]));
   }
   void Share(ByteReader& in, const std::string& name) {
@@ -376,6 +390,7 @@ class Run {
   void Region(ByteReader& in, const std::string& name) {
     const std::uint8_t b = in.Byte();
     const char* region = kRegions[(b >> 3) & 1];
+    if (Tracing()) std::fprintf(stderr, "  region %s: call %d\n", region, b % 5);
     switch (b % 5) {
       case 0:
         alloc_->ResetPeakStats();
