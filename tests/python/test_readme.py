@@ -174,18 +174,23 @@ def test_readme_plan_commands_run(command, tmp_path):
 
 def test_capacity_figures_are_the_measured_ones():
     table = (ROOT / "docs" / "results" / "capacity-h200.md").read_text()
-    limits = {}  # (workload, allocator) -> (largest batch, largest seq)
+    limits = {}  # (workload, cap GiB, allocator) -> (largest batch, largest seq)
     for line in table.splitlines():
         cells = [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
-        if len(cells) == 6 and re.match(r"\d+ \(", cells[2]):
-            limits[cells[0], cells[1]] = (cells[2].split()[0], cells[4].split()[0])
+        if len(cells) == 7 and re.match(r"\d+ \(", cells[3]):
+            limits[cells[0], cells[1], cells[2]] = (cells[3].split()[0], cells[5].split()[0])
     allocators = ("torch native", "torch expandable", "vramledger")
 
-    def triple(workload, column):
-        return " / ".join(limits[workload, a][column] for a in allocators)
+    def triple(workload, cap, column):
+        return " / ".join(limits[workload, cap, a][column] for a in allocators)
 
     readme = " ".join(README.read_text().split())
-    for workload, column, words in (("GPT-2-medium", 0, "GPT-2-medium (seq 1024)"),
-                                    ("Llama-1B LoRA r16 + ckpt", 0, "checkpointing (seq 4096)"),
-                                    ("GPT-2-medium", 1, "sequence (batch 4)")):
-        assert f"{words} {triple(workload, column)}" in readme, (words, triple(workload, column))
+    for workload, cap, column, words in (
+            ("GPT-2-medium", "24", 0, "GPT-2-medium (seq 1024)"),
+            ("Llama-1B + ckpt", "24", 0, "Llama-1B with checkpointing (seq 2048)"),
+            ("Llama-1B LoRA r16 + ckpt", "24", 0, "checkpointing (seq 4096)"),
+            ("GPT-2-medium", "80", 0, "at 80 GiB, GPT-2-medium"),
+            ("Llama-1B LoRA r16 + ckpt", "80", 0, "the LoRA workload"),
+            ("GPT-2-medium", "24", 1, "sequence (batch 4, 24 GiB)")):
+        figures = triple(workload, cap, column)
+        assert f"{words} {figures}" in readme, (words, figures)
