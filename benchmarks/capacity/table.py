@@ -147,7 +147,8 @@ def retries_table(results: Results, rows: Iterable[tuple[str, float, str]],
             if r is None or not r.get("fits"):
                 figures = "- | -"
             else:
-                figures = (f"{r['retries'] / len(r['step_s']):.2f} | "
+                steps = r.get("steps") or len(r["step_s"])
+                figures = (f"{r['retries'] / steps:.2f} | "
                            f"{r['median_step_s']:.3f}")
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | "
                          f"{size if size else '-'} | {NAMES[a]} | {figures} |")
