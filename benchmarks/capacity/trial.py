@@ -86,8 +86,8 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
               timeout_s: float) -> dict:
     """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
     process: install() must come before CUDA starts, and nothing cached from an earlier trial may
-    help a later one). Returns its record: `fits` True or False, or None with `error` when the process failed some other way
-    (`timed_out` when it ran past `timeout_s`)."""
+    help a later one). Returns its record: `fits` True or False, or None with `error` when the
+    process failed some other way (`timed_out` when it ran past `timeout_s`)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
         env.pop(key, None)
