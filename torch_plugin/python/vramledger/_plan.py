@@ -230,16 +230,14 @@ def estimate(model: Model, setup: Setup) -> dict[str, Any]:
         F["communication"] = "ZeRO-3 prefetch bucket 5e7 x 2 B + two gathered layers in 16 bits"
 
     base = w_persist + opt + WORKSPACE_BASE + comm
-    phases = {
-        "forward_end": base + w_half + act_saved + logits + dequant,
-        "backward_end": base + grads + act_recompute + dequant,
-        "optimizer_step": base + grads + opt_temp,
-    }
+    phases = {"forward_end": base + w_half + act_saved + logits + dequant}
     if s.checkpointing and model.has_shape():
         # The start of backward: no gradient yet, autocast's weight cache gone with the forward's
         # autocast region except the output layer's half weight (saved by its matmul), every saved
         # activation still held, and the loss gradient in place of the forward's logits.
         phases["loss_backward"] = base + head_half + act_saved + loss_grad + dequant
+    phases["backward_end"] = base + grads + act_recompute + dequant
+    phases["optimizer_step"] = base + grads + opt_temp
     peak_phase = max(phases, key=phases.get)
     total = phases[peak_phase]
     cats = {
