@@ -26,7 +26,10 @@ H_COEF = 31.5
 MLP_COEF = {"gelu-tanh": 16.0, "gated": 8.0, "gelu": 4.0}
 FP32_ACTIVATION_FACTOR = 1.75  # fp32 training: not measured (docs/design/memory-planner.md)
 LOGITS_BYTES_PER_VOCAB = {"mixed": 10, "fp32": 8}  # half logits + fp32 upcast + log-softmax
-CKPT_INPUT_BYTES_PER_HIDDEN = 4  # a checkpointed layer keeps its fp32 residual input
+# The gradient of the loss at its largest, inside log_softmax's backward: the saved fp32 log-softmax
+# output, its gradient (nll_loss's backward writes a dense fp32 tensor) and the gradient of its
+# input, 4 V each. The loss upcasts the logits to fp32 in either precision.
+LOSS_BACKWARD_BYTES_PER_VOCAB = 12
 KORTHIKANTI_PER_HIDDEN = 34  # Korthikanti et al. 2022, eq. 1, no recomputation
 WORKSPACE_BASE = 64 * MIB  # cuBLAS workspaces and small buffers (measured ~63-69 MB)
 QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 with double quantisation (Dettmers et al. 2023)
@@ -50,6 +53,33 @@ class Setup:
     card_bytes: int = H200_BYTES
     activation_model: str = "calibrated"  # or "korthikanti"
     eager_attention: bool = False  # attention scores materialised (no SDPA / flash)
+
+
+def checkpointed_bytes_per_token(model: Model, mixed: bool, lora: bool) -> dict[str, float]:
+    """What a training step with activation checkpointing (Hugging Face's
+    gradient_checkpointing_enable(): one checkpoint per decoder layer) keeps per token between the
+    forward and the backward, counted from the ops (docs/design/memory-planner.md, "Checkpointing").
+
+    "layer_input": bytes one checkpointed layer keeps, its residual-stream input. The residual
+    stream has the weights' dtype: fp32 with fp32 weights (under autocast the embedding is fp32
+    and each residual add of fp32 and a half output is fp32, as is RMSNorm's output, weight x
+    normed input), half with a half frozen base (LoRA in mixed precision). The rotary cos / sin
+    are (1, s, head_dim): per sequence, not per token, so not counted.
+    "head_saved": bytes the final norm and the output layer save, outside every checkpoint: the
+    norm's fp32 input (LayerNorm's autocast cast, RMSNorm's .to(float32), the same tensor as the
+    last layer's output when that is fp32), RMSNorm's normalised fp32 input when its weight is
+    trained (the weight multiply saves it; LayerNorm's weight gradient comes from its saved input),
+    and the output layer's input when its weight is trained (a half copy under autocast, fp32
+    otherwise). A frozen norm and output layer (LoRA) save neither of the last two.
+    """
+    h = model.hidden
+    half_base = lora and mixed
+    head_saved = 4.0 * h
+    if not lora:
+        if not model.biases:  # RMSNorm (Llama-style); LayerNorm saves no normalised copy
+            head_saved += 4.0 * h
+        head_saved += (2.0 if mixed else 4.0) * h
+    return {"layer_input": (2.0 if half_base else 4.0) * h, "head_saved": head_saved}
 
 
 def estimate(model: Model, setup: Setup) -> dict[str, Any]:
@@ -135,7 +165,7 @@ def estimate(model: Model, setup: Setup) -> dict[str, Any]:
 
     # Activations for one micro-batch.
     T = s.batch * s.seq
-    act_saved = act_recompute = logits = 0.0
+    act_saved = act_recompute = logits = loss_grad = head_half = 0.0
     if model.has_shape():
         h, f, L, V = model.hidden, model.ffn(), model.layers, model.vocab
         if s.activation_model == "korthikanti":
@@ -152,12 +182,18 @@ def estimate(model: Model, setup: Setup) -> dict[str, Any]:
             layer_text += " + 5 a s (eager attention)"
         logits = LOGITS_BYTES_PER_VOCAB["mixed" if mixed else "fp32"] * V * T
         if s.checkpointing:
-            act_saved = L * CKPT_INPUT_BYTES_PER_HIDDEN * h * T
+            ck = checkpointed_bytes_per_token(model, mixed, lora)
+            act_saved = (L * ck["layer_input"] + ck["head_saved"]) * T
             act_recompute = per_layer * T
-            F["activations"] = (f"checkpointing: L x {CKPT_INPUT_BYTES_PER_HIDDEN} h B/token layer "
-                                f"inputs x T + one layer {layer_text} B/token recomputed in "
-                                f"backward + {LOGITS_BYTES_PER_VOCAB['mixed' if mixed else 'fp32']} V "
-                                f"B/token logits and loss; T = {T:,}")
+            loss_grad = LOSS_BACKWARD_BYTES_PER_VOCAB * V * T
+            head_half = 2.0 * V * h if mixed and not lora else 0.0
+            F["activations"] = (
+                f"checkpointing: L x {ck['layer_input'] / h:g} h B/token layer inputs + "
+                f"{ck['head_saved'] / h:g} h B/token saved by the final norm and output layer, "
+                f"with {LOGITS_BYTES_PER_VOCAB['mixed' if mixed else 'fp32']} V B/token logits and "
+                f"loss in forward or {LOSS_BACKWARD_BYTES_PER_VOCAB} V B/token loss gradient at the "
+                f"start of backward; one layer {layer_text} B/token recomputed in backward; "
+                f"T = {T:,}")
         else:
             act_saved = L * per_layer * T
             F["activations"] = (f"L x {layer_text} B/token x T + "
@@ -194,18 +230,22 @@ def estimate(model: Model, setup: Setup) -> dict[str, Any]:
         F["communication"] = "ZeRO-3 prefetch bucket 5e7 x 2 B + two gathered layers in 16 bits"
 
     base = w_persist + opt + WORKSPACE_BASE + comm
-    phases = {
-        "forward_end": base + w_half + act_saved + logits + dequant,
-        "backward_end": base + grads + act_recompute + dequant,
-        "optimizer_step": base + grads + opt_temp,
-    }
+    phases = {"forward_end": base + w_half + act_saved + logits + dequant}
+    if s.checkpointing and model.has_shape():
+        # The start of backward: no gradient yet, autocast's weight cache gone with the forward's
+        # autocast region except the output layer's half weight (saved by its matmul), every saved
+        # activation still held, and the loss gradient in place of the forward's logits.
+        phases["loss_backward"] = base + head_half + act_saved + loss_grad + dequant
+    phases["backward_end"] = base + grads + act_recompute + dequant
+    phases["optimizer_step"] = base + grads + opt_temp
     peak_phase = max(phases, key=phases.get)
     total = phases[peak_phase]
     cats = {
         "weights": w_persist + w_half,
         "gradients": grads,
         "optimizer": opt,
-        "activations": max(act_saved + logits, act_recompute),
+        "activations": max(act_saved + logits, act_recompute,
+                           act_saved + loss_grad if s.checkpointing and model.has_shape() else 0.0),
         "workspace": WORKSPACE_BASE + max(opt_temp, dequant),
         "communication": comm,
     }
