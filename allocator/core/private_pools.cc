@@ -31,6 +31,13 @@ PrivatePools::Pool::Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_so
   }
 }
 
+std::unique_ptr<PrivatePools::Pool> PrivatePools::MakePool(
+    MempoolId id, std::shared_ptr<SegmentSource> source, std::size_t large_page) {
+  auto pool = std::make_unique<Pool>(id, std::move(source), large_page);
+  pool->incarnation = ++pools_made_;
+  return pool;
+}
+
 absl::Status PrivatePools::CreateOrIncref(MempoolId id, std::shared_ptr<SegmentSource> source) {
   if (id == MempoolId{0, 0}) {
     return absl::InvalidArgumentError(
@@ -38,7 +45,7 @@ absl::Status PrivatePools::CreateOrIncref(MempoolId id, std::shared_ptr<SegmentS
   }
   auto [it, created] = pools_.try_emplace(id);
   if (created) {
-    it->second = std::make_unique<Pool>(id, std::move(source));
+    it->second = MakePool(id, std::move(source));
     return absl::OkStatus();
   }
   if (source != nullptr) {  // torch: only the creation names the allocator
@@ -84,7 +91,7 @@ absl::Status PrivatePools::CreateExpandable(MempoolId id, std::size_t large_page
     return absl::InvalidArgumentError(
         absl::StrCat("vramledger: private pool ", PoolName(id), " exists, or is the default pool"));
   }
-  auto pool = std::make_unique<Pool>(id, nullptr, large_page);
+  auto pool = MakePool(id, nullptr, large_page);
   pool->use_count = uses;
   pools_.emplace(id, std::move(pool));
   return absl::OkStatus();
@@ -101,7 +108,7 @@ absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter, bool fallbac
                 pruned_.end());
   auto [it, created] = pools_.try_emplace(id);
   if (created) {
-    it->second = std::make_unique<Pool>(id);
+    it->second = MakePool(id);
   } else {
     ++it->second->use_count;  // shared: another graph or use_mem_pool allocates to it
   }

@@ -36,6 +36,10 @@ class PrivatePools {
     BlockPool large;
     std::shared_ptr<SegmentSource> source;  // null: segments from the backend
     bool use_on_oom = false;
+    /// Which pool of this id it is (1 for the first made, and so on, across ids): a pool
+    /// forgotten and made again under the same id is another incarnation, so what was recorded
+    /// of the old one (a checkpoint) can be told from the new.
+    std::uint64_t incarnation = 0;
   };
   /// By id. Ordered (a btree): released in the same order in every process (trace entries too).
   using Map = absl::btree_map<MempoolId, std::unique_ptr<Pool>>;
@@ -142,11 +146,15 @@ class PrivatePools {
   // the calling thread's innermost entry of `id` left, unless one of them routed a capture that
   // has ended.
   void KeepCaptureCaution(MempoolId id);
+  // A pool for `id` with the next incarnation (Pool::incarnation).
+  std::unique_ptr<Pool> MakePool(MempoolId id, std::shared_ptr<SegmentSource> source = nullptr,
+                                 std::size_t large_page = 0);
   // Route among the entries that are (not) fallback.
   BlockPool* RouteAmong(StreamId stream, std::size_t rounded, bool fallback);
 
   DeviceBackend* const backend_;
   Map pools_;
+  std::uint64_t pools_made_ = 0;  // the last Pool::incarnation given
   std::vector<Active> active_;
   // An entry pruned as a failed capture, until its owner's End or next Begin of the pool.
   struct Pruned {
