@@ -4,6 +4,7 @@
 #include "core/private_pools.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -261,50 +262,51 @@ void PrivatePools::PruneFailedCaptures() {
 }
 
 void PrivatePools::KeepCaptureCaution(MempoolId id) {
+  // Even when an entry of the thread routed a capture that has ended, the End may have been
+  // that entry's while the removed one was a second capture into the pool, still under way (two
+  // captures into one pool on two streams, the first ended). torch counts every open entry as a
+  // capture under way (its free defers events while captures_underway is not empty): the kept
+  // entry does so too until its own End.
   const std::thread::id self = std::this_thread::get_id();
   Active* kept = nullptr;  // the thread's innermost entry of `id` left
   for (Active& a : active_) {
-    if (a.id != id || a.owner != self || a.fallback) continue;
-    // A capture of this thread routed here and has ended: the End was most likely its own.
-    if (a.saw_capture && std::none_of(a.streams.begin(), a.streams.end(),
-                                      [&](StreamId s) { return backend_->IsCapturing(s); })) {
-      return;
-    }
-    kept = &a;
+    if (a.id == id && a.owner == self && !a.fallback) kept = &a;
   }
   if (kept != nullptr) kept->may_hold_capture = true;
+}
+
+const PrivatePools::Active* PrivatePools::FindCapture(std::optional<StreamId>* stream) const {
+  for (const Active& active : active_) {
+    if (active.fallback) continue;  // a region's entry: never a capture's
+    for (StreamId s : active.streams) {
+      if (backend_->IsCapturing(s)) {
+        if (stream != nullptr) *stream = s;
+        return &active;
+      }
+    }
+  }
+  for (const Active& active : active_) {
+    // May be capturing without having allocated, or kept for a capture that may go on.
+    if (!active.fallback && (active.streams.empty() || active.may_hold_capture)) return &active;
+  }
+  return nullptr;
 }
 
 bool PrivatePools::CaptureUnderway() {
   if (active_.empty()) return false;
   PruneFailedCaptures();
-  for (const Active& active : active_) {
-    if (active.fallback) continue;  // a region's entry: never a capture's
-    // May be capturing without having allocated, or kept for a capture that may go on.
-    if (active.streams.empty() || active.may_hold_capture) return true;
-    for (StreamId s : active.streams) {
-      if (backend_->IsCapturing(s)) return true;
-    }
-  }
-  return false;
+  return FindCapture(nullptr) != nullptr;
 }
 
 std::string PrivatePools::DescribeCapture() const {
-  for (const Active& active : active_) {
-    if (active.fallback) continue;
-    for (StreamId s : active.streams) {
-      if (backend_->IsCapturing(s)) {
-        return absl::StrCat("stream ", s, " captures into private pool ", PoolName(active.id));
-      }
-    }
+  std::optional<StreamId> stream;
+  const Active* active = FindCapture(&stream);
+  if (active == nullptr) return "none seen";
+  if (stream.has_value()) {
+    return absl::StrCat("stream ", *stream, " captures into private pool ", PoolName(active->id));
   }
-  for (const Active& active : active_) {
-    if (!active.fallback && (active.streams.empty() || active.may_hold_capture)) {
-      return absl::StrCat("a capture into private pool ", PoolName(active.id),
-                          " may be under way: it has begun and not ended");
-    }
-  }
-  return "none seen";
+  return absl::StrCat("a capture into private pool ", PoolName(active->id),
+                      " may be under way: it has begun and not ended");
 }
 
 absl::Status PrivatePools::ReleaseUnused(absl::FunctionRef<absl::Status(BlockPool*)> release,
