@@ -32,8 +32,9 @@ PrivatePools::Pool::Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_so
   }
 }
 
-std::unique_ptr<PrivatePools::Pool> PrivatePools::MakePool(
-    MempoolId id, std::shared_ptr<SegmentSource> source, std::size_t large_page) {
+std::unique_ptr<PrivatePools::Pool> PrivatePools::MakePool(MempoolId id,
+                                                           std::shared_ptr<SegmentSource> source,
+                                                           std::size_t large_page) {
   auto pool = std::make_unique<Pool>(id, std::move(source), large_page);
   pool->incarnation = ++pools_made_;
   return pool;

@@ -146,7 +146,7 @@ TEST_F(PrivatePoolsTest, AnEndedCaptureBesideAnotherDoesNotLetTheEntryLeftLookCa
   EXPECT_TRUE(pools_.CaptureUnderway());
   ASSERT_NE(pools_.Route(kFirst, 512), nullptr);  // eager again
   ASSERT_TRUE(pools_.End(kGraph).ok());           // use_mem_pool's end
-  EXPECT_TRUE(pools_.CaptureUnderway());           // the second capture goes on
+  EXPECT_TRUE(pools_.CaptureUnderway());          // the second capture goes on
   EXPECT_EQ(pools_.DescribeCapture(),
             "a capture into private pool (1, 0) may be under way: it has begun and not ended");
   sim_.SetCapturing(kSecond, false);
