@@ -203,8 +203,22 @@ class DeviceAllocatorImpl {
   void WithdrawStats(Region* region, const std::vector<core::Segment*>& segments)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadmitStats(Region* region) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RegionPauseResult> PauseLocked(Region* region, RegionBackup backup)
+  // `pinned`: buffers PinAhead pinned for the backup; those it does not use stay there.
+  absl::StatusOr<RegionPauseResult> PauseLocked(Region* region, RegionBackup backup,
+                                                std::vector<core::Regions::HostBuffer>* pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A CPU backup's pinned buffers, allocated before the pause takes the lock (cudaHostAlloc
+  // takes about half a second per GiB, and other threads allocate meanwhile): the sizes
+  // BackUpRegion would pin for the region as it is now (BackupPins). The pause pins what blocks
+  // allocated in between still need; the caller frees what it did not use. On failure nothing
+  // is pinned and the error is the pause's.
+  struct PinRequest {
+    std::size_t bytes = 0;   // the segment's live bytes
+    std::size_t pinned = 0;  // rounded up to 2 MiB
+  };
+  std::vector<PinRequest> BackupPins(const Region& region) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PinAhead(std::string_view name, std::vector<core::Regions::HostBuffer>* pinned)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<RegionResumeResult> ResumeLocked(Region* region, bool keep_host_buffers,
                                                   std::vector<core::Regions::HostBuffer>* to_free)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -214,7 +228,8 @@ class DeviceAllocatorImpl {
   // keeps the run in region.lost when the driver refuses that too).
   absl::Status WaitForRegion(const Region& region, const std::vector<core::Segment*>& segments)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status BackUpRegion(Region* region, const std::vector<core::Segment*>& segments)
+  absl::Status BackUpRegion(Region* region, const std::vector<core::Segment*>& segments,
+                            std::vector<core::Regions::HostBuffer>* pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapRegion(Region* region, const std::vector<core::Regions::Released>& runs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -209,8 +209,8 @@ BlockPool* PrivatePools::Route(StreamId stream, std::size_t rounded) {
 }
 
 BlockPool* PrivatePools::RouteAmong(StreamId stream, std::size_t rounded, bool fallback) {
-  for (Active& active : active_) {
-    if (active.fallback != fallback || !active.filter || !active.filter(stream)) continue;
+  auto serves = [&](Active& active) {
+    if (active.fallback != fallback || !active.filter || !active.filter(stream)) return false;
     if (std::find(active.streams.begin(), active.streams.end(), stream) == active.streams.end()) {
       active.streams.push_back(stream);
     }
@@ -219,10 +219,29 @@ BlockPool* PrivatePools::RouteAmong(StreamId stream, std::size_t rounded, bool f
     } else {
       active.served_plain = true;  // a capture's filter accepts capturing streams only
     }
-    Pool& pool = *pools_.at(active.id);
-    return rounded <= 1 * kMiB ? &pool.small : &pool.large;
+    return true;
+  };
+  Active* found = nullptr;
+  if (!fallback) {
+    // torch's entries: the first whose filter accepts (torch's get_pool).
+    for (Active& active : active_) {
+      if (serves(active)) {
+        found = &active;
+        break;
+      }
+    }
+  } else {
+    // Regions' entries: the innermost, the region a pool created here joins.
+    for (auto it = active_.rbegin(); it != active_.rend(); ++it) {
+      if (serves(*it)) {
+        found = &*it;
+        break;
+      }
+    }
   }
-  return nullptr;
+  if (found == nullptr) return nullptr;
+  Pool& pool = *pools_.at(found->id);
+  return rounded <= 1 * kMiB ? &pool.small : &pool.large;
 }
 
 void PrivatePools::PruneFailedCaptures() {

@@ -90,6 +90,8 @@ class PrivatePools {
   bool any_active() const { return !active_.empty(); }
   /// The pool of an active private pool whose filter accepts `stream` (small or large by
   /// `rounded`), recording the stream (and whether it captures); nullptr if none accepts it.
+  /// torch's entries (captures, use_mem_pool) first, the first begun among them, as torch's
+  /// get_pool; then regions' (fallback) entries, the innermost among them.
   BlockPool* Route(StreamId stream, std::size_t rounded);
   /// True while a capture may be under way: an active pool has served no stream yet, or one of
   /// its streams is capturing. Prunes the pools of failed captures first.
@@ -154,7 +156,7 @@ class PrivatePools {
   // A pool for `id` with the next incarnation (Pool::incarnation).
   std::unique_ptr<Pool> MakePool(MempoolId id, std::shared_ptr<SegmentSource> source = nullptr,
                                  std::size_t large_page = 0);
-  // Route among the entries that are (not) fallback.
+  // Route among the entries that are (not) fallback: the first of torch's, the last of regions'.
   BlockPool* RouteAmong(StreamId stream, std::size_t rounded, bool fallback);
 
   DeviceBackend* const backend_;

@@ -3,7 +3,8 @@
 // physical handle of its segments, keeping their virtual ranges; a resume maps fewer, larger
 // handles at the same addresses and copies the backups back. Each checks and does every step
 // that can fail (region_mapping.cc, region_backup.cc) before it changes the books. Locking:
-// locking.md (everything under mu_, but for freeing a resume's pinned buffers).
+// locking.md (everything under mu_, but for pinning a backup's buffers ahead and freeing a
+// resume's).
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -29,17 +30,26 @@ double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to
 
 absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseRegion(std::string_view name,
                                                                    RegionBackup backup) {
+  std::vector<HostBuffer> pinned;
+  if (backup == RegionBackup::kCpu) {
+    if (absl::Status s = PinAhead(name, &pinned); !s.ok()) {
+      return AfterOperation("pause_region", absl::StatusOr<RegionPauseResult>(std::move(s)));
+    }
+  }
   absl::StatusOr<RegionPauseResult> result;
+  Region* region = nullptr;
   {
     core::DeviceMutexLock lock(&mu_);
-    Region* region = regions_.Find(name);
+    region = regions_.Find(name);
     if (region == nullptr) {
       result = absl::NotFoundError(
           absl::StrCat("vramledger: pause of unknown region '", std::string(name), "'"));
     } else {
-      result = PauseLocked(region, backup);
+      result = PauseLocked(region, backup, &pinned);
     }
   }
+  // Buffers pinned ahead for blocks freed in between (or for a pause that failed).
+  if (!pinned.empty()) (void)FreePinned(std::move(pinned), region);
   return AfterOperation("pause_region", std::move(result));
 }
 
@@ -64,8 +74,8 @@ absl::StatusOr<RegionResumeResult> DeviceAllocatorImpl::ResumeRegion(std::string
   return AfterOperation("resume_region", std::move(result));
 }
 
-absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(Region* region,
-                                                                   RegionBackup backup) {
+absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(
+    Region* region, RegionBackup backup, std::vector<HostBuffer>* pinned) {
   RegionPauseResult out;
   if (region->paused) {
     out.already_paused = true;
@@ -94,7 +104,7 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(Region* regio
     }
   }
   if (backup == RegionBackup::kCpu) {
-    if (absl::Status s = BackUpRegion(region, segments); !s.ok()) return s;
+    if (absl::Status s = BackUpRegion(region, segments, pinned); !s.ok()) return s;
   }
   const absl::Time copied = absl::Now();
   if (absl::Status s = UnmapRegion(region, runs); !s.ok()) {

@@ -12,14 +12,19 @@ beside the planner's (allowance under a cap) with its error and vramledger's gai
 allocator; then plan --fit's error per row under both allowance models, uncapped and under a cap,
 each row marked as one the cap model is calibrated on or one that evaluates it
 (docs/design/memory-planner.md, "Two allowances"); then each allocator's retries per step and
-median step time at the largest size all three fit.
+median step time at the largest size all three fit. With --step-rounds N, after the searches,
+N rounds at that size of the three allocators in rotating order, one process each, and per row
+each one's steady step time and vramledger's ratio to each torch allocator with its 90% interval
+over the rounds (benchmarks/capacity/step_rounds.py).
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
-      [--dims batch,seq] [--budget-s 500] [--resume FILE ...] [--out FILE] [--table-only]
+      [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
+      [--table-only]
 Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_ALLOCATORS,
-CAPACITY_DIMS, CAPACITY_BUDGET_S and CAPACITY_RESUME (paths, space-separated). --out is
-rewritten after every trial with every record, the resumed ones included, so the next run
-resumes from it. Exit status 0 (also when the budget ended the run first), 2 on a bad flag.
+CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS and CAPACITY_RESUME (paths,
+space-separated). --out is rewritten after every trial with every record, the resumed ones
+included, so the next run resumes from it (neither a search trial nor a round's run recorded there
+runs again). Exit status 0 (also when the budget ended the run first), 2 on a bad flag.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import argparse
 import os
 import sys
 
-from benchmarks.capacity import planner, runner, table, trial
+from benchmarks.capacity import planner, runner, step_rounds, table, trial
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import WORKLOADS
 
@@ -53,6 +58,17 @@ def _list(text: str, allowed, what: str, parse=str) -> list:
     return values
 
 
+def _count(text: str, what: str) -> int:
+    """A whole number from 0 to 1000; ValueError naming `what` otherwise."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"{what}: expected a whole number, got {text!r}") from None
+    if not 0 <= n <= 1000:
+        raise ValueError(f"{what}: from 0 to 1000, got {n}")
+    return n
+
+
 def main(argv=None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__,
@@ -62,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--allocators", default=env("CAPACITY_ALLOCATORS", ",".join(ALLOCATOR_ORDER)))
     ap.add_argument("--dims", default=env("CAPACITY_DIMS", ",".join(DIMS)))
     ap.add_argument("--budget-s", type=float, default=float(env("CAPACITY_BUDGET_S", "500")))
+    ap.add_argument("--step-rounds", default=env("CAPACITY_STEP_ROUNDS", "0"),
+                    help="rounds of the step-time comparison per row (0: none)")
     ap.add_argument("--resume", nargs="*", default=(env("CAPACITY_RESUME") or "").split())
     ap.add_argument("--out", default="capacity-results.json")
     ap.add_argument("--seq-step", type=int, default=64, help="sequences searched N apart")
@@ -75,21 +93,26 @@ def main(argv=None) -> int:
         caps = _list(a.caps, None, "--caps (CAPACITY_CAPS)", float)
         allocators = _list(a.allocators, ALLOCATOR_ORDER, "--allocators (CAPACITY_ALLOCATORS)")
         dims = _list(a.dims, DIMS, "--dims (CAPACITY_DIMS)")
+        rounds = _count(a.step_rounds, "--step-rounds (CAPACITY_STEP_ROUNDS)")
     except ValueError as e:
         ap.error(str(e))
     results = Results(None if a.table_only else a.out)
     try:
-        print(f"resumed {results.load(a.resume)} trial(s) from {' '.join(a.resume)}"
-              if a.resume else "no results to resume from", flush=True)
+        print(f"resumed {results.load(a.resume)} trial(s) and {len(results.rounds)} step-round "
+              f"run(s) from {' '.join(a.resume)}" if a.resume else "no results to resume from",
+              flush=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--resume (CAPACITY_RESUME): {e}")
     groups = [(w, c, d) for d in dims for w in workloads for c in caps]
     if not a.table_only:
         results.save()
-        runner.run_grid(groups, allocators, trial.run_trial, results,
-                        runner.Budget(a.budget_s), planner.predict, seq_step=a.seq_step,
-                        spread=a.spread, trial_timeout_s=a.trial_timeout_s,
+        budget = runner.Budget(a.budget_s)
+        runner.run_grid(groups, allocators, trial.run_trial, results, budget, planner.predict,
+                        seq_step=a.seq_step, spread=a.spread, trial_timeout_s=a.trial_timeout_s,
                         log=lambda m: print(m, flush=True))
+        step_rounds.run_rounds(groups, rounds, trial.run_trial, results, budget,
+                               seq_step=a.seq_step, trial_timeout_s=a.trial_timeout_s,
+                               log=lambda m: print(m, flush=True))
     print(report(results, groups, a.seq_step))
     return 0
 
@@ -111,7 +134,11 @@ def report(results: Results, groups, seq_step: int) -> str:
             "plan --fit's error by allowance model (the allowance under a cap is calibrated on "
             "the calibration rows only):\n\n"
             + table.errors_table(results, every, models, planner.role, seq_step) + "\n\n"
-            + table.retries_table(results, every, seq_step))
+            + table.retries_table(results, every, seq_step)
+            + ("\n\nStep time over rounds at the largest size all three fit (steady steps: "
+               f"after the first {step_rounds.WARM_STEPS}; verdict: not above when the 90% "
+               f"interval's upper end is at most {1 + step_rounds.MARGIN:g}):\n\n"
+               + step_rounds.rounds_table(results, every, seq_step) if results.rounds else ""))
 
 if __name__ == "__main__":
     sys.exit(main())

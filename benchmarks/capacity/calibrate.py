@@ -98,7 +98,8 @@ def brackets(results: Results, seq_step: int = 64) -> list[tuple]:
     allocator, role, low, high) where the allocator's reserved / allocated need at its limit lies
     in (low, high], if it is one number per row: the size that trained bounds it from above (peak
     reserved / peak allocated), the next size, which did not, from below (cap / that size's peak
-    allocated, as a trial of another allocator that trained at it measured; None when none did)."""
+    allocated, as a trial of another allocator that trained at it measured; None when none did).
+    A row whose limit's record kept no peaks (rebuilt from a run's log) has no bracket."""
     out = []
     for workload, cap, dim in sorted(results.groups()):
         for a in ALLOCATOR_ORDER:
@@ -106,10 +107,13 @@ def brackets(results: Results, seq_step: int = 64) -> list[tuple]:
             if not size:
                 continue
             r = results.get(workload, a, cap, dim, size)
+            if "peak_reserved" not in r:
+                continue
             failing = min(s for s, fits in results.known(workload, a, cap, dim).items()
                           if not fits)
             above = [t["peak_allocated"] for o in ALLOCATOR_ORDER
-                     if (t := results.get(workload, o, cap, dim, failing)) and t.get("fits")]
+                     if (t := results.get(workload, o, cap, dim, failing)) and t.get("fits")
+                     and "peak_allocated" in t]
             low = r["cap_bytes"] / max(above) if above else None
             out.append((workload, cap, dim, a, planner.role(workload, cap, dim), low,
                         r["peak_reserved"] / r["peak_allocated"]))

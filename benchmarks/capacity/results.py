@@ -1,5 +1,7 @@
 """The capacity benchmark's trial records: one JSON file, merged from earlier runs' files, written
-again after every trial so a run cut short keeps what it measured."""
+again after every trial so a run cut short keeps what it measured. The file holds the searches'
+trials under "trials" and the repeated step-time comparison's runs under "step_rounds" (each with
+its round; files without that list have none)."""
 
 from __future__ import annotations
 
@@ -14,26 +16,39 @@ def key(workload: str, allocator: str, cap_gib: float, dim: str, size: int) -> s
     return f"{workload}|{allocator}|{cap_gib:g}|{dim}|{size}"
 
 
+def round_key(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
+              round_: int) -> str:
+    return f"{key(workload, allocator, cap_gib, dim, size)}|round {round_}"
+
+
 class Results:
-    """Trial records by key (workload, allocator, cap, dimension, size); the last one wins."""
+    """Trial records by key (workload, allocator, cap, dimension, size), and step-round runs by
+    the same key and their round; the last one wins."""
 
     def __init__(self, path: str | None = None):
         self.path = path
         self.records: dict[str, dict] = {}
+        self.rounds: dict[str, dict] = {}
 
     def load(self, paths: Iterable[str]) -> int:
-        """Merges the records of earlier runs' files; returns how many it read. A missing file is
-        an error (a resume that silently starts over would spend the GPU time twice)."""
+        """Merges the records of earlier runs' files; returns how many search trials it read
+        (their step-round runs go to `rounds`). A missing file is an error (a resume that
+        silently starts over would spend the GPU time twice)."""
         n = 0
         for p in paths:
             with open(p, encoding="utf-8") as f:
                 doc = json.load(f)
             if not isinstance(doc, dict) or not isinstance(doc.get("trials"), list):
                 raise ValueError(f"{p}: not a capacity results file (no \"trials\" list)")
+            if not isinstance(doc.get("step_rounds", []), list):
+                raise ValueError(f"{p}: \"step_rounds\" is not a list")
             for r in doc["trials"]:
                 self.records[key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
                                  r["size"])] = r
                 n += 1
+            for r in doc.get("step_rounds", []):
+                self.rounds[round_key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
+                                      r["size"], r["round"])] = r
         return n
 
     def add(self, record: dict) -> None:
@@ -42,12 +57,25 @@ class Results:
                          record["dim"], record["size"])] = record
         self.save()
 
+    def add_round(self, record: dict) -> None:
+        """Stores a step-round run (a trial record with `round`) and saves the file."""
+        self.rounds[round_key(record["workload"], record["allocator"], record["cap_gib"],
+                              record["dim"], record["size"], record["round"])] = record
+        self.save()
+
+    def get_round(self, workload: str, allocator: str, cap_gib: float, dim: str, size: int,
+                  round_: int) -> dict | None:
+        return self.rounds.get(round_key(workload, allocator, cap_gib, dim, size, round_))
+
     def save(self) -> None:
         if not self.path:
             return
         tmp = self.path + ".tmp"
+        doc = {"trials": list(self.records.values())}
+        if self.rounds:
+            doc["step_rounds"] = list(self.rounds.values())
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"trials": list(self.records.values())}, f, indent=1)
+            json.dump(doc, f, indent=1)
             f.write("\n")
         os.replace(tmp, self.path)
 

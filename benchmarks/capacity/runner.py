@@ -37,6 +37,27 @@ class Budget:
         return self.left() >= self.expected()
 
 
+def run_one(trial: Trial, budget: Budget, workload: str, allocator: str, cap: float, dim: str,
+            size: int, *, trial_timeout_s: float = 240.0, label: str = "trial",
+            log: Callable[[str], None] = print) -> dict:
+    """Runs one trial within the budget and returns its record with the trial's coordinates;
+    raises search.Stop when the budget cut it off (not a result)."""
+    batch, seq = WORKLOADS[workload].shape(dim, size)
+    timeout = min(trial_timeout_s, budget.left())
+    t0 = budget.clock()
+    r = trial(workload, allocator, cap, dim, size, timeout)
+    budget.walls.append(budget.clock() - t0)
+    if r.get("timed_out") and timeout < trial_timeout_s:
+        log(f"{label} {workload} {allocator} {cap:g} GiB {dim} {size}: cut off by the budget")
+        raise search.Stop()  # not a result: the budget ended it
+    r.update(workload=workload, allocator=allocator, cap_gib=cap, dim=dim, size=size,
+             batch=batch, seq=seq)
+    verdict = {True: "fits", False: "out of memory", None: f"ERROR {r.get('error')}"}
+    log(f"{label} {workload} {allocator} {cap:g} GiB {dim} {size} (batch {batch}, seq {seq}): "
+        f"{verdict[r.get('fits')]}, {budget.walls[-1]:.1f} s")
+    return r
+
+
 def run_grid(groups: Iterable[tuple[str, float, str]], allocators: Iterable[str], trial: Trial,
              results: Results, budget: Budget,
              predict: Callable[[str, str, float, str], int | None], *, seq_step: int = 64,
@@ -45,21 +66,11 @@ def run_grid(groups: Iterable[tuple[str, float, str]], allocators: Iterable[str]
     """Searches every group x allocator, storing each trial in `results` as it ends."""
     allocators = list(allocators)
 
-    def run_one(workload: str, allocator: str, cap: float, dim: str, size: int) -> bool | None:
-        batch, seq = WORKLOADS[workload].shape(dim, size)
-        timeout = min(trial_timeout_s, budget.left())
-        t0 = budget.clock()
-        r = trial(workload, allocator, cap, dim, size, timeout)
-        budget.walls.append(budget.clock() - t0)
-        if r.get("timed_out") and timeout < trial_timeout_s:
-            log(f"trial {workload} {allocator} {cap:g} GiB {dim} {size}: cut off by the budget")
-            raise search.Stop()  # not a result: the budget ended it
-        r.update(workload=workload, allocator=allocator, cap_gib=cap, dim=dim, size=size,
-                 batch=batch, seq=seq)
+    def run_one_stored(workload: str, allocator: str, cap: float, dim: str,
+                       size: int) -> bool | None:
+        r = run_one(trial, budget, workload, allocator, cap, dim, size,
+                    trial_timeout_s=trial_timeout_s, log=log)
         results.add(r)
-        verdict = {True: "fits", False: "out of memory", None: f"ERROR {r.get('error')}"}
-        log(f"trial {workload} {allocator} {cap:g} GiB {dim} {size} (batch {batch}, seq {seq}): "
-            f"{verdict[r.get('fits')]}, {budget.walls[-1]:.1f} s")
         return r.get("fits")
 
     # vramledger first: its limit, once measured, is where the torch allocators' searches start
@@ -74,7 +85,7 @@ def run_grid(groups: Iterable[tuple[str, float, str]], allocators: Iterable[str]
             guess = start or guesses[a] or max((g for g in guesses.values() if g), default=None)
             try:
                 s = search.largest_fit(
-                    lambda size, a=a: run_one(workload, a, cap, dim, size), bound=bound,
+                    lambda size, a=a: run_one_stored(workload, a, cap, dim, size), bound=bound,
                     step=step, guess=guess, spread=spread,
                     known=results.known(workload, a, cap, dim), can_try=budget.can_try)
             except search.Stop:
@@ -89,6 +100,6 @@ def run_grid(groups: Iterable[tuple[str, float, str]], allocators: Iterable[str]
         for a in order if size else ():
             if results.get(workload, a, cap, dim, size) is None and budget.can_try():
                 try:
-                    run_one(workload, a, cap, dim, size)
+                    run_one_stored(workload, a, cap, dim, size)
                 except search.Stop:
                     break

@@ -12,6 +12,9 @@ from benchmarks.capacity.workloads import WORKLOADS, size_grid
 
 NAMES = {"torch": "torch native", "torch-expandable": "torch expandable",
          "vramledger": "vramledger"}
+WARM_STEPS = 2  # a trial's steps before its steady ones (the first two fill the cache)
+# trial.py's per-step counters, in the order the tables give them.
+COUNTERS = ("step_device_alloc", "step_device_free", "step_sync_all_streams", "step_alloc_retries")
 
 
 def state(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,
@@ -136,19 +139,34 @@ def errors_table(results: Results, groups: Iterable[tuple[str, float, str]],
 
 def retries_table(results: Results, rows: Iterable[tuple[str, float, str]],
                   seq_step: int) -> str:
-    """At the largest size all three allocators fit: each one's alloc retries per step and its
-    median step time (the trial's six steps)."""
+    """At the largest size all three allocators fit: each one's alloc retries per step, its
+    median step time (the trial's six steps) and, where the record has them, its device allocs,
+    frees, all-stream syncs and retries per steady step."""
     lines = ["| workload | cap GiB | dimension | size all three fit | allocator | retries per step "
-             "| median step s |", "|---|---|---|---|---|---|---|"]
+             "| median step s | device allocs / frees / syncs / retries per steady step |",
+             "|---|---|---|---|---|---|---|---|"]
     for workload, cap, dim in rows:
         size = common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
         for a in ALLOCATOR_ORDER:
             r = results.get(workload, a, cap, dim, size) if size else None
             if r is None or not r.get("fits"):
-                figures = "- | -"
+                figures = "- | - | -"
             else:
-                figures = (f"{r['retries'] / len(r['step_s']):.2f} | "
-                           f"{r['median_step_s']:.3f}")
+                steps = r.get("steps") or len(r["step_s"])
+                figures = (f"{r['retries'] / steps:.2f} | "
+                           f"{r['median_step_s']:.3f} | {counters([r])}")
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | "
                          f"{size if size else '-'} | {NAMES[a]} | {figures} |")
     return "\n".join(lines)
+
+
+def counters(runs: list[dict]) -> str:
+    """Per steady step over the fitting `runs` that have the per-step counters: device allocs /
+    frees / syncs / retries; "-" when none has them."""
+    have = [r for r in runs if r.get("fits") and len(r.get(COUNTERS[0]) or ()) > WARM_STEPS
+            and all(isinstance(r.get(c), list) for c in COUNTERS)]
+    if not have:
+        return "-"
+    steps = sum(len(r[COUNTERS[0]]) - WARM_STEPS for r in have)
+    return " / ".join(f"{sum(sum(r[c][WARM_STEPS:]) for r in have) / steps:.2f}"
+                      for c in COUNTERS)

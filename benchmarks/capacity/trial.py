@@ -1,6 +1,16 @@
 """One trial of the capacity benchmark in its own process: a workload trained for six steps under
 one allocator and a cap on reserved memory; it fits when no step runs out of memory.
 
+Beside each step's time (`step_s`) the record holds, one entry per completed step, what that step
+changed in the allocator's counters (memory_stats(), the same keys under all three allocators):
+`step_device_alloc` and `step_device_free`, the calls that obtained or gave back device memory
+(torch: cudaMalloc / cudaFree, or with expandable segments cuMemMap / cuMemUnmap of a page;
+vramledger: a segment reserved or released, or a run of pages mapped into or unmapped from an
+expandable segment, a mapping of a handle it kept counting as one as well, so they count mappings,
+not handles created), `step_sync_all_streams` (waits on every stream's pending frees before a
+retry or a release) and `step_alloc_retries`; a slow step that obtained, released or waited shows
+there. Records written before these fields were recorded lack them.
+
   python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ   (from the repo root)
 prints one line `RESULT_JSON {...}`. run_trial() starts that process and reads the line.
 """
@@ -20,6 +30,10 @@ RESULT = "RESULT_JSON "
 GIB = 1 << 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALLOCATORS = ("torch", "torch-expandable", "vramledger")
+# A record's per-step field -> the memory_stats() counter whose change over the step it holds.
+STEP_COUNTERS = {"step_device_alloc": "num_device_alloc", "step_device_free": "num_device_free",
+                 "step_sync_all_streams": "num_sync_all_streams",
+                 "step_alloc_retries": "num_alloc_retries"}
 
 
 def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -> dict:
@@ -36,7 +50,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
     total = torch.cuda.mem_get_info()[1]
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
-           "error": None, "step_s": [], "losses": []}
+           "error": None, "step_s": [], "losses": [], **{f: [] for f in STEP_COUNTERS}}
     try:
         model, opt = workloads.build(torch, w)
         # What the model holds besides what the planner counts shows here (a causal-mask buffer
@@ -46,10 +60,14 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
         vocab = w.config["vocab_size"]
         for length in workloads.lengths(seq):
             torch.cuda.synchronize()
+            before = mem.memory_stats()  # outside the timed span
             t0 = time.perf_counter()
             out["losses"].append(workloads.train_step(torch, model, opt, vocab, batch, length))
             torch.cuda.synchronize()
             out["step_s"].append(time.perf_counter() - t0)
+            after = mem.memory_stats()
+            for field, stat in STEP_COUNTERS.items():
+                out[field].append(after.get(stat, 0) - before.get(stat, 0))
     except torch.OutOfMemoryError as e:
         out.update(oom=True, error=str(e)[:400])
     except RuntimeError as e:  # an out-of-memory error raised outside the allocator (cuBLAS)
@@ -66,10 +84,10 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
 
 def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
               timeout_s: float) -> dict:
-    """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per process: install() must come before
-    CUDA starts, and nothing cached from an earlier trial may help a later one). Returns its
-    record: `fits` True or False, or None with `error` when the process failed some other way
-    (`timed_out` when it ran past `timeout_s`)."""
+    """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
+    process: install() must come before CUDA starts, and nothing cached from an earlier trial may
+    help a later one). Returns its record: `fits` True or False, or None with `error` when the
+    process failed some other way (`timed_out` when it ran past `timeout_s`)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
         env.pop(key, None)

@@ -63,8 +63,11 @@
 #                   between phases recorded under torch's allocator, replayed by vramledger-replay
 #                   with and without --ignore-releases: torch's peak reserved beside both (~30 s)
 #     capacity      python -m benchmarks.capacity: the largest batch and sequence per workload, cap
-#                   and allocator, beside plan --fit and its error under both allowance models
-#                   (CAPACITY_* pick the rows; resumes from
+#                   and allocator, beside plan --fit and its error under both allowance models;
+#                   with CAPACITY_STEP_ROUNDS=N, N rounds of the three allocators in rotating order
+#                   at the largest size all three fit, and vramledger's step-time ratio to each
+#                   torch allocator with its 90% interval (~3 x 20-25 s a round on Llama-1B LoRA
+#                   24 GiB) (CAPACITY_* pick the rows; resumes from
 #                   .devbuild/capacity-results.json when carried; writes $OUT/capacity-results.json)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
@@ -76,7 +79,8 @@
 # GPU_TEST (the C++ GPU test binary, cuda_backend_test),
 # CAPACITY_WORKLOADS (gpt2m,llama1b,llama1b-ckpt,llama1b-lora), CAPACITY_CAPS (24,80),
 # CAPACITY_ALLOCATORS (torch,torch-expandable,vramledger), CAPACITY_DIMS (batch,seq),
-# CAPACITY_BUDGET_S (500), CAPACITY_RESUME (results files; default .devbuild/capacity-results.json).
+# CAPACITY_BUDGET_S (500), CAPACITY_STEP_ROUNDS (0: no step-time rounds),
+# CAPACITY_RESUME (results files; default .devbuild/capacity-results.json).
 # Background fuzzing on the CPU cores the items leave idle (nothing changes when unset):
 # FUZZ_BACKGROUND_S=S starts scripts/fuzz_long.sh run (allocator_ops_fuzz, -fork=FUZZ_JOBS jobs,
 # default nproc - 4, under nice) before the items, for S seconds (at most the budget less 30 s),
@@ -282,7 +286,7 @@ capacity() {
   [ -z "$resume" ] && [ -f .devbuild/capacity-results.json ] && resume=.devbuild/capacity-results.json
   [ "$(bound 15)" -lt "$budget" ] && budget="$(bound 15)"
   CAPACITY_RESUME="$resume" timeout "$(bound)" "$PY" -m benchmarks.capacity --budget-s "$budget" \
-    --out "$OUT/capacity-results.json"
+    --step-rounds "${CAPACITY_STEP_ROUNDS:-0}" --out "$OUT/capacity-results.json"
 }
 
 bundle() {

@@ -106,5 +106,31 @@ TEST_F(RegionPoolsTest, AReleasedPoolThatKeepsSegmentsStaysInItsRegion) {
   Free(p);
 }
 
+// Nested region scopes on one thread: the innermost region takes the allocations, as it takes a
+// pool made there; leaving it sends them to the outer one again.
+TEST_F(RegionPoolsTest, NestedRegionsSendAllocationsAndNewPoolsToTheInnermost) {
+  Begin("outer");
+  const DevicePtr a = Alloc(4 * kMiB);
+  Begin("inner");
+  const DevicePtr b = Alloc(6 * kMiB);
+  ASSERT_TRUE(alloc_->CreateOrIncrefPool(kPool).ok());
+  End("inner");
+  const DevicePtr c = Alloc(2 * kMiB);
+  End("outer");
+  EXPECT_EQ(Info("outer").allocated_bytes, 6 * kMiB);
+  EXPECT_EQ(Info("inner").allocated_bytes, 6 * kMiB);
+  EXPECT_TRUE(HasPool(Info("inner"), kPool));
+  EXPECT_FALSE(HasPool(Info("outer"), kPool));
+  Pause("inner", RegionBackup::kNone);  // b's pages go, a's and c's stay
+  EXPECT_EQ(sim_->HandleAt(b), 0u);
+  EXPECT_NE(sim_->HandleAt(a), 0u);
+  EXPECT_NE(sim_->HandleAt(c), 0u);
+  Resume("inner");
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  Free(a);
+  Free(b);
+  Free(c);
+}
+
 }  // namespace
 }  // namespace vramledger

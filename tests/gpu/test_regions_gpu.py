@@ -1,7 +1,8 @@
 """Pausable regions on a real GPU with vramledger as torch's allocator (install(mode="native")):
 tensors survive a pause with CPU backup at the same addresses, a CUDA graph captured in a region
 replays after pause and resume, a pause during a capture is refused, and a resume the card cannot
-hold raises torch.OutOfMemoryError and leaves the region paused with its backups.
+hold raises torch.OutOfMemoryError and leaves the region paused with its backups. The same calls
+in a program under the LD_PRELOAD shim (no install()) reach the shim's allocator.
 
 Every test runs in its own interpreter (install() must precede CUDA's initialisation). Skipped
 where torch, CUDA or the native library is missing.
@@ -33,11 +34,12 @@ def region_info(name):
 """
 
 
-def run_snippet(body: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs PRELUDE plus `body` in a fresh interpreter; the body must print OK last."""
-    code = PRELUDE + textwrap.dedent(body)
+def run_snippet(body: str, timeout: int = 300, prelude: str = PRELUDE,
+                **env_extra: str) -> subprocess.CompletedProcess:
+    """Runs `prelude` plus `body` in a fresh interpreter; the body must print OK last."""
+    code = prelude + textwrap.dedent(body)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **env_extra)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=timeout)
     if r.returncode != 0 and "torch-native" in r.stderr and "not beside" in r.stderr:
@@ -166,3 +168,59 @@ def test_a_resume_the_card_cannot_hold_is_refused_and_leaves_the_region_intact()
         assert torch.equal(t[:: 1 << 20].cpu(), expect)
         print("OK")
     """)
+
+
+def _shim() -> str | None:
+    """The LD_PRELOAD shim: $VRAMLEDGER_PRELOAD, else beside $VRAMLEDGER_PLUGIN (the GPU
+    runner's .devbuild/lib), else the one in the installed package."""
+    candidates = [os.environ.get("VRAMLEDGER_PRELOAD")]
+    if os.environ.get("VRAMLEDGER_PLUGIN"):
+        candidates.append(os.path.join(os.path.dirname(os.environ["VRAMLEDGER_PLUGIN"]),
+                                       "libvramledger_preload.so"))
+    try:
+        from vramledger import _run_cli
+        candidates.append(_run_cli.preload_path(RuntimeError))
+    except (ImportError, RuntimeError):
+        pass
+    return next((c for c in candidates if c and os.path.isfile(c)), None)
+
+
+def test_a_program_under_the_shim_pauses_and_resumes_its_region():
+    shim = _shim()
+    if shim is None:
+        pytest.skip("the LD_PRELOAD shim is not built")
+    prelude = """
+import torch
+import vramledger  # no install(): the shim serves torch, and the calls go to it
+MiB, GiB = 1 << 20, 1 << 30
+assert not vramledger.is_installed()
+
+def region_info(name):
+    (info,) = [r for r in vramledger.regions() if r["name"] == name]
+    return info
+"""
+    run_snippet("""
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        with vramledger.region("rollout"):
+            a = torch.randn(256 * MiB // 4, device="cuda", generator=gen)  # 256 MiB
+            b = torch.randn(7, 3, device="cuda", generator=gen)
+        outside = torch.ones(4 * MiB, device="cuda")
+        expect, ptrs = [t.cpu() for t in (a, b)], [t.data_ptr() for t in (a, b)]
+        torch.cuda.synchronize()
+        info = region_info("rollout")
+        free_before, _ = torch.cuda.mem_get_info()
+        paused = vramledger.pause("rollout", backup="cpu")
+        free_paused, _ = torch.cuda.mem_get_info()
+        assert paused["released_bytes"] == info["mapped_bytes"] > 0, (paused, info)
+        assert free_paused - free_before >= 0.98 * info["mapped_bytes"], (
+            free_paused - free_before, info)
+        assert float(outside.sum()) == 4 * MiB
+        resumed = vramledger.resume("rollout")
+        assert resumed["restored_bytes"] == paused["backed_up_bytes"], (resumed, paused)
+        assert [t.data_ptr() for t in (a, b)] == ptrs
+        for t, e in zip((a, b), expect):
+            assert torch.equal(t.cpu(), e)
+        print(torch.cuda.get_allocator_backend())
+        print("OK")
+    """, prelude=prelude, LD_PRELOAD=shim, VRAMLEDGER_PRELOAD_QUIET="1",
+        VRAMLEDGER_PRELOAD_NO_EXIT_DUMP="1")

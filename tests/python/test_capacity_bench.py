@@ -299,7 +299,8 @@ def test_each_workload_builds_and_trains_a_small_copy_on_the_cpu(name):
 def test_trial_child_caps_memory_and_tells_out_of_memory_from_other_errors(monkeypatch):
     """trial.child() with torch.cuda's calls and the model stood in for: it caps reserved memory
     at cap / total before the model is built, runs the six lengths, and records an
-    OutOfMemoryError as not fitting (with the step it reached); any other error propagates."""
+    OutOfMemoryError as not fitting (with the step it reached); any other error propagates.
+    Each completed step's change of the allocator's counters lies beside its time."""
     torch = pytest.importorskip("torch")
     from benchmarks.capacity import trial, workloads
     total = 150109880320
@@ -309,13 +310,21 @@ def test_trial_child_caps_memory_and_tells_out_of_memory_from_other_errors(monke
                         lambda f: calls.append(("fraction", f)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {
-        "num_alloc_retries": 2, "allocated_bytes.all.peak": 10, "reserved_bytes.all.peak": 12})
+    stats = {"num_alloc_retries": 2, "allocated_bytes.all.peak": 10,
+             "reserved_bytes.all.peak": 12}
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: dict(stats))
     model = torch.nn.Linear(3, 2)
     monkeypatch.setattr(workloads, "build", lambda t, w: calls.append("build") or (model, None))
 
     def step(t, model, opt, vocab, batch, seq):
         calls.append((batch, seq))
+        # The step of index i maps i times; the second unmaps once; every other step waits on
+        # the streams; the sixth retries once. num_device_* start absent (read as 0).
+        i = len(calls) - 3
+        stats["num_alloc_retries"] += i == 5
+        stats["num_device_alloc"] = stats.get("num_device_alloc", 0) + i
+        stats["num_device_free"] = stats.get("num_device_free", 0) + (i == 1)
+        stats["num_sync_all_streams"] = stats.get("num_sync_all_streams", 0) + i % 2
         if batch * seq > limit:
             raise error
         return 1.0
@@ -325,12 +334,18 @@ def test_trial_child_caps_memory_and_tells_out_of_memory_from_other_errors(monke
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
     assert calls[:2] == [("fraction", 24 * 2 ** 30 / total), "build"]
     assert calls[2:] == [(4, n) for n in workloads.lengths(1000)]
-    assert r["fits"] and not r["oom"] and len(r["step_s"]) == 6 and r["retries"] == 2
+    assert r["fits"] and not r["oom"] and len(r["step_s"]) == 6 and r["retries"] == 3
     assert (r["peak_reserved"], r["cap_bytes"], r["device"]) == (12, 24 * 2 ** 30, "stand-in")
     assert (r["param_bytes"], r["buffer_bytes"]) == (8 * 4, 0)
+    assert r["step_device_alloc"] == [0, 1, 2, 3, 4, 5]
+    assert r["step_device_free"] == [0, 1, 0, 0, 0, 0]
+    assert r["step_sync_all_streams"] == [0, 1, 0, 1, 0, 1]
+    assert r["step_alloc_retries"] == [0, 0, 0, 0, 0, 1]
     limit, error = 4 * 900, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+    calls.clear()
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
     assert not r["fits"] and r["oom"] and len(r["step_s"]) == 1  # the step of 1000 ran out
+    assert r["step_device_alloc"] == [0] and r["step_sync_all_streams"] == [0]  # completed only
     assert "Tried to allocate" in r["error"]
     error = RuntimeError("CUBLAS_STATUS_ALLOC_FAILED: out of memory")
     assert trial.child("gpt2m", "torch", 24.0, 4, 1000)["oom"]

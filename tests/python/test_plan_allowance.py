@@ -58,7 +58,8 @@ def test_the_command_says_the_constants_match(capsys):
 
 def test_evaluation_rows_never_move_the_calibration(trials):
     base = calibrate.calibrate(load(trials))
-    extra = copy.deepcopy([r for r in trials if r["workload"] == "llama1b-lora"])
+    extra = copy.deepcopy([r for r in trials
+                           if r["workload"] == "llama1b-lora" and "peak_allocated" in r])
     for r in extra:  # an evaluation row whose allocator needed twice what it allocated
         r["peak_reserved"] = 2 * r["peak_allocated"]
         r["peak_allocated"] //= 2

@@ -124,8 +124,8 @@ class region:  # pylint: disable=invalid-name  # used as `with vramledger.region
     """`with vramledger.region("rollout"):` sends the calling thread's allocations on `device`
     (None: the current device) to region `name`, created on first use, until the block ends;
     CUDA graphs captured inside keep their private pools in the region, and `vramledger.tag`
-    scopes inside it still set plan categories. Scopes nest; a tensor keeps its region after
-    the block. Also usable as a decorator.
+    scopes inside it still set plan categories. Scopes nest (the innermost region takes the
+    allocations); a tensor keeps its region after the block. Also usable as a decorator.
 
     torch runs backward() on its own device threads, whose allocations (gradients, backward's
     temporaries) a thread's scope would not see; so inside the block backward() runs on the

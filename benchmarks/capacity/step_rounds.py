@@ -1,0 +1,155 @@
+"""The capacity benchmark's repeated step-time comparison. At the largest size all three
+allocators fit (table.common_size), N rounds; each round runs the three allocators once, each in
+its own process (trial.run_trial), in an order that rotates: round r starts with allocator r mod 3
+of ALLOCATOR_ORDER, so a drift over the run (clocks, temperature, the host's other work) and
+whatever one run leaves to the next fall on each allocator alike. The rounds always run all three
+allocators, whatever --allocators says: the comparison is vramledger's against both torch ones.
+
+The figures, per row:
+- a run's step time is the median of its steady steps, those after the first two (the first two
+  fill the cache; records hold six steps of varying length, the same lengths for every allocator);
+- each allocator's figure is the median over rounds of its runs' step times;
+- per round, the paired ratio is vramledger's step time over a torch allocator's in that round (the
+  two ran minutes apart at most, so what drifts between rounds cancels);
+- the point estimate is the geometric mean of the rounds' ratios, its 90% interval the 5th and
+  95th percentiles of that mean over RESAMPLES resamples of the rounds with replacement, from a
+  seeded generator (the same records give the same interval). With few rounds a bootstrap
+  interval is narrower than the truth (it never reaches past the rounds' own range): the table
+  gives the number of rounds beside it.
+- the verdict on "vramledger's step time is not above the torch allocator's": "not above" when
+  the interval's upper end is at most 1 + MARGIN, "above" when its lower end is above 1 + MARGIN,
+  "undecided" between (more rounds narrow the interval). MARGIN is 2%: a tie must be able to pass
+  (an upper end <= 1.0 rule passes a true tie at most half the time), and 2% lies well below the
+  5-14% gaps the comparison has to resolve on these machines.
+- each allocator's device allocations, frees, all-stream synchronizations and alloc retries per
+  steady step, summed over its runs (trial.py's per-step counters; records written before those
+  were recorded show "-").
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from typing import Callable, Iterable
+
+from benchmarks.capacity import runner, search, table
+from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
+from benchmarks.capacity.workloads import WORKLOADS
+
+WARM_STEPS = table.WARM_STEPS
+MARGIN = 0.02
+RESAMPLES = 10000
+LEVEL = 0.90
+SEED = 0
+
+
+def order(round_: int) -> list[str]:
+    """The allocators in the order round `round_` runs them."""
+    k = round_ % len(ALLOCATOR_ORDER)
+    return list(ALLOCATOR_ORDER[k:] + ALLOCATOR_ORDER[:k])
+
+
+def run_rounds(groups: Iterable[tuple[str, float, str]], rounds: int, trial: runner.Trial,
+               results: Results, budget: runner.Budget, *, seq_step: int = 64,
+               trial_timeout_s: float = 240.0, log: Callable[[str], None] = print) -> None:
+    """Runs rounds 0 .. rounds-1 of every group with a size all three fit, skipping the runs
+    `results` already holds, each stored as it ends; stops where the budget ends."""
+    for workload, cap, dim in groups if rounds > 0 else ():
+        size = table.common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
+        if not size:
+            log(f"step rounds {workload} {cap:g} GiB {dim}: no size all three allocators fit yet")
+            continue
+        for r in range(rounds):
+            for a in order(r):
+                if results.get_round(workload, a, cap, dim, size, r) is not None:
+                    continue
+                if not budget.can_try():
+                    log(f"step rounds: the budget ended before round {r} of {workload} "
+                        f"{cap:g} GiB {dim}")
+                    return
+                try:
+                    record = runner.run_one(trial, budget, workload, a, cap, dim, size,
+                                            trial_timeout_s=trial_timeout_s, label=f"round {r}",
+                                            log=log)
+                except search.Stop:
+                    return
+                record["round"] = r
+                results.add_round(record)
+
+
+def steady_time(record: dict) -> float | None:
+    """The median of a fitting run's steady steps; None when it did not fit or has none."""
+    steps = record.get("step_s") or []
+    if not record.get("fits") or len(steps) <= WARM_STEPS:
+        return None
+    return statistics.median(steps[WARM_STEPS:])
+
+
+def interval(ratios: list[float], *, level: float = LEVEL, resamples: int = RESAMPLES,
+             seed: int = SEED) -> tuple[float, float, float] | None:
+    """(geometric mean, low, high) of paired ratios, the bounds the central `level` of the
+    geometric mean over resamples of the ratios with replacement; None below two ratios."""
+    if len(ratios) < 2:
+        return None
+    if any(not x > 0 for x in ratios):
+        raise ValueError(f"ratios must be positive, got {ratios}")
+    logs = [math.log(x) for x in ratios]
+    rng = random.Random(seed)
+    n = len(logs)
+    means = sorted(math.fsum(rng.choices(logs, k=n)) / n for _ in range(resamples))
+    tail = (1 - level) / 2
+    low = means[int(math.floor(tail * (resamples - 1)))]
+    high = means[int(math.ceil((1 - tail) * (resamples - 1)))]
+    return math.exp(math.fsum(logs) / n), math.exp(low), math.exp(high)
+
+
+def verdict(bounds: tuple[float, float, float] | None) -> str:
+    if bounds is None:
+        return "too few rounds"
+    _, low, high = bounds
+    if high <= 1 + MARGIN:
+        return "not above"
+    return "above" if low > 1 + MARGIN else "undecided"
+
+
+def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
+    """One line per row with step-round runs at its common size and allocator (the module's
+    docstring says what each figure is)."""
+    lines = ["| workload | cap GiB | dimension | size | allocator | rounds fit | steady step s "
+             "by round | median steady step s | device allocs / frees / syncs / retries per "
+             "steady step | vramledger / this (90% interval) | verdict |",
+             "|---" * 11 + "|"]
+    for workload, cap, dim in rows:
+        size = table.common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
+        runs = {a: {r["round"]: r for r in results.rounds.values()
+                    if (r["workload"], r["allocator"], r["cap_gib"], r["dim"], r["size"])
+                    == (workload, a, cap, dim, size)} for a in ALLOCATOR_ORDER}
+        if not size or not any(runs.values()):
+            continue
+        times = {a: {k: steady_time(r) for k, r in by_round.items()}
+                 for a, by_round in runs.items()}
+        for a in ALLOCATOR_ORDER:
+            mine = {k: t for k, t in times[a].items() if t is not None}
+            by_round = " ".join(f"{mine[k]:.3f}" if k in mine else "-"
+                                for k in sorted(times[a]))
+            median = f"{statistics.median(list(mine.values())):.3f}" if mine else "-"
+            ratio, says = "-", "-"
+            if a != "vramledger":
+                vl = {k: t for k, t in times["vramledger"].items() if t is not None}
+                paired = [vl[k] / mine[k] for k in sorted(vl.keys() & mine.keys())]
+                bounds = interval(paired)
+                if bounds:
+                    ratio = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}) over "
+                             f"{len(paired)} rounds")
+                elif paired:
+                    ratio = f"{paired[0]:.3f} over 1 round"
+                says = verdict(bounds)
+            lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
+                         f"{table.NAMES[a]} | {len(mine)} of {len(runs[a])} | {by_round or '-'} "
+                         f"| {median} | {table.counters(list(runs[a].values()))} | {ratio} | "
+                         f"{says} |")
+    if len(lines) == 2:
+        return "No step rounds recorded at a size all three allocators fit."
+    return "\n".join(lines)
+

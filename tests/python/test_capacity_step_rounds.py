@@ -1,0 +1,205 @@
+"""benchmarks/capacity's repeated step-time comparison without a GPU: the rounds' rotating order,
+their resume, the bootstrap interval and the tables, driven by test_capacity_bench's stand-in
+trial (the searches) and a stand-in for the rounds' runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from benchmarks.capacity import __main__ as capacity_main  # noqa: E402
+from benchmarks.capacity import runner, step_rounds, table  # noqa: E402
+from benchmarks.capacity.results import ALLOCATOR_ORDER, Results  # noqa: E402
+from test_capacity_bench import ALLOCS, LIMITS, Clock, StandIn, planned  # noqa: E402
+
+ROW = ("gpt2m", 24.0, "batch")  # all three fit batch 4 (torch native's limit)
+COUNTERS = ("step_device_alloc", "step_device_free", "step_sync_all_streams",
+            "step_alloc_retries")
+
+
+def searched(path=None) -> Results:
+    """Results holding the row's finished searches."""
+    results = Results(path)
+    runner.run_grid([ROW], ALLOCS, StandIn(LIMITS), results, runner.Budget(1e9), planned,
+                    log=lambda _: None)
+    assert table.common_size(results, *ROW, ALLOCATOR_ORDER, 64) == 4
+    return results
+
+
+class RoundRuns:
+    """Stands in for the rounds' runs: the n-th run of an allocator has steady steps of
+    `steady[allocator][n]` s (None: it runs out of memory) after two warm steps of 9 s, and the
+    per-step counters when `counters` is set."""
+
+    def __init__(self, steady, counters=True, trial_s=20.0):
+        self.steady, self.counters, self.trial_s = steady, counters, trial_s
+        self.clock = Clock()
+        self.calls = []
+
+    def __call__(self, workload, allocator, cap, dim, size, timeout_s):
+        n = sum(c[1] == allocator for c in self.calls)
+        self.calls.append((workload, allocator, cap, dim, size))
+        self.clock.now += self.trial_s
+        t = self.steady[allocator][n]
+        if t is None:
+            return {"fits": False, "oom": True, "step_s": [9.0], "retries": 1}
+        r = {"fits": True, "oom": False, "step_s": [9.0, 9.0] + [t] * 4, "median_step_s": t,
+             "retries": 0, "device": "stand-in", "torch": "none"}
+        if self.counters:  # allocator index i: i allocs per step, one free in each warm step
+            i = ALLOCATOR_ORDER.index(allocator)
+            r.update(step_device_alloc=[i] * 6, step_device_free=[1, 1, 0, 0, 0, 0],
+                     step_sync_all_streams=[0, 0, 0, 0, 0, i], step_alloc_retries=[0] * 6)
+        return r
+
+
+def run_rounds(results, stand_in, rounds, budget_s=1e9):
+    step_rounds.run_rounds([ROW], rounds, stand_in, results,
+                           runner.Budget(budget_s, stand_in.clock), log=lambda _: None)
+
+
+def test_each_round_rotates_which_allocator_runs_first():
+    assert [step_rounds.order(r) for r in range(4)] == [
+        ["torch", "torch-expandable", "vramledger"],
+        ["torch-expandable", "vramledger", "torch"],
+        ["vramledger", "torch", "torch-expandable"],
+        ["torch", "torch-expandable", "vramledger"]]
+    results = searched()
+    search_records = json.dumps(results.records, sort_keys=True)
+    runs = RoundRuns({a: [0.5] * 3 for a in ALLOCATOR_ORDER})
+    run_rounds(results, runs, 3)
+    assert [c[1] for c in runs.calls] == sum((step_rounds.order(r) for r in range(3)), [])
+    assert {c[4] for c in runs.calls} == {4}  # at the size all three fit
+    assert sorted((r["allocator"], r["round"]) for r in results.rounds.values()) == sorted(
+        (a, r) for a in ALLOCATOR_ORDER for r in range(3))
+    # The searches' records (batch 4's of each allocator among them) are left as they were.
+    assert json.dumps(results.records, sort_keys=True) == search_records
+
+
+def test_rounds_resume_from_the_file_without_running_a_run_twice(tmp_path):
+    path = str(tmp_path / "r.json")
+    results = searched(path)
+    first = RoundRuns({a: [0.5] * 5 for a in ALLOCATOR_ORDER})
+    # 30 s expected for the first run, 20 s after: 4 runs in 90 s.
+    run_rounds(results, first, 3, budget_s=90.0)
+    assert [c[1] for c in first.calls] == ["torch", "torch-expandable", "vramledger",
+                                           "torch-expandable"]
+    saved = json.loads(pathlib.Path(path).read_text())
+    assert len(saved["step_rounds"]) == 4 and len(saved["trials"]) == len(results.records)
+
+    resumed = Results(str(tmp_path / "r2.json"))
+    assert resumed.load([path]) == len(results.records) and len(resumed.rounds) == 4
+    rest = RoundRuns({a: [0.5] * 5 for a in ALLOCATOR_ORDER})
+    run_rounds(resumed, rest, 3)
+    assert [c[1] for c in rest.calls] == ["vramledger", "torch", "vramledger", "torch",
+                                          "torch-expandable"]  # round 1's rest, then round 2
+    again = RoundRuns({a: [0.5] * 5 for a in ALLOCATOR_ORDER})
+    run_rounds(resumed, again, 3)
+    assert again.calls == []
+    run_rounds(resumed, again, 4)  # one more round: round 3, which starts as round 0 does
+    assert [c[1] for c in again.calls] == step_rounds.order(3)
+    # Nor does a search run again.
+    search_again = StandIn(LIMITS)
+    runner.run_grid([ROW], ALLOCS, search_again, resumed, runner.Budget(1e9), planned,
+                    log=lambda _: None)
+    assert search_again.calls == []
+
+
+def test_a_file_without_step_rounds_still_loads_and_a_bad_list_is_an_error(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"trials": list(searched().records.values())}))
+    results = Results()
+    assert results.load([str(old)]) > 0 and results.rounds == {}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"trials": [], "step_rounds": {"round": 0}}))
+    with pytest.raises(ValueError, match="step_rounds"):
+        Results().load([str(bad)])
+
+
+def test_the_interval_of_fixed_ratios():
+    """Resampling three ratios a < b < c, the mean of logs is a's alone 1/27 of the time (3.7%)
+    and the next smallest, (2 log a + log b) / 3, 3/27 more: the 5th percentile is that one, the
+    95th (log b + 2 log c) / 3. Two ratios: each end is 1/4 of the resamples."""
+    a, b, c = 0.9, 1.0, 1.2
+    gm, low, high = step_rounds.interval([b, c, a])
+    assert gm == pytest.approx((a * b * c) ** (1 / 3))
+    assert low == pytest.approx(math.exp((2 * math.log(a) + math.log(b)) / 3))
+    assert high == pytest.approx(math.exp((math.log(b) + 2 * math.log(c)) / 3))
+    assert step_rounds.interval([b, c, a]) == (gm, low, high)  # seeded: the same every time
+    assert step_rounds.interval([a, c])[1:] == pytest.approx((a, c))
+    assert step_rounds.interval([1.03] * 4) == pytest.approx((1.03, 1.03, 1.03))
+    assert step_rounds.interval([1.1]) is None and step_rounds.interval([]) is None
+    with pytest.raises(ValueError, match="positive"):
+        step_rounds.interval([1.0, 0.0])
+
+
+def test_the_verdict_reads_the_interval_against_two_percent():
+    assert step_rounds.verdict((0.99, 0.96, 1.02)) == "not above"
+    assert step_rounds.verdict((1.01, 0.99, 1.03)) == "undecided"
+    assert step_rounds.verdict((1.05, 1.021, 1.08)) == "above"
+    assert step_rounds.verdict(None) == "too few rounds"
+
+
+def row_cells(text: str) -> dict[str, list[str]]:
+    return {line.split(" | ")[4]: line.strip("| ").split(" | ")
+            for line in text.splitlines() if line.startswith("| GPT-2-medium")}
+
+
+def test_the_rounds_table_with_the_per_step_counters():
+    # vramledger's third run runs out of memory: its ratios pair two rounds.
+    steady = {"torch": [0.50, 0.52, 0.51], "torch-expandable": [0.40, 0.41, 0.40],
+              "vramledger": [0.49, 0.53, None]}
+    results = searched()
+    run_rounds(results, RoundRuns(steady), 3)
+    rows = row_cells(step_rounds.rounds_table(results, [ROW], 64))
+    torch, expandable, vl = rows["torch native"], rows["torch expandable"], rows["vramledger"]
+    assert torch[5:9] == ["3 of 3", "0.500 0.520 0.510", "0.510", "0.00 / 0.00 / 0.00 / 0.00"]
+    assert vl[5:9] == ["2 of 3", "0.490 0.530 -", "0.510", "2.00 / 0.00 / 0.50 / 0.00"]
+    assert expandable[8] == "1.00 / 0.00 / 0.25 / 0.00"
+    gm, low, high = step_rounds.interval([0.49 / 0.50, 0.53 / 0.52])
+    assert torch[9:] == [f"{gm:.3f} ({low:.3f} - {high:.3f}) over 2 rounds", "not above"]
+    assert expandable[9:11] == [
+        "{:.3f} ({:.3f} - {:.3f}) over 2 rounds".format(
+            *step_rounds.interval([0.49 / 0.40, 0.53 / 0.41])), "above"]
+    assert vl[9:11] == ["-", "-"]
+
+
+def test_the_tables_on_records_without_the_per_step_counters(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    results = searched(str(path))
+    run_rounds(results, RoundRuns({a: [0.5, 0.6] for a in ALLOCATOR_ORDER}, counters=False), 1)
+    rows = row_cells(step_rounds.rounds_table(results, [ROW], 64))
+    assert rows["vramledger"][5:9] == ["1 of 1", "0.500", "0.500", "-"]
+    assert rows["torch native"][9:] == ["1.000 over 1 round", "too few rounds"]
+    retries = table.retries_table(results, [ROW], 64)  # the searches' records lack them too
+    assert "| GPT-2-medium | 24 | batch | 4 | vramledger | 0.00 | 0.500 | - |" in retries
+    # The command line prints both, the rounds' after the retries'; a row without rounds says so.
+    assert capacity_main.main(["--table-only", "--resume", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed {len(results.records)} trial(s) and 3 step-round run(s)" in out
+    assert out.index("| retries per step") < out.index("Step time over rounds") < out.index(
+        "| 1.000 over 1 round | too few rounds |")
+    assert step_rounds.rounds_table(results, [("gpt2m", 24.0, "seq")], 64).startswith(
+        "No step rounds")
+
+
+def test_the_retries_table_gives_a_search_records_per_step_counters():
+    results = searched()
+    record = results.get(*ROW[:1], "vramledger", *ROW[1:], 4)
+    record.update(step_device_alloc=[3, 1, 2, 0, 0, 0], step_device_free=[0, 0, 1, 1, 0, 0],
+                  step_sync_all_streams=[0] * 6, step_alloc_retries=[0, 0, 0, 0, 0, 2])
+    assert ("| vramledger | 0.00 | 0.500 | 0.50 / 0.50 / 0.00 / 0.50 |"
+            in table.retries_table(results, [ROW], 64))
+
+
+def test_bad_step_rounds_is_an_error(capsys):
+    for value, needle in (("x", "whole number"), ("-1", "from 0 to 1000")):
+        with pytest.raises(SystemExit) as e:
+            capacity_main.main(["--table-only", "--step-rounds", value])
+        assert e.value.code == 2 and needle in capsys.readouterr().err
