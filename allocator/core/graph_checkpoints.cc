@@ -125,6 +125,7 @@ absl::StatusOr<PoolCheckpoint> DeviceAllocatorImpl::CheckpointPool(MempoolId id)
         PoolCheckpoint checkpoint;
         checkpoint.device = device_;
         checkpoint.pool = id;
+        checkpoint.incarnation = pool->incarnation;
         for (const Segment* segment : segments) {
           checkpoint.segments.push_back(core::CheckpointOf(*segment));
         }
@@ -145,6 +146,15 @@ absl::StatusOr<PoolRestore> DeviceAllocatorImpl::RestorePool(MempoolId id,
           PoolName(checkpoint.pool), checkpoint.device, PoolName(id), device_));
     }
     const core::PrivatePools::Pool* pool = FindPool(private_pools_, id);
+    if (pool != nullptr && pool->incarnation != checkpoint.incarnation) {
+      // Its segments went back with the pool; the pool of that id now (torch's ids only grow,
+      // the C++ API may reuse one) may even be of another kind, a region's expandable pool.
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "vramledger: setCheckpointPoolState: the checkpoint of private pool %s on device %d "
+          "was taken from a pool released and forgotten since; the pool of that id now is "
+          "another one, which the checkpoint cannot restore (it is unchanged)",
+          PoolName(id), device_));
+    }
     if (absl::Status s = CheckPoolUsable(pool, id, device_, "setCheckpointPoolState"); !s.ok()) {
       return s;
     }

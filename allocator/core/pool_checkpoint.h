@@ -45,10 +45,13 @@ struct SegmentCheckpoint {
 };
 
 /// Every segment of private pool `pool` of device `device`, in address order. Taken when no block
-/// of the pool waits on stream events (none is pending free).
+/// of the pool waits on stream events (none is pending free). `incarnation` says which pool of
+/// that id it was taken from (PrivatePools::Pool::incarnation): once that pool is released and
+/// forgotten, a pool made again under the same id does not take the checkpoint.
 struct PoolCheckpoint {
   int device = 0;
   MempoolId pool{0, 0};
+  std::uint64_t incarnation = 0;
   std::vector<SegmentCheckpoint> segments;
 
   bool operator==(const PoolCheckpoint&) const = default;

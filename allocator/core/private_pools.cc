@@ -4,6 +4,7 @@
 #include "core/private_pools.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -31,6 +32,14 @@ PrivatePools::Pool::Pool(MempoolId id, std::shared_ptr<SegmentSource> segment_so
   }
 }
 
+std::unique_ptr<PrivatePools::Pool> PrivatePools::MakePool(MempoolId id,
+                                                           std::shared_ptr<SegmentSource> source,
+                                                           std::size_t large_page) {
+  auto pool = std::make_unique<Pool>(id, std::move(source), large_page);
+  pool->incarnation = ++pools_made_;
+  return pool;
+}
+
 absl::Status PrivatePools::CreateOrIncref(MempoolId id, std::shared_ptr<SegmentSource> source) {
   if (id == MempoolId{0, 0}) {
     return absl::InvalidArgumentError(
@@ -38,7 +47,7 @@ absl::Status PrivatePools::CreateOrIncref(MempoolId id, std::shared_ptr<SegmentS
   }
   auto [it, created] = pools_.try_emplace(id);
   if (created) {
-    it->second = std::make_unique<Pool>(id, std::move(source));
+    it->second = MakePool(id, std::move(source));
     return absl::OkStatus();
   }
   if (source != nullptr) {  // torch: only the creation names the allocator
@@ -84,7 +93,7 @@ absl::Status PrivatePools::CreateExpandable(MempoolId id, std::size_t large_page
     return absl::InvalidArgumentError(
         absl::StrCat("vramledger: private pool ", PoolName(id), " exists, or is the default pool"));
   }
-  auto pool = std::make_unique<Pool>(id, nullptr, large_page);
+  auto pool = MakePool(id, nullptr, large_page);
   pool->use_count = uses;
   pools_.emplace(id, std::move(pool));
   return absl::OkStatus();
@@ -101,7 +110,7 @@ absl::Status PrivatePools::Begin(MempoolId id, StreamFilter filter, bool fallbac
                 pruned_.end());
   auto [it, created] = pools_.try_emplace(id);
   if (created) {
-    it->second = std::make_unique<Pool>(id);
+    it->second = MakePool(id);
   } else {
     ++it->second->use_count;  // shared: another graph or use_mem_pool allocates to it
   }
@@ -273,50 +282,51 @@ void PrivatePools::PruneFailedCaptures() {
 }
 
 void PrivatePools::KeepCaptureCaution(MempoolId id) {
+  // Even when an entry of the thread routed a capture that has ended, the End may have been
+  // that entry's while the removed one was a second capture into the pool, still under way (two
+  // captures into one pool on two streams, the first ended). torch counts every open entry as a
+  // capture under way (its free defers events while captures_underway is not empty): the kept
+  // entry does so too until its own End.
   const std::thread::id self = std::this_thread::get_id();
   Active* kept = nullptr;  // the thread's innermost entry of `id` left
   for (Active& a : active_) {
-    if (a.id != id || a.owner != self || a.fallback) continue;
-    // A capture of this thread routed here and has ended: the End was most likely its own.
-    if (a.saw_capture && std::none_of(a.streams.begin(), a.streams.end(),
-                                      [&](StreamId s) { return backend_->IsCapturing(s); })) {
-      return;
-    }
-    kept = &a;
+    if (a.id == id && a.owner == self && !a.fallback) kept = &a;
   }
   if (kept != nullptr) kept->may_hold_capture = true;
+}
+
+const PrivatePools::Active* PrivatePools::FindCapture(std::optional<StreamId>* stream) const {
+  for (const Active& active : active_) {
+    if (active.fallback) continue;  // a region's entry: never a capture's
+    for (StreamId s : active.streams) {
+      if (backend_->IsCapturing(s)) {
+        if (stream != nullptr) *stream = s;
+        return &active;
+      }
+    }
+  }
+  for (const Active& active : active_) {
+    // May be capturing without having allocated, or kept for a capture that may go on.
+    if (!active.fallback && (active.streams.empty() || active.may_hold_capture)) return &active;
+  }
+  return nullptr;
 }
 
 bool PrivatePools::CaptureUnderway() {
   if (active_.empty()) return false;
   PruneFailedCaptures();
-  for (const Active& active : active_) {
-    if (active.fallback) continue;  // a region's entry: never a capture's
-    // May be capturing without having allocated, or kept for a capture that may go on.
-    if (active.streams.empty() || active.may_hold_capture) return true;
-    for (StreamId s : active.streams) {
-      if (backend_->IsCapturing(s)) return true;
-    }
-  }
-  return false;
+  return FindCapture(nullptr) != nullptr;
 }
 
 std::string PrivatePools::DescribeCapture() const {
-  for (const Active& active : active_) {
-    if (active.fallback) continue;
-    for (StreamId s : active.streams) {
-      if (backend_->IsCapturing(s)) {
-        return absl::StrCat("stream ", s, " captures into private pool ", PoolName(active.id));
-      }
-    }
+  std::optional<StreamId> stream;
+  const Active* active = FindCapture(&stream);
+  if (active == nullptr) return "none seen";
+  if (stream.has_value()) {
+    return absl::StrCat("stream ", *stream, " captures into private pool ", PoolName(active->id));
   }
-  for (const Active& active : active_) {
-    if (!active.fallback && (active.streams.empty() || active.may_hold_capture)) {
-      return absl::StrCat("a capture into private pool ", PoolName(active.id),
-                          " may be under way: it has begun and not ended");
-    }
-  }
-  return "none seen";
+  return absl::StrCat("a capture into private pool ", PoolName(active->id),
+                      " may be under way: it has begun and not ended");
 }
 
 absl::Status PrivatePools::ReleaseUnused(absl::FunctionRef<absl::Status(BlockPool*)> release,

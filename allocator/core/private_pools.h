@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,10 @@ class PrivatePools {
     BlockPool large;
     std::shared_ptr<SegmentSource> source;  // null: segments from the backend
     bool use_on_oom = false;
+    /// Which pool of this id it is (1 for the first made, and so on, across ids): a pool
+    /// forgotten and made again under the same id is another incarnation, so what was recorded
+    /// of the old one (a checkpoint) can be told from the new.
+    std::uint64_t incarnation = 0;
   };
   /// By id. Ordered (a btree): released in the same order in every process (trace entries too).
   using Map = absl::btree_map<MempoolId, std::unique_ptr<Pool>>;
@@ -61,8 +66,9 @@ class PrivatePools {
   /// first entry of it. NotFound if it is not being allocated to (nor was pruned). When the
   /// thread keeps another entry of `id` and the one taken had served no stream, the End may
   /// have been that other entry's while the one taken was a capture that goes on (the two
-  /// cannot be told apart): the kept entry then counts as a capture (Active::may_hold_capture)
-  /// unless one of the thread's entries of `id` routed a capture that has ended.
+  /// cannot be told apart): the kept entry then counts as a capture (Active::may_hold_capture),
+  /// as torch counts every open entry, even when an entry of the thread routed a capture that
+  /// has ended (that may have been one of two captures into the pool).
   absl::Status End(MempoolId id);
   /// One use of `id` less; returns the uses left. NotFound for an unknown or unused pool.
   absl::StatusOr<int> Release(MempoolId id);
@@ -141,14 +147,21 @@ class PrivatePools {
   };
 
   // After an End of `id` took an entry that had served no stream: Active::may_hold_capture on
-  // the calling thread's innermost entry of `id` left, unless one of them routed a capture that
-  // has ended.
+  // the calling thread's innermost entry of `id` left.
   void KeepCaptureCaution(MempoolId id);
+  // The entry that shows a capture may be under way (CaptureUnderway, DescribeCapture): first
+  // one that served a stream capturing now (that stream in `*stream` when given), else one that
+  // served none or is kept for a capture (Active::may_hold_capture); nullptr when none.
+  const Active* FindCapture(std::optional<StreamId>* stream) const;
+  // A pool for `id` with the next incarnation (Pool::incarnation).
+  std::unique_ptr<Pool> MakePool(MempoolId id, std::shared_ptr<SegmentSource> source = nullptr,
+                                 std::size_t large_page = 0);
   // Route among the entries that are (not) fallback: the first of torch's, the last of regions'.
   BlockPool* RouteAmong(StreamId stream, std::size_t rounded, bool fallback);
 
   DeviceBackend* const backend_;
   Map pools_;
+  std::uint64_t pools_made_ = 0;  // the last Pool::incarnation given
   std::vector<Active> active_;
   // An entry pruned as a failed capture, until its owner's End or next Begin of the pool.
   struct Pruned {

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator_ops_model.h"
+#include "core/core_view.h"
 #include "core/pool_checkpoint.h"
 #include "device/sim_backend.h"
 #include "fuzz_check.h"
@@ -185,6 +186,7 @@ class Run {
         Region(in, name);
         break;
     }
+    NoteForgottenPools();
     model_->CheckAll(name);
   }
 
@@ -371,13 +373,53 @@ class Run {
     }
     model_->Allowed(name, cp.status(),
                     {absl::StatusCode::kNotFound, absl::StatusCode::kFailedPrecondition});
-    if (cp.ok()) checkpoints_[i] = *std::move(cp);
+    if (cp.ok()) {
+      checkpoints_[i] = *std::move(cp);
+      checkpoint_pool_forgotten_[i] = false;
+    }
   }
   void Restore(ByteReader& in, const std::string& name) {
     const int i = in.Byte() % 3;
     if (!checkpoints_[i].has_value()) return;
-    if (Tracing()) std::fprintf(stderr, "  restore pool %d\n", i + 1);
-    model_->Restore(name, kPools[i], alloc_->RestorePool(kPools[i], *checkpoints_[i]));
+    if (Tracing()) {
+      std::fprintf(stderr, "  restore pool %d (its checkpoint's pool %s)\n", i + 1,
+                   checkpoint_pool_forgotten_[i] ? "forgotten since" : "kept");
+    }
+    const auto r = alloc_->RestorePool(kPools[i], *checkpoints_[i]);
+    const bool other_incarnation =
+        !r.ok() && r.status().message().find("released and forgotten since") != std::string::npos;
+    if (!checkpoint_pool_forgotten_[i]) {
+      Check(!other_incarnation, absl::StrCat(name, ": ", r.status().ToString()));
+      model_->Restore(name, kPools[i], r);
+      return;
+    }
+    // The pool it was taken from is gone: no pool of the id (NotFound), or another pool made
+    // since under the id, which the checkpoint does not restore (FailedPrecondition, saying so).
+    if (!PoolKnown(kPools[i])) {
+      Check(r.status().code() == absl::StatusCode::kNotFound,
+            absl::StrCat(name, ": restore into a forgotten pool: ", r.status().ToString()));
+    } else {
+      Check(r.status().code() == absl::StatusCode::kFailedPrecondition && other_incarnation,
+            absl::StrCat(name, ": restore of a checkpoint of a forgotten pool into another: ",
+                         r.status().ToString()));
+    }
+  }
+  // Whether the allocator holds pool `id` (in use, or released with segments left).
+  bool PoolKnown(MempoolId id) const {
+    bool known = false;
+    alloc_->Read([&](const core::CoreView& view) {
+      for (const auto& [blocks, owner] : view.private_pools) known = known || owner == id;
+    });
+    return known;
+  }
+  // A checkpoint's pool forgotten by the allocator stays so for that checkpoint, whatever pool
+  // is made later under its id.
+  void NoteForgottenPools() {
+    for (int i = 0; i < 3; ++i) {
+      if (checkpoints_[i].has_value() && !PoolKnown(kPools[i])) {
+        checkpoint_pool_forgotten_[i] = true;
+      }
+    }
   }
   void Share(ByteReader& in, const std::string& name) {
     const auto p = model_->Pick(in.U16());
@@ -439,6 +481,7 @@ class Run {
   int capturing_ = 0;
   std::map<std::uint64_t, int> routed_;  // open use_mem_pool routes by pool
   std::optional<core::PoolCheckpoint> checkpoints_[3];
+  bool checkpoint_pool_forgotten_[3] = {false, false, false};  // since its checkpoint was taken
   std::vector<std::string> region_stack_;  // this thread's open BeginRegion scopes, innermost last
   int ops_ = 0;
 };

@@ -305,7 +305,8 @@ class DeviceAllocator {
   /// contexts; segments of the pool the checkpoint does not name end free. Checked before
   /// anything changes: InvalidArgument for a checkpoint of another pool or device, or one whose
   /// blocks do not tile their segments; FailedPrecondition for a stale one (a segment it names is
-  /// no longer the pool's) or a released pool; NotFound for an unknown pool.
+  /// no longer the pool's, or the pool it was taken from was released and forgotten since and
+  /// the id made again) or a released pool; NotFound for an unknown pool.
   absl::StatusOr<core::PoolRestore> RestorePool(MempoolId pool,
                                                 const core::PoolCheckpoint& checkpoint);
   /// True when the allocated blocks of private pool `pool` are exactly the addresses in `live`
