@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from benchmarks.capacity import search
+from benchmarks.capacity.trial import STEP_COUNTERS
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import WORKLOADS, size_grid
 
@@ -14,7 +15,7 @@ NAMES = {"torch": "torch native", "torch-expandable": "torch expandable",
          "vramledger": "vramledger"}
 WARM_STEPS = 2  # a trial's steps before its steady ones (the first two fill the cache)
 # trial.py's per-step counters, in the order the tables give them.
-COUNTERS = ("step_device_alloc", "step_device_free", "step_sync_all_streams", "step_alloc_retries")
+COUNTERS = tuple(STEP_COUNTERS)
 
 
 def state(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,

@@ -73,6 +73,19 @@ class PoolCheckpointTest : public SimAllocatorTest {
     Check();
     return r.ok() ? *r : core::PoolRestore{};
   }
+  // A checkpoint of kGraphPool holding one 6 MiB block, taken before the block is freed and the
+  // pool released: with no block left its segment goes back to the driver and the pool is
+  // forgotten.
+  core::PoolCheckpoint CheckpointThenForget() {
+    Begin();
+    const DevicePtr old_block = Alloc(6 * kMiB);
+    End();
+    core::PoolCheckpoint saved = Checkpoint();
+    Free(old_block);
+    EXPECT_TRUE(alloc_->ReleasePool(kGraphPool).ok());
+    Check();
+    return saved;
+  }
   bool Live(const std::vector<DevicePtr>& live, MempoolId pool = kGraphPool) {
     auto r = alloc_->CheckPoolLiveAllocations(pool, live);
     EXPECT_TRUE(r.ok()) << r.status();

@@ -27,13 +27,7 @@ std::vector<std::string> Layout(const DeviceAllocator& alloc) {
 }
 
 TEST_F(PoolCheckpointTest, StaleCheckpointIsRefusedAndThePoolUnchanged) {
-  Begin();
-  const DevicePtr old_block = Alloc(6 * kMiB);
-  End();
-  const core::PoolCheckpoint stale = Checkpoint();
-  Free(old_block);
-  ASSERT_TRUE(alloc_->ReleasePool(kGraphPool).ok());  // its segment goes back to the driver
-  Check();
+  const core::PoolCheckpoint stale = CheckpointThenForget();
   Begin();  // the same id again: a new pool with a segment of another size
   const DevicePtr now = Alloc(40 * kMiB);
   End();
@@ -57,13 +51,7 @@ TEST_F(PoolCheckpointTest, StaleCheckpointIsRefusedAndThePoolUnchanged) {
 // incarnation, before the check that refuses an expandable pool (Unimplemented) could name a
 // cause the caller cannot act on, and nothing changes.
 TEST_F(PoolCheckpointTest, CheckpointOfAPoolForgottenSinceIsRefusedInAPoolMadeInARegion) {
-  Begin();
-  const DevicePtr old_block = Alloc(6 * kMiB);
-  End();
-  const core::PoolCheckpoint saved = Checkpoint();
-  Free(old_block);
-  ASSERT_TRUE(alloc_->ReleasePool(kGraphPool).ok());  // no block left: the pool is forgotten
-  Check();
+  const core::PoolCheckpoint saved = CheckpointThenForget();
   ASSERT_EQ(alloc_->PoolUseCount(kGraphPool), 0);
   ASSERT_TRUE(alloc_->BeginRegion("train", [](StreamId) { return true; }).ok());
   Begin();  // made inside the region: expandable
