@@ -11,7 +11,7 @@ absl::Status DeviceAllocatorImpl::CheckParts() const {
   }
   if (absl::Status s = private_pools_.CheckInvariants(); !s.ok()) return s;
   if (absl::Status s = stream_events_.CheckInvariants(); !s.ok()) return s;
-  return stats_.CheckInvariants();
+  return stats_.CheckInvariants(static_cast<std::int64_t>(regions_.UnmappedLostBytes()));
 }
 
 absl::Status DeviceAllocatorImpl::CheckAfter(const char* operation, absl::Status result) const {

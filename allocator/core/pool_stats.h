@@ -210,9 +210,10 @@ struct CoreStats {
     ++num_device_free;
   }
 
-  /// Each row's invariants (PoolStat::CheckInvariants); allocated <= active <= reserved; the
+  /// Each row's invariants (PoolStat::CheckInvariants); allocated <= active <= reserved +
+  /// `unmapped_live` (bytes of pages a failed pause lost under live blocks: Region::lost); the
   /// counters are not negative.
-  absl::Status CheckInvariants() const {
+  absl::Status CheckInvariants(std::int64_t unmapped_live = 0) const {
     const char* names[] = {
         "allocation",      "segment",        "active",       "inactive_split",
         "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
@@ -231,7 +232,7 @@ struct CoreStats {
     const std::int64_t allocated_now = allocated_bytes.current(kAggregate);
     const std::int64_t active_now = active_bytes.current(kAggregate);
     const std::int64_t reserved_now = reserved_bytes.current(kAggregate);
-    if (allocated_now > active_now || active_now > reserved_now) {
+    if (allocated_now > active_now || active_now > reserved_now + unmapped_live) {
       return absl::InternalError(absl::StrCat("allocated ", allocated_now, ", active ", active_now,
                                               ", reserved ", reserved_now));
     }

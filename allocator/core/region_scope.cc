@@ -199,6 +199,10 @@ std::vector<RegionInfo> DeviceAllocatorImpl::Regions() const {
         if (b->allocated) info.allocated_bytes += b->size;
       }
     }
+    // Handles a failed resume could not unmap stay mapped at the region's addresses: device
+    // memory the region holds while paused (counted in reserved bytes, too).
+    for (const auto& held : region->held) info.mapped_bytes += held.bytes;
+    info.lost_bytes = core::Regions::UnmappedLostBytes(*region);
     info.paused_bytes = region->paused_bytes;
     info.backed_up_bytes = region->backed_up_bytes;
     for (const auto& buffer : region->kept) info.host_buffer_bytes += buffer.bytes;

@@ -77,6 +77,22 @@ bool Regions::IsLost(const Region& region, const Segment* seg, std::size_t page)
   });
 }
 
+std::size_t Regions::UnmappedLostBytes(const Region& region) {
+  std::size_t bytes = 0;
+  for (const Released& run : region.lost) {
+    for (std::size_t i = run.first_page; i < run.first_page + run.pages; ++i) {
+      if (run.segment->pages[i] == 0) bytes += run.segment->page_size;
+    }
+  }
+  return bytes;
+}
+
+std::size_t Regions::UnmappedLostBytes() const {
+  std::size_t bytes = 0;
+  for (const auto& region : regions_) bytes += UnmappedLostBytes(*region);
+  return bytes;
+}
+
 absl::StatusOr<Regions::Region*> Regions::Inside(std::string_view name) const {
   const std::thread::id self = std::this_thread::get_id();
   for (auto it = entered_.rbegin(); it != entered_.rend(); ++it) {

@@ -124,6 +124,11 @@ class Regions {
   static std::vector<Released> Regroup(std::vector<Released> released, std::size_t handle_bytes);
   /// True when page `page` of `seg` lies in a run `region` lost (Region::lost).
   static bool IsLost(const Region& region, const Segment* seg, std::size_t page);
+  /// The bytes of lost pages still unmapped, over every region: blocks may lie on them, so the
+  /// active bytes may exceed the reserved (mapped) bytes by at most this much.
+  std::size_t UnmappedLostBytes() const;
+  /// The same, for one region.
+  static std::size_t UnmappedLostBytes(const Region& region);
 
   /// The calling thread enters / leaves `region` (BeginRegion / EndRegion); they nest.
   void Enter(Region* region);

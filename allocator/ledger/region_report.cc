@@ -11,7 +11,8 @@ std::vector<std::int64_t> Figures(const RegionInfo& r) {
   return {
       static_cast<std::int64_t>(r.reserved_bytes),  static_cast<std::int64_t>(r.mapped_bytes),
       static_cast<std::int64_t>(r.allocated_bytes), static_cast<std::int64_t>(r.paused_bytes),
-      static_cast<std::int64_t>(r.backed_up_bytes), static_cast<std::int64_t>(r.host_buffer_bytes)};
+      static_cast<std::int64_t>(r.backed_up_bytes), static_cast<std::int64_t>(r.host_buffer_bytes),
+      static_cast<std::int64_t>(r.lost_bytes)};
 }
 
 }  // namespace
@@ -48,6 +49,11 @@ std::vector<std::string> RegionLines(const std::vector<RegionInfo>& regions) {
                      FormatSize(r.reserved_bytes), ", mapped ", FormatSize(r.mapped_bytes),
                      ", allocated ", FormatSize(r.allocated_bytes), ", paused ",
                      FormatSize(r.paused_bytes), ", backed up ", FormatSize(r.backed_up_bytes)));
+    // Only after a failed pause that could not map its pages back: said where it is seen.
+    if (r.lost_bytes > 0) {
+      absl::StrAppend(&lines.back(), ", lost ", FormatSize(r.lost_bytes),
+                      " (unmapped under live blocks until the next pause and resume)");
+    }
   }
   return lines;
 }

@@ -16,9 +16,9 @@ namespace vramledger {
 
 /// The figures of a region, in the order the reports list them: name in the keys, bytes in the
 /// values (docs/design/regions.md lists their meanings).
-inline constexpr const char* kRegionFigures[] = {"reserved_bytes",  "mapped_bytes",
-                                                 "allocated_bytes", "paused_bytes",
-                                                 "backed_up_bytes", "host_buffer_bytes"};
+inline constexpr const char* kRegionFigures[] = {
+    "reserved_bytes",  "mapped_bytes",      "allocated_bytes", "paused_bytes",
+    "backed_up_bytes", "host_buffer_bytes", "lost_bytes"};
 
 /// {"device", "name", "pool": [first, second], "paused", and every kRegionFigures field}.
 nlohmann::json RegionJson(int device, const RegionInfo& region);
@@ -29,8 +29,8 @@ std::vector<std::pair<std::string, std::int64_t>> FlattenRegionStats(
     const std::vector<RegionInfo>& regions);
 
 /// One line per region for memory_summary and the out-of-memory report:
-/// "region <name>: running|paused, reserved X, mapped X, allocated X, paused X, backed up X";
-/// empty when there is no region.
+/// "region <name>: running|paused, reserved X, mapped X, allocated X, paused X, backed up X",
+/// then ", lost X (...)" when a failed pause lost pages; empty when there is no region.
 std::vector<std::string> RegionLines(const std::vector<RegionInfo>& regions);
 
 }  // namespace vramledger

@@ -84,7 +84,7 @@ class RegionsTest : public SimAllocatorTest {
       absl::StrAppend(&out, "region ", r.name, " paused=", r.paused, " reserved=", r.reserved_bytes,
                       " mapped=", r.mapped_bytes, " allocated=", r.allocated_bytes,
                       " paused_bytes=", r.paused_bytes, " backed_up=", r.backed_up_bytes,
-                      " kept=", r.host_buffer_bytes, "\n");
+                      " kept=", r.host_buffer_bytes, " lost=", r.lost_bytes, "\n");
     }
     const DeviceStats st = alloc_->GetStats();
     for (const StatArray* a : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes,

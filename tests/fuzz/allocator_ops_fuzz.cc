@@ -198,7 +198,9 @@ class Run {
     for (int c = 0; c < 2; ++c) {
       if (capture_pool_[c].has_value()) {
         sim_->SetCapturing(kCaptureStreams[c], false);
-        Check(alloc_->EndAllocateToPool(*capture_pool_[c]).ok(), "end capture at finish");
+        capture_id_[c] = 0;
+        const absl::Status ended = alloc_->EndAllocateToPool(*capture_pool_[c]);
+        Check(ended.ok(), absl::StrCat("end capture at finish: ", ended.ToString()));
       }
     }
     for (const MempoolId& pool : kPools) {
@@ -281,13 +283,20 @@ class Run {
     const MempoolId pool = kPools[(b >> 1) % 3];
     SimBackend* sim = sim_.get();
     const StreamId stream = kCaptureStreams[c];
-    const absl::Status s = alloc_->BeginAllocateToPool(
-        pool, [sim, stream](StreamId x) { return x == stream && sim->IsCapturing(x); });
+    // torch's capture filter: the stream's current capture is this one (its capture id), so an
+    // entry left of an ended capture never takes a later capture's allocations on its stream.
+    const std::uint64_t id = ++captures_begun_;
+    const std::uint64_t* current = &capture_id_[c];
+    const absl::Status s =
+        alloc_->BeginAllocateToPool(pool, [sim, stream, current, id](StreamId x) {
+          return x == stream && sim->IsCapturing(x) && *current == id;
+        });
     model_->Allowed(name, s, {absl::StatusCode::kInvalidArgument});
     if (!s.ok()) return;
     sim_->SetCapturing(stream, true);
     if (Tracing()) std::fprintf(stderr, "  capture on 0x%lx into pool %lu\n", stream, pool.first);
     capture_pool_[c] = pool;
+    capture_id_[c] = id;
     ++capturing_;
   }
   void EndCapture(ByteReader& in, const std::string& name) {
@@ -297,6 +306,7 @@ class Run {
     if (Tracing()) std::fprintf(stderr, "  end capture on 0x%lx\n", kCaptureStreams[c]);
     sim_->SetCapturing(kCaptureStreams[c], false);
     capture_pool_[c].reset();
+    capture_id_[c] = 0;
     --capturing_;
     // The capture has ended before its pool's end: what that end does (deferred frees) is
     // checked against the captures still under way.
@@ -478,6 +488,8 @@ class Run {
   std::unique_ptr<DeviceAllocator> alloc_;
   std::unique_ptr<Model> model_;
   std::optional<MempoolId> capture_pool_[2];
+  std::uint64_t capture_id_[2] = {0, 0};  // the capture under way on each stream (0: none)
+  std::uint64_t captures_begun_ = 0;
   int capturing_ = 0;
   std::map<std::uint64_t, int> routed_;  // open use_mem_pool routes by pool
   std::optional<core::PoolCheckpoint> checkpoints_[3];

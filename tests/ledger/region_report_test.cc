@@ -38,6 +38,7 @@ RegionInfo Running() {
   r.mapped_bytes = 20 * kMiB;
   r.allocated_bytes = 6 * kMiB;
   r.host_buffer_bytes = 2 * kMiB;
+  r.lost_bytes = 2 * kMiB;  // a failed pause lost a page under a live block
   return r;
 }
 
@@ -53,12 +54,13 @@ TEST(RegionReportTest, JsonHasEveryFigureAndTheRegionsIdentity) {
   EXPECT_EQ(j["paused_bytes"], 64 * kMiB);
   EXPECT_EQ(j["backed_up_bytes"], 40 * kMiB);
   EXPECT_EQ(j["host_buffer_bytes"], 0);
-  EXPECT_EQ(j.size(), 10u);
+  EXPECT_EQ(j["lost_bytes"], 0);
+  EXPECT_EQ(j.size(), 11u);
 }
 
 TEST(RegionReportTest, FlatKeysPerRegionInOrder) {
   const auto flat = FlattenRegionStats({Paused(), Running()});
-  ASSERT_EQ(flat.size(), 14u);  // six figures and "paused" per region
+  ASSERT_EQ(flat.size(), 16u);  // seven figures and "paused" per region
   std::map<std::string, std::int64_t> by_key(flat.begin(), flat.end());
   EXPECT_EQ(flat.front().first, "regions.train.reserved_bytes");
   EXPECT_EQ(by_key["regions.train.paused"], 1);
@@ -66,6 +68,7 @@ TEST(RegionReportTest, FlatKeysPerRegionInOrder) {
   EXPECT_EQ(by_key["regions.roll.out.paused"], 0);
   EXPECT_EQ(by_key["regions.roll.out.mapped_bytes"], static_cast<std::int64_t>(20 * kMiB));
   EXPECT_EQ(by_key["regions.roll.out.host_buffer_bytes"], static_cast<std::int64_t>(2 * kMiB));
+  EXPECT_EQ(by_key["regions.roll.out.lost_bytes"], static_cast<std::int64_t>(2 * kMiB));
   EXPECT_TRUE(FlattenRegionStats({}).empty());
 }
 
@@ -74,7 +77,8 @@ TEST(RegionReportTest, OneLinePerRegionWithTorchsSizes) {
               ElementsAre("region train: paused, reserved 64.00 MiB, mapped 0 bytes, allocated "
                           "40.00 MiB, paused 64.00 MiB, backed up 40.00 MiB",
                           "region roll.out: running, reserved 20.00 MiB, mapped 20.00 MiB, "
-                          "allocated 6.00 MiB, paused 0 bytes, backed up 0 bytes"));
+                          "allocated 6.00 MiB, paused 0 bytes, backed up 0 bytes, lost 2.00 MiB "
+                          "(unmapped under live blocks until the next pause and resume)"));
   EXPECT_TRUE(RegionLines({}).empty());
 }
 

@@ -47,8 +47,8 @@ VRAMLEDGER_EXPORT int vramledger_region_resume(int device, const char* name, int
 
 /// The regions of `device` (-1: every device that has an allocator) as a JSON array of
 /// {"device", "name", "pool": [first, second], "paused", "reserved_bytes", "mapped_bytes",
-/// "allocated_bytes", "paused_bytes", "backed_up_bytes", "host_buffer_bytes"} (bytes), in the
-/// allocator's order. A device without an allocator has none.
+/// "allocated_bytes", "paused_bytes", "backed_up_bytes", "host_buffer_bytes", "lost_bytes"}
+/// (bytes), in the allocator's order. A device without an allocator has none.
 VRAMLEDGER_EXPORT int vramledger_region_list(int device, char** json_out);
 
 }  // extern "C"

@@ -181,13 +181,18 @@ struct RegionInfo {
   std::string name;
   MempoolId pool;  // its own pool (in the regions' id space)
   bool paused = false;
-  std::size_t reserved_bytes = 0;     // virtual bytes of its segments
-  std::size_t mapped_bytes = 0;       // physical bytes held now (0 when paused)
+  std::size_t reserved_bytes = 0;  // virtual bytes of its segments
+  // Physical bytes held now; when paused, only handles a failed resume could not unmap.
+  std::size_t mapped_bytes = 0;
   std::size_t allocated_bytes = 0;    // live blocks (allocated, not yet freed)
   std::size_t paused_bytes = 0;       // physical bytes released by the pause (0 when running)
   std::size_t backed_up_bytes = 0;    // bytes held in pinned host buffers as backups
   std::size_t host_buffer_bytes = 0;  // pinned bytes kept (keep_host_buffers) for the next pause
-  std::vector<MempoolId> pools;       // its own pool, then the private pools created inside it
+  // Pages a failed pause could neither keep nor map again (its error said their contents are
+  // lost): unmapped under live blocks, so not in mapped_bytes nor in the snapshot's segments,
+  // until the next pause and resume map them. 0 except after such a double driver failure.
+  std::size_t lost_bytes = 0;
+  std::vector<MempoolId> pools;  // its own pool, then the private pools created inside it
 };
 
 class DeviceAllocatorImpl;

@@ -160,7 +160,7 @@ def fragmentation(device: Any = None, *, stream: int | None = None) -> dict[str,
         cumulative; what vramledger can add to a host-bound step.
       regions: one dict per pausable region of the device, as vramledger.regions() gives it
         (name, paused, reserved_bytes, mapped_bytes, allocated_bytes, paused_bytes,
-        backed_up_bytes, host_buffer_bytes; docs/design/regions.md).
+        backed_up_bytes, host_buffer_bytes, lost_bytes; docs/design/regions.md).
       device, current_stream.
 
     Args:

@@ -242,7 +242,9 @@ def regions(device: Any = None) -> list[dict[str, Any]]:
     (its private pool's id), paused, and in bytes reserved_bytes (virtual bytes of its
     segments), mapped_bytes (physical bytes held now), allocated_bytes (live blocks),
     paused_bytes (released by the pause), backed_up_bytes (held in pinned host memory) and
-    host_buffer_bytes (pinned bytes kept for the next pause).
+    host_buffer_bytes (pinned bytes kept for the next pause), lost_bytes (pages a failed pause
+    lost under live blocks, until the next pause and resume; 0 except after a double driver
+    failure).
 
     Raises:
       RuntimeError: vramledger does not serve this process. ValueError: bad device.

@@ -108,7 +108,7 @@ def format_summary(stats: Mapping[str, Any], device: int, abbreviated: bool = Fa
 # The region figures the summary shows, in its columns' order (memory_stats'
 # "regions.<name>.<figure>" keys).
 _REGION_COLUMNS = ("reserved_bytes", "mapped_bytes", "allocated_bytes", "backed_up_bytes")
-_REGION_FIELDS = _REGION_COLUMNS + ("paused_bytes", "host_buffer_bytes", "paused")
+_REGION_FIELDS = _REGION_COLUMNS + ("paused_bytes", "host_buffer_bytes", "lost_bytes", "paused")
 
 
 def _regions_of(stats: Mapping[str, Any]) -> dict[str, dict[str, int]]:
