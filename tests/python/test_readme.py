@@ -190,6 +190,8 @@ def test_capacity_figures_are_the_measured_ones():
             ("Llama-1B + ckpt", "24", 0, "Llama-1B with checkpointing (seq 2048)"),
             ("Llama-1B LoRA r16 + ckpt", "24", 0, "checkpointing (seq 4096)"),
             ("GPT-2-medium", "80", 0, "at 80 GiB, GPT-2-medium"),
+            ("Llama-1B", "80", 0, "Llama-1B (seq 2048)"),
+            ("Llama-1B + ckpt", "80", 0, "Llama-1B with checkpointing"),
             ("Llama-1B LoRA r16 + ckpt", "80", 0, "the LoRA workload"),
             ("GPT-2-medium", "24", 1, "GPT-2-medium (batch 4)"),
             ("Llama-1B + ckpt", "24", 1, "Llama-1B with checkpointing (batch 8)")):
