@@ -252,8 +252,7 @@ def memory_stats(device: Any = None) -> "collections.OrderedDict[str, Any]":
     (holes, largest_free_block, free_space_fragmentation, wasted_bytes_at_peak, ...).
     Pausable regions: "regions.<name>.<figure>" for reserved_bytes, mapped_bytes,
     allocated_bytes, paused_bytes, backed_up_bytes, host_buffer_bytes, lost_bytes (bytes) and
-    paused (0/1),
-    as regions() gives them (docs/design/regions.md).
+    paused (0/1), as regions() gives them (docs/design/regions.md).
 
     Raises:
       RuntimeError: vramledger is not installed. ValueError: bad device.
