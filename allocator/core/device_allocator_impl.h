@@ -325,7 +325,8 @@ class DeviceAllocatorImpl {
   // The runs of unmapped pages in [first_page, last_page] of plan->seg, and their count.
   static void FindMissingPages(std::size_t first_page, std::size_t last_page, MappingPlan* plan);
   // Mapped free pages to move under the request (Placement::FreeMappedPages), when growing
-  // instead would take reserved past (1 + recycle_slack) x the peak of allocated memory.
+  // instead would take reserved past (1 + recycle_slack) x the peak of allocated memory and, under
+  // a memory fraction with grow_under_cap, past (1 - recycle_slack) x the cap.
   std::vector<std::pair<core::Segment*, std::size_t>> RecyclablePages(const core::Block* block,
                                                                       std::size_t size,
                                                                       const MappingPlan& plan) const

@@ -114,6 +114,12 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::RecyclablePag
   const double reserved_after = static_cast<double>(stats_.reserved_bytes.current(kAggregate)) +
                                 static_cast<double>(plan.missing * plan.page);
   if (reserved_after <= (1.0 + options_.recycle_slack) * peak_after) return {};
+  // Under a memory fraction the room below the cap is the process's: growing there is one
+  // driver call per new handle once, where moving pages costs calls in every step.
+  if (fraction_set_ && options_.grow_under_cap &&
+      reserved_after <= (1.0 - options_.recycle_slack) * static_cast<double>(allowed_bytes_)) {
+    return {};
+  }
   // Pages of the block itself past the request count too (it is out of the index now). A
   // private pool's (a region's) pages move only within it.
   std::array<const core::BlockPool*, 2> group;

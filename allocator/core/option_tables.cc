@@ -259,6 +259,8 @@ std::vector<OptionField<Options>> MakeAllocatorFields() {
                [](const O& in) { return absl::StrCat(in.expandable_handle_size / kMiB); }});
   f.push_back(BoolField("recycle_tails_first", &O::recycle_tails_first,
                         "vramledger: recycle free tails' pages before holes'"));
+  f.push_back(BoolField("grow_under_cap", &O::grow_under_cap,
+                        "vramledger: under a memory fraction, grow below the cap before recycling"));
   f.push_back(BoolField("keep_old_mappings", &O::keep_old_mappings,
                         "vramledger: moved pages stay mapped where they were, reusable"));
   f.push_back(BoolField("host_timing", &O::host_timing,

@@ -216,7 +216,7 @@ TEST(Options, DefaultsAreWrittenBackAsBefore) {
             "roundup_power2_divisions:[1:0,2:0,4:0,8:0,16:0,32:0,64:0,128:0,256:0,512:0,1024:0,"
             "2048:0,4096:0,8192:0,16384:0,32768:0],release_lock_on_cudamalloc:False,"
             "per_process_memory_fraction:0,page_recycling:True,expandable_page_mb:6,"
-            "recycle_slack:0.006,expandable_handle_mb:0,recycle_tails_first:False,"
+            "recycle_slack:0.006,expandable_handle_mb:0,recycle_tails_first:False,grow_under_cap:True,"
             "keep_old_mappings:True,host_timing:False,dump_dir:./vramledger-dumps,max_dumps:8");
 }
 
@@ -250,7 +250,7 @@ TEST(Options, TheTableDocumentsEveryKeyOnceWithItsRealDefault) {
     if (d.scope == OptionScope::kProcess) process_seen = true;
     EXPECT_FALSE(process_seen && d.scope == OptionScope::kAllocator) << d.name;
   }
-  EXPECT_EQ(names.size(), 28u);
+  EXPECT_EQ(names.size(), 29u);
   // Every key written back for default options shows the table's default.
   const std::vector<std::string> items = absl::StrSplit(OptionsToString(Options()), ',');
   for (const std::string& item : items) {

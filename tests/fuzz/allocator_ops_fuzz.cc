@@ -53,6 +53,7 @@ std::string ConfFrom(ByteReader& in) {
   conf += kSplit[b & 3];
   conf += kRound[(b >> 2) & 3];
   conf += kSegment[(b >> 4) & 1];
+  if (b & 32) conf += ",grow_under_cap:False";
   return conf;
 }
 
