@@ -199,8 +199,9 @@ std::vector<OptionField<Options>> MakeAllocatorFields() {
   f.push_back(FractionField("garbage_collection_threshold", &O::garbage_collection_threshold,
                             /*open=*/true, "free old cached blocks above this fraction of the cap",
                             WhenDefault::kOmit));
-  f.push_back(BoolField("expandable_segments", &O::expandable_segments,
-                        "grow segments by mapping pages (torch's key; True under install() and the shim)"));
+  f.push_back(
+      BoolField("expandable_segments", &O::expandable_segments,
+                "grow segments by mapping pages (torch's key; True under install() and the shim)"));
   f.push_back(MiBField("large_segment_size_mb", &O::large_segment_size, 2, kMaxSegmentOrPageMiB,
                        /*even=*/true,
                        "segment size for 1-10 MiB requests (at least the request rounded up to "
@@ -259,8 +260,9 @@ std::vector<OptionField<Options>> MakeAllocatorFields() {
                [](const O& in) { return absl::StrCat(in.expandable_handle_size / kMiB); }});
   f.push_back(BoolField("recycle_tails_first", &O::recycle_tails_first,
                         "vramledger: recycle free tails' pages before holes'"));
-  f.push_back(BoolField("grow_under_cap", &O::grow_under_cap,
-                        "vramledger: under a memory fraction, grow below the cap before recycling"));
+  f.push_back(
+      BoolField("grow_under_cap", &O::grow_under_cap,
+                "vramledger: under a memory fraction, grow below the cap before recycling"));
   f.push_back(BoolField("keep_old_mappings", &O::keep_old_mappings,
                         "vramledger: moved pages stay mapped where they were, reusable"));
   f.push_back(BoolField("host_timing", &O::host_timing,
