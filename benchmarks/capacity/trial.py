@@ -112,6 +112,10 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
                 "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
     record = json.loads(lines[-1][len(RESULT):])
     record["wall_s"] = time.monotonic() - t0
+    # Which build of vramledger ran (the caller's label, e.g. its commit): records of several
+    # builds may share a results file.
+    if allocator == "vramledger" and os.environ.get("CAPACITY_LIBRARY"):
+        record["library"] = os.environ["CAPACITY_LIBRARY"]
     return record
 
 

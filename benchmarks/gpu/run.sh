@@ -80,7 +80,8 @@
 # CAPACITY_WORKLOADS (gpt2m,llama1b,llama1b-ckpt,llama1b-lora), CAPACITY_CAPS (24,80),
 # CAPACITY_ALLOCATORS (torch,torch-expandable,vramledger), CAPACITY_DIMS (batch,seq),
 # CAPACITY_BUDGET_S (500), CAPACITY_STEP_ROUNDS (0: no step-time rounds),
-# CAPACITY_RESUME (results files; default .devbuild/capacity-results.json).
+# CAPACITY_RESUME (results files; default .devbuild/capacity-results.json), CAPACITY_LIBRARY (a label
+# of the vramledger build, e.g. its commit, kept in its trials' records).
 # Background fuzzing on the CPU cores the items leave idle (nothing changes when unset):
 # FUZZ_BACKGROUND_S=S starts scripts/fuzz_long.sh run (allocator_ops_fuzz, -fork=FUZZ_JOBS jobs,
 # default nproc - 4, under nice) before the items, for S seconds (at most the budget less 30 s),
