@@ -335,6 +335,10 @@ class DeviceAllocatorImpl {
   void PlanMappings(const core::Block* block, std::size_t size,
                     const std::vector<std::pair<core::Segment*, std::size_t>>& recycled,
                     MappingPlan* plan) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Some page the plan maps lies under an old mapping whose fence is pending on a stream that is
+  // capturing: that mapping cannot go before the capture ends, nor can the request go there
+  // (EnsureMapped's false, out of memory as torch's during a capture, which frees nothing).
+  bool MapsOverCapturedWork(const MappingPlan& plan) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The memory fraction and the hooks allow the plan's growth (a refusal: growth_refusal_).
   bool GrowthAllowed(const MappingPlan& plan, const AllocationRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -64,6 +64,7 @@ absl::StatusOr<bool> DeviceAllocatorImpl::EnsureMapped(Block* block, std::size_t
   FindMissingPages(first_page, last_page, &plan);
   if (plan.missing == 0) return true;
   PlanMappings(block, size, RecyclablePages(block, size, plan), &plan);
+  if (MapsOverCapturedWork(plan)) return false;
   if (!GrowthAllowed(plan, request)) return false;
   RelaxedCaptureScope relaxed(backend_);
   plan.leave_old_mappings = !CaptureUnderway();
@@ -152,6 +153,13 @@ void DeviceAllocatorImpl::PlanMappings(
     const std::size_t k = src->HandleEnd(i) - i;
     auto fit = std::find_if(room.begin(), room.end(), [k](const auto& r) { return r.second >= k; });
     if (fit == room.end()) {
+      // Releasing it would first unmap its old mapping, which waits for a capturing stream.
+      const PhysicalHandle h = src->pages[i];
+      if (private_pools_.any_active() &&
+          old_mappings_.HeldByCapture(backend_,
+                                      [h](const OldMapping& r) { return r.handle == h; })) {
+        continue;
+      }
       plan->released.emplace_back(src, i);
       plan->released_pages += k;
       continue;
@@ -187,6 +195,15 @@ void DeviceAllocatorImpl::PlanMappings(
       p += k;
     }
   }
+}
+
+bool DeviceAllocatorImpl::MapsOverCapturedWork(const MappingPlan& plan) const {
+  if (!private_pools_.any_active() || old_mappings_.empty()) return false;
+  return old_mappings_.HeldByCapture(backend_, [&](const OldMapping& r) {
+    return r.segment == plan.seg && absl::c_any_of(plan.runs, [&](const auto& run) {
+             return r.first_page < run.first + run.second && run.first < r.first_page + r.pages;
+           });
+  });
 }
 
 bool DeviceAllocatorImpl::GrowthAllowed(const MappingPlan& plan, const AllocationRequest& request) {

@@ -153,6 +153,13 @@ absl::Status OldMappings::Clear(DeviceBackend* backend,
   return absl::OkStatus();
 }
 
+bool OldMappings::HeldByCapture(DeviceBackend* backend,
+                                absl::FunctionRef<bool(const OldMapping&)> which) const {
+  return absl::c_any_of(entries_, [&](const OldMapping& r) {
+    return r.fence != 0 && which(r) && backend->IsCapturing(r.segment->stream);
+  });
+}
+
 bool OldMappings::Reusable(const PageTable& table, const Segment* seg, std::size_t page,
                            const Block* within) const {
   const PhysicalHandle h = seg->old_handle[page];

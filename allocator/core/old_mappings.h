@@ -70,6 +70,11 @@ class OldMappings {
   /// stream that is capturing itself cannot be waited for: FailedPrecondition naming it.
   absl::Status Clear(DeviceBackend* backend, absl::FunctionRef<bool(const OldMapping&)> which,
                      bool capture_underway, GiveBack give_back);
+  /// Whether Clear would refuse an entry `which` selects while a capture is under way: its fence
+  /// is pending on a stream that `backend` reports capturing. That place, and that entry's
+  /// handle, can be used again only once the capture ends (placement leaves both alone until then).
+  bool HeldByCapture(DeviceBackend* backend,
+                     absl::FunctionRef<bool(const OldMapping&)> which) const;
   /// Unmaps entry `index` (backend) and forgets it.
   absl::Status UnmapEntry(DeviceBackend* backend, std::size_t index, GiveBack give_back);
 

@@ -369,6 +369,40 @@ TEST_F(OldMappingMovesTest, ReleasedHandleWithPendingAliasDuringCapture) {
   EXPECT_EQ(*p, f);
 }
 
+// The released handle has since moved to a third stream (its old mapping's fence, recorded on
+// stream 0, not yet seen complete), and now stream 0 captures. Releasing the handle would first
+// unmap that old mapping, waiting for the capturing stream: so it stays (neither moved nor
+// released), the request gets new pages, and the old mapping goes once the capture has ended.
+TEST_F(OldMappingMovesTest, HandleWithAnOldMappingOnACapturingStreamIsNotReleased) {
+  constexpr StreamId kS2 = 0x44;
+  std::vector<DevicePtr> live;
+  const DevicePtr f = MakeReleasableAlias(&live);
+  const std::int64_t old_bytes = OldMappingBytes();
+  DevicePtr there = Alloc(8 * kMiB, kS2);  // the handle moves to kS2 (stream 0 waited for)
+  Free(there);
+  ASSERT_EQ(OldMappingBytes(), old_bytes);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId) { return false; }).ok());
+  sim_->SetCapturing(0, true);
+  const auto released = Calls(DriverCall::kMemRelease);
+  const auto created = Calls(DriverCall::kMemCreate);
+  auto p = alloc_->Malloc(10 * kMiB, kS1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, f);
+  EXPECT_EQ(Calls(DriverCall::kMemRelease), released);
+  EXPECT_GT(Calls(DriverCall::kMemCreate), created);
+  EXPECT_EQ(OldMappingBytes(), old_bytes);
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
+  Check();
+  sim_->SetCapturing(0, false);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  Free(*p);
+  for (DevicePtr q : live) Free(q);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(OldMappingBytes(), 0);
+  EXPECT_EQ(sim_->used_bytes(), 0u);
+}
+
 // 5. Out of memory while old mappings exist.
 TEST_F(OldMappingMovesTest, OomWithOldMappingMappingsIsClean) {
   Make("expandable_segments:True,expandable_page_mb:2", 64 * kMiB);
@@ -445,6 +479,41 @@ TEST_F(OldMappingMovesTest, OldMappingAddressMappedOverDuringCaptureWaitsForItsS
   sim_->SetCapturing(kCapture, false);
   ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
   ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+}
+
+// The same old mapping when its own stream (0 here) is the one capturing, and the request, on that
+// stream, is one its capture's pool does not take (it goes to the device's pool there): unmapping
+// the old mapping would wait for the capturing stream, ending its capture. So nothing is mapped
+// over it while the capture lasts: the request is out of memory (torch's error during a capture,
+// which frees nothing), not a failed precondition, and nothing changes; once the capture ends the
+// same request goes there.
+TEST_F(OldMappingMovesTest, OldMappingFencedOnACapturingStreamIsNotMappedOverDuringItsCapture) {
+  std::vector<DevicePtr> live;
+  DevicePtr hole = MakeOldMappingInLargeHole(200 * kMiB, 2 * kMiB, &live);
+  const std::int64_t old_bytes = OldMappingBytes();
+  ASSERT_GT(old_bytes, 0);
+  ASSERT_TRUE(alloc_->BeginAllocateToPool(kPool, [](StreamId) { return false; }).ok());
+  sim_->SetCapturing(0, true);
+  const std::int64_t reserved = Reserved();
+  const auto ssync = Calls(DriverCall::kStreamSynchronize);
+  auto p = alloc_->Malloc(202 * kMiB, 0);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+  EXPECT_EQ(OldMappingBytes(), old_bytes);
+  EXPECT_EQ(Reserved(), reserved);
+  EXPECT_EQ(Calls(DriverCall::kStreamSynchronize), ssync);
+  EXPECT_EQ(sim_->calls_during_capture_not_relaxed(), 0);
+  Check();
+  sim_->SetCapturing(0, false);
+  ASSERT_TRUE(alloc_->EndAllocateToPool(kPool).ok());
+  ASSERT_TRUE(alloc_->ReleasePool(kPool).ok());
+  DevicePtr again = Alloc(202 * kMiB);
+  EXPECT_EQ(again, hole);
+  EXPECT_EQ(OldMappingBytes(), 0);
+  Free(again);
+  for (DevicePtr q : live) Free(q);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(sim_->used_bytes(), 0u);
 }
 
 // SettleOldMappings(wait=false) queries a pending fence once per slow path, not once per entry.

@@ -208,6 +208,35 @@ TEST_F(OldMappingsTest, ClearRefusesAFenceOnAStreamThatIsCapturing) {
   ExpectValid();
 }
 
+TEST_F(OldMappingsTest, HeldByCaptureOnlyWhileTheFencesStreamCapturesAndTheFenceIsPending) {
+  // What Clear would refuse during a capture: placement asks first and leaves such entries be.
+  MapNew(0);
+  MapNew(1);
+  Move(0, 4, RecordFence());
+  Move(1, 5, RecordFence());
+  const auto all = [](const OldMapping&) { return true; };
+  const PhysicalHandle second = old_.entries()[1].handle;
+  const auto only_second = [second](const OldMapping& r) { return r.handle == second; };
+  EXPECT_FALSE(old_.HeldByCapture(&sim_, all));  // nothing captures
+  sim_.SetCapturing(kStream + 1, true);          // another stream captures
+  EXPECT_FALSE(old_.HeldByCapture(&sim_, all));
+  sim_.SetCapturing(kStream, true);
+  EXPECT_TRUE(old_.HeldByCapture(&sim_, all));
+  EXPECT_TRUE(old_.HeldByCapture(&sim_, only_second));
+  EXPECT_FALSE(old_.HeldByCapture(&sim_, [](const OldMapping&) { return false; }));
+  // Once seen complete (fence 0, kept idle), an entry needs no wait and holds nothing back.
+  EXPECT_EQ(sim_.calls_during_capture_not_relaxed(), 0);  // it asks the driver nothing
+  sim_.SetCapturing(kStream, false);
+  sim_.SetCapturing(kStream + 1, false);
+  sim_.CompleteAllEvents();
+  ASSERT_TRUE(old_.Settle(&sim_, /*wait=*/false, /*keep=*/true, nullptr, nullptr, GiveBack()).ok());
+  ASSERT_EQ(old_.entries().size(), 2u);
+  sim_.SetCapturing(kStream, true);
+  EXPECT_FALSE(old_.HeldByCapture(&sim_, all));
+  sim_.SetCapturing(kStream, false);
+  ExpectValid();
+}
+
 TEST_F(OldMappingsTest, AFailedUnmapKeepsTheEntry) {
   MapNew(0);
   Move(0, 3, RecordFence());
