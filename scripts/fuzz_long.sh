@@ -128,8 +128,10 @@ coverage() {
   echo "line coverage of allocator/core by the $TARGET corpus ($(find "$SEEDS" "$@" -type f |
     wc -l) files; llvm-cov's whole report: $dir/core.txt):"
   # llvm-cov's columns: file, regions, missed, cover, functions, missed, executed, lines,
-  # missed, cover, ...; its TOTAL counts every file linked, so the core's is summed here.
-  awk '$1 ~ /allocator\/core\/[^/]*\.cc$/ {
+  # missed, cover, ...; the core's .cc files are summed here (its TOTAL counts the headers too).
+  # The report names files below allocator/core, or by their name alone when every file shown
+  # lies in that folder (llvm-cov drops the common prefix).
+  awk '$1 ~ /^([^ ]*\/)?[^/]*\.cc$/ && $1 !~ /\/(tests|third_party)\// {
          printf "  %-44s %6s lines %6s missed %8s\n", $1, $8, $9, $10; l += $8; m += $9 }
        END { printf "  %-44s %6d lines %6d missed %7.2f%%\n", "TOTAL allocator/core", l, m,
              l ? 100 * (l - m) / l : 0 }' "$dir/core.txt"
