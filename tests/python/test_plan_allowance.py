@@ -99,8 +99,12 @@ def test_needed_bytes_round_up_and_never_fall_with_the_planned_peak():
         10**12 * round(cap.factor * 1e6) * round(cap.peak_correction * 1e6) / 1e12)
     assert cap.needed(0) == 0 and cap.needed(1) == 2  # 1.0346 bytes round up
     assert pa.allowance("vramledger", "uncapped").needed(10**6) == 1008800
-    # vramledger under a cap: 0.9933 x 1.0061 < 1, so the planned peak itself is what it needs.
-    assert pa.allowance("vramledger", "cap").needed(10**9) == 10**9
+    # vramledger under a cap: 0.9933 x 1.0074 = 1.00066, just above the planned peak.
+    assert pa.allowance("vramledger", "cap").needed(10**9) == -(-10**9 * 993300 * 1007400 // 10**12)
+    assert pa.allowance("vramledger", "cap").needed(10**9) > 10**9
+    # A product below 1 is floored at the planned peak: a size --fit returns always fits the plan.
+    low = pa.Allowance("cap", "vramledger", 1.0061, 0.9933, "test")
+    assert low.needed(10**9) == 10**9 and low.describe() == " x max(1, 0.9933 x 1.0061)"
     values = [cap.needed(n) for n in range(0, 10**7, 9973)]
     assert values == sorted(values)
 
