@@ -113,21 +113,25 @@ absl::StatusOr<RegionPauseResult> DeviceAllocatorImpl::PauseLocked(
     region->backed_up_bytes = 0;
     return s;
   }
-  // Every driver call that could fail is done: the books follow.
-  for (const Released& run : runs) out.released_bytes += ReleaseUnmappedRun(run);
-  out.handles = runs.size();
-  // Pages an earlier pause lost (its map-back failed) come back with this resume too.
+  // Pages an earlier pause lost (its map-back failed) come back with this resume too, those
+  // still unmapped: read before the books release this pause's runs, since a lost page mapped
+  // again since (a block placed over it) is one of those runs and comes back once, as such.
+  std::vector<Released> lost_runs;
   for (const Released& lost : std::exchange(region->lost, {})) {
     for (std::size_t i = lost.first_page; i < lost.first_page + lost.pages; ++i) {
       if (lost.segment->pages[i] != 0) continue;
-      if (!runs.empty() && runs.back().segment == lost.segment &&
-          runs.back().first_page + runs.back().pages == i && runs.back().lost) {
-        ++runs.back().pages;
+      if (!lost_runs.empty() && lost_runs.back().segment == lost.segment &&
+          lost_runs.back().first_page + lost_runs.back().pages == i) {
+        ++lost_runs.back().pages;
       } else {
-        runs.push_back({lost.segment, i, 1, /*lost=*/true});
+        lost_runs.push_back({lost.segment, i, 1, /*lost=*/true});
       }
     }
   }
+  // Every driver call that could fail is done: the books follow.
+  for (const Released& run : runs) out.released_bytes += ReleaseUnmappedRun(run);
+  out.handles = runs.size();
+  runs.insert(runs.end(), lost_runs.begin(), lost_runs.end());
   WithdrawStats(region, segments);
   for (BlockPool* pool : RegionPools(*region)) pool->paused = true;
   region->paused = true;

@@ -210,6 +210,34 @@ TEST_F(RegionHandlesTest, ABlockOverALostPageIsActiveBeyondTheReservedBytes) {
   EXPECT_EQ(Reserved(), 0);
 }
 
+// A lost page mapped again (its block freed, a new block placed over it) is an ordinary page of
+// the next pause: that pause releases it once, and the resume maps it once. Counting it as lost
+// too made the resume map two handles at its address (the second refused: "overlaps").
+TEST_F(RegionHandlesTest, ALostPageMappedAgainComesBackOnceWithTheNextResume) {
+  for (int i : {1, 2, 6, 7, 8, 9}) Free(blocks_[i]);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  sim_->FailCall(DriverCall::kMemUnmap, 1, absl::InternalError("cuMemUnmap: injected"));
+  sim_->FailCall(DriverCall::kMemMap, 0, absl::InternalError("cuMemMap: injected"));
+  sim_->FailCall(DriverCall::kMemCreate, 0, absl::InternalError("cuMemCreate: injected"));
+  ASSERT_FALSE(alloc_->PauseRegion("train", RegionBackup::kNone).ok());
+  ASSERT_EQ(Info("train").lost_bytes, 2 * kMiB);
+  Free(blocks_[0]);  // the block over the lost page
+  Begin("train");
+  const DevicePtr again = Alloc(3 * kMiB);  // placed over the lost page: mapped again
+  End("train");
+  Check();
+  EXPECT_EQ(Info("train").lost_bytes, 0u);
+  EXPECT_EQ(Info("train").mapped_bytes, 4 * kMiB);
+  Pause("train", RegionBackup::kNone);
+  EXPECT_EQ(Info("train").paused_bytes, 4 * kMiB);
+  Resume("train");
+  EXPECT_EQ(Info("train").mapped_bytes, 4 * kMiB);
+  EXPECT_EQ(sim_->mapped_bytes(), 4 * kMiB);
+  Free(again);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
 TEST_F(RegionHandlesTest, AHandleAFailedResumeCannotUnmapIsHeldAndReleasedByTheNextResume) {
   Pause("train", RegionBackup::kCpu);
   const std::string region = DescribeRegion();
