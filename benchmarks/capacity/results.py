@@ -1,7 +1,9 @@
 """The capacity benchmark's trial records: one JSON file, merged from earlier runs' files, written
 again after every trial so a run cut short keeps what it measured. The file holds the searches'
 trials under "trials" and the repeated step-time comparison's runs under "step_rounds" (each with
-its round; files without that list have none)."""
+its round; files without that list have none). Records set aside by hand (a build's trials measured
+again with a later one) go under "superseded" ({"note": ..., "trials": [...], "step_rounds":
+[...]}): the searches do not read them, and every save keeps them."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class Results:
         self.path = path
         self.records: dict[str, dict] = {}
         self.rounds: dict[str, dict] = {}
+        self.superseded: dict = {}
 
     def load(self, paths: Iterable[str]) -> int:
         """Merges the records of earlier runs' files; returns how many search trials it read
@@ -42,6 +45,11 @@ class Results:
                 raise ValueError(f"{p}: not a capacity results file (no \"trials\" list)")
             if not isinstance(doc.get("step_rounds", []), list):
                 raise ValueError(f"{p}: \"step_rounds\" is not a list")
+            aside = doc.get("superseded", {})
+            if not isinstance(aside, dict) or not all(
+                    isinstance(aside.get(f, []), list) for f in ("trials", "step_rounds")):
+                raise ValueError(f"{p}: \"superseded\" is not an object with \"trials\" and "
+                                 "\"step_rounds\" lists")
             for r in doc["trials"]:
                 self.records[key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
                                  r["size"])] = r
@@ -49,6 +57,12 @@ class Results:
             for r in doc.get("step_rounds", []):
                 self.rounds[round_key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
                                       r["size"], r["round"])] = r
+            for field, value in aside.items():
+                if isinstance(value, list):
+                    kept = self.superseded.setdefault(field, [])
+                    kept.extend(r for r in value if r not in kept)
+                else:
+                    self.superseded[field] = value
         return n
 
     def add(self, record: dict) -> None:
@@ -74,6 +88,8 @@ class Results:
         doc = {"trials": list(self.records.values())}
         if self.rounds:
             doc["step_rounds"] = list(self.rounds.values())
+        if self.superseded:
+            doc["superseded"] = self.superseded
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")

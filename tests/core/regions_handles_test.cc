@@ -6,6 +6,7 @@
 // match the card; EndRegion after the pool's entry
 // was ended elsewhere leaves both books agreeing.
 #include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
 #include "regions_fixture.h"
 
 namespace vramledger {
@@ -234,6 +235,45 @@ TEST_F(RegionHandlesTest, ALostPageMappedAgainComesBackOnceWithTheNextResume) {
   EXPECT_EQ(Info("train").mapped_bytes, 4 * kMiB);
   EXPECT_EQ(sim_->mapped_bytes(), 4 * kMiB);
   Free(again);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  EXPECT_EQ(Reserved(), 0);
+}
+
+// A lost page stays unmapped under its live block, so growth after the failed pause may take
+// the memory it had; the region's next pause then releases more than the cap holds. Its resume
+// is refused as out of memory, naming the bytes and the cap, with nothing changed, even once
+// every block is freed (a resume maps every page its pause released); it runs when room is made.
+TEST_F(RegionHandlesTest, AResumePastTheCapAfterLostPagesWereRefilledIsRefusedWithNothingChanged) {
+  for (int i : {1, 2, 6, 7, 8, 9}) Free(blocks_[i]);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  sim_->FailCall(DriverCall::kMemUnmap, 1, absl::InternalError("cuMemUnmap: injected"));
+  sim_->FailCall(DriverCall::kMemMap, 0, absl::InternalError("cuMemMap: injected"));
+  sim_->FailCall(DriverCall::kMemCreate, 0, absl::InternalError("cuMemCreate: injected"));
+  ASSERT_FALSE(alloc_->PauseRegion("train", RegionBackup::kNone).ok());
+  ASSERT_EQ(Info("train").lost_bytes, 2 * kMiB);
+  ASSERT_EQ(Reserved(), static_cast<std::int64_t>(2 * kMiB));
+  // A cap of 6 MiB (3 x 2^-15 of the 64 GiB card, exact in binary); the new block takes it all.
+  ASSERT_TRUE(alloc_->SetMemoryFraction(3.0 / 32768).ok());
+  const DevicePtr more = AllocIn("train", 4 * kMiB);  // [3, 7) MiB: pages 2 and 3
+  ASSERT_EQ(Reserved(), static_cast<std::int64_t>(6 * kMiB));
+  Pause("train", RegionBackup::kNone);
+  EXPECT_EQ(Info("train").paused_bytes, 8 * kMiB);
+  Free(blocks_[0]);
+  Free(more);
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  const std::string before = Describe();
+  auto r = alloc_->ResumeRegion("train", false);
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr("resume of region 'train' needs 8.00 MiB"));
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("cap of 6.00 MiB"));
+  Check();
+  EXPECT_EQ(Describe(), before);
+  EXPECT_TRUE(Info("train").paused);
+  ASSERT_TRUE(alloc_->SetMemoryFraction(1.0).ok());
+  Resume("train");
+  EXPECT_EQ(Info("train").lost_bytes, 0u);
+  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(8 * kMiB));
   ASSERT_TRUE(alloc_->EmptyCache().ok());
   EXPECT_EQ(Reserved(), 0);
 }

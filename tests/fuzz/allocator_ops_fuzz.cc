@@ -224,13 +224,21 @@ class Run {
     }
     // A paused region keeps its virtual ranges until it runs again: resumed (its free pages
     // only, nothing is live), then emptied. A resume asks for every page the pause released, as
-    // any growth of reserved memory: with the fraction lifted, each region alone fits on the
-    // card (it did before its pause), so each resume comes after every other byte is released.
+    // any growth of reserved memory: with the fraction lifted, a region alone fits on the card
+    // (it did before its pause), so each resume comes after every other byte is released. The
+    // one exception: pages a failed pause lost stay unmapped under their blocks, later growth
+    // may take the memory they had, and the region's next pause then releases more than the
+    // card holds. Its resume is refused as out of memory with nothing changed (regions.md,
+    // "Resume"); the region stays paused and its addresses go with the allocator.
     Check(alloc_->SetMemoryFraction(1.0).ok(), "fraction at finish");
     sim_->CompleteAllEvents();
     Check(alloc_->EmptyCache().ok(), "empty_cache before the resumes at finish");
     for (const char* region : kRegions) {
       const auto r = alloc_->ResumeRegion(region, /*keep_host_buffers=*/false);
+      if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted &&
+          PausedBytes(region) > sim_capacity()) {
+        continue;
+      }
       Check(r.ok() || r.status().code() == absl::StatusCode::kNotFound,
             absl::StrCat("resume of region ", region, " at finish: ", r.status().ToString()));
       model_->SetPaused(region, false);
@@ -483,6 +491,12 @@ class Run {
     }
   }
   std::size_t sim_capacity() const { return capacity_; }
+  std::size_t PausedBytes(const char* region) const {
+    for (const RegionInfo& r : alloc_->Regions()) {
+      if (r.name == region) return r.paused_bytes;
+    }
+    return 0;
+  }
 
   const std::size_t capacity_;
   std::unique_ptr<SimBackend> sim_;

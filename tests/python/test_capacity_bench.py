@@ -201,6 +201,24 @@ def test_resume_continues_without_repeating_a_trial(tmp_path):
         assert table.measured(resumed, w, a, c, d, 64) == limit
 
 
+def test_records_set_aside_are_kept_by_every_save_and_not_searched(tmp_path):
+    path = tmp_path / "r.json"
+    old = {"workload": "gpt2m", "allocator": "vramledger", "cap_gib": 24.0, "dim": "batch",
+           "size": 8, "fits": True, "library": "older"}
+    aside = {"note": "measured again with a later build", "trials": [old], "step_rounds": []}
+    path.write_text(json.dumps({"trials": [], "superseded": aside}))
+    results = Results(str(tmp_path / "out.json"))
+    assert results.load([str(path), str(path)]) == 0
+    assert results.known("gpt2m", "vramledger", 24.0, "batch") == {}
+    results.add({**old, "fits": False, "library": "newer"})
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["superseded"] == aside
+    assert [r["library"] for r in doc["trials"]] == ["newer"]
+    path.write_text(json.dumps({"trials": [], "superseded": [old]}))
+    with pytest.raises(ValueError, match='"superseded" is not an object'):
+        Results().load([str(path)])
+
+
 def test_nothing_fits_and_fits_at_every_size_tried(tmp_path):
     limits = {("llama1b", a, 24.0, "batch"): 0 for a in ALLOCS}
     limits[("llama1b", "vramledger", 24.0, "batch")] = 10 ** 9  # above any size tried
