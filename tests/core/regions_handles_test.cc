@@ -38,6 +38,17 @@ class RegionHandlesTest : public RegionsTest {
     std::string d = Describe();
     return d.substr(0, d.find('\n'));
   }
+  // Only block 0 ([0, 3) MiB, pages 0-1) left live; then a pause whose second unmap, its
+  // map-back and a new handle all fail: one page under block 0 is lost.
+  void LoseAPageUnderBlockZero() {
+    for (int i : {1, 2, 6, 7, 8, 9}) Free(blocks_[i]);
+    ASSERT_TRUE(alloc_->EmptyCache().ok());
+    sim_->FailCall(DriverCall::kMemUnmap, 1, absl::InternalError("cuMemUnmap: injected"));
+    sim_->FailCall(DriverCall::kMemMap, 0, absl::InternalError("cuMemMap: injected"));
+    sim_->FailCall(DriverCall::kMemCreate, 0, absl::InternalError("cuMemCreate: injected"));
+    ASSERT_FALSE(alloc_->PauseRegion("train", RegionBackup::kNone).ok());
+    ASSERT_EQ(Info("train").lost_bytes, 2 * kMiB);
+  }
   std::vector<DevicePtr> blocks_;
 };
 
@@ -215,13 +226,7 @@ TEST_F(RegionHandlesTest, ABlockOverALostPageIsActiveBeyondTheReservedBytes) {
 // the next pause: that pause releases it once, and the resume maps it once. Counting it as lost
 // too made the resume map two handles at its address (the second refused: "overlaps").
 TEST_F(RegionHandlesTest, ALostPageMappedAgainComesBackOnceWithTheNextResume) {
-  for (int i : {1, 2, 6, 7, 8, 9}) Free(blocks_[i]);
-  ASSERT_TRUE(alloc_->EmptyCache().ok());
-  sim_->FailCall(DriverCall::kMemUnmap, 1, absl::InternalError("cuMemUnmap: injected"));
-  sim_->FailCall(DriverCall::kMemMap, 0, absl::InternalError("cuMemMap: injected"));
-  sim_->FailCall(DriverCall::kMemCreate, 0, absl::InternalError("cuMemCreate: injected"));
-  ASSERT_FALSE(alloc_->PauseRegion("train", RegionBackup::kNone).ok());
-  ASSERT_EQ(Info("train").lost_bytes, 2 * kMiB);
+  ASSERT_NO_FATAL_FAILURE(LoseAPageUnderBlockZero());
   Free(blocks_[0]);  // the block over the lost page
   Begin("train");
   const DevicePtr again = Alloc(3 * kMiB);  // placed over the lost page: mapped again
@@ -244,13 +249,7 @@ TEST_F(RegionHandlesTest, ALostPageMappedAgainComesBackOnceWithTheNextResume) {
 // is refused as out of memory, naming the bytes and the cap, with nothing changed, even once
 // every block is freed (a resume maps every page its pause released); it runs when room is made.
 TEST_F(RegionHandlesTest, AResumePastTheCapAfterLostPagesWereRefilledIsRefusedWithNothingChanged) {
-  for (int i : {1, 2, 6, 7, 8, 9}) Free(blocks_[i]);
-  ASSERT_TRUE(alloc_->EmptyCache().ok());
-  sim_->FailCall(DriverCall::kMemUnmap, 1, absl::InternalError("cuMemUnmap: injected"));
-  sim_->FailCall(DriverCall::kMemMap, 0, absl::InternalError("cuMemMap: injected"));
-  sim_->FailCall(DriverCall::kMemCreate, 0, absl::InternalError("cuMemCreate: injected"));
-  ASSERT_FALSE(alloc_->PauseRegion("train", RegionBackup::kNone).ok());
-  ASSERT_EQ(Info("train").lost_bytes, 2 * kMiB);
+  ASSERT_NO_FATAL_FAILURE(LoseAPageUnderBlockZero());
   ASSERT_EQ(Reserved(), static_cast<std::int64_t>(2 * kMiB));
   // A cap of 6 MiB (3 x 2^-15 of the 64 GiB card, exact in binary); the new block takes it all.
   ASSERT_TRUE(alloc_->SetMemoryFraction(3.0 / 32768).ok());
