@@ -23,7 +23,9 @@ The figures, per row:
   5-14% gaps the comparison has to resolve on these machines.
 - each allocator's device allocations, frees, all-stream synchronizations and alloc retries per
   steady step, summed over its runs (trial.py's per-step counters; records written before those
-  were recorded show "-").
+  were recorded show "-"), and vramledger's driver time and waits (cudaEventSynchronize,
+  cudaStreamSynchronize) with their time per steady step (trial.py; "-" for torch's allocators
+  and older records).
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
     docstring says what each figure is)."""
     lines = ["| workload | cap GiB | dimension | size | allocator | rounds fit | steady step s "
              "by round | median steady step s | device allocs / frees / syncs / retries per "
-             "steady step | vramledger / this (90% interval) | verdict |",
-             "|---" * 11 + "|"]
+             "steady step | vramledger / this (90% interval) | verdict | "
+             f"{table.LEDGER_COLUMN} |",
+             "|---" * 12 + "|"]
     for workload, cap, dim in rows:
         size = table.common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
         runs = {a: {r["round"]: r for r in results.rounds.values()
@@ -148,7 +151,7 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
                          f"{table.NAMES[a]} | {len(mine)} of {len(runs[a])} | {by_round or '-'} "
                          f"| {median} | {table.counters(list(runs[a].values()))} | {ratio} | "
-                         f"{says} |")
+                         f"{says} | {table.ledger(list(runs[a].values()))} |")
     if len(lines) == 2:
         return "No step rounds recorded at a size all three allocators fit."
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from benchmarks.capacity import search
-from benchmarks.capacity.trial import STEP_COUNTERS
+from benchmarks.capacity.trial import STEP_COUNTERS, VRAMLEDGER_FIGURES
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import WORKLOADS, size_grid
 
@@ -16,6 +16,8 @@ NAMES = {"torch": "torch native", "torch-expandable": "torch expandable",
 WARM_STEPS = 2  # a trial's steps before its steady ones (the first two fill the cache)
 # trial.py's per-step counters, in the order the tables give them.
 COUNTERS = tuple(STEP_COUNTERS)
+# The column of vramledger's own per-step figures (trial.py; "-" for torch's allocators).
+LEDGER_COLUMN = "vramledger driver ms / waits / wait ms per steady step"
 
 
 def state(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,
@@ -142,20 +144,22 @@ def retries_table(results: Results, rows: Iterable[tuple[str, float, str]],
                   seq_step: int) -> str:
     """At the largest size all three allocators fit: each one's alloc retries per step, its
     median step time (the trial's six steps) and, where the record has them, its device allocs,
-    frees, all-stream syncs and retries per steady step."""
+    frees, all-stream syncs and retries per steady step, and vramledger's driver time and waits
+    per steady step."""
     lines = ["| workload | cap GiB | dimension | size all three fit | allocator | retries per step "
-             "| median step s | device allocs / frees / syncs / retries per steady step |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| median step s | device allocs / frees / syncs / retries per steady step | "
+             f"{LEDGER_COLUMN} |",
+             "|---" * 9 + "|"]
     for workload, cap, dim in rows:
         size = common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
         for a in ALLOCATOR_ORDER:
             r = results.get(workload, a, cap, dim, size) if size else None
             if r is None or not r.get("fits"):
-                figures = "- | - | -"
+                figures = "- | - | - | -"
             else:
                 steps = r.get("steps") or len(r["step_s"])
                 figures = (f"{r['retries'] / steps:.2f} | "
-                           f"{r['median_step_s']:.3f} | {counters([r])}")
+                           f"{r['median_step_s']:.3f} | {counters([r])} | {ledger([r])}")
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | "
                          f"{size if size else '-'} | {NAMES[a]} | {figures} |")
     return "\n".join(lines)
@@ -164,10 +168,21 @@ def retries_table(results: Results, rows: Iterable[tuple[str, float, str]],
 def counters(runs: list[dict]) -> str:
     """Per steady step over the fitting `runs` that have the per-step counters: device allocs /
     frees / syncs / retries; "-" when none has them."""
-    have = [r for r in runs if r.get("fits") and len(r.get(COUNTERS[0]) or ()) > WARM_STEPS
-            and all(isinstance(r.get(c), list) for c in COUNTERS)]
+    return _per_steady_step(runs, COUNTERS)
+
+
+def ledger(runs: list[dict]) -> str:
+    """Per steady step over the fitting `runs` that have vramledger's own figures: driver ms,
+    waits and their ms; "-" when none has them (torch's allocators, records written before they
+    were kept)."""
+    return _per_steady_step(runs, VRAMLEDGER_FIGURES)
+
+
+def _per_steady_step(runs: list[dict], fields: tuple[str, ...]) -> str:
+    have = [r for r in runs if r.get("fits") and len(r.get(fields[0]) or ()) > WARM_STEPS
+            and all(isinstance(r.get(f), list) for f in fields)]
     if not have:
         return "-"
-    steps = sum(len(r[COUNTERS[0]]) - WARM_STEPS for r in have)
-    return " / ".join(f"{sum(sum(r[c][WARM_STEPS:]) for r in have) / steps:.2f}"
-                      for c in COUNTERS)
+    steps = sum(len(r[fields[0]]) - WARM_STEPS for r in have)
+    return " / ".join(f"{sum(sum(r[f][WARM_STEPS:]) for r in have) / steps:.2f}"
+                      for f in fields)

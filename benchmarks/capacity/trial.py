@@ -11,6 +11,15 @@ not handles created), `step_sync_all_streams` (waits on every stream's pending f
 retry or a release) and `step_alloc_retries`; a slow step that obtained, released or waited shows
 there. Records written before these fields were recorded lack them.
 
+Under vramledger the record also holds, per step, what its own ledger of driver calls changed
+by (vramledger.fragmentation(); absent under torch's allocators and from earlier records):
+`step_driver_ms`, the time of every CUDA driver and runtime call it made; `step_waits` and
+`step_wait_ms`, its cudaEventSynchronize and cudaStreamSynchronize calls and their time, the
+waits that stop the host from running ahead of the GPU (a page move over an old mapping whose
+fence the GPU has not reached, a release before a retry). A step slow under vramledger alone
+shows there whether the time went to its driver calls or its waits. (Its host time in malloc and
+free needs the `host_timing` option, off in the default policy the trial measures.)
+
   python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ   (from the repo root)
 prints one line `RESULT_JSON {...}`. run_trial() starts that process and reads the line.
 """
@@ -34,6 +43,18 @@ ALLOCATORS = ("torch", "torch-expandable", "vramledger")
 STEP_COUNTERS = {"step_device_alloc": "num_device_alloc", "step_device_free": "num_device_free",
                  "step_sync_all_streams": "num_sync_all_streams",
                  "step_alloc_retries": "num_alloc_retries"}
+# vramledger's per-step figures (VRAMLEDGER_FIGURES, each a change of vramledger_totals()).
+VRAMLEDGER_FIGURES = ("step_driver_ms", "step_waits", "step_wait_ms")
+WAIT_CALLS = ("cudaEventSynchronize", "cudaStreamSynchronize")
+
+
+def vramledger_totals(frag: dict) -> dict[str, float]:
+    """The running totals behind VRAMLEDGER_FIGURES in a vramledger.fragmentation() dict: driver
+    time (ms), and the waits' count and time (ms)."""
+    calls = frag["driver_calls"]
+    return {"step_driver_ms": frag["driver_time_us_total"] / 1e3,
+            "step_waits": sum(calls[c]["count"] for c in WAIT_CALLS),
+            "step_wait_ms": sum(calls[c]["time_us"] for c in WAIT_CALLS) / 1e3}
 
 
 def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -> dict:
@@ -51,6 +72,9 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
            "error": None, "step_s": [], "losses": [], **{f: [] for f in STEP_COUNTERS}}
+    ledger = mem.fragmentation if allocator == "vramledger" else None
+    if ledger:
+        out.update({f: [] for f in VRAMLEDGER_FIGURES})
     try:
         model, opt = workloads.build(torch, w)
         # What the model holds besides what the planner counts shows here (a causal-mask buffer
@@ -61,6 +85,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
         for length in workloads.lengths(seq):
             torch.cuda.synchronize()
             before = mem.memory_stats()  # outside the timed span
+            totals = vramledger_totals(ledger()) if ledger else {}
             t0 = time.perf_counter()
             out["losses"].append(workloads.train_step(torch, model, opt, vocab, batch, length))
             torch.cuda.synchronize()
@@ -68,6 +93,9 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
             after = mem.memory_stats()
             for field, stat in STEP_COUNTERS.items():
                 out[field].append(after.get(stat, 0) - before.get(stat, 0))
+            if ledger:
+                for field, total in vramledger_totals(ledger()).items():
+                    out[field].append(total - totals[field])
     except torch.OutOfMemoryError as e:
         out.update(oom=True, error=str(e)[:400])
     except RuntimeError as e:  # an out-of-memory error raised outside the allocator (cuBLAS)

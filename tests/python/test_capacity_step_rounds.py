@@ -36,7 +36,7 @@ def searched(path=None) -> Results:
 class RoundRuns:
     """Stands in for the rounds' runs: the n-th run of an allocator has steady steps of
     `steady[allocator][n]` s (None: it runs out of memory) after two warm steps of 9 s, and the
-    per-step counters when `counters` is set."""
+    per-step counters (and vramledger's own per-step figures) when `counters` is set."""
 
     def __init__(self, steady, counters=True, trial_s=20.0):
         self.steady, self.counters, self.trial_s = steady, counters, trial_s
@@ -56,6 +56,10 @@ class RoundRuns:
             i = ALLOCATOR_ORDER.index(allocator)
             r.update(step_device_alloc=[i] * 6, step_device_free=[1, 1, 0, 0, 0, 0],
                      step_sync_all_streams=[0, 0, 0, 0, 0, i], step_alloc_retries=[0] * 6)
+            if allocator == "vramledger":  # its n-th run: 2n waits of 1.5 ms in the last step
+                r.update(step_driver_ms=[45.0, 35.0, 1.0, 1.0, 2.0, 4.0],
+                         step_waits=[0, 0, 0, 0, 0, 2 * n],
+                         step_wait_ms=[0.0, 0.0, 0.0, 0.0, 0.0, 3.0 * n])
         return r
 
 
@@ -163,11 +167,15 @@ def test_the_rounds_table_with_the_per_step_counters():
     assert vl[5:9] == ["2 of 3", "0.490 0.530 -", "0.510", "2.00 / 0.00 / 0.50 / 0.00"]
     assert expandable[8] == "1.00 / 0.00 / 0.25 / 0.00"
     gm, low, high = step_rounds.interval([0.49 / 0.50, 0.53 / 0.52])
-    assert torch[9:] == [f"{gm:.3f} ({low:.3f} - {high:.3f}) over 2 rounds", "not above"]
+    assert torch[9:11] == [f"{gm:.3f} ({low:.3f} - {high:.3f}) over 2 rounds", "not above"]
     assert expandable[9:11] == [
         "{:.3f} ({:.3f} - {:.3f}) over 2 rounds".format(
             *step_rounds.interval([0.49 / 0.40, 0.53 / 0.41])), "above"]
     assert vl[9:11] == ["-", "-"]
+    # vramledger's own figures over its two fitting runs' 8 steady steps (runs 0 and 1: 0 and 2
+    # waits); torch's allocators have none.
+    assert vl[11] == "2.00 / 0.25 / 0.38"
+    assert torch[11] == expandable[11] == "-"
 
 
 def test_the_tables_on_records_without_the_per_step_counters(tmp_path, capsys):
@@ -176,7 +184,8 @@ def test_the_tables_on_records_without_the_per_step_counters(tmp_path, capsys):
     run_rounds(results, RoundRuns({a: [0.5, 0.6] for a in ALLOCATOR_ORDER}, counters=False), 1)
     rows = row_cells(step_rounds.rounds_table(results, [ROW], 64))
     assert rows["vramledger"][5:9] == ["1 of 1", "0.500", "0.500", "-"]
-    assert rows["torch native"][9:] == ["1.000 over 1 round", "too few rounds"]
+    assert rows["vramledger"][11] == "-"
+    assert rows["torch native"][9:] == ["1.000 over 1 round", "too few rounds", "-"]
     retries = table.retries_table(results, [ROW], 64)  # the searches' records lack them too
     assert "| GPT-2-medium | 24 | batch | 4 | vramledger | 0.00 | 0.500 | - |" in retries
     # The command line prints both, the rounds' after the retries'; a row without rounds says so.
@@ -194,8 +203,13 @@ def test_the_retries_table_gives_a_search_records_per_step_counters():
     record = results.get(*ROW[:1], "vramledger", *ROW[1:], 4)
     record.update(step_device_alloc=[3, 1, 2, 0, 0, 0], step_device_free=[0, 0, 1, 1, 0, 0],
                   step_sync_all_streams=[0] * 6, step_alloc_retries=[0, 0, 0, 0, 0, 2])
-    assert ("| vramledger | 0.00 | 0.500 | 0.50 / 0.50 / 0.00 / 0.50 |"
+    assert ("| vramledger | 0.00 | 0.500 | 0.50 / 0.50 / 0.00 / 0.50 | - |"
             in table.retries_table(results, [ROW], 64))
+    record.update(step_driver_ms=[8.0, 8.0, 0, 0, 0, 4], step_waits=[0, 0, 0, 0, 0, 1],
+                  step_wait_ms=[0, 0, 0, 0, 0, 2.5])
+    assert ("| vramledger | 0.00 | 0.500 | 0.50 / 0.50 / 0.00 / 0.50 | 1.00 / 0.25 / 0.62 |"
+            in table.retries_table(results, [ROW], 64))
+    assert "| torch native | 0.00 | 0.500 | - | - |" in table.retries_table(results, [ROW], 64)
 
 
 def test_bad_step_rounds_is_an_error(capsys):

@@ -306,3 +306,27 @@ def test_benchmarks_read_the_host_time_the_plugin_reports():
     assert before == 0
     assert after == pytest.approx(host["malloc"]["time_us"] + host["free"]["time_us"])
     assert after > 0 and host["malloc"]["count"] == 1 and host["free"]["count"] == 1
+
+
+@needs_plugin
+def test_the_capacity_trial_reads_the_driver_time_and_waits_the_plugin_reports():
+    """benchmarks/capacity/trial.vramledger_totals, which each trial differences per step, reads
+    fragmentation()'s driver calls: here against the simulated device, whose empty_cache waits on
+    the stream before it unmaps (a cudaStreamSynchronize)."""
+    (before, after, frag) = run(f"""
+        sys.path.insert(0, {os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))!r})
+        from benchmarks.capacity.trial import vramledger_totals
+        print(json.dumps(vramledger_totals(vramledger.fragmentation(0))))
+        free(alloc(8 * MiB), 8 * MiB)
+        _plugin.empty_cache(0)
+        print(json.dumps(vramledger_totals(vramledger.fragmentation(0))))
+        print(json.dumps(vramledger.fragmentation(0)))
+    """)
+    assert before == {"step_driver_ms": 0, "step_waits": 0, "step_wait_ms": 0}
+    calls = frag["driver_calls"]
+    waits = calls["cudaEventSynchronize"]["count"] + calls["cudaStreamSynchronize"]["count"]
+    assert after["step_waits"] == waits >= 1
+    assert after["step_wait_ms"] == pytest.approx(
+        (calls["cudaEventSynchronize"]["time_us"] + calls["cudaStreamSynchronize"]["time_us"]) / 1e3)
+    assert after["step_driver_ms"] == pytest.approx(frag["driver_time_us_total"] / 1e3)
+    assert after["step_driver_ms"] > after["step_wait_ms"]  # the maps and unmaps besides
