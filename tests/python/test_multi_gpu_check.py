@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -234,3 +235,59 @@ def test_nccl_row_says_when_nccl_logged_no_registration_at_all():
                          {0: silent}, {0: silent}, world=1)
     assert row["verdict"] == "PASS"
     assert "NCCL's log has no registration line" in row["native"]
+
+
+def timed_rank(rank, steady_s, maps=(30, 20, 4, 0, 2), vl=False):
+    """A rank's result with step counters: two warm steps, then steady ones."""
+    r = {"rank": rank, "steady_median_step_s": steady_s, "device_alloc": list(maps),
+         "device_free": [0, 5, 1, 1, 0]}
+    if vl:
+        r.update(step_driver_ms=[40.0, 9.0, 1.0, 2.0, 3.0], step_waits=[0, 1, 0, 0, 1],
+                 step_wait_ms=[0.0, 4.0, 0.0, 0.0, 1.5], page_moves=[0, 3, 6, 0, 0])
+    return r
+
+
+def test_fsdp_time_row_compares_the_rounds_and_gives_the_counters_per_steady_step():
+    native = [{r: timed_rank(r, t) for r in range(2)} for t in (0.30, 0.32, 0.31)]
+    vl = [{0: timed_rank(0, t, vl=True), 1: timed_rank(1, t + 0.02, vl=True)}
+          for t in (0.29, 0.33, 0.30)]
+    row = table.fsdp_time_row(native, vl, world=2, failed=[], left=[])
+    assert row["check"] == "FSDP2 step time, 3 round(s), alternating order"
+    assert row["verdict"] == "PASS"
+    # Two ranks: the median over ranks is the upper one; steady steps are the last three.
+    assert row["native"] == ("steady step ms by round 300.0 320.0 310.0, median 310.0; per steady "
+                             "step 2.00 / 0.67 (maps / unmaps)")
+    ratios = [0.31 / 0.30, 0.35 / 0.32, 0.32 / 0.31]
+    gm = math.exp(sum(map(math.log, ratios)) / 3)
+    assert row["vramledger"] == (
+        "steady step ms by round 310.0 350.0 320.0, median 320.0; per steady step 2.00 / 0.67 / "
+        "2.00 / 0.33 / 0.50 / 2.00 (maps / unmaps / driver ms / waits / wait ms / page moves); "
+        f"vramledger / native {gm:.3f} ({min(ratios):.3f}-{max(ratios):.3f} over 3 round(s))")
+
+
+def test_fsdp_time_row_fails_on_a_failed_run_or_a_missing_rank_and_names_what_the_budget_left():
+    native = [{0: timed_rank(0, 0.3)}, {0: timed_rank(0, 0.3)}]
+    vl = [{0: timed_rank(0, 0.3, vl=True)}, {}]
+    row = table.fsdp_time_row(native, vl, 1, ["vramledger round 1: exit 1 (log x)"],
+                              ["native round 2", "vramledger round 2"])
+    assert row["verdict"] == ("FAIL: vramledger round 1: exit 1 (log x); vramledger round 1: 0 of "
+                              "1 ranks with a result")
+    assert row["vramledger"].startswith("steady step ms by round 300.0 -, median 300.0")
+    assert "over 1 round(s)" in row["vramledger"]
+    ok = table.fsdp_time_row(native[:1], vl[:1], 1, [], ["native round 1", "vramledger round 1"])
+    assert ok["verdict"] == "PASS (not run, budget: native round 1, vramledger round 1)"
+    # Results without the counters (written before they were kept): the times alone.
+    bare = [{0: {"rank": 0, "steady_median_step_s": 0.25}}]
+    assert table.fsdp_time_row(bare, bare, 1, [], [])["native"] == (
+        "steady step ms by round 250.0, median 250.0")
+
+
+def test_run_alternates_the_order_of_the_fsdp_rounds_and_refuses_zero_rounds():
+    spec = importlib.util.spec_from_file_location("multi_gpu_run", HERE / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    assert [run.round_order(r) for r in range(3)] == [
+        ("native", "vramledger"), ("vramledger", "native"), ("native", "vramledger")]
+    proc = subprocess.run([sys.executable, str(HERE / "run.py"), "--out", "x", "--fsdp-rounds",
+                           "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--fsdp-rounds >= 1" in proc.stderr

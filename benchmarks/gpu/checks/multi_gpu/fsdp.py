@@ -10,8 +10,13 @@ step_log=OUT/steps, and vramledger.step() ends each step, so each rank writes it
 
   torchrun --nproc-per-node N fsdp.py --allocator native|vramledger --out DIR [--steps 10]
 
-Each rank writes DIR/rank<R>.json: losses, step times, median step time, peak allocated and
-peak reserved bytes (torch.cuda.memory_stats, over the whole run) and their ratio.
+Each rank writes DIR/rank<R>.json: losses, step times, median step time and the median of the
+steady steps (those after the first WARM_STEPS, which fill the cache), peak allocated and peak
+reserved bytes (torch.cuda.memory_stats, over the whole run) and their ratio, and per step what
+the allocator's counters changed by, outside the timed span: `device_alloc` / `device_free`
+(num_device_alloc / num_device_free: cudaMalloc / cudaFree, or maps and unmaps of pages) and,
+under vramledger, its driver time and waits (benchmarks/capacity/trial.vramledger_totals:
+`step_driver_ms`, `step_waits`, `step_wait_ms`) and `page_moves`.
 """
 
 from __future__ import annotations
@@ -21,7 +26,25 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+sys.path.insert(0, ROOT)
+from benchmarks.capacity.trial import vramledger_totals  # noqa: E402
+
+WARM_STEPS = 2
+
+
+def counters(torch, vramledger) -> dict[str, float]:
+    """The running totals whose change over a step the rank records."""
+    stats = torch.cuda.memory_stats()
+    out = {"device_alloc": stats.get("num_device_alloc", 0),
+           "device_free": stats.get("num_device_free", 0)}
+    if vramledger is not None:
+        frag = vramledger.fragmentation()
+        out.update(vramledger_totals(frag), page_moves=frag["page_moves"])
+    return out
 
 
 def main() -> None:
@@ -32,6 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
+    vramledger = None
     if args.allocator == "vramledger":
         import vramledger
         vramledger.install(step_log=os.path.join(args.out, "steps"))
@@ -55,10 +79,12 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(1000 + rank)
     random.seed(0)
     losses, times = [], []
+    per_step: dict[str, list[float]] = {}
     for _ in range(args.steps):
         seq = random.randint(128, 1024)
         ids = torch.randint(0, cfg.vocab_size, (4, seq), device="cuda", generator=gen)
         torch.cuda.synchronize()
+        before = counters(torch, vramledger)
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
@@ -69,17 +95,20 @@ def main() -> None:
         dist.all_reduce(mean)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        for key, total in counters(torch, vramledger).items():
+            per_step.setdefault(key, []).append(total - before[key])
         losses.append(float(mean) / world)
-        if args.allocator == "vramledger":
+        if vramledger is not None:
             vramledger.step()
     stats = torch.cuda.memory_stats()
     peak_alloc = int(stats["allocated_bytes.all.peak"])
     peak_reserved = int(stats["reserved_bytes.all.peak"])
     result = {"rank": rank, "world": world, "device": local, "allocator": args.allocator,
               "losses": losses, "step_s": times, "median_step_s": statistics.median(times),
+              "steady_median_step_s": statistics.median(times[WARM_STEPS:] or times), **per_step,
               "peak_allocated": peak_alloc, "peak_reserved": peak_reserved,
               "utilization": peak_alloc / peak_reserved if peak_reserved else 0.0}
-    if args.allocator == "vramledger":
+    if vramledger is not None:
         result["mode"] = vramledger.installed_mode()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

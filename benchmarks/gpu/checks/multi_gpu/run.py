@@ -5,7 +5,12 @@ Parts (each a process of its own, each under torch's native allocator and under 
 default where the part compares them):
   fsdp   fsdp.py under `torchrun --nproc-per-node N`, once per allocator: GPT-2-medium with FSDP2,
          losses equal within 1e-3 relative, peak reserved and utilization per rank, median step
-         time per allocator; then `vramledger report` over every rank's step log.
+         time per allocator; then `vramledger report` over every rank's step log. After the
+         other parts, the step-time comparison: --fsdp-rounds rounds in all (the first is the
+         run above), each running both allocators, in an order that alternates from round to
+         round; each rank's median steady step, its device maps and unmaps and vramledger's
+         driver time, waits and page moves per steady step. A run starts only when the budget
+         has room for it (1.5 x the longest first-round run).
   nccl   nccl_register.py under torchrun, once per allocator, with
          TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1: registrations and deregistrations the
          hook was due (from a trace tracker of its own, libvramledger_trace_counter.so), matched
@@ -14,7 +19,8 @@ default where the part compares them):
          plain (contiguous_segments()) and expandable; with one GPU on the same GPU, said so.
 
 Usage (GPU machine; VRAMLEDGER_PLUGIN and PYTHONPATH as run.sh sets them; run.sh item `multi`):
-  python run.py --out DIR [--nproc N] [--steps 10] [--parts fsdp,nccl,ipc] [--budget-s 230]
+  python run.py --out DIR [--nproc N] [--steps 10] [--fsdp-rounds 3] [--parts fsdp,nccl,ipc]
+                [--budget-s 230]
 Exit status 0 when no row failed (NOT RUN rows give their reason and do not fail), 1 otherwise.
 """
 
@@ -87,15 +93,32 @@ def load_ranks(directory: str) -> dict[int, dict]:
     return out
 
 
-def fsdp_part(args, nproc: int, budget: Budget) -> list[dict]:
+def fsdp_run(args, nproc: int, budget: Budget, alloc: str, round_: int) -> tuple[dict, str]:
+    """One FSDP2 run: its ranks' results and "" or why it did not end well. Round 0's files are
+    in fsdp-<allocator>, later rounds' in fsdp-<allocator>-round<R>."""
+    d = os.path.join(args.out, f"fsdp-{alloc}" + (f"-round{round_}" if round_ else ""))
+    os.makedirs(d, exist_ok=True)
+    t0 = time.monotonic()
+    why = launch(torchrun(nproc, "fsdp.py", ["--allocator", alloc, "--out", d, "--steps",
+                                             str(args.steps)]),
+                 os.path.join(d, "torchrun.log"), budget, args.launch_timeout_s)
+    args.fsdp_run_s = max(getattr(args, "fsdp_run_s", 0.0), time.monotonic() - t0)
+    return load_ranks(d), why
+
+
+def round_order(round_: int) -> tuple[str, ...]:
+    """The allocators in the order round `round_` runs them: alternating, so what one run leaves
+    to the next (clocks, the host's page cache) falls on each alike."""
+    return ALLOCATORS if round_ % 2 == 0 else ALLOCATORS[::-1]
+
+
+def fsdp_part(args, nproc: int, budget: Budget, first: dict) -> list[dict]:
+    """Round 0 of FSDP2 under each allocator (its runs kept in `first` for the rounds after)."""
     runs, why = {}, {}
     for alloc in ALLOCATORS:
-        d = os.path.join(args.out, f"fsdp-{alloc}")
-        os.makedirs(d, exist_ok=True)
-        why[alloc] = launch(torchrun(nproc, "fsdp.py", ["--allocator", alloc, "--out", d,
-                                                         "--steps", str(args.steps)]),
-                            os.path.join(d, "torchrun.log"), budget, args.launch_timeout_s)
-        runs[alloc] = load_ranks(d)
+        runs[alloc], why[alloc] = fsdp_run(args, nproc, budget, alloc, 0)
+    if not why["native"] and not why["vramledger"]:
+        first.update(runs)
     skipped = budget_row(f"FSDP2 GPT-2-medium, {args.steps} steps", nproc, why["vramledger"])
     if skipped:
         return [skipped]
@@ -112,6 +135,25 @@ def fsdp_part(args, nproc: int, budget: Budget) -> list[dict]:
         f.write(proc.stdout + proc.stderr)
     rows.append(table.report_row(summary, proc.stderr.strip()[-200:], nproc, args.steps))
     return rows
+
+
+def fsdp_rounds_part(args, nproc: int, budget: Budget, first: dict) -> list[dict]:
+    """Rounds 1 .. --fsdp-rounds - 1 after round 0's runs `first`, and the step-time row."""
+    check = "FSDP2 step time"
+    if not first:
+        return [table.not_run(check, nproc, "the first FSDP2 runs did not both end well")]
+    rounds = {a: [first[a]] for a in ALLOCATORS}
+    failed, left = [], []
+    for r in range(1, args.fsdp_rounds):
+        for alloc in round_order(r):
+            if budget.left() - 5 < 1.5 * args.fsdp_run_s:
+                left.append(f"{alloc} round {r}")
+                continue
+            got, w = fsdp_run(args, nproc, budget, alloc, r)
+            if w:
+                failed.append(f"{alloc} round {r}: {w}")
+            rounds[alloc].append(got)
+    return [table.fsdp_time_row(rounds["native"], rounds["vramledger"], nproc, failed, left)]
 
 
 def nccl_part(args, nproc: int, budget: Budget) -> list[dict]:
@@ -166,6 +208,8 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="directory for every part's files")
     ap.add_argument("--nproc", type=int, default=0, help="ranks (0: one per GPU present)")
     ap.add_argument("--steps", type=int, default=10, help="FSDP2 training steps")
+    ap.add_argument("--fsdp-rounds", type=int, default=3,
+                    help="FSDP2 runs per allocator for the step-time comparison")
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated, of " +
                     ", ".join(PARTS))
     ap.add_argument("--budget-s", type=float, default=230, help="wall-clock budget of all parts")
@@ -179,21 +223,25 @@ def main() -> int:
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         ap.error(f"--parts: unknown part(s) {unknown}; the parts are {', '.join(PARTS)}")
-    if args.nproc < 0 or args.steps < 1:
-        ap.error("--nproc must be >= 0 and --steps >= 1")
+    if args.nproc < 0 or args.steps < 1 or args.fsdp_rounds < 1:
+        ap.error("--nproc must be >= 0, --steps >= 1 and --fsdp-rounds >= 1")
     gpus = gpu_count()
     nproc = args.nproc or max(gpus, 1)
     os.makedirs(args.out, exist_ok=True)
     budget = Budget(args.budget_s)
-    rows = []
+    rows, first = [], {}
     if gpus == 0:
         rows.append(table.not_run("every part", nproc, "no GPU (nvidia-smi -L lists none)"))
     else:
+        # The step-time rounds come last: the checks first, the comparison with what is left.
+        if "fsdp" in parts and args.fsdp_rounds > 1:
+            parts.append("fsdp_rounds")
         for part in parts:
             t0 = time.monotonic()
-            rows += {"fsdp": lambda: fsdp_part(args, nproc, budget),
+            rows += {"fsdp": lambda: fsdp_part(args, nproc, budget, first),
                      "nccl": lambda: nccl_part(args, nproc, budget),
-                     "ipc": lambda: ipc_part(args, gpus, budget)}[part]()
+                     "ipc": lambda: ipc_part(args, gpus, budget),
+                     "fsdp_rounds": lambda: fsdp_rounds_part(args, nproc, budget, first)}[part]()
             print(f"part {part}: {time.monotonic() - t0:.0f} s", flush=True)
     with open(os.path.join(args.out, "rows.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -8,6 +8,7 @@ allocator as one short text, and PASS, FAIL: reason, or NOT RUN: reason.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 REL_TOL = 1e-3
@@ -62,6 +63,68 @@ def fsdp_row(native: dict[int, dict], vl: dict[int, dict], world: int,
     verdict = "FAIL: " + "; ".join(problems) if problems else (
         f"PASS (losses within {worst:.1e} relative)")
     return row(check, world, figures(native), figures(vl), verdict)
+
+
+WARM_STEPS = 2  # fsdp.py's steps before its steady ones
+VRAMLEDGER_STEP = ("step_driver_ms", "step_waits", "step_wait_ms", "page_moves")
+LABELS = {"device_alloc": "maps", "device_free": "unmaps", "step_driver_ms": "driver ms",
+          "step_waits": "waits", "step_wait_ms": "wait ms", "page_moves": "page moves"}
+
+
+def _per_steady_step(runs: list[dict[int, dict]], field: str) -> float | None:
+    """`field` per steady step, over every rank of every run that has it."""
+    values = [v for run in runs for x in run.values() for v in x.get(field, [])[WARM_STEPS:]]
+    return sum(values) / len(values) if values else None
+
+
+def fsdp_time_row(native: list[dict[int, dict]], vl: list[dict[int, dict]], world: int,
+                  failed: list[str], left: list[str]) -> dict[str, Any]:
+    """The FSDP2 step-time comparison over rounds (each a run's ranks, round 0 first): per
+    allocator the median steady step by round (the median over ranks) and over the rounds, the
+    device maps / unmaps per steady step, and vramledger's driver ms, waits, their ms and page
+    moves per steady step; vramledger / native as the geometric mean of the rounds' ratios and
+    their range. It fails when a run failed or a rank wrote no result; rounds the budget left
+    out are named."""
+    check = f"FSDP2 step time, {max(len(native), len(vl))} round(s), alternating order"
+    problems = list(failed)
+
+    def by_round(runs: list[dict[int, dict]], name: str) -> list[float | None]:
+        out = []
+        for k, run in enumerate(runs):
+            times = [x.get("steady_median_step_s") for x in run.values()]
+            if len(run) < world or None in times:
+                problems.append(f"{name} round {k}: {len(run)} of {world} ranks with a result")
+                out.append(None)
+            else:
+                out.append(sorted(times)[len(times) // 2])
+        return out
+
+    def figures(runs: list[dict[int, dict]], times: list[float | None], fields) -> str:
+        got = [t for t in times if t is not None]
+        if not got:
+            return "no result"
+        text = ("steady step ms by round " + " ".join(
+            f"{t * 1e3:.1f}" if t is not None else "-" for t in times) +
+            f", median {sorted(got)[len(got) // 2] * 1e3:.1f}")
+        counts = [_per_steady_step(runs, f) for f in fields]
+        if None not in counts:
+            text += "; per steady step " + " / ".join(f"{c:.2f}" for c in counts) + \
+                " (" + " / ".join(LABELS[f] for f in fields) + ")"
+        return text
+
+    t_native, t_vl = by_round(native, "native"), by_round(vl, "vramledger")
+    native_text = figures(native, t_native, ("device_alloc", "device_free"))
+    vl_text = figures(vl, t_vl, ("device_alloc", "device_free") + VRAMLEDGER_STEP)
+    ratios = [b / a for a, b in zip(t_native, t_vl) if a and b]
+    if ratios:
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        vl_text += (f"; vramledger / native {gm:.3f} ({min(ratios):.3f}-{max(ratios):.3f} over "
+                    f"{len(ratios)} round(s))")
+    if problems:
+        verdict = "FAIL: " + "; ".join(problems)
+    else:
+        verdict = "PASS" + (f" (not run, budget: {', '.join(left)})" if left else "")
+    return row(check, world, native_text, vl_text, verdict)
 
 
 def report_row(summary: dict[str, Any] | None, error: str, world: int,
