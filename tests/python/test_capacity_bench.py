@@ -370,3 +370,62 @@ def test_trial_child_caps_memory_and_tells_out_of_memory_from_other_errors(monke
     error = RuntimeError("an illegal memory access was encountered")
     with pytest.raises(RuntimeError, match="illegal memory access"):
         trial.child("gpt2m", "torch", 24.0, 4, 1000)
+
+
+def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypatch):
+    """trial.child() under vramledger (a stand-in module in its place): install() comes first,
+    memory_stats() and fragmentation() are vramledger's, and each completed step's change of its
+    driver time and of its waits (event and stream synchronizations) lies beside its time; a step
+    that runs out of memory records none."""
+    torch = pytest.importorskip("torch")
+    import types
+    from benchmarks.capacity import trial, workloads
+    calls = []
+    frag = {"driver_time_us_total": 0.0, "page_moves": 0, "driver_calls": {
+        name: {"count": 0, "time_us": 0.0}
+        for name in ("cuMemMap", "cudaEventSynchronize", "cudaStreamSynchronize")}}
+    stand_in = types.ModuleType("vramledger")
+    stand_in.install = lambda: calls.append("install")
+    stand_in.memory_stats = lambda: {"num_device_alloc": len(calls)}
+    stand_in.fragmentation = lambda: json.loads(json.dumps(frag))  # a copy, as the plugin's
+    monkeypatch.setitem(sys.modules, "vramledger", stand_in)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1 << 40, 1 << 40))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda f: calls.append("fraction"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    monkeypatch.setattr(workloads, "build",
+                        lambda t, w: calls.append("build") or (torch.nn.Linear(3, 2), None))
+
+    def step(t, model, opt, vocab, batch, seq):
+        # Step i spends 1000 * i us in the driver; step 1 waits on an event for 400 us, step 3
+        # on a stream for 250 us; the step of index `oom_at` runs out of memory after its calls.
+        i = sum(isinstance(c, tuple) for c in calls)
+        calls.append((batch, seq))
+        frag["driver_time_us_total"] += 1000.0 * i
+        kind = {1: ("cudaEventSynchronize", 400.0), 3: ("cudaStreamSynchronize", 250.0)}.get(i)
+        if kind:
+            frag["driver_calls"][kind[0]]["count"] += 1
+            frag["driver_calls"][kind[0]]["time_us"] += kind[1]
+        if i == oom_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return 1.0
+
+    monkeypatch.setattr(workloads, "train_step", step)
+    oom_at = None
+    r = trial.child("gpt2m", "vramledger", 24.0, 4, 1000)
+    assert calls[:3] == ["install", "fraction", "build"]
+    assert r["fits"] and len(r["step_s"]) == 6
+    assert r["step_driver_ms"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert r["step_waits"] == [0, 1, 0, 1, 0, 0]
+    assert r["step_wait_ms"] == [0.0, 0.4, 0.0, 0.25, 0.0, 0.0]
+    assert len(r["step_device_alloc"]) == 6
+    calls.clear()
+    oom_at = 2
+    r = trial.child("gpt2m", "vramledger", 24.0, 4, 1000)
+    assert r["oom"] and len(r["step_s"]) == len(r["step_driver_ms"]) == len(r["step_waits"]) == 2
+    # Under torch's allocators the record has none of vramledger's figures.
+    calls.clear()
+    oom_at = None
+    r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
+    assert not any(f in r for f in trial.VRAMLEDGER_FIGURES)

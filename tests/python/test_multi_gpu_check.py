@@ -10,6 +10,7 @@ import math
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -271,15 +272,18 @@ def test_fsdp_time_row_fails_on_a_failed_run_or_a_missing_rank_and_names_what_th
     row = table.fsdp_time_row(native, vl, 1, ["vramledger round 1: exit 1 (log x)"],
                               ["native round 2", "vramledger round 2"])
     assert row["verdict"] == ("FAIL: vramledger round 1: exit 1 (log x); vramledger round 1: 0 of "
-                              "1 ranks with a result")
+                              "1 ranks with a steady step time")
     assert row["vramledger"].startswith("steady step ms by round 300.0 -, median 300.0")
     assert "over 1 round(s)" in row["vramledger"]
     ok = table.fsdp_time_row(native[:1], vl[:1], 1, [], ["native round 1", "vramledger round 1"])
     assert ok["verdict"] == "PASS (not run, budget: native round 1, vramledger round 1)"
-    # Results without the counters (written before they were kept): the times alone.
+    # Results without the counters: the times alone; without the steady step time: named.
     bare = [{0: {"rank": 0, "steady_median_step_s": 0.25}}]
     assert table.fsdp_time_row(bare, bare, 1, [], [])["native"] == (
         "steady step ms by round 250.0, median 250.0")
+    older = [{0: {"rank": 0, "median_step_s": 0.25}}]
+    assert table.fsdp_time_row(older, bare, 1, [], [])["verdict"] == (
+        "FAIL: native round 0: 0 of 1 ranks with a steady step time")
 
 
 def test_run_alternates_the_order_of_the_fsdp_rounds_and_refuses_zero_rounds():
@@ -291,3 +295,40 @@ def test_run_alternates_the_order_of_the_fsdp_rounds_and_refuses_zero_rounds():
     proc = subprocess.run([sys.executable, str(HERE / "run.py"), "--out", "x", "--fsdp-rounds",
                            "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--fsdp-rounds >= 1" in proc.stderr
+
+
+def test_fsdp_rounds_run_both_allocators_alternately_while_the_budget_has_room():
+    spec = importlib.util.spec_from_file_location("multi_gpu_run_rounds", HERE / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    started = []
+
+    def fsdp_run(args, nproc, budget, alloc, round_):
+        started.append((alloc, round_))
+        budget.spent += 40.0
+        return {0: timed_rank(0, 0.3, vl=alloc == "vramledger")}, ""
+
+    class Budget:  # 40 s per run; a run needs max(20, 1.5 x 30) = 45 s, plus 5
+        def __init__(self, seconds):
+            self.seconds, self.spent = seconds, 0.0
+
+        def left(self):
+            return self.seconds - self.spent
+
+    run.fsdp_run = fsdp_run
+    args = types.SimpleNamespace(fsdp_rounds=3, fsdp_run_s=30.0)
+    first = {"native": {0: timed_rank(0, 0.3)}, "vramledger": {0: timed_rank(0, 0.3, vl=True)}}
+    (row,) = run.fsdp_rounds_part(args, 1, Budget(1000.0), first)
+    assert started == [("vramledger", 1), ("native", 1), ("native", 2), ("vramledger", 2)]
+    assert row["check"] == "FSDP2 step time, 3 round(s), alternating order"
+    assert row["verdict"] == "PASS" and "over 3 round(s)" in row["vramledger"]
+    started.clear()
+    (row,) = run.fsdp_rounds_part(args, 1, Budget(80.0), first)  # room for one run only
+    assert started == [("vramledger", 1)]
+    assert row["verdict"] == ("PASS (not run, budget: native round 1, native round 2, vramledger "
+                              "round 2)")
+    assert "over 1 round(s)" in row["vramledger"]  # round 1 has no native run to pair with
+    # No first round to build on: the row says so and nothing starts.
+    started.clear()
+    (row,) = run.fsdp_rounds_part(args, 1, Budget(1000.0), {})
+    assert started == [] and row["verdict"].startswith("NOT RUN: the first FSDP2 runs")

@@ -10,7 +10,7 @@ default where the part compares them):
          run above), each running both allocators, in an order that alternates from round to
          round; each rank's median steady step, its device maps and unmaps and vramledger's
          driver time, waits and page moves per steady step. A run starts only when the budget
-         has room for it (1.5 x the longest first-round run).
+         has room for it (1.5 x the longest first-round run, at least 20 s).
   nccl   nccl_register.py under torchrun, once per allocator, with
          TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1: registrations and deregistrations the
          hook was due (from a trace tracker of its own, libvramledger_trace_counter.so), matched
@@ -30,6 +30,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -97,12 +98,15 @@ def fsdp_run(args, nproc: int, budget: Budget, alloc: str, round_: int) -> tuple
     """One FSDP2 run: its ranks' results and "" or why it did not end well. Round 0's files are
     in fsdp-<allocator>, later rounds' in fsdp-<allocator>-round<R>."""
     d = os.path.join(args.out, f"fsdp-{alloc}" + (f"-round{round_}" if round_ else ""))
-    os.makedirs(d, exist_ok=True)
+    # An earlier run's results in the same folder must not stand for a run that wrote none.
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
     t0 = time.monotonic()
     why = launch(torchrun(nproc, "fsdp.py", ["--allocator", alloc, "--out", d, "--steps",
                                              str(args.steps)]),
                  os.path.join(d, "torchrun.log"), budget, args.launch_timeout_s)
-    args.fsdp_run_s = max(args.fsdp_run_s, time.monotonic() - t0)
+    if round_ == 0:
+        args.fsdp_run_s = max(args.fsdp_run_s, time.monotonic() - t0)
     return load_ranks(d), why
 
 
@@ -138,7 +142,8 @@ def fsdp_part(args, nproc: int, budget: Budget, first: dict) -> list[dict]:
 
 
 def fsdp_rounds_part(args, nproc: int, budget: Budget, first: dict) -> list[dict]:
-    """Rounds 1 .. --fsdp-rounds - 1 after round 0's runs `first`, and the step-time row."""
+    """Rounds 1 .. --fsdp-rounds - 1 after round 0's runs `first` (none with --fsdp-rounds 1),
+    and the step-time row."""
     check = "FSDP2 step time"
     if not first:
         return [table.not_run(check, nproc, "the first FSDP2 runs did not both end well")]
@@ -146,7 +151,8 @@ def fsdp_rounds_part(args, nproc: int, budget: Budget, first: dict) -> list[dict
     failed, left = [], []
     for r in range(1, args.fsdp_rounds):
         for alloc in round_order(r):
-            if budget.left() - 5 < 1.5 * args.fsdp_run_s:
+            # launch() itself refuses to start with under 20 s left.
+            if budget.left() - 5 < max(20.0, 1.5 * args.fsdp_run_s):
                 left.append(f"{alloc} round {r}")
                 continue
             got, w = fsdp_run(args, nproc, budget, alloc, r)
@@ -235,7 +241,7 @@ def main() -> int:
         rows.append(table.not_run("every part", nproc, "no GPU (nvidia-smi -L lists none)"))
     else:
         # The step-time rounds come last: the checks first, the comparison with what is left.
-        if "fsdp" in parts and args.fsdp_rounds > 1:
+        if "fsdp" in parts:
             parts.append("fsdp_rounds")
         for part in parts:
             t0 = time.monotonic()

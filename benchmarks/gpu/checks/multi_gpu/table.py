@@ -91,9 +91,11 @@ def fsdp_time_row(native: list[dict[int, dict]], vl: list[dict[int, dict]], worl
     def by_round(runs: list[dict[int, dict]], name: str) -> list[float | None]:
         out = []
         for k, run in enumerate(runs):
-            times = [x.get("steady_median_step_s") for x in run.values()]
-            if len(run) < world or None in times:
-                problems.append(f"{name} round {k}: {len(run)} of {world} ranks with a result")
+            times = [x["steady_median_step_s"] for x in run.values()
+                     if "steady_median_step_s" in x]
+            if len(times) < world:
+                problems.append(f"{name} round {k}: {len(times)} of {world} ranks with a steady "
+                                "step time")
                 out.append(None)
             else:
                 out.append(sorted(times)[len(times) // 2])
