@@ -29,11 +29,11 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
-sys.path.insert(0, ROOT)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", "..", ".."))
+sys.path[:0] = [HERE, ROOT]
 from benchmarks.capacity.trial import vramledger_totals  # noqa: E402
-
-WARM_STEPS = 2
+from table import WARM_STEPS  # noqa: E402  (beside this file: the steps the table leaves out)
 
 
 def counters(torch, vramledger) -> dict[str, float]:

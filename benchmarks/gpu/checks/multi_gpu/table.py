@@ -65,7 +65,7 @@ def fsdp_row(native: dict[int, dict], vl: dict[int, dict], world: int,
     return row(check, world, figures(native), figures(vl), verdict)
 
 
-WARM_STEPS = 2  # fsdp.py's steps before its steady ones
+WARM_STEPS = 2  # a run's steps before its steady ones (fsdp.py reads it from here)
 VRAMLEDGER_STEP = ("step_driver_ms", "step_waits", "step_wait_ms", "page_moves")
 LABELS = {"device_alloc": "maps", "device_free": "unmaps", "step_driver_ms": "driver ms",
           "step_waits": "waits", "step_wait_ms": "wait ms", "page_moves": "page moves"}
