@@ -15,14 +15,16 @@ each row marked as one the cap model is calibrated on or one that evaluates it
 median step time at the largest size all three fit. With --step-rounds N, after the searches,
 N rounds at that size of the three allocators in rotating order, one process each, and per row
 each one's steady step time and vramledger's ratio to each torch allocator with its 90% interval
-over the rounds (benchmarks/capacity/step_rounds.py).
+over the rounds (benchmarks/capacity/step_rounds.py). With --traces DIR, last, traced trials at the
+largest size all three fit and at vramledger's limit, written to DIR for study without a GPU
+(benchmarks/capacity/traces.py).
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
-      [--table-only]
+      [--traces DIR] [--trace-allocators vramledger] [--table-only]
 Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_ALLOCATORS,
-CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS and CAPACITY_RESUME (paths,
-space-separated). --out is rewritten after every trial with every record, the resumed ones
+CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS, CAPACITY_TRACE_ALLOCATORS and
+CAPACITY_RESUME (paths, space-separated). --out is rewritten after every trial with every record, the resumed ones
 included, so the next run resumes from it (neither a search trial nor a round's run recorded there
 runs again). Exit status 0 (also when the budget ended the run first), 2 on a bad flag.
 """
@@ -33,7 +35,7 @@ import argparse
 import os
 import sys
 
-from benchmarks.capacity import planner, runner, step_rounds, table, trial
+from benchmarks.capacity import planner, runner, step_rounds, table, traces, trial
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import WORKLOADS
 
@@ -86,6 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--spread", type=float, default=0.05,
                     help="first stride from the planner's prediction, as a fraction of it")
     ap.add_argument("--trial-timeout-s", type=float, default=240.0)
+    ap.add_argument("--traces", default=None, metavar="DIR",
+                    help="last, traced trials at each row's common size and vramledger's limit")
+    ap.add_argument("--trace-allocators", default=env("CAPACITY_TRACE_ALLOCATORS", "vramledger"))
     ap.add_argument("--table-only", action="store_true", help="print the tables of --resume")
     a = ap.parse_args(argv)
     try:
@@ -94,6 +99,8 @@ def main(argv=None) -> int:
         allocators = _list(a.allocators, ALLOCATOR_ORDER, "--allocators (CAPACITY_ALLOCATORS)")
         dims = _list(a.dims, DIMS, "--dims (CAPACITY_DIMS)")
         rounds = _count(a.step_rounds, "--step-rounds (CAPACITY_STEP_ROUNDS)")
+        traced = _list(a.trace_allocators, ALLOCATOR_ORDER,
+                       "--trace-allocators (CAPACITY_TRACE_ALLOCATORS)")
     except ValueError as e:
         ap.error(str(e))
     results = Results(None if a.table_only else a.out)
@@ -103,6 +110,11 @@ def main(argv=None) -> int:
               flush=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--resume (CAPACITY_RESUME): {e}")
+    if a.traces and not a.table_only:
+        try:  # a folder of earlier traces that cannot be read fails before any trial runs
+            traces.load_index(a.traces)
+        except (OSError, ValueError) as e:
+            ap.error(f"--traces: {e}")
     groups = [(w, c, d) for d in dims for w in workloads for c in caps]
     if not a.table_only:
         results.save()
@@ -113,6 +125,11 @@ def main(argv=None) -> int:
         step_rounds.run_rounds(groups, rounds, trial.run_trial, results, budget,
                                seq_step=a.seq_step, trial_timeout_s=a.trial_timeout_s,
                                log=lambda m: print(m, flush=True))
+        if a.traces:
+            n = traces.record_traces(groups, traced, trial.run_trial, results, budget, a.traces,
+                                     seq_step=a.seq_step, trial_timeout_s=a.trial_timeout_s,
+                                     log=lambda m: print(m, flush=True))
+            print(f"took {n} trace(s) into {a.traces}", flush=True)
     print(report(results, groups, a.seq_step))
     return 0
 

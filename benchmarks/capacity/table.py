@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from benchmarks.capacity import search
-from benchmarks.capacity.trial import STEP_COUNTERS, VRAMLEDGER_FIGURES
+from benchmarks.capacity.trial import STEP_COUNTERS, VRAMLEDGER_FIGURES, VRAMLEDGER_MAPPINGS
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import WORKLOADS, size_grid
 
@@ -17,7 +17,8 @@ WARM_STEPS = 2  # a trial's steps before its steady ones (the first two fill the
 # trial.py's per-step counters, in the order the tables give them.
 COUNTERS = tuple(STEP_COUNTERS)
 # The column of vramledger's own per-step figures (trial.py; "-" for torch's allocators).
-LEDGER_COLUMN = "vramledger driver ms / waits / wait ms per steady step"
+LEDGER_COLUMN = ("vramledger driver ms / waits / wait ms / cuMemMap / cuMemUnmap / take-backs per "
+                 "steady step")
 
 
 def state(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,
@@ -173,9 +174,14 @@ def counters(runs: list[dict]) -> str:
 
 def ledger(runs: list[dict]) -> str:
     """Per steady step over the fitting `runs` that have vramledger's own figures: driver ms,
-    waits and their ms; "-" when none has them (torch's allocators, records written before they
-    were kept)."""
-    return _per_steady_step(runs, VRAMLEDGER_FIGURES)
+    waits and their ms, then cuMemMap and cuMemUnmap calls and old mappings taken back ("- / - /
+    -" where the runs predate those); "-" when none has them (torch's allocators, records written
+    before they were kept)."""
+    timing = _per_steady_step(runs, VRAMLEDGER_FIGURES)
+    if timing == "-":
+        return "-"
+    mappings = _per_steady_step(runs, VRAMLEDGER_MAPPINGS)
+    return f"{timing} / {'- / - / -' if mappings == '-' else mappings}"
 
 
 def _per_steady_step(runs: list[dict], fields: tuple[str, ...]) -> str:

@@ -17,17 +17,32 @@ by (vramledger.fragmentation(); absent under torch's allocators and from earlier
 `step_wait_ms`, its cudaEventSynchronize and cudaStreamSynchronize calls and their time, the
 waits that stop the host from running ahead of the GPU (a page move over an old mapping whose
 fence the GPU has not reached, a release before a retry). A step slow under vramledger alone
-shows there whether the time went to its driver calls or its waits. (Its host time in malloc and
-free needs the `host_timing` option, off in the default policy the trial measures.)
+shows there whether the time went to its driver calls or its waits. Its device allocs and frees
+above count a page moved within its stream or taken back to an address it held before (an old
+mapping) as a map and an unmap though the second makes no driver call and the first none at all
+(docs/design/page-recycling.md); `step_cu_mem_map`, `step_cu_mem_unmap` and `step_take_backs`
+(cuMemMap and cuMemUnmap calls, old mappings taken back) tell them apart. (Its host time in
+malloc and free needs the `host_timing` option, off in the default policy the trial measures.)
 
-  python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ   (from the repo root)
+With a trace path (a sixth argument; run_trial's `trace`), the trial also records the allocator's
+memory history (torch's or vramledger's record_memory_history, no stacks) and, after each step
+outside its timed span, takes a snapshot, whose `snapshot` entry marks the step's end in the trace
+(where `vramledger replay` splits steps); at the end, also after an out-of-memory error, it writes
+the last snapshot to the path as a gzip-compressed pickle, which `vramledger replay` and
+`python -m benchmarks.capacity.trace_steps` read. Its step times include no snapshot, but the
+recording's own cost: a traced trial's figures are not compared with untraced ones.
+
+  python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ [TRACE.pickle.gz]
+(from the repo root)
 prints one line `RESULT_JSON {...}`. run_trial() starts that process and reads the line.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -43,22 +58,31 @@ ALLOCATORS = ("torch", "torch-expandable", "vramledger")
 STEP_COUNTERS = {"step_device_alloc": "num_device_alloc", "step_device_free": "num_device_free",
                  "step_sync_all_streams": "num_sync_all_streams",
                  "step_alloc_retries": "num_alloc_retries"}
-# vramledger's per-step figures (VRAMLEDGER_FIGURES, each a change of vramledger_totals()).
+# vramledger's per-step figures (each a change of vramledger_totals()): its driver time and waits,
+# and its page-table driver calls beside the old mappings it took back without one.
 VRAMLEDGER_FIGURES = ("step_driver_ms", "step_waits", "step_wait_ms")
+VRAMLEDGER_MAPPINGS = ("step_cu_mem_map", "step_cu_mem_unmap", "step_take_backs")
 WAIT_CALLS = ("cudaEventSynchronize", "cudaStreamSynchronize")
+MAX_TRACE_ENTRIES = 2_000_000  # far above a trial's six steps (the largest: ~10^5 events)
 
 
 def vramledger_totals(frag: dict) -> dict[str, float]:
-    """The running totals behind VRAMLEDGER_FIGURES in a vramledger.fragmentation() dict: driver
-    time (ms), and the waits' count and time (ms)."""
+    """The running totals behind VRAMLEDGER_FIGURES and VRAMLEDGER_MAPPINGS in a
+    vramledger.fragmentation() dict: driver time (ms), the waits' count and time (ms), the
+    cuMemMap and cuMemUnmap calls, and the old mappings taken back."""
     calls = frag["driver_calls"]
     return {"step_driver_ms": frag["driver_time_us_total"] / 1e3,
             "step_waits": sum(calls[c]["count"] for c in WAIT_CALLS),
-            "step_wait_ms": sum(calls[c]["time_us"] for c in WAIT_CALLS) / 1e3}
+            "step_wait_ms": sum(calls[c]["time_us"] for c in WAIT_CALLS) / 1e3,
+            "step_cu_mem_map": calls["cuMemMap"]["count"],
+            "step_cu_mem_unmap": calls["cuMemUnmap"]["count"],
+            "step_take_backs": frag["reused_old_mappings"]}
 
 
-def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -> dict:
-    """Runs the trial in this process (nothing of CUDA initialised yet) and returns its record."""
+def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
+          trace: str | None = None) -> dict:
+    """Runs the trial in this process (nothing of CUDA initialised yet) and returns its record;
+    with `trace`, also writes the allocator's snapshot with its trace there."""
     w = workloads.WORKLOADS[workload]
     if allocator == "vramledger":
         import vramledger
@@ -74,7 +98,15 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
            "error": None, "step_s": [], "losses": [], **{f: [] for f in STEP_COUNTERS}}
     ledger = mem.fragmentation if allocator == "vramledger" else None
     if ledger:
-        out.update({f: [] for f in VRAMLEDGER_FIGURES})
+        out.update({f: [] for f in VRAMLEDGER_FIGURES + VRAMLEDGER_MAPPINGS})
+    last = None  # the last snapshot taken (with a trace)
+    if trace:
+        if allocator == "vramledger":
+            record, take_snapshot = mem.record_memory_history, mem.snapshot
+        else:
+            record = torch.cuda.memory._record_memory_history
+            take_snapshot = torch.cuda.memory._snapshot
+        record("all", context=None, stacks="python", max_entries=MAX_TRACE_ENTRIES)
     try:
         model, opt = workloads.build(torch, w)
         # What the model holds besides what the planner counts shows here (a causal-mask buffer
@@ -96,6 +128,8 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
             if ledger:
                 for field, total in vramledger_totals(ledger()).items():
                     out[field].append(total - totals[field])
+            if trace:
+                last = take_snapshot()  # its `snapshot` entry ends the step in the trace
     except torch.OutOfMemoryError as e:
         out.update(oom=True, error=str(e)[:400])
     except RuntimeError as e:  # an out-of-memory error raised outside the allocator (cuBLAS)
@@ -107,15 +141,31 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int) -
                peak_allocated=s.get("allocated_bytes.all.peak", 0),
                peak_reserved=s.get("reserved_bytes.all.peak", 0), cap_bytes=int(cap_gib * GIB))
     out["median_step_s"] = statistics.median(out["step_s"]) if out["step_s"] else None
+    if trace:
+        if out["oom"] or last is None:  # the step that ran out of memory, up to its oom entry
+            last = take_snapshot()
+        write_snapshot(last, trace)
+        out["trace"] = os.path.basename(trace)
+        out["trace_entries"] = len(last["device_traces"][0]) if last["device_traces"] else 0
     return out
 
 
+def write_snapshot(snapshot: dict, path: str) -> None:
+    """Writes `snapshot` to `path` as a gzip-compressed pickle (protocol 4, which torch's viewer
+    and vramledger read), through a temporary file, so a trial killed midway leaves no torn one."""
+    tmp = path + ".tmp"
+    with gzip.open(tmp, "wb", compresslevel=6) as f:
+        pickle.dump(snapshot, f, protocol=4)
+    os.replace(tmp, path)
+
+
 def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
-              timeout_s: float) -> dict:
+              timeout_s: float, trace: str | None = None) -> dict:
     """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
     process: install() must come before CUDA starts, and nothing cached from an earlier trial may
     help a later one). Returns its record: `fits` True or False, or None with `error` when the
-    process failed some other way (`timed_out` when it ran past `timeout_s`)."""
+    process failed some other way (`timed_out` when it ran past `timeout_s`). With `trace`, the
+    trial records its allocator's trace and writes its snapshot to that path."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
         env.pop(key, None)
@@ -126,7 +176,7 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     batch, seq = workloads.WORKLOADS[workload].shape(dim, size)
     cmd = [sys.executable, "-m", "benchmarks.capacity.trial", workload, allocator,
-           str(cap_gib), str(batch), str(seq)]
+           str(cap_gib), str(batch), str(seq)] + ([os.path.abspath(trace)] if trace else [])
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
@@ -148,5 +198,5 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
 
 
 if __name__ == "__main__":
-    name, alloc, cap, b, s = sys.argv[1:]
-    print(RESULT + json.dumps(child(name, alloc, float(cap), int(b), int(s))), flush=True)
+    name, alloc, cap, b, s, *path = sys.argv[1:]
+    print(RESULT + json.dumps(child(name, alloc, float(cap), int(b), int(s), *path)), flush=True)

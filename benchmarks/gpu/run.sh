@@ -68,7 +68,10 @@
 #                   at the largest size all three fit, and vramledger's step-time ratio to each
 #                   torch allocator with its 90% interval (~3 x 20-25 s a round on Llama-1B LoRA
 #                   24 GiB) (CAPACITY_* pick the rows; resumes from
-#                   .devbuild/capacity-results.json when carried; writes $OUT/capacity-results.json)
+#                   .devbuild/capacity-results.json when carried; writes $OUT/capacity-results.json);
+#                   with CAPACITY_TRACES=1, last, traced trials at each row's common size and
+#                   vramledger's limit into $OUT/traces (CAPACITY_TRACE_ALLOCATORS, default
+#                   vramledger; at most 8 files come back from $OUT: pick the rows to fit)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
@@ -79,7 +82,8 @@
 # GPU_TEST (the C++ GPU test binary, cuda_backend_test),
 # CAPACITY_WORKLOADS (gpt2m,llama1b,llama1b-ckpt,llama1b-lora), CAPACITY_CAPS (24,80),
 # CAPACITY_ALLOCATORS (torch,torch-expandable,vramledger), CAPACITY_DIMS (batch,seq),
-# CAPACITY_BUDGET_S (500), CAPACITY_STEP_ROUNDS (0: no step-time rounds),
+# CAPACITY_BUDGET_S (500), CAPACITY_STEP_ROUNDS (0: no step-time rounds), CAPACITY_TRACES (1:
+# traced trials last), CAPACITY_TRACE_ALLOCATORS (vramledger),
 # CAPACITY_RESUME (results files; default .devbuild/capacity-results.json), CAPACITY_LIBRARY (a label
 # of the vramledger build, e.g. its commit, kept in its trials' records).
 # Background fuzzing on the CPU cores the items leave idle (nothing changes when unset):
@@ -287,7 +291,8 @@ capacity() {
   [ -z "$resume" ] && [ -f .devbuild/capacity-results.json ] && resume=.devbuild/capacity-results.json
   [ "$(bound 15)" -lt "$budget" ] && budget="$(bound 15)"
   CAPACITY_RESUME="$resume" timeout "$(bound)" "$PY" -m benchmarks.capacity --budget-s "$budget" \
-    --step-rounds "${CAPACITY_STEP_ROUNDS:-0}" --out "$OUT/capacity-results.json"
+    --step-rounds "${CAPACITY_STEP_ROUNDS:-0}" --out "$OUT/capacity-results.json" \
+    ${CAPACITY_TRACES:+--traces "$OUT/traces"}
 }
 
 bundle() {

@@ -381,9 +381,10 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     import types
     from benchmarks.capacity import trial, workloads
     calls = []
-    frag = {"driver_time_us_total": 0.0, "page_moves": 0, "driver_calls": {
-        name: {"count": 0, "time_us": 0.0}
-        for name in ("cuMemMap", "cudaEventSynchronize", "cudaStreamSynchronize")}}
+    frag = {"driver_time_us_total": 0.0, "page_moves": 0, "reused_old_mappings": 0,
+            "driver_calls": {name: {"count": 0, "time_us": 0.0}
+                             for name in ("cuMemMap", "cuMemUnmap", "cudaEventSynchronize",
+                                          "cudaStreamSynchronize")}}
     stand_in = types.ModuleType("vramledger")
     stand_in.install = lambda: calls.append("install")
     stand_in.memory_stats = lambda: {"num_device_alloc": len(calls)}
@@ -399,10 +400,14 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
 
     def step(t, model, opt, vocab, batch, seq):
         # Step i spends 1000 * i us in the driver; step 1 waits on an event for 400 us, step 3
-        # on a stream for 250 us; the step of index `oom_at` runs out of memory after its calls.
+        # on a stream for 250 us; step i maps 2 * i times, unmaps i % 2 times and takes back 3
+        # old mappings; the step of index `oom_at` runs out of memory after its calls.
         i = sum(isinstance(c, tuple) for c in calls)
         calls.append((batch, seq))
         frag["driver_time_us_total"] += 1000.0 * i
+        frag["driver_calls"]["cuMemMap"]["count"] += 2 * i
+        frag["driver_calls"]["cuMemUnmap"]["count"] += i % 2
+        frag["reused_old_mappings"] += 3
         kind = {1: ("cudaEventSynchronize", 400.0), 3: ("cudaStreamSynchronize", 250.0)}.get(i)
         if kind:
             frag["driver_calls"][kind[0]]["count"] += 1
@@ -419,6 +424,9 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     assert r["step_driver_ms"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert r["step_waits"] == [0, 1, 0, 1, 0, 0]
     assert r["step_wait_ms"] == [0.0, 0.4, 0.0, 0.25, 0.0, 0.0]
+    assert r["step_cu_mem_map"] == [0, 2, 4, 6, 8, 10]
+    assert r["step_cu_mem_unmap"] == [0, 1, 0, 1, 0, 1]
+    assert r["step_take_backs"] == [3] * 6
     assert len(r["step_device_alloc"]) == 6
     calls.clear()
     oom_at = 2
@@ -428,4 +436,4 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     calls.clear()
     oom_at = None
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
-    assert not any(f in r for f in trial.VRAMLEDGER_FIGURES)
+    assert not any(f in r for f in trial.VRAMLEDGER_FIGURES + trial.VRAMLEDGER_MAPPINGS)

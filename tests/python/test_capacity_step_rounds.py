@@ -59,7 +59,10 @@ class RoundRuns:
             if allocator == "vramledger":  # its n-th run: 2n waits of 1.5 ms in the last step
                 r.update(step_driver_ms=[45.0, 35.0, 1.0, 1.0, 2.0, 4.0],
                          step_waits=[0, 0, 0, 0, 0, 2 * n],
-                         step_wait_ms=[0.0, 0.0, 0.0, 0.0, 0.0, 3.0 * n])
+                         step_wait_ms=[0.0, 0.0, 0.0, 0.0, 0.0, 3.0 * n],
+                         step_cu_mem_map=[100, 50, 2, 0, 0, 2],
+                         step_cu_mem_unmap=[0, 10, 1, 1, 0, 0],
+                         step_take_backs=[0, 5, 3, 3, 3, 3])
         return r
 
 
@@ -173,8 +176,8 @@ def test_the_rounds_table_with_the_per_step_counters():
             *step_rounds.interval([0.49 / 0.40, 0.53 / 0.41])), "above"]
     assert vl[9:11] == ["-", "-"]
     # vramledger's own figures over its two fitting runs' 8 steady steps (runs 0 and 1: 0 and 2
-    # waits); torch's allocators have none.
-    assert vl[11] == "2.00 / 0.25 / 0.38"
+    # waits; 4 maps, 2 unmaps and 12 take-backs each); torch's allocators have none.
+    assert vl[11] == "2.00 / 0.25 / 0.38 / 1.00 / 0.50 / 3.00"
     assert torch[11] == expandable[11] == "-"
 
 
@@ -207,8 +210,13 @@ def test_the_retries_table_gives_a_search_records_per_step_counters():
             in table.retries_table(results, [ROW], 64))
     record.update(step_driver_ms=[8.0, 8.0, 0, 0, 0, 4], step_waits=[0, 0, 0, 0, 0, 1],
                   step_wait_ms=[0, 0, 0, 0, 0, 2.5])
-    assert ("| vramledger | 0.00 | 0.500 | 0.50 / 0.50 / 0.00 / 0.50 | 1.00 / 0.25 / 0.62 |"
-            in table.retries_table(results, [ROW], 64))
+    # Records from before the page-table calls were kept give the timing alone.
+    assert ("| vramledger | 0.00 | 0.500 | 0.50 / 0.50 / 0.00 / 0.50 | 1.00 / 0.25 / 0.62 / - / - "
+            "/ - |" in table.retries_table(results, [ROW], 64))
+    record.update(step_cu_mem_map=[9, 9, 4, 0, 0, 0], step_cu_mem_unmap=[0, 0, 2, 0, 0, 0],
+                  step_take_backs=[0, 0, 1, 1, 1, 1])
+    assert ("| vramledger | 0.00 | 0.500 | 0.50 / 0.50 / 0.00 / 0.50 | 1.00 / 0.25 / 0.62 / 1.00 "
+            "/ 0.50 / 1.00 |" in table.retries_table(results, [ROW], 64))
     assert "| torch native | 0.00 | 0.500 | - | - |" in table.retries_table(results, [ROW], 64)
 
 

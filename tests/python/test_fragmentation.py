@@ -322,11 +322,47 @@ def test_the_capacity_trial_reads_the_driver_time_and_waits_the_plugin_reports()
         print(json.dumps(vramledger_totals(vramledger.fragmentation(0))))
         print(json.dumps(vramledger.fragmentation(0)))
     """)
-    assert before == {"step_driver_ms": 0, "step_waits": 0, "step_wait_ms": 0}
+    assert before == {"step_driver_ms": 0, "step_waits": 0, "step_wait_ms": 0,
+                      "step_cu_mem_map": 0, "step_cu_mem_unmap": 0, "step_take_backs": 0}
     calls = frag["driver_calls"]
+    # The prelude's expandable segment: the 8 MiB block's pages mapped, then unmapped by
+    # empty_cache; nothing moved, so nothing taken back.
+    assert after["step_cu_mem_map"] == calls["cuMemMap"]["count"] >= 1
+    assert after["step_cu_mem_unmap"] == calls["cuMemUnmap"]["count"] >= 1
+    assert after["step_take_backs"] == frag["reused_old_mappings"] == 0
     waits = calls["cudaEventSynchronize"]["count"] + calls["cudaStreamSynchronize"]["count"]
     assert after["step_waits"] == waits >= 1
     assert after["step_wait_ms"] == pytest.approx(
         (calls["cudaEventSynchronize"]["time_us"] + calls["cudaStreamSynchronize"]["time_us"]) / 1e3)
     assert after["step_driver_ms"] == pytest.approx(frag["driver_time_us_total"] / 1e3)
     assert after["step_driver_ms"] > after["step_wait_ms"]  # the maps and unmaps besides
+
+
+@needs_plugin
+def test_a_traced_capacity_trials_calls_give_a_trace_split_into_steps(tmp_path):
+    """What a traced capacity trial does under vramledger (trial.py: record_memory_history with no
+    stacks, a snapshot after each step, write_snapshot at the end), against the plugin on the
+    simulated device: the written file loads, and trace_steps splits it at the snapshots with the
+    allocator's page maps in the step that made them."""
+    path = tmp_path / "trace.pickle.gz"
+    (rows,) = run(f"""
+        sys.path.insert(0, {os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))!r})
+        from benchmarks.capacity import trace_steps, trial
+        from vramledger._snapshot import load_snapshot
+        vramledger.record_memory_history("all", context=None, stacks="python",
+                                         max_entries=trial.MAX_TRACE_ENTRIES)
+        a = alloc(8 * MiB)
+        vramledger.snapshot()
+        free(a, 8 * MiB)
+        b = alloc(4 * MiB)
+        trial.write_snapshot(vramledger.snapshot(), {str(path)!r})
+        trace = load_snapshot({str(path)!r})["device_traces"][0]
+        print(json.dumps(trace_steps.steps(trace)))
+    """)
+    assert len(rows) == 2 and not any(r.get("unfinished") for r in rows)
+    assert (rows[0]["allocs"], rows[0]["largest_alloc"], rows[0]["peak_live"]) == (1, 8 * MiB,
+                                                                                  8 * MiB)
+    assert rows[0]["segment_map"] >= 1 and rows[0]["mapped_bytes"] == 8 * MiB
+    # Step 2 starts with the 8 MiB block live (freed within it): its peak; the 4 MiB block reuses
+    # the mapped pages.
+    assert (rows[1]["allocs"], rows[1]["segment_map"], rows[1]["peak_live"]) == (1, 0, 8 * MiB)
