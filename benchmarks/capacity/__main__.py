@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--resume (CAPACITY_RESUME): {e}")
     if a.traces and not a.table_only:
-        try:  # a folder of earlier traces that cannot be read fails before any trial runs
+        try:  # a folder that cannot hold or read the traces fails before any trial runs
+            os.makedirs(a.traces, exist_ok=True)
             traces.load_index(a.traces)
         except (OSError, ValueError) as e:
             ap.error(f"--traces: {e}")

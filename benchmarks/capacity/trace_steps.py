@@ -9,7 +9,8 @@ and left behind included, so its record's cuMemMap / cuMemUnmap counts say which
 calls), the bytes they mapped and unmapped, any `oom` entry, and the host time in runs of segment
 events: for each maximal run, from the entry before it to its last entry (the allocator writes an
 entry after the call it records, so a run's time is its driver calls' and the waits between them,
-plus the program's own time before its first).
+plus the program's own time before its first; the access grant after a run's maps, cuMemSetAccess,
+falls after its last entry and is left out).
 
   PYTHONPATH=torch_plugin/python python -m benchmarks.capacity.trace_steps TRACE.pickle.gz [--json]
 Exit status 0; 2 with a message when the file cannot be read or holds no trace.

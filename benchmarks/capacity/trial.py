@@ -18,8 +18,9 @@ by (vramledger.fragmentation(); absent under torch's allocators and from earlier
 waits that stop the host from running ahead of the GPU (a page move over an old mapping whose
 fence the GPU has not reached, a release before a retry). A step slow under vramledger alone
 shows there whether the time went to its driver calls or its waits. Its device allocs and frees
-above count a page moved within its stream or taken back to an address it held before (an old
-mapping) as a map and an unmap though the second makes no driver call and the first none at all
+above are not driver calls alone: a handle moved within its stream counts a map (a cuMemMap) and
+an unmap whose cuMemUnmap comes later, if ever, and an old mapping taken back (the handle returned
+to an address it held before) a map and an unmap with no driver call
 (docs/design/page-recycling.md); `step_cu_mem_map`, `step_cu_mem_unmap` and `step_take_backs`
 (cuMemMap and cuMemUnmap calls, old mappings taken back) tell them apart. (Its host time in
 malloc and free needs the `host_timing` option, off in the default policy the trial measures.)
@@ -27,8 +28,9 @@ malloc and free needs the `host_timing` option, off in the default policy the tr
 With a trace path (a sixth argument; run_trial's `trace`), the trial also records the allocator's
 memory history (torch's or vramledger's record_memory_history, no stacks) and, after each step
 outside its timed span, takes a snapshot, whose `snapshot` entry marks the step's end in the trace
-(where `vramledger replay` splits steps); at the end, also after an out-of-memory error, it writes
-the last snapshot to the path as a gzip-compressed pickle, which `vramledger replay` and
+(where `vramledger replay` splits steps). vramledger's snapshot holds its own entry, torch's only
+the entries before it, so under torch (and after an out-of-memory error) one more snapshot ends
+the trace. The last snapshot goes to the path as a gzip-compressed pickle, which `vramledger replay` and
 `python -m benchmarks.capacity.trace_steps` read. Its step times include no snapshot, but the
 recording's own cost: a traced trial's figures are not compared with untraced ones.
 
@@ -142,7 +144,9 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
                peak_reserved=s.get("reserved_bytes.all.peak", 0), cap_bytes=int(cap_gib * GIB))
     out["median_step_s"] = statistics.median(out["step_s"]) if out["step_s"] else None
     if trace:
-        if out["oom"] or last is None:  # the step that ran out of memory, up to its oom entry
+        # torch's snapshot returns the trace before its own entry: one more holds the last step's.
+        # After an out-of-memory error, the step that ran out, up to its oom entry.
+        if allocator != "vramledger" or out["oom"] or last is None:
             last = take_snapshot()
         write_snapshot(last, trace)
         out["trace"] = os.path.basename(trace)

@@ -287,12 +287,13 @@ record_empty_cache() {
 # The capacity benchmark within what is left of the budget; its records go to $OUT (outside the
 # tarred run folder), where the next call can resume from them once copied back and carried.
 capacity() {
-  local resume="${CAPACITY_RESUME-}" budget="${CAPACITY_BUDGET_S:-500}"
+  local resume="${CAPACITY_RESUME-}" budget="${CAPACITY_BUDGET_S:-500}" traced=()
+  [ "${CAPACITY_TRACES:-0}" = 1 ] && traced=(--traces "$OUT/traces")
   [ -z "$resume" ] && [ -f .devbuild/capacity-results.json ] && resume=.devbuild/capacity-results.json
   [ "$(bound 15)" -lt "$budget" ] && budget="$(bound 15)"
   CAPACITY_RESUME="$resume" timeout "$(bound)" "$PY" -m benchmarks.capacity --budget-s "$budget" \
     --step-rounds "${CAPACITY_STEP_ROUNDS:-0}" --out "$OUT/capacity-results.json" \
-    ${CAPACITY_TRACES:+--traces "$OUT/traces"}
+    "${traced[@]}"
 }
 
 bundle() {

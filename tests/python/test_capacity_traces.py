@@ -82,7 +82,9 @@ def test_trace_steps_command_line(tmp_path, capsys):
 def trial_env(monkeypatch):
     """trial.child() with torch.cuda's calls, the workload and vramledger stood in for; `calls`
     lists what happened in order; `history` is the recorded trace (one entry per step's alloc and
-    a `snapshot` entry per snapshot, as torch's and vramledger's recording would add)."""
+    a `snapshot` entry per snapshot). Each snapshot function returns the trace as its allocator
+    does: vramledger's with its own `snapshot` entry, torch's without it (torch copies the trace
+    first)."""
     torch = pytest.importorskip("torch")
     from benchmarks.capacity import trial, workloads
     env = types.SimpleNamespace(calls=[], history=None, oom_at=None, trial=trial)
@@ -91,10 +93,14 @@ def trial_env(monkeypatch):
         env.calls.append(("record", enabled, context, max_entries))
         env.history = []
 
-    def snapshot():
+    def snapshot(own_entry_first):
         env.calls.append("snapshot")
-        env.history.append(entry("snapshot", 0, len(env.history)))
-        return {"segments": [], "device_traces": [list(env.history)]}
+        if own_entry_first:
+            env.history.append(entry("snapshot", 0, len(env.history)))
+        out = {"segments": [], "device_traces": [list(env.history)]}
+        if not own_entry_first:
+            env.history.append(entry("snapshot", 0, len(env.history)))
+        return out
 
     frag = {"driver_time_us_total": 0.0, "reused_old_mappings": 0, "page_moves": 0,
             "driver_calls": {n: {"count": 0, "time_us": 0.0} for n in (
@@ -103,10 +109,11 @@ def trial_env(monkeypatch):
     vl.install = lambda: env.calls.append("install")
     vl.memory_stats = lambda: {}
     vl.fragmentation = lambda: json.loads(json.dumps(frag))
-    vl.record_memory_history, vl.snapshot = record, snapshot
+    vl.record_memory_history = record
+    vl.snapshot = lambda: snapshot(own_entry_first=True)
     monkeypatch.setitem(sys.modules, "vramledger", vl)
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", record)
-    monkeypatch.setattr(torch.cuda.memory, "_snapshot", snapshot)
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: snapshot(own_entry_first=False))
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {})
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1 << 40, 1 << 40))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f: None)
@@ -138,24 +145,31 @@ def test_a_traced_trial_records_from_the_start_and_marks_each_step(trial_env, tm
     calls = [c for c in trial_env.calls if c != "install"]
     assert calls[0] == ("record", "all", None, trial_env.trial.MAX_TRACE_ENTRIES)
     assert calls[1] == "build"
-    # A snapshot after each step (outside its timed span), none more.
-    assert calls[2:] == [c for i in range(6) for c in (("step", i), "snapshot")]
+    # A snapshot after each step (outside its timed span); under torch one more, whose trace
+    # holds the sixth step's `snapshot` entry.
+    extra = [] if allocator == "vramledger" else ["snapshot"]
+    assert calls[2:] == [c for i in range(6) for c in (("step", i), "snapshot")] + extra
     assert r["fits"] and r["trace"] == "t.pickle.gz" and r["trace_entries"] == 12
     from vramledger._snapshot import load_snapshot
     rows = trace_steps.steps(load_snapshot(str(path))["device_traces"][0])
     assert [row["allocs"] for row in rows] == [1] * 6
+    assert not any(row.get("unfinished") for row in rows)
     assert [row["largest_alloc"] for row in rows] == [MIB * (i + 1) for i in range(6)]
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_traced_trial_that_runs_out_of_memory_keeps_its_last_step(trial_env, tmp_path):
+@pytest.mark.parametrize("allocator", ["torch", "vramledger"])
+def test_a_traced_trial_that_runs_out_of_memory_keeps_its_last_step(trial_env, tmp_path,
+                                                                    allocator):
     path = tmp_path / "t.pickle.gz"
     trial_env.oom_at = 2
-    r = trial_env.trial.child("gpt2m", "vramledger", 24.0, 4, 1000, str(path))
+    r = trial_env.trial.child("gpt2m", allocator, 24.0, 4, 1000, str(path))
     assert r["oom"] and len(r["step_s"]) == 2 and trial_env.calls[-1] == "snapshot"
     from vramledger._snapshot import load_snapshot
     rows = trace_steps.steps(load_snapshot(str(path))["device_traces"][0])
-    assert len(rows) == 3 and rows[2]["ooms"] == 1  # the step that ran out, with its oom entry
+    # The step that ran out, with its oom entry (unfinished under torch: no snapshot closed it).
+    assert len(rows) == 3 and rows[2]["ooms"] == 1 and rows[2]["allocs"] == 1
+    assert bool(rows[2].get("unfinished")) == (allocator == "torch")
 
 
 def test_an_untraced_trial_records_no_history(trial_env):
@@ -170,8 +184,8 @@ class TracingStandIn:
     """A trial that fits up to `limits[allocator]` and, given a trace path, writes a small
     snapshot there (unless `write` is False); records each call."""
 
-    def __init__(self, limits, trial_s=10.0, write=True):
-        self.limits, self.trial_s, self.write = limits, trial_s, write
+    def __init__(self, limits, trial_s=10.0, write=True, crash=False):
+        self.limits, self.trial_s, self.write, self.crash = limits, trial_s, write, crash
         self.now, self.calls = 0.0, []
 
     def clock(self):
@@ -184,8 +198,11 @@ class TracingStandIn:
         if trace and self.write:
             with gzip.open(trace, "wb") as f:
                 pickle.dump({"segments": [], "device_traces": [TRACE]}, f, protocol=4)
-        return {"fits": fits, "oom": not fits, "step_s": [0.5] * 6 if fits else [],
-                "retries": 0, "device": "stand-in", "torch": "none"}
+        if self.crash:  # a process that failed after writing its trace
+            return {"fits": None, "error": "exit 139: "}
+        return {"fits": fits, "oom": not fits, "error": None,
+                "step_s": [0.5] * 6 if fits else [], "retries": 0, "device": "stand-in",
+                "torch": "none"}
 
 
 def searched(limits, dims=("seq",)):
@@ -256,6 +273,17 @@ def test_traces_stop_with_the_budget_and_retake_a_missing_file(tmp_path):
     assert traces.record_traces([("gpt2m", 24.0, "seq")], ["vramledger"], fixed, results,
                                 runner.Budget(1e9, fixed.clock), str(out2),
                                 log=lambda _: None) == 2
+    assert all(r["error"] is None for r in json.loads((out2 / "traces.json").read_text()).values())
+    # A trial that failed after writing its file is taken again too.
+    out3 = tmp_path / "crashed"
+    crashed = TracingStandIn(LIMITS, crash=True)
+    traces.record_traces([("gpt2m", 24.0, "seq")], ["vramledger"], crashed, results,
+                         runner.Budget(1e9, crashed.clock), str(out3), log=lambda _: None)
+    assert len(list(out3.glob("*.pickle.gz"))) == 2
+    again = TracingStandIn(LIMITS)
+    traces.record_traces([("gpt2m", 24.0, "seq")], ["vramledger"], again, results,
+                         runner.Budget(1e9, again.clock), str(out3), log=lambda _: None)
+    assert len(again.calls) == 2
 
 
 def test_a_row_without_a_measured_size_takes_no_trace(tmp_path):
@@ -292,4 +320,10 @@ def test_command_line_traces_flags(tmp_path, capsys, monkeypatch):
         capacity_main.main(["--workloads", "gpt2m", "--caps", "24", "--dims", "seq",
                             "--out", str(tmp_path / "o2.json"), "--traces", str(out)])
     assert e.value.code == 2 and "not an object of trace records" in capsys.readouterr().err
-    assert len(stand_in.calls) == ran  # the bad folder stopped the run before any trial
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    with pytest.raises(SystemExit) as e:
+        capacity_main.main(["--workloads", "gpt2m", "--caps", "24", "--dims", "seq",
+                            "--out", str(tmp_path / "o3.json"), "--traces", str(not_a_folder)])
+    assert e.value.code == 2 and "--traces" in capsys.readouterr().err
+    assert len(stand_in.calls) == ran  # the bad folders stopped the run before any trial
