@@ -3,14 +3,14 @@ sizes where the step-time comparison and the limits are read, so the reasons beh
 can be studied on a machine without a GPU (`vramledger replay`, trace_steps.py).
 
 With --traces DIR (benchmarks/gpu/run.sh: CAPACITY_TRACES=1, DIR $OUT/traces), after the searches
-and the step rounds, for each row with records: one trial per traced allocator (--trace-allocators,
-CAPACITY_TRACE_ALLOCATORS; vramledger by default) at the largest size all three allocators fit and
-at vramledger's own limit, each in its own process with its allocator's memory history on
-(trial.py), writing DIR/WORKLOAD-CAPgib-DIMSIZE-ALLOCATOR.pickle.gz (a snapshot whose trace marks
-each step's end with a `snapshot` entry) and its record, by that file name, into DIR/traces.json. A
-traced trial's step times include the recording's cost, so its record stays out of the results file
-and the tables. A trace already in DIR with its record is not taken again, unless that trial failed
-(its `fits` None: a crash, a timeout) or wrote no file.
+and the step rounds, for each row asked for with a measured size: one trial per traced allocator
+(--trace-allocators, CAPACITY_TRACE_ALLOCATORS; vramledger by default) at the largest size all three
+allocators fit and at vramledger's own limit, each in its own process with its allocator's memory
+history on (trial.py), writing DIR/WORKLOAD-CAPgib-DIMSIZE-ALLOCATOR.pickle.gz (a snapshot whose
+trace marks each step's end with a `snapshot` entry) and its record, by that file name, into
+DIR/traces.json. A traced trial's step times include the recording's cost, so its record stays out
+of the results file and the tables. A trace already in DIR with its record is not taken again,
+unless that trial failed (its `fits` None: a crash, a timeout) or wrote no file.
 """
 
 from __future__ import annotations
