@@ -1,7 +1,6 @@
 // Page recycling under a per-process memory fraction (grow_under_cap): reserved grows into the
-// room below the cap before pages move; once growing would take reserved past (1 -
-// recycle_slack) x the cap it still grows up to that line and only the pages past it move; with
-// grow_under_cap:False pages move as without a cap.
+// room below the cap before pages move, and pages move as without a cap once growing would take
+// reserved past (1 - recycle_slack) x the cap, or always with grow_under_cap:False.
 #include <cstdint>
 #include <string>
 
@@ -29,13 +28,6 @@ class RecycleUnderCapTest : public SimAllocatorTest {
     Free(hole);
     creates_ = Calls(DriverCall::kMemCreate);
     return Alloc(10 * kMiB);
-  }
-  // 2 MiB pages under a cap of `cap_mib` MiB set by the option; `more`: options before it, each
-  // followed by a comma.
-  void MakeCapped(double cap_mib, const std::string& more = "") {
-    Make(absl::StrCat("expandable_segments:True,expandable_page_mb:2,", more,
-                      "per_process_memory_fraction:", cap_mib * kMiB / kCard),
-         kCard);
   }
   std::int64_t Created() { return Calls(DriverCall::kMemCreate) - creates_; }
   std::int64_t Moves() { return FragmentationOf(*alloc_).page_moves; }
@@ -77,7 +69,10 @@ TEST_F(RecycleUnderCapTest, ACapSetLaterCountsTheSame) {
 // Growing up to the line is still allowed: 4 of the 5 pages are new (reserved 24 -> 32 MiB) and
 // only the one past the line moves from the hole.
 TEST_F(RecycleUnderCapTest, GrowthTakesTheRoomUpToTheLineAndOnlyThePagesPastItMove) {
-  MakeCapped(33);
+  const double fraction = 33.0 * kMiB / kCard;
+  Make(absl::StrCat("expandable_segments:True,expandable_page_mb:2,per_process_memory_fraction:",
+                    fraction),
+       kCard);
   HoleThenLargerRequest();
   EXPECT_EQ(Created(), 4);
   EXPECT_EQ(Moves(), 1);
@@ -87,7 +82,10 @@ TEST_F(RecycleUnderCapTest, GrowthTakesTheRoomUpToTheLineAndOnlyThePagesPastItMo
 // A cap of 27 MiB (line 26.8 MiB) leaves room for one new page: the hole's 4 pages move, as
 // without a cap; reserved 26 MiB.
 TEST_F(RecycleUnderCapTest, PagesMoveWhenGrowingWouldReachTheCap) {
-  MakeCapped(27);
+  const double fraction = 27.0 * kMiB / kCard;
+  Make(absl::StrCat("expandable_segments:True,expandable_page_mb:2,per_process_memory_fraction:",
+                    fraction),
+       kCard);
   HoleThenLargerRequest();
   ExpectTheHoleRecycled();
 }
@@ -96,9 +94,12 @@ TEST_F(RecycleUnderCapTest, PagesMoveWhenGrowingWouldReachTheCap) {
 // has room for 4 of the 5 pages at 24 MiB reserved, so one moves; with the default slack (line
 // 35.8 MiB) it grows by all 5.
 TEST_F(RecycleUnderCapTest, TheLineIsTheSlackBelowTheCap) {
+  const double fraction = 36.0 * kMiB / kCard;
   for (const char* slack : {"0.1", "0.006"}) {
     SCOPED_TRACE(slack);
-    MakeCapped(36, absl::StrCat("recycle_slack:", slack, ","));
+    Make(absl::StrCat("expandable_segments:True,expandable_page_mb:2,recycle_slack:", slack,
+                      ",per_process_memory_fraction:", fraction),
+         kCard);
     HoleThenLargerRequest();
     EXPECT_EQ(Moves(), std::string(slack) == "0.1" ? 1 : 0);
   }
