@@ -117,26 +117,15 @@ std::vector<std::pair<Segment*, std::size_t>> DeviceAllocatorImpl::RecyclablePag
   if (reserved_after <= (1.0 + options_.recycle_slack) * peak_after) return {};
   // Under a memory fraction the room below the cap is the process's: growing there is one
   // driver call per new handle once, where moving pages costs calls in every step.
-  std::size_t wanted = plan.missing;
-  if (fraction_set_ && options_.grow_under_cap) {
-    const double cap_line = (1.0 - options_.recycle_slack) * static_cast<double>(allowed_bytes_);
-    if (reserved_after <= cap_line) return {};
-    // The room up to the line is still the process's: grow into it and move only the pages past
-    // it (a large request arriving just past the line would otherwise move every page it lacks,
-    // driver calls in every step, where growing costs one call per new page, once).
-    const double line = std::min(std::max(cap_line, (1.0 + options_.recycle_slack) * peak_after),
-                                 static_cast<double>(allowed_bytes_));
-    const double room = line - static_cast<double>(stats_.reserved_bytes.current(kAggregate));
-    if (room >= static_cast<double>(plan.page)) {
-      wanted -= std::min(plan.missing - 1,
-                         static_cast<std::size_t>(room / static_cast<double>(plan.page)));
-    }
+  if (fraction_set_ && options_.grow_under_cap &&
+      reserved_after <= (1.0 - options_.recycle_slack) * static_cast<double>(allowed_bytes_)) {
+    return {};
   }
   // Pages of the block itself past the request count too (it is out of the index now). A
   // private pool's (a region's) pages move only within it.
   std::array<const core::BlockPool*, 2> group;
   std::vector<std::pair<Segment*, std::size_t>> pages = placement_.FreeMappedPages(
-      plan.page, wanted, block, seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1),
+      plan.page, plan.missing, block, seg->PageAddress(seg->PageOf(block->ptr + size - 1) + 1),
       GroupOf(seg->pool, &group));
   // A page moved or released waits for its segment's stream (or that stream's fence), which
   // cannot be done on a stream that is capturing: a synchronize would end its capture, and no

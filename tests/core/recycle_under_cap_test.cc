@@ -65,24 +65,10 @@ TEST_F(RecycleUnderCapTest, ACapSetLaterCountsTheSame) {
   EXPECT_EQ(Reserved(), static_cast<std::int64_t>(34 * kMiB));
 }
 
-// A cap of 33 MiB: the 34 MiB that growing would reach is past the line, 0.994 x 33 = 32.8 MiB.
-// Growing up to the line is still allowed: 4 of the 5 pages are new (reserved 24 -> 32 MiB) and
-// only the one past the line moves from the hole.
-TEST_F(RecycleUnderCapTest, GrowthTakesTheRoomUpToTheLineAndOnlyThePagesPastItMove) {
-  const double fraction = 33.0 * kMiB / kCard;
-  Make(absl::StrCat("expandable_segments:True,expandable_page_mb:2,per_process_memory_fraction:",
-                    fraction),
-       kCard);
-  HoleThenLargerRequest();
-  EXPECT_EQ(Created(), 4);
-  EXPECT_EQ(Moves(), 1);
-  EXPECT_EQ(Reserved(), static_cast<std::int64_t>(32 * kMiB));
-}
-
-// A cap of 27 MiB (line 26.8 MiB) leaves room for one new page: the hole's 4 pages move, as
-// without a cap; reserved 26 MiB.
+// A cap of 33 MiB: the 34 MiB that growing would reach is past 0.994 x 33 MiB, so the hole's 4
+// pages move and one page is new (as without a cap); reserved stays at 26 MiB.
 TEST_F(RecycleUnderCapTest, PagesMoveWhenGrowingWouldReachTheCap) {
-  const double fraction = 27.0 * kMiB / kCard;
+  const double fraction = 33.0 * kMiB / kCard;
   Make(absl::StrCat("expandable_segments:True,expandable_page_mb:2,per_process_memory_fraction:",
                     fraction),
        kCard);
@@ -91,8 +77,7 @@ TEST_F(RecycleUnderCapTest, PagesMoveWhenGrowingWouldReachTheCap) {
 }
 
 // The line is (1 - recycle_slack) x the cap: with a slack of 0.1, a 36 MiB cap (line 32.4 MiB)
-// has room for 4 of the 5 pages at 24 MiB reserved, so one moves; with the default slack (line
-// 35.8 MiB) it grows by all 5.
+// moves pages at 34 MiB; with the default slack (line 35.8 MiB) it grows.
 TEST_F(RecycleUnderCapTest, TheLineIsTheSlackBelowTheCap) {
   const double fraction = 36.0 * kMiB / kCard;
   for (const char* slack : {"0.1", "0.006"}) {
@@ -101,7 +86,7 @@ TEST_F(RecycleUnderCapTest, TheLineIsTheSlackBelowTheCap) {
                       ",per_process_memory_fraction:", fraction),
          kCard);
     HoleThenLargerRequest();
-    EXPECT_EQ(Moves(), std::string(slack) == "0.1" ? 1 : 0);
+    EXPECT_EQ(Moves(), std::string(slack) == "0.1" ? 4 : 0);
   }
 }
 

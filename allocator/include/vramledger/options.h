@@ -86,8 +86,7 @@ struct Options {
   /// cap is the memory the process was granted; moving pages while it has room costs driver
   /// calls in every step and buys nothing (Llama-1B with checkpointing, 80 GiB cap, batch 51 of
   /// the 60 that fit: 5,423 page moves and 13% longer steps on the H200; page-recycling.md,
-  /// "Under a cap"). Past the line, growth still takes the room up to it and only the pages past
-  /// it move. False: recycle as without a cap, keeping reserved at its tightest.
+  /// "Under a cap"). False: recycle as without a cap, keeping reserved at its tightest.
   bool grow_under_cap = true;
   /// `keep_old_mappings` (vramledger): a handle that moved keeps its old mapping after the work
   /// queued there has finished, until that address is needed for another handle (or empty_cache);
