@@ -1,16 +1,17 @@
 """A traced capacity trial, step by step, from its snapshot alone (no GPU): what the program asked
 for and what the allocator did to the device in each step.
 
-The trace's `snapshot` entries end the steps (the traced trial takes one after each; trial.py).
-Per step: the program's allocations and their largest, the live bytes at the step's peak (allocs
-less free_requested), the allocator's segment events (segment_alloc / segment_free: whole segments;
-segment_map / segment_unmap: pages of an expandable segment, vramledger's old mappings taken back
-and left behind included, so its record's cuMemMap / cuMemUnmap counts say which made driver
-calls), the bytes they mapped and unmapped, any `oom` entry, and the host time in runs of segment
-events: for each maximal run, from the entry before it to its last entry (the allocator writes an
-entry after the call it records, so a run's time is its driver calls' and the waits between them,
-plus the program's own time before its first; the access grant after a run's maps, cuMemSetAccess,
-falls after its last entry and is left out).
+The trace's `snapshot` entries end the steps (the traced trial takes one after each; trial.py). Per
+step: the program's allocations and their largest, the live bytes at the step's peak (allocs less
+free_requested, counted from the trace's first entry: a trace kept only in part, such as a
+snapshot's last max_entries, starts from 0), the allocator's segment events (segment_alloc /
+segment_free: whole segments; segment_map / segment_unmap: pages of an expandable segment,
+vramledger's old mappings taken back and left behind included, so its record's cuMemMap / cuMemUnmap
+counts say which made driver calls), the bytes they mapped and unmapped, any `oom` entry, and the
+host time in runs of segment events: for each maximal run, from the entry before it to its last
+entry (the allocator writes an entry after the call it records, so a run's time is its driver calls'
+and the waits between them, plus the program's own time before its first; the access grant after a
+run's maps, cuMemSetAccess, falls after its last entry and is left out).
 
   PYTHONPATH=torch_plugin/python python -m benchmarks.capacity.trace_steps TRACE.pickle.gz [--json]
 Exit status 0; 2 with a message when the file cannot be read or holds no trace.
@@ -109,7 +110,13 @@ def main(argv=None) -> int:
               "with record_memory_history('all'))", file=sys.stderr)
         return 2
     rows = steps(traces[a.device])
-    print(json.dumps(rows, indent=1) if a.json else table(rows))
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(table(rows))
+    if all(r.get("unfinished") for r in rows):
+        print(f"{a.trace} has no `snapshot` entry: its trace is one step, not a traced capacity "
+              "trial's (which ends each step with one)")
     return 0
 
 
