@@ -45,8 +45,11 @@ def load_index(out_dir: str) -> dict[str, dict]:
     if not os.path.exists(path):
         return {}
     with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    if not isinstance(doc, dict):
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(doc, dict) or not all(isinstance(r, dict) for r in doc.values()):
         raise ValueError(f"{path}: not an object of trace records by file name")
     return doc
 
@@ -55,8 +58,8 @@ def record_traces(groups: Iterable[tuple[str, float, str]], allocators: Iterable
                   trial: runner.Trial, results: Results, budget: runner.Budget, out_dir: str,
                   *, seq_step: int = 64, trial_timeout_s: float = 240.0,
                   log: Callable[[str], None] = print) -> int:
-    """Takes the traces of every group with records, in ALLOCATOR_ORDER, skipping those already in
-    `out_dir`; stops where the budget ends. Returns how many it took."""
+    """Takes the traces of every group with a measured size, each allocator in ALLOCATOR_ORDER,
+    skipping those already in `out_dir`; stops where the budget ends. Returns how many it took."""
     os.makedirs(out_dir, exist_ok=True)
     index = load_index(out_dir)
     taken = 0

@@ -322,12 +322,15 @@ def test_command_line_traces_flags(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         capacity_main.main(["--table-only", "--trace-allocators", "cuda"])
     assert e.value.code == 2 and "unknown cuda" in capsys.readouterr().err
-    (out / "traces.json").write_text("[1, 2]")
     ran = len(stand_in.calls)
-    with pytest.raises(SystemExit) as e:
-        capacity_main.main(["--workloads", "gpt2m", "--caps", "24", "--dims", "seq",
-                            "--out", str(tmp_path / "o2.json"), "--traces", str(out)])
-    assert e.value.code == 2 and "not an object of trace records" in capsys.readouterr().err
+    for bad, says in (("[1, 2]", "not an object of trace records"),
+                      ('{"a.pickle.gz": 3}', "not an object of trace records"),
+                      ("{", "traces.json")):
+        (out / "traces.json").write_text(bad)
+        with pytest.raises(SystemExit) as e:
+            capacity_main.main(["--workloads", "gpt2m", "--caps", "24", "--dims", "seq",
+                                "--out", str(tmp_path / "o2.json"), "--traces", str(out)])
+        assert e.value.code == 2 and says in capsys.readouterr().err, bad
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     with pytest.raises(SystemExit) as e:
