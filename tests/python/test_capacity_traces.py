@@ -15,7 +15,6 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "torch_plugin" / "python"))
 from benchmarks.capacity import __main__ as capacity_main  # noqa: E402
 from benchmarks.capacity import runner, trace_steps, traces  # noqa: E402
 from benchmarks.capacity.results import Results  # noqa: E402
