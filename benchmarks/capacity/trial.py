@@ -41,10 +41,8 @@ prints one line `RESULT_JSON {...}`. run_trial() starts that process and reads t
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import pickle
 import statistics
 import subprocess
 import sys
@@ -149,19 +147,13 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
         # After an out-of-memory error, the step that ran out, up to its oom entry.
         if allocator != "vramledger" or out["oom"] or last is None:
             last = take_snapshot()
+        # The package's writer: pickle protocol 4, gzip, through a temporary file (on the trial's
+        # PYTHONPATH under every allocator; run_trial puts torch_plugin/python there).
+        from vramledger._snapshot import write_snapshot
         write_snapshot(last, trace)
         out["trace"] = os.path.basename(trace)
         out["trace_entries"] = len(last["device_traces"][0]) if last["device_traces"] else 0
     return out
-
-
-def write_snapshot(snapshot: dict, path: str) -> None:
-    """Writes `snapshot` to `path` as a gzip-compressed pickle (protocol 4, which torch's viewer
-    and vramledger read), through a temporary file, so a trial killed midway leaves no torn one."""
-    tmp = path + ".tmp"
-    with gzip.open(tmp, "wb", compresslevel=6) as f:
-        pickle.dump(snapshot, f, protocol=4)
-    os.replace(tmp, path)
 
 
 def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,

@@ -18,6 +18,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.capacity import __main__ as capacity_main  # noqa: E402
 from benchmarks.capacity import runner, trace_steps, traces  # noqa: E402
 from benchmarks.capacity.results import Results  # noqa: E402
+# The real package's snapshot module, imported before a test stands in for `vramledger` itself:
+# the traced trial writes its file with it.
+from vramledger import _snapshot  # noqa: E402,F401
 
 MIB = 1 << 20
 

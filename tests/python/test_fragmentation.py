@@ -341,21 +341,21 @@ def test_the_capacity_trial_reads_the_driver_time_and_waits_the_plugin_reports()
 @needs_plugin
 def test_a_traced_capacity_trials_calls_give_a_trace_split_into_steps(tmp_path):
     """What a traced capacity trial does under vramledger (trial.py: record_memory_history with no
-    stacks, a snapshot after each step, write_snapshot at the end), against the plugin on the
-    simulated device: the written file loads, and trace_steps splits it at the snapshots with the
-    allocator's page maps in the step that made them."""
+    stacks, a snapshot after each step, the package's write_snapshot at the end), against the
+    plugin on the simulated device: the written file loads, and trace_steps splits it at the
+    snapshots with the allocator's page maps in the step that made them."""
     path = tmp_path / "trace.pickle.gz"
     (rows,) = run(f"""
         sys.path.insert(0, {os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))!r})
         from benchmarks.capacity import trace_steps, trial
-        from vramledger._snapshot import load_snapshot
+        from vramledger._snapshot import load_snapshot, write_snapshot
         vramledger.record_memory_history("all", context=None, stacks="python",
                                          max_entries=trial.MAX_TRACE_ENTRIES)
         a = alloc(8 * MiB)
         vramledger.snapshot()
         free(a, 8 * MiB)
         b = alloc(4 * MiB)
-        trial.write_snapshot(vramledger.snapshot(), {str(path)!r})
+        write_snapshot(vramledger.snapshot(), {str(path)!r})
         trace = load_snapshot({str(path)!r})["device_traces"][0]
         print(json.dumps(trace_steps.steps(trace)))
     """)
