@@ -7,6 +7,13 @@ _plan_allowance.CALIBRATION_ROWS calibrate; every other row evaluates.
   python -m benchmarks.capacity.calibrate [--resume FILE ...]   (default: the calibration records)
 Prints the figures per row, the constants they give, and whether the planner's constants are
 those; exit status 1 when they differ, 2 on a bad file.
+
+  python -m benchmarks.capacity.calibrate --scan ALLOCATOR [--factors LOW:HIGH:STEP]
+Asks whether any one allowance would do: for each factor in the range (default 1.00:1.20:0.005),
+plan --fit's error on every row of ALLOCATOR with a measured limit, calibration and evaluation
+rows alike, with that factor in place of the allocator's allowance under a cap (the peak
+correction unchanged); prints per factor the rows within 5% and the worst errors either way, then
+the factor with the most rows within 5% and its error on each row. Exit status 0.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import sys
 
 from benchmarks.capacity import planner, table
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
+from benchmarks.capacity.workloads import WORKLOADS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -120,6 +128,71 @@ def brackets(results: Results, seq_step: int = 64) -> list[tuple]:
     return out
 
 
+@dataclasses.dataclass
+class ScanRow:
+    """plan --fit's prediction on one row with one trial factor."""
+    workload: str
+    cap_gib: float
+    dim: str
+    measured: int
+    predicted: int
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+def scan(results: Results, allocator: str, factors: list[float],
+         seq_step: int = 64) -> list[tuple[float, list[ScanRow]]]:
+    """For each of `factors`, plan --fit on every row where `allocator` has a measured limit, with
+    that factor as its allowance under a cap and the package's peak correction."""
+    from vramledger import _plan_allowance as pa
+    rows = [(w, cap, dim, got) for w, cap, dim in sorted(results.groups())
+            if (got := table.measured(results, w, allocator, cap, dim, seq_step))]
+    out = []
+    for f in factors:
+        allowance = pa.Allowance("cap", allocator, f, pa.PEAK_CORRECTION, "scan")
+        out.append((f, [ScanRow(w, cap, dim, got, planner.predict_with(w, cap, dim, allowance))
+                        for w, cap, dim, got in rows]))
+    return out
+
+
+def parse_factors(text: str) -> list[float]:
+    """"LOW:HIGH:STEP" as the factors LOW, LOW + STEP, ... up to HIGH (inclusive).
+
+    Raises:
+      ValueError: not three numbers, a step not above 0, LOW above HIGH or LOW below 1.
+    """
+    try:
+        low, high, step = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--factors {text!r}: expected LOW:HIGH:STEP, e.g. 1.00:1.20:0.005")
+    if step <= 0 or low > high or low < 1:
+        raise ValueError(f"--factors {text!r}: needs 1 <= LOW <= HIGH and STEP > 0")
+    n = int(round((high - low) / step))
+    return [round(low + i * step, 6) for i in range(n + 1) if low + i * step <= high + 1e-9]
+
+
+def scan_report(allocator: str, scanned: list[tuple[float, list[ScanRow]]]) -> str:
+    if not scanned or not scanned[0][1]:
+        return f"no row of {table.NAMES[allocator]} has a measured limit in the records"
+    n = len(scanned[0][1])
+    lines = [f"{table.NAMES[allocator]}, one allowance under a cap for every row ({n} rows):", "",
+             "| factor | rows within 5% | worst over | worst under |", "|---|---|---|---|"]
+    for f, rows in scanned:
+        errs = [r.error for r in rows]
+        lines.append(f"| {f:.4f} | {sum(abs(e) <= 0.05 for e in errs)} | {100 * max(errs):+.1f}% "
+                     f"| {100 * min(errs):+.1f}% |")
+    best_f, best = max(scanned, key=lambda x: (sum(abs(r.error) <= 0.05 for r in x[1]),
+                                               -max(abs(r.error) for r in x[1])))
+    within = sum(abs(r.error) <= 0.05 for r in best)
+    lines += ["", f"most rows within 5%: {within} of {n}, at {best_f:.4f}:", "",
+              "| row | measured | plan --fit (error) |", "|---|---|---|"]
+    lines += [f"| {WORKLOADS[r.workload].title} {r.dim} {r.cap_gib:g} GiB | {r.measured} | "
+              f"{r.predicted} ({100 * r.error:+.1f}%) |" for r in best]
+    return "\n".join(lines)
+
+
 def matches_package(c: Calibration) -> bool:
     from vramledger import _plan_allowance as pa
     return c.allowance == pa.UNDER_A_CAP and c.peak_correction == pa.PEAK_CORRECTION
@@ -132,13 +205,20 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--resume", nargs="+", default=[os.path.join(ROOT, pa.CALIBRATION_RECORDS)])
     ap.add_argument("--seq-step", type=int, default=64)
+    ap.add_argument("--scan", choices=ALLOCATOR_ORDER, default=None,
+                    help="try one allowance under a cap for every row of this allocator")
+    ap.add_argument("--factors", default="1.00:1.20:0.005", help="with --scan: LOW:HIGH:STEP")
     a = ap.parse_args(argv)
     results = Results()
     try:
         results.load(a.resume)
+        if a.scan:
+            factors = parse_factors(a.factors)
+            print(scan_report(a.scan, scan(results, a.scan, factors, a.seq_step)))
+            return 0
         c = calibrate(results, a.seq_step)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        ap.error(f"--resume: {e}")
+        ap.error(f"--resume: {e}" if not a.scan else str(e))
     print(report(c))
     print("\nWhere each row puts the allocator's need at its limit (not used by the calibration "
           "but for its rows):\n\n| row | allocator | role | need in |\n|---|---|---|---|")

@@ -53,6 +53,15 @@ def predict(workload: str, allocator: str, cap_gib: float, dim: str, model: str 
                          model).size
 
 
+def predict_with(workload: str, cap_gib: float, dim: str, allowance) -> int:
+    """predict() with `allowance` (a vramledger._plan_allowance.Allowance) in place of the
+    allocator's own; not cached."""
+    from vramledger import _plan_fit
+    batch, seq = WORKLOADS[workload].shape(dim, 1)
+    return _plan_fit.fit(_model(workload), _setup(workload, batch, seq, cap_gib), dim,
+                         allowance.allocator, allowance=allowance).size
+
+
 def predict_uncapped(workload: str, allocator: str, cap_gib: float, dim: str) -> int:
     """predict() with the uncapped allowance (peak reserved with abundant memory)."""
     return predict(workload, allocator, cap_gib, dim, "uncapped")

@@ -164,3 +164,44 @@ def test_torch_natives_need_under_a_cap_differs_by_workload(trials):
     assert gpt2_high < lora_low
     # The calibrated constant is GPT-2-medium's upper bound, rounded up.
     assert pa.UNDER_A_CAP["torch"] == math.ceil(gpt2_high * 1e4) / 1e4
+
+
+def test_a_scan_at_the_allocators_own_factor_predicts_what_plan_fit_does(trials):
+    results = load(trials)
+    [(factor, rows)] = calibrate.scan(results, "torch", [pa.UNDER_A_CAP["torch"]])
+    assert factor == pa.UNDER_A_CAP["torch"]
+    assert len(rows) == 16  # every workload, cap and dimension has torch native's limit
+    for r in rows:
+        assert r.predicted == planner.predict(r.workload, "torch", r.cap_gib, r.dim)
+        assert r.measured == table.measured(results, r.workload, "torch", r.cap_gib, r.dim, 64)
+
+
+def test_a_larger_factor_never_predicts_a_larger_size(trials):
+    scanned = calibrate.scan(load(trials), "vramledger", [1.0, 1.05, 1.10])
+    for (_, lower), (_, higher) in zip(scanned, scanned[1:]):
+        assert all(h.predicted <= lo.predicted for lo, h in zip(lower, higher))
+    assert any(h.predicted < lo.predicted for lo, h in zip(scanned[0][1], scanned[-1][1]))
+
+
+def test_the_scan_command_names_the_best_factor_and_its_misses(capsys):
+    assert calibrate.main(["--resume", str(RECORDS), "--scan", "torch",
+                           "--factors", "1.04:1.14:0.04"]) == 0
+    out = capsys.readouterr().out
+    assert "torch native, one allowance under a cap for every row (16 rows):" in out
+    assert [line.split(" |")[0] for line in out.splitlines() if line.startswith("| 1.")] == \
+        ["| 1.0400", "| 1.0800", "| 1.1200"]
+    assert "most rows within 5%: 13 of 16, at 1.1200:" in out
+    assert "| GPT-2-medium seq 24 GiB | 1728 | 1581 (-8.5%) |" in out
+
+
+@pytest.mark.parametrize("text", ["1.0:1.2", "a:b:c", "1.1:1.0:0.01", "1.0:1.2:0", "0.9:1.2:0.1"])
+def test_bad_factors_are_refused_with_a_message(text, capsys):
+    with pytest.raises(SystemExit) as e:
+        calibrate.main(["--resume", str(RECORDS), "--scan", "torch", "--factors", text])
+    assert e.value.code == 2
+    assert f"--factors {text!r}" in capsys.readouterr().err
+
+
+def test_factors_cover_the_range_inclusive():
+    assert calibrate.parse_factors("1.00:1.02:0.01") == [1.0, 1.01, 1.02]
+    assert calibrate.parse_factors("1.1:1.1:0.5") == [1.1]

@@ -81,11 +81,13 @@ class Fit:
 
 
 def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str,
-        allowance_model: str = "cap") -> Fit:
+        allowance_model: str = "cap", *, allowance: Allowance | None = None) -> Fit:
     """The largest `dimension` ("batch" or "seq") in [1, MAX_SIZE[dimension]], the other held at
     `setup`'s value, for which the allocator's reserved bytes for the estimate, in
-    `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes."""
-    allowance = _plan_allowance.allowance(allocator, allowance_model)
+    `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes. `allowance`, when
+    given, replaces the allocator's own (benchmarks/capacity/calibrate.py tries other factors)."""
+    if allowance is None:
+        allowance = _plan_allowance.allowance(allocator, allowance_model)
     bound = MAX_SIZE[dimension]
 
     def plan_at(n: int) -> dict[str, Any]:
