@@ -25,7 +25,9 @@ The figures, per row:
   steady step, summed over its runs (trial.py's per-step counters; records written before those
   were recorded show "-"), and vramledger's driver time and waits (cudaEventSynchronize,
   cudaStreamSynchronize) with their time per steady step (trial.py; "-" for torch's allocators
-  and older records).
+  and older records);
+- the card the runs ran on: a round's three runs share one machine, so each paired ratio compares
+  allocators on one card.
 """
 
 from __future__ import annotations
@@ -115,14 +117,21 @@ def verdict(bounds: tuple[float, float, float] | None) -> str:
     return "above" if low > 1 + MARGIN else "undecided"
 
 
+def cards(runs: list[dict]) -> str:
+    """The GPUs `runs` ran on, without the vendor's name ("H200"; two names when a row's rounds
+    came from two kinds of card, whose step times the ratios never pair across)."""
+    names = sorted({r["device"].removeprefix("NVIDIA ") for r in runs if r.get("device")})
+    return ", ".join(names) or "-"
+
+
 def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
     """One line per row with step-round runs at its common size and allocator (the module's
     docstring says what each figure is)."""
     lines = ["| workload | cap GiB | dimension | size | allocator | rounds fit | steady step s "
              "by round | median steady step s | device allocs / frees / syncs / retries per "
              "steady step | vramledger / this (90% interval) | verdict | "
-             f"{table.LEDGER_COLUMN} |",
-             "|---" * 12 + "|"]
+             f"{table.LEDGER_COLUMN} | card |",
+             "|---" * 13 + "|"]
     for workload, cap, dim in rows:
         size = table.common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
         runs = {a: {r["round"]: r for r in results.rounds.values()
@@ -151,7 +160,8 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
                          f"{table.NAMES[a]} | {len(mine)} of {len(runs[a])} | {by_round or '-'} "
                          f"| {median} | {table.counters(list(runs[a].values()))} | {ratio} | "
-                         f"{says} | {table.ledger(list(runs[a].values()))} |")
+                         f"{says} | {table.ledger(list(runs[a].values()))} | "
+                         f"{cards(list(runs[a].values()))} |")
     if len(lines) == 2:
         return "No step rounds recorded at a size all three allocators fit."
     return "\n".join(lines)

@@ -179,6 +179,7 @@ def test_the_rounds_table_with_the_per_step_counters():
     # waits; 4 maps, 2 unmaps and 12 take-backs each); torch's allocators have none.
     assert vl[11] == "2.00 / 0.25 / 0.38 / 1.00 / 0.50 / 3.00"
     assert torch[11] == expandable[11] == "-"
+    assert vl[12] == torch[12] == "stand-in"  # the card, as the runs' records name it
 
 
 def test_the_tables_on_records_without_the_per_step_counters(tmp_path, capsys):
@@ -188,7 +189,7 @@ def test_the_tables_on_records_without_the_per_step_counters(tmp_path, capsys):
     rows = row_cells(step_rounds.rounds_table(results, [ROW], 64))
     assert rows["vramledger"][5:9] == ["1 of 1", "0.500", "0.500", "-"]
     assert rows["vramledger"][11] == "-"
-    assert rows["torch native"][9:] == ["1.000 over 1 round", "too few rounds", "-"]
+    assert rows["torch native"][9:] == ["1.000 over 1 round", "too few rounds", "-", "stand-in"]
     retries = table.retries_table(results, [ROW], 64)  # the searches' records lack them too
     assert "| GPT-2-medium | 24 | batch | 4 | vramledger | 0.00 | 0.500 | - |" in retries
     # The command line prints both, the rounds' after the retries'; a row without rounds says so.
