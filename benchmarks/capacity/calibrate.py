@@ -13,13 +13,15 @@ Asks whether any one allowance would do: for each factor in the range (default 1
 plan --fit's error on every row of ALLOCATOR with a measured limit, calibration and evaluation
 rows alike, with that factor in place of the allocator's allowance under a cap (the peak
 correction unchanged); prints per factor the rows within 5% and the worst errors either way, then
-the factor with the most rows within 5% and its error on each row. Exit status 0.
+the factor with the most rows within 5% and its error on each row. Exit status 0; 1 when the
+records hold no limit of ALLOCATOR; 2 on a bad file or --factors.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 
@@ -157,32 +159,46 @@ def scan(results: Results, allocator: str, factors: list[float],
     return out
 
 
+MIN_STEP = 1e-4     # the table prints factors to 4 decimals
+MAX_FACTORS = 1000  # each factor is a --fit search per row
+
+
 def parse_factors(text: str) -> list[float]:
     """"LOW:HIGH:STEP" as the factors LOW, LOW + STEP, ... up to HIGH (inclusive).
 
     Raises:
-      ValueError: not three numbers, a step not above 0, LOW above HIGH or LOW below 1.
+      ValueError: not three finite numbers, LOW below 1 or above HIGH, STEP below MIN_STEP, or
+        more than MAX_FACTORS factors (the message names --factors and what is wrong).
     """
     try:
         low, high, step = (float(x) for x in text.split(":"))
     except ValueError:
         raise ValueError(f"--factors {text!r}: expected LOW:HIGH:STEP, e.g. 1.00:1.20:0.005")
-    if step <= 0 or low > high or low < 1:
-        raise ValueError(f"--factors {text!r}: needs 1 <= LOW <= HIGH and STEP > 0")
-    n = int(round((high - low) / step))
-    return [round(low + i * step, 6) for i in range(n + 1) if low + i * step <= high + 1e-9]
+    if not all(math.isfinite(x) for x in (low, high, step)):
+        raise ValueError(f"--factors {text!r}: LOW, HIGH and STEP must be finite numbers")
+    if low < 1 or low > high or step < MIN_STEP:
+        raise ValueError(f"--factors {text!r}: needs 1 <= LOW <= HIGH and STEP >= {MIN_STEP:g}")
+    n = int(math.floor((high - low) / step + 1e-9)) + 1
+    if n > MAX_FACTORS:
+        raise ValueError(f"--factors {text!r}: {n} factors; at most {MAX_FACTORS}")
+    return [round(low + i * step, 6) for i in range(n)]
+
+
+def _worst(errors: list[float], sign: int) -> str:
+    """The largest error of one sign as a percentage, "-" when there is none of that sign."""
+    of_sign = [e for e in errors if e * sign > 0]
+    return f"{100 * max(of_sign, key=abs):+.1f}%" if of_sign else "-"
 
 
 def scan_report(allocator: str, scanned: list[tuple[float, list[ScanRow]]]) -> str:
-    if not scanned or not scanned[0][1]:
-        return f"no row of {table.NAMES[allocator]} has a measured limit in the records"
+    """The scan's table per factor and the best factor's rows (scanned must have rows)."""
     n = len(scanned[0][1])
     lines = [f"{table.NAMES[allocator]}, one allowance under a cap for every row ({n} rows):", "",
              "| factor | rows within 5% | worst over | worst under |", "|---|---|---|---|"]
     for f, rows in scanned:
         errs = [r.error for r in rows]
-        lines.append(f"| {f:.4f} | {sum(abs(e) <= 0.05 for e in errs)} | {100 * max(errs):+.1f}% "
-                     f"| {100 * min(errs):+.1f}% |")
+        lines.append(f"| {f:.4f} | {sum(abs(e) <= 0.05 for e in errs)} | {_worst(errs, 1)} | "
+                     f"{_worst(errs, -1)} |")
     best_f, best = max(scanned, key=lambda x: (sum(abs(r.error) <= 0.05 for r in x[1]),
                                                -max(abs(r.error) for r in x[1])))
     within = sum(abs(r.error) <= 0.05 for r in best)
@@ -207,18 +223,34 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-step", type=int, default=64)
     ap.add_argument("--scan", choices=ALLOCATOR_ORDER, default=None,
                     help="try one allowance under a cap for every row of this allocator")
-    ap.add_argument("--factors", default="1.00:1.20:0.005", help="with --scan: LOW:HIGH:STEP")
+    ap.add_argument("--factors", default=None,
+                    help="with --scan: LOW:HIGH:STEP (default 1.00:1.20:0.005)")
     a = ap.parse_args(argv)
+    factors = None
+    if a.factors is not None and not a.scan:
+        ap.error("--factors is for --scan")
+    if a.scan:
+        try:
+            factors = parse_factors(a.factors or "1.00:1.20:0.005")
+        except ValueError as e:
+            ap.error(str(e))
     results = Results()
     try:
         results.load(a.resume)
-        if a.scan:
-            factors = parse_factors(a.factors)
-            print(scan_report(a.scan, scan(results, a.scan, factors, a.seq_step)))
-            return 0
-        c = calibrate(results, a.seq_step)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        ap.error(f"--resume: {e}" if not a.scan else str(e))
+        ap.error(f"--resume: {e}")
+    if a.scan:
+        scanned = scan(results, a.scan, factors, a.seq_step)
+        if not scanned[0][1]:
+            print(f"calibrate: no row of {table.NAMES[a.scan]} has a measured limit in "
+                  f"{', '.join(a.resume)}", file=sys.stderr)
+            return 1
+        print(scan_report(a.scan, scanned))
+        return 0
+    try:
+        c = calibrate(results, a.seq_step)
+    except (ValueError, KeyError, TypeError) as e:
+        ap.error(f"--resume: {e}")
     print(report(c))
     print("\nWhere each row puts the allocator's need at its limit (not used by the calibration "
           "but for its rows):\n\n| row | allocator | role | need in |\n|---|---|---|---|")

@@ -58,8 +58,8 @@ def predict_with(workload: str, cap_gib: float, dim: str, allowance) -> int:
     allocator's own; not cached."""
     from vramledger import _plan_fit
     batch, seq = WORKLOADS[workload].shape(dim, 1)
-    return _plan_fit.fit(_model(workload), _setup(workload, batch, seq, cap_gib), dim,
-                         allowance.allocator, allowance=allowance).size
+    return _plan_fit.fit_with(_model(workload), _setup(workload, batch, seq, cap_gib), dim,
+                              allowance).size
 
 
 def predict_uncapped(workload: str, allocator: str, cap_gib: float, dim: str) -> int:

@@ -40,7 +40,10 @@ class Results:
         n = 0
         for p in paths:
             with open(p, encoding="utf-8") as f:
-                doc = json.load(f)
+                try:
+                    doc = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{p}: not JSON ({e})") from None
             if not isinstance(doc, dict) or not isinstance(doc.get("trials"), list):
                 raise ValueError(f"{p}: not a capacity results file (no \"trials\" list)")
             if not isinstance(doc.get("step_rounds", []), list):
@@ -50,13 +53,16 @@ class Results:
                     isinstance(aside.get(f, []), list) for f in ("trials", "step_rounds")):
                 raise ValueError(f"{p}: \"superseded\" is not an object with \"trials\" and "
                                  "\"step_rounds\" lists")
-            for r in doc["trials"]:
-                self.records[key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
-                                 r["size"])] = r
-                n += 1
-            for r in doc.get("step_rounds", []):
-                self.rounds[round_key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
-                                      r["size"], r["round"])] = r
+            try:
+                for r in doc["trials"]:
+                    self.records[key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
+                                     r["size"])] = r
+                    n += 1
+                for r in doc.get("step_rounds", []):
+                    self.rounds[round_key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
+                                          r["size"], r["round"])] = r
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"{p}: a record without its {e} field") from None
             for field, value in aside.items():
                 if isinstance(value, list):
                     kept = self.superseded.setdefault(field, [])

@@ -26,8 +26,9 @@ The figures, per row:
   were recorded show "-"), and vramledger's driver time and waits (cudaEventSynchronize,
   cudaStreamSynchronize) with their time per steady step (trial.py; "-" for torch's allocators
   and older records);
-- the card the runs ran on: a round's three runs share one machine, so each paired ratio compares
-  allocators on one card.
+- the card the runs ran on: a round's three runs share one machine; a round whose two runs name
+  different cards (records merged from two machines' files under one round number) is not
+  paired.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def verdict(bounds: tuple[float, float, float] | None) -> str:
 
 def cards(runs: list[dict]) -> str:
     """The GPUs `runs` ran on, without the vendor's name ("H200"; two names when a row's rounds
-    came from two kinds of card, whose step times the ratios never pair across)."""
+    came from two kinds of card: a ratio pairs a round's runs only when they name one card)."""
     names = sorted({r["device"].removeprefix("NVIDIA ") for r in runs if r.get("device")})
     return ", ".join(names) or "-"
 
@@ -149,7 +150,8 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
             ratio, says = "-", "-"
             if a != "vramledger":
                 vl = {k: t for k, t in times["vramledger"].items() if t is not None}
-                paired = [vl[k] / mine[k] for k in sorted(vl.keys() & mine.keys())]
+                paired = [vl[k] / mine[k] for k in sorted(vl.keys() & mine.keys())
+                          if runs["vramledger"][k].get("device") == runs[a][k].get("device")]
                 bounds = interval(paired)
                 if bounds:
                     ratio = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}) over "

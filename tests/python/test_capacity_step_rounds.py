@@ -226,3 +226,25 @@ def test_bad_step_rounds_is_an_error(capsys):
         with pytest.raises(SystemExit) as e:
             capacity_main.main(["--table-only", "--step-rounds", value])
         assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_the_card_column_names_each_card_and_a_ratio_pairs_one_cards_runs():
+    steady = {"torch": [0.50, 0.40, 0.50], "torch-expandable": [0.50, 0.50, 0.50],
+              "vramledger": [0.45, 0.55, 0.45]}
+    results = searched()
+    run_rounds(results, RoundRuns(steady), 3)
+    for r in results.rounds.values():  # round 1 merged from another machine's file
+        r["device"] = "NVIDIA H100 80GB HBM3" if r["round"] == 1 else "NVIDIA H200"
+    # ... except torch native's round-1 run, recorded on the H200: that round pairs nothing.
+    results.get_round(*ROW[:1], "torch", *ROW[1:], 4, 1)["device"] = "NVIDIA H200"
+    rows = row_cells(step_rounds.rounds_table(results, [ROW], 64))
+    assert rows["vramledger"][12] == rows["torch expandable"][12] == "H100 80GB HBM3, H200"
+    assert rows["torch native"][12] == "H200"
+    assert rows["torch native"][9] == "{:.3f} ({:.3f} - {:.3f}) over 2 rounds".format(
+        *step_rounds.interval([0.45 / 0.50, 0.45 / 0.50]))
+    assert rows["torch expandable"][9].endswith("over 3 rounds")
+
+
+def test_a_run_without_a_device_shows_no_card():
+    assert step_rounds.cards([{"fits": False}]) == "-"
+    assert step_rounds.cards([{"device": "NVIDIA H200"}, {"fits": False}]) == "H200"

@@ -177,6 +177,7 @@ def test_a_scan_at_the_allocators_own_factor_predicts_what_plan_fit_does(trials)
 
 
 def test_a_larger_factor_never_predicts_a_larger_size(trials):
+    # The scan's factor reaches the search: were it ignored, every factor would predict alike.
     scanned = calibrate.scan(load(trials), "vramledger", [1.0, 1.05, 1.10])
     for (_, lower), (_, higher) in zip(scanned, scanned[1:]):
         assert all(h.predicted <= lo.predicted for lo, h in zip(lower, higher))
@@ -192,9 +193,23 @@ def test_the_scan_command_names_the_best_factor_and_its_misses(capsys):
         ["| 1.0400", "| 1.0800", "| 1.1200"]
     assert "most rows within 5%: 13 of 16, at 1.1200:" in out
     assert "| GPT-2-medium seq 24 GiB | 1728 | 1581 (-8.5%) |" in out
+    assert "| 1.0400 | 5 | +22.6% | - |" in out  # no row predicted small: no worst under
 
 
-@pytest.mark.parametrize("text", ["1.0:1.2", "a:b:c", "1.1:1.0:0.01", "1.0:1.2:0", "0.9:1.2:0.1"])
+def test_fit_with_the_allocators_own_allowance_is_fit_and_an_unknown_allocator_is_refused():
+    from vramledger import _plan_fit
+    own = pa.allowance("torch", "cap")
+    assert planner.predict_with("llama1b", 24.0, "seq", own) == planner.predict(
+        "llama1b", "torch", 24.0, "seq")
+    odd = pa.Allowance("cap", "mystery", 1.1, 1.0, "test")
+    with pytest.raises(ValueError, match="unknown allocator 'mystery'"):
+        _plan_fit.fit_with(planner._model("gpt2m"), planner._setup("gpt2m", 1, 1024), "batch",
+                           odd)
+
+
+@pytest.mark.parametrize("text", ["1.0:1.2", "a:b:c", "1.1:1.0:0.01", "1.0:1.2:0", "0.9:1.2:0.1",
+                                  "1:inf:0.1", "nan:nan:nan", "1:1.2:nan", "1:1.2:1e-300",
+                                  "1:1.0001:0.00001", "1:2:1e-4"])
 def test_bad_factors_are_refused_with_a_message(text, capsys):
     with pytest.raises(SystemExit) as e:
         calibrate.main(["--resume", str(RECORDS), "--scan", "torch", "--factors", text])
@@ -202,6 +217,27 @@ def test_bad_factors_are_refused_with_a_message(text, capsys):
     assert f"--factors {text!r}" in capsys.readouterr().err
 
 
+def test_factors_without_a_scan_and_bad_records_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        calibrate.main(["--resume", str(RECORDS), "--factors", "1:1.1:0.1"])
+    assert e.value.code == 2 and "--factors is for --scan" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    for text, says in (('{"trials": [', "not JSON"),
+                       ('{"trials": [{"workload": "gpt2m"}]}',
+                        "a record without its 'allocator' field")):
+        bad.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            calibrate.main(["--resume", str(bad), "--scan", "torch"])
+        assert e.value.code == 2
+        assert f"--resume: {bad}: {says}" in capsys.readouterr().err
+    bad.write_text('{"trials": []}')
+    assert calibrate.main(["--resume", str(bad), "--scan", "torch"]) == 1
+    assert "no row of torch native has a measured limit" in capsys.readouterr().err
+
+
 def test_factors_cover_the_range_inclusive():
     assert calibrate.parse_factors("1.00:1.02:0.01") == [1.0, 1.01, 1.02]
     assert calibrate.parse_factors("1.1:1.1:0.5") == [1.1]
+    default = calibrate.parse_factors("1.00:1.20:0.005")
+    assert len(default) == 41 and default[-1] == 1.2 and len(set(default)) == 41
+    assert calibrate.parse_factors("1.0:1.3:0.1") == [1.0, 1.1, 1.2, 1.3]

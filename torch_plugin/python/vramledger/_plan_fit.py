@@ -81,13 +81,24 @@ class Fit:
 
 
 def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str,
-        allowance_model: str = "cap", *, allowance: Allowance | None = None) -> Fit:
+        allowance_model: str = "cap") -> Fit:
     """The largest `dimension` ("batch" or "seq") in [1, MAX_SIZE[dimension]], the other held at
     `setup`'s value, for which the allocator's reserved bytes for the estimate, in
-    `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes. `allowance`, when
-    given, replaces the allocator's own (benchmarks/capacity/calibrate.py tries other factors)."""
-    if allowance is None:
-        allowance = _plan_allowance.allowance(allocator, allowance_model)
+    `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes."""
+    return fit_with(model, setup, dimension, _plan_allowance.allowance(allocator, allowance_model))
+
+
+def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
+             allowance: Allowance) -> Fit:
+    """fit() with an allowance given whole, in place of an allocator's own in one of its models
+    (benchmarks/capacity/calibrate.py tries other factors).
+
+    Raises:
+      ValueError: the allowance names an allocator that is not one of ALLOCATOR_NAMES.
+    """
+    if allowance.allocator not in ALLOCATOR_NAMES:
+        raise ValueError(f"unknown allocator {allowance.allocator!r} in the allowance; choose "
+                         f"from {', '.join(ALLOCATOR_NAMES)}")
     bound = MAX_SIZE[dimension]
 
     def plan_at(n: int) -> dict[str, Any]:
