@@ -163,6 +163,34 @@ MIN_STEP = 1e-4     # the table prints factors to 4 decimals
 MAX_FACTORS = 1000  # each factor is a --fit search per row
 
 
+COVERING_BOUND = 1.5  # the largest covering allowance searched
+
+
+def covering(results: Results, allocator: str, seq_step: int = 64) -> float | None:
+    """The smallest allowance under a cap, on a 1e-4 grid, at which plan --fit predicts none of
+    `allocator`'s measured limits too large (every row, the package's peak correction); None when
+    the records hold no limit of it. A larger factor never predicts a larger size, so the
+    search bisects.
+
+    Raises:
+      ValueError: even COVERING_BOUND over-predicts a row (the message names the allocator).
+    """
+    def covers(k: int) -> bool:
+        [(_, rows)] = scan(results, allocator, [k / 10**4], seq_step)
+        return all(r.predicted <= r.measured for r in rows)
+
+    if not scan(results, allocator, [1.0], seq_step)[0][1]:
+        return None
+    lo, hi = 10**4 - 1, round(COVERING_BOUND * 10**4)  # covers(hi); lo stands for "does not"
+    if not covers(hi):
+        raise ValueError(f"{table.NAMES[allocator]}: an allowance of {COVERING_BOUND:g} still "
+                         f"over-predicts a measured limit")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if covers(mid) else (mid, hi)
+    return hi / 10**4
+
+
 def parse_factors(text: str) -> list[float]:
     """"LOW:HIGH:STEP" as the factors LOW, LOW + STEP, ... up to HIGH (inclusive).
 
@@ -209,9 +237,11 @@ def scan_report(allocator: str, scanned: list[tuple[float, list[ScanRow]]]) -> s
     return "\n".join(lines)
 
 
-def matches_package(c: Calibration) -> bool:
+def matches_package(c: Calibration, covered: dict[str, float | None] | None = None) -> bool:
+    """Whether the planner's constants are these (and its COVERING `covered`, when given)."""
     from vramledger import _plan_allowance as pa
-    return c.allowance == pa.UNDER_A_CAP and c.peak_correction == pa.PEAK_CORRECTION
+    return (c.allowance == pa.UNDER_A_CAP and c.peak_correction == pa.PEAK_CORRECTION
+            and (covered is None or covered == pa.COVERING))
 
 
 def main(argv=None) -> int:
@@ -252,15 +282,25 @@ def main(argv=None) -> int:
     except (ValueError, KeyError, TypeError) as e:
         ap.error(f"--resume: {e}")
     print(report(c))
+    try:
+        covered = {x: covering(results, x, a.seq_step) for x in ALLOCATOR_ORDER}
+    except ValueError as e:
+        ap.error(f"--resume: {e}")
+    print("\nThe allowance that covers every measured limit (plan --fit predicts none too large, "
+          "every row; printed by --fit beside its answer):\n\n| allocator | covering | the "
+          "planner's |\n|---|---|---|")
+    for x in ALLOCATOR_ORDER:
+        got = "-" if covered[x] is None else f"{covered[x]:.4f}"
+        print(f"| {table.NAMES[x]} | {got} | {pa.COVERING[x]:.4f} |")
     print("\nWhere each row puts the allocator's need at its limit (not used by the calibration "
           "but for its rows):\n\n| row | allocator | role | need in |\n|---|---|---|---|")
     for workload, cap, dim, alloc, role, low, high in brackets(results, a.seq_step):
         print(f"| {workload} {dim} {cap:g} GiB | {table.NAMES[alloc]} | {role} | "
               f"({'?' if low is None else f'{low:.4f}'}, {high:.4f}] |")
-    same = matches_package(c)
+    same = matches_package(c, covered)
     print("the planner's constants (vramledger/_plan_allowance.py) are these" if same else
           f"the planner's constants differ: UNDER_A_CAP {pa.UNDER_A_CAP}, PEAK_CORRECTION "
-          f"{pa.PEAK_CORRECTION}")
+          f"{pa.PEAK_CORRECTION}, COVERING {pa.COVERING}")
     return 0 if same else 1
 
 

@@ -49,6 +49,18 @@ def test_the_constants_are_the_calibration_of_the_recorded_trials(trials):
     assert pa.UNDER_A_CAP["vramledger"] == math.ceil(max(ratios) * 1e4) / 1e4
 
 
+@pytest.mark.parametrize("allocator", ALLOCATOR_ORDER)
+def test_the_covering_allowances_are_the_smallest_that_predict_no_limit_too_large(trials,
+                                                                                  allocator):
+    results = load(trials)
+    assert calibrate.covering(results, allocator) == pa.COVERING[allocator]
+    at, below = calibrate.scan(results, allocator, [pa.COVERING[allocator],
+                                                    round(pa.COVERING[allocator] - 1e-4, 4)])
+    assert all(r.predicted <= r.measured for r in at[1])
+    assert any(r.predicted > r.measured for r in below[1])
+    assert calibrate.covering(load([]), allocator) is None
+
+
 def test_the_command_says_the_constants_match(capsys):
     assert calibrate.main(["--resume", str(RECORDS)]) == 0
     out = capsys.readouterr().out

@@ -109,6 +109,36 @@ def test_fit_table_carries_the_json_figures(capsys):
     assert f"planned peak allocated {gb(got['total_bytes'])} per GPU" in text
 
 
+def test_fit_prints_the_size_every_measured_limit_covers_beside_its_answer(capsys):
+    # Llama-1B with checkpointing under 24 GiB, torch native: the calibrated allowance says 8,
+    # the records' envelope 6 (the benchmark measured 7).
+    args = [*LLAMA, "--seq", "2048", "--checkpointing", "--fit", "batch", "--card-gib", "24",
+            "--allocator", "torch"]
+    fit = plan_json(capsys, *args)["fit"]
+    assert (fit["size"], fit["covering"]["size"]) == (8, 6)
+    assert fit["covering"]["allowance"] == _plan_allowance.COVERING["torch"]
+    status, text, _ = plan(capsys, *args)
+    assert status == 0
+    assert (f"  with an allowance of {_plan_allowance.COVERING['torch']:g}, under which no limit "
+            f"the capacity benchmark measured for torch native is predicted too large: batch 6 "
+            f"({_plan_allowance.COVERING_SOURCE})") in text
+    # vramledger's envelope gives the same size here; the uncapped model has no envelope.
+    args[-1] = "vramledger"
+    assert plan_json(capsys, *args)["fit"]["covering"]["size"] == 9
+    assert "is predicted too large: the same size (" in plan(capsys, *args)[1]
+    uncapped = plan_json(capsys, *GPT2M, "--seq", "1024", "--fit", "batch", "--card-gib", "80",
+                         "--allowance", "uncapped")["fit"]
+    assert "covering" not in uncapped
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_the_covering_size_is_never_above_the_answer(capsys, allocator):
+    for card in (24, 40, 80, 141):
+        fit = plan_json(capsys, *LLAMA, "--seq", "4096", "--checkpointing", "--lora-rank", "16",
+                        "--fit", "batch", "--card-gib", str(card), "--allocator", allocator)["fit"]
+        assert 0 < fit["covering"]["size"] <= fit["size"]
+
+
 def test_fit_writes_the_plan_file_at_the_size_it_found(capsys, tmp_path):
     out = tmp_path / "plan.json"
     got = plan_json(capsys, *GPT2M, "--seq", "1024", "--fit", "batch", "--card-gib", "40",

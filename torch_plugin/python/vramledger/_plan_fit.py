@@ -166,6 +166,8 @@ def run(args, cli_error: type[Exception]) -> int:
                             f"with the {DIMENSIONS[args.fit]}: give --config, or --layers, "
                             f"--hidden and --vocab")
         result = fit(model, setup, args.fit, allocator, model_name)
+        cover = (fit_with(model, setup, args.fit, _plan_allowance.covering(allocator))
+                 if model_name == "cap" else None)
     except PlanError as e:
         raise cli_error(str(e)) from e
     dim, word = args.fit, DIMENSIONS[args.fit]
@@ -196,6 +198,22 @@ def run(args, cli_error: type[Exception]) -> int:
               f"{gb(result.needed(result.estimate))} <= card {gb(result.card_bytes)}\n"
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
               f"{gb(result.needed(result.above))} > card\n"
-              f"  {describe_allowances(allocator, model_name)}\n\n")
+              f"  {describe_allowances(allocator, model_name)}\n"
+              + (covering_line(cover, result.size) if cover is not None else "") + "\n")
+    extra = result.as_json()
+    if cover is not None:
+        extra["covering"] = {"allowance": cover.allowance.factor, "size": cover.size,
+                             "source": cover.allowance.source}
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
-                          extra={"fit": result.as_json()})
+                          extra={"fit": extra})
+
+
+def covering_line(cover: Fit, size: int) -> str:
+    """The records' envelope beside --fit's answer (_plan_allowance.COVERING): the size at the
+    allowance under which no limit the capacity benchmark measured was predicted too large."""
+    a = cover.allowance
+    same = ("the same size" if cover.size == size else f"{cover.dimension} {cover.size}"
+            if cover.size else f"not even {cover.dimension} 1")
+    return (f"  with an allowance of {a.factor:g}, under which no limit the capacity benchmark "
+            f"measured for {ALLOCATOR_NAMES[a.allocator]} is predicted too large: {same} "
+            f"({a.source})\n")
