@@ -129,6 +129,10 @@ def test_fit_prints_the_size_every_measured_limit_covers_beside_its_answer(capsy
     uncapped = plan_json(capsys, *GPT2M, "--seq", "1024", "--fit", "batch", "--card-gib", "80",
                          "--allowance", "uncapped")["fit"]
     assert "covering" not in uncapped
+    # Where the answer is 1 and the envelope's allowance leaves nothing, the line says so.
+    args = [*LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "22", "--allocator", "torch"]
+    assert plan_json(capsys, *args)["fit"]["covering"]["size"] == 0
+    assert "is predicted too large: not even batch 1 (" in plan(capsys, *args)[1]
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
