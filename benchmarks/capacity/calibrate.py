@@ -159,10 +159,6 @@ def scan(results: Results, allocator: str, factors: list[float],
     return out
 
 
-MIN_STEP = 1e-4     # the table prints factors to 4 decimals
-MAX_FACTORS = 1000  # each factor is a --fit search per row
-
-
 COVERING_BOUND = 1.5  # the largest covering allowance searched
 
 
@@ -189,6 +185,10 @@ def covering(results: Results, allocator: str, seq_step: int = 64) -> float | No
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if covers(mid) else (mid, hi)
     return hi / 10**4
+
+
+MIN_STEP = 1e-4     # the table prints factors to 4 decimals
+MAX_FACTORS = 1000  # each factor is a --fit search per row
 
 
 def parse_factors(text: str) -> list[float]:
