@@ -5,8 +5,10 @@ peak allocated over every trial that trained in those rows, the largest. Only th
 _plan_allowance.CALIBRATION_ROWS calibrate; every other row evaluates.
 
   python -m benchmarks.capacity.calibrate [--resume FILE ...]   (default: the calibration records)
-Prints the figures per row, the constants they give, and whether the planner's constants are
-those; exit status 1 when they differ, 2 on a bad file.
+Prints the figures per row, the constants they give, the covering allowance of each allocator
+(the smallest under which plan --fit predicts no limit in the records too large, every row
+counted: _plan_allowance.COVERING), and whether the planner's constants are those; exit status 1
+when they differ, 2 on a bad file.
 
   python -m benchmarks.capacity.calibrate --scan ALLOCATOR [--factors LOW:HIGH:STEP]
 Asks whether any one allowance would do: for each factor in the range (default 1.00:1.20:0.005),
