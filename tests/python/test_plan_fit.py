@@ -109,38 +109,40 @@ def test_fit_table_carries_the_json_figures(capsys):
     assert f"planned peak allocated {gb(got['total_bytes'])} per GPU" in text
 
 
-def test_fit_prints_the_size_every_measured_limit_covers_beside_its_answer(capsys):
+def test_fit_prints_the_conservative_answer_beside_its_own(capsys):
     # Llama-1B with checkpointing under 24 GiB, torch native: the calibrated allowance says 8,
     # the records' envelope 6 (the benchmark measured 7).
     args = [*LLAMA, "--seq", "2048", "--checkpointing", "--fit", "batch", "--card-gib", "24",
             "--allocator", "torch"]
     fit = plan_json(capsys, *args)["fit"]
-    assert (fit["size"], fit["covering"]["size"]) == (8, 6)
-    assert fit["covering"]["allowance"] == _plan_allowance.COVERING["torch"]
+    assert (fit["size"], fit["conservative"]["size"]) == (8, 6)
+    assert fit["conservative"]["allowance"] == _plan_allowance.COVERING["torch"]
     status, text, _ = plan(capsys, *args)
     assert status == 0
-    assert (f"  with an allowance of {_plan_allowance.COVERING['torch']:g}, under which no limit "
-            f"the capacity benchmark measured for torch native is predicted too large: batch 6 "
-            f"({_plan_allowance.COVERING_SOURCE})") in text
+    assert (f"  conservative answer: batch 6, at an allowance of "
+            f"{_plan_allowance.COVERING['torch']:g}, under which no limit the capacity benchmark "
+            f"measured for torch native was predicted too large (the answer above over-predicted "
+            f"some; plan with this one unless this workload's need under a cap has been measured; "
+            f"{_plan_allowance.COVERING_SOURCE})") in text
     # vramledger's envelope gives the same size here; the uncapped model has no envelope.
     args[-1] = "vramledger"
-    assert plan_json(capsys, *args)["fit"]["covering"]["size"] == 9
-    assert "is predicted too large: the same size (" in plan(capsys, *args)[1]
+    assert plan_json(capsys, *args)["fit"]["conservative"]["size"] == 9
+    assert "  conservative answer: batch 9 as well, at an allowance of" in plan(capsys, *args)[1]
     uncapped = plan_json(capsys, *GPT2M, "--seq", "1024", "--fit", "batch", "--card-gib", "80",
                          "--allowance", "uncapped")["fit"]
-    assert "covering" not in uncapped
+    assert "conservative" not in uncapped
     # Where the answer is 1 and the envelope's allowance leaves nothing, the line says so.
     args = [*LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "22", "--allocator", "torch"]
-    assert plan_json(capsys, *args)["fit"]["covering"]["size"] == 0
-    assert "is predicted too large: not even batch 1 (" in plan(capsys, *args)[1]
+    assert plan_json(capsys, *args)["fit"]["conservative"]["size"] == 0
+    assert "  conservative answer: not even batch 1, at an allowance" in plan(capsys, *args)[1]
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
-def test_the_covering_size_is_never_above_the_answer(capsys, allocator):
+def test_the_conservative_size_is_never_above_the_answer(capsys, allocator):
     for card in (24, 40, 80, 141):
         fit = plan_json(capsys, *LLAMA, "--seq", "4096", "--checkpointing", "--lora-rank", "16",
                         "--fit", "batch", "--card-gib", str(card), "--allocator", allocator)["fit"]
-        assert 0 < fit["covering"]["size"] <= fit["size"]
+        assert 0 < fit["conservative"]["size"] <= fit["size"]
 
 
 def test_fit_writes_the_plan_file_at_the_size_it_found(capsys, tmp_path):

@@ -199,21 +199,23 @@ def run(args, cli_error: type[Exception]) -> int:
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
               f"{gb(result.needed(result.above))} > card\n"
               f"  {describe_allowances(allocator, model_name)}\n"
-              + (covering_line(cover, result.size) if cover is not None else "") + "\n")
+              + (conservative_line(cover, result.size) if cover is not None else "") + "\n")
     extra = result.as_json()
     if cover is not None:
-        extra["covering"] = {"allowance": cover.allowance.factor, "size": cover.size,
+        extra["conservative"] = {"allowance": cover.allowance.factor, "size": cover.size,
                              "source": cover.allowance.source}
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
                           extra={"fit": extra})
 
 
-def covering_line(cover: Fit, size: int) -> str:
-    """The records' envelope beside --fit's answer (_plan_allowance.COVERING): the size at the
-    allowance under which no limit the capacity benchmark measured was predicted too large."""
+def conservative_line(cover: Fit, size: int) -> str:
+    """The conservative answer beside --fit's: the size at the allowance under which no limit the
+    capacity benchmark measured was predicted too large (_plan_allowance.COVERING)."""
     a = cover.allowance
-    same = ("the same size" if cover.size == size else f"{cover.dimension} {cover.size}"
-            if cover.size else f"not even {cover.dimension} 1")
-    return (f"  with an allowance of {a.factor:g}, under which no limit the capacity benchmark "
-            f"measured for {ALLOCATOR_NAMES[a.allocator]} is predicted too large: {same} "
-            f"({a.source})\n")
+    dim = cover.dimension
+    answer = (f"{dim} {cover.size}" + (" as well" if cover.size == size else "")
+              if cover.size else f"not even {dim} 1")
+    return (f"  conservative answer: {answer}, at an allowance of {a.factor:g}, under which no "
+            f"limit the capacity benchmark measured for {ALLOCATOR_NAMES[a.allocator]} was "
+            f"predicted too large (the answer above over-predicted some; plan with this one "
+            f"unless this workload's need under a cap has been measured; {a.source})\n")
