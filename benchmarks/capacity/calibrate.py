@@ -150,15 +150,25 @@ def scan(results: Results, allocator: str, factors: list[float],
          seq_step: int = 64) -> list[tuple[float, list[ScanRow]]]:
     """For each of `factors`, plan --fit on every row where `allocator` has a measured limit, with
     that factor as its allowance under a cap and the package's peak correction."""
-    from vramledger import _plan_allowance as pa
-    rows = [(w, cap, dim, got) for w, cap, dim in sorted(results.groups())
+    rows = limits(results, allocator, seq_step)
+    return [(f, predict_rows(rows, allocator, f)) for f in factors]
+
+
+Limit = tuple[str, float, str, int]  # workload, cap GiB, dimension, measured limit
+
+
+def limits(results: Results, allocator: str, seq_step: int = 64) -> list[Limit]:
+    """(workload, cap, dimension, measured limit) of every row where `allocator` has one."""
+    return [(w, cap, dim, got) for w, cap, dim in sorted(results.groups())
             if (got := table.measured(results, w, allocator, cap, dim, seq_step))]
-    out = []
-    for f in factors:
-        allowance = pa.Allowance("cap", allocator, f, pa.PEAK_CORRECTION, "scan")
-        out.append((f, [ScanRow(w, cap, dim, got, planner.predict_with(w, cap, dim, allowance))
-                        for w, cap, dim, got in rows]))
-    return out
+
+
+def predict_rows(rows: list[Limit], allocator: str, factor: float) -> list[ScanRow]:
+    """plan --fit on `rows` (limits()) with `factor` as `allocator`'s allowance under a cap."""
+    from vramledger import _plan_allowance as pa
+    allowance = pa.Allowance("cap", allocator, factor, pa.PEAK_CORRECTION, "scan")
+    return [ScanRow(w, cap, dim, got, planner.predict_with(w, cap, dim, allowance))
+            for w, cap, dim, got in rows]
 
 
 COVERING_BOUND = 1.5  # the largest covering allowance searched
@@ -173,12 +183,13 @@ def covering(results: Results, allocator: str, seq_step: int = 64) -> float | No
     Raises:
       ValueError: even COVERING_BOUND over-predicts a row (the message names the allocator).
     """
-    def covers(k: int) -> bool:
-        [(_, rows)] = scan(results, allocator, [k / 10**4], seq_step)
-        return all(r.predicted <= r.measured for r in rows)
-
-    if not scan(results, allocator, [1.0], seq_step)[0][1]:
+    rows = limits(results, allocator, seq_step)
+    if not rows:
         return None
+
+    def covers(k: int) -> bool:
+        return all(r.predicted <= r.measured for r in predict_rows(rows, allocator, k / 10**4))
+
     lo, hi = 10**4 - 1, round(COVERING_BOUND * 10**4)  # covers(hi); lo stands for "does not"
     if not covers(hi):
         raise ValueError(f"{table.NAMES[allocator]}: an allowance of {COVERING_BOUND:g} still "

@@ -82,15 +82,20 @@ class Allowance:
                 else f" x {product}")
 
 
+def check_allocator(allocator: str) -> None:
+    """Raises ValueError naming the accepted allocators when `allocator` is not one of them."""
+    if allocator not in ALLOCATOR_NAMES:
+        raise ValueError(f"unknown allocator {allocator!r}; choose from "
+                         f"{', '.join(ALLOCATOR_NAMES)}")
+
+
 def allowance(allocator: str, model: str = "cap") -> Allowance:
     """The allowance of `allocator` (a key of ALLOCATOR_NAMES) in `model` ("cap" or "uncapped").
 
     Raises:
       ValueError: an unknown allocator or model (the message names the accepted ones).
     """
-    if allocator not in ALLOCATOR_NAMES:
-        raise ValueError(f"unknown allocator {allocator!r}; choose from "
-                         f"{', '.join(ALLOCATOR_NAMES)}")
+    check_allocator(allocator)
     if model == "cap":
         return Allowance("cap", allocator, UNDER_A_CAP[allocator], PEAK_CORRECTION, CAP_SOURCE)
     if model == "uncapped":
@@ -105,9 +110,7 @@ def covering(allocator: str) -> Allowance:
     Raises:
       ValueError: an unknown allocator.
     """
-    if allocator not in ALLOCATOR_NAMES:
-        raise ValueError(f"unknown allocator {allocator!r}; choose from "
-                         f"{', '.join(ALLOCATOR_NAMES)}")
+    check_allocator(allocator)
     return Allowance("covering", allocator, COVERING[allocator], PEAK_CORRECTION, COVERING_SOURCE)
 
 

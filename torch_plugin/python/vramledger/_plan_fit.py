@@ -96,9 +96,7 @@ def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
     Raises:
       ValueError: the allowance names an allocator that is not one of ALLOCATOR_NAMES.
     """
-    if allowance.allocator not in ALLOCATOR_NAMES:
-        raise ValueError(f"unknown allocator {allowance.allocator!r} in the allowance; choose "
-                         f"from {', '.join(ALLOCATOR_NAMES)}")
+    _plan_allowance.check_allocator(allowance.allocator)
     bound = MAX_SIZE[dimension]
 
     def plan_at(n: int) -> dict[str, Any]:
