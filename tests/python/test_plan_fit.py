@@ -100,13 +100,38 @@ def test_fit_table_carries_the_json_figures(capsys):
             f"{times} = {gb(fit['next_needed_bytes'])} > card" in text)
     # Both allowances are named, the one used first, each with its source.
     cap, uncapped = fit["allowances"]["cap"], fit["allowances"]["uncapped"]
-    assert (f"allowance under a cap {cap['factor']:g} with the planned peak x "
-            f"{cap['peak_correction']:g} ({cap['source']}); not used: uncapped "
+    assert (f"allowance under a cap {cap['factor']:g}, after the planned peak's correction x "
+            f"{cap['peak_correction']:g} (measured / planned peak allocated) ({cap['source']}); "
+            f"not used: uncapped "
             f"{uncapped['factor']:g}, peak reserved with abundant memory" in text)
     assert f"micro-batch {fit['size']} x seq 2048 per GPU" in text
     for c in _plan.CATEGORIES:
         assert re.search(rf"^  {c} +{re.escape(gb(got[c]))} ", text, re.M), c
     assert f"planned peak allocated {gb(got['total_bytes'])} per GPU" in text
+
+
+def test_sizes_a_hundredth_of_a_gb_apart_print_their_bytes(capsys):
+    # One token more adds a few hundred kB: the sizes that fit and do not, and the card, would
+    # print alike in GB.
+    args = [*GPT2M, "--batch", "1", "--fit", "seq", "--card-gib", "24"]
+    fit = plan_json(capsys, *args)["fit"]
+    status, text, _ = plan(capsys, *args)
+    assert status == 0
+    now, above = (f"{_plan.gb(fit[k])[:-1]}, {fit[k]:,} bytes)"
+                  for k in ("needed_bytes", "next_needed_bytes"))
+    assert f" = {now} <= card 25.77 GB (24.00 GiB, 25,769,803,776 bytes)\n" in text
+    assert f" = {above} > card\n" in text
+    assert fit["needed_bytes"] <= fit["card_bytes"] < fit["next_needed_bytes"]
+    # Where GB tells them apart, no bytes.
+    text = plan(capsys, *LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "80")[1]
+    assert " bytes)" not in text
+
+
+def test_amounts_add_bytes_only_where_sizes_would_print_alike():
+    assert _plan_fit.amounts(10**9, 2 * 10**9) == [_plan.gb(10**9), _plan.gb(2 * 10**9)]
+    assert _plan_fit.amounts(10**9, 10**9) == [_plan.gb(10**9)] * 2
+    assert _plan_fit.amounts(10**9, 10**9 + 1) == ["1.00 GB (0.93 GiB, 1,000,000,000 bytes)",
+                                                   "1.00 GB (0.93 GiB, 1,000,000,001 bytes)"]
 
 
 def test_fit_prints_the_conservative_answer_beside_its_own(capsys):
@@ -166,6 +191,19 @@ def test_a_card_below_the_model_states_fits_nothing(capsys):
     assert out == ""
     assert_refused(status, err, 1, "nothing fits the card 17.18 GB (16.00 GiB)",
                    "the optimizer step alone")
+
+
+def test_nothing_fits_with_json_prints_size_0_and_the_plan_at_1(capsys):
+    args = [*LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "16", "--allocator", "torch"]
+    status, out, err = plan(capsys, *args, "--json")
+    assert_refused(status, err, 1, "nothing fits the card 17.18 GB (16.00 GiB)")
+    got = json.loads(out)
+    fit = got["fit"]
+    assert (fit["size"], fit["next_size"], fit["needed_bytes"]) == (0, 1, None)
+    assert fit["next_planned_peak_bytes"] == got["total_bytes"]
+    assert fit["next_needed_bytes"] > fit["card_bytes"] == 16 << 30
+    assert fit["allocator"] == "torch" and fit["conservative"]["size"] == 0
+    assert got["inputs"]["batch"] == 1 and got["fits"] is False
 
 
 def test_a_sequence_too_long_for_batch_1_fits_nothing(capsys):

@@ -10,6 +10,7 @@ docs/design/memory-planner.md, "The largest run that fits".
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from typing import Any
 
@@ -44,8 +45,8 @@ def add_arguments(p) -> None:
 
 @dataclasses.dataclass
 class Fit:
-    """The largest size that fits, and the figures beside it. `size` 0: not even 1 fits;
-    `size` == `bound`: every size tried fits."""
+    """The largest size that fits, and the figures beside it. `size` 0: not even 1 fits (its JSON
+    gives the plan at 1 as the next size's); `size` == `bound`: every size tried fits."""
     dimension: str
     size: int
     bound: int
@@ -71,9 +72,14 @@ class Fit:
             "allowances": {m: dataclasses.asdict(_plan_allowance.allowance(a.allocator, m))
                            for m in _plan_allowance.MODELS},
             "card_bytes": self.card_bytes,
-            "planned_peak_bytes": self.estimate["total_bytes"],
-            "needed_bytes": self.needed(self.estimate),
         }
+        if self.size == 0:  # the plan at 1 is the size above, the one that does not fit
+            out.update(planned_peak_bytes=None, needed_bytes=None, next_size=1,
+                       next_planned_peak_bytes=self.estimate["total_bytes"],
+                       next_needed_bytes=self.needed(self.estimate))
+            return out
+        out.update(planned_peak_bytes=self.estimate["total_bytes"],
+                   needed_bytes=self.needed(self.estimate))
         if self.above is not None:
             out.update(next_size=self.size + 1, next_planned_peak_bytes=self.above["total_bytes"],
                        next_needed_bytes=self.needed(self.above))
@@ -123,8 +129,8 @@ def describe_allowances(allocator: str, model: str) -> str:
     """Both allowances of `allocator`, the one used (`model`) first, each with its source."""
     cap = _plan_allowance.allowance(allocator, "cap")
     uncapped = _plan_allowance.allowance(allocator, "uncapped")
-    texts = {"cap": f"under a cap {cap.factor:g} with the planned peak x "
-                    f"{cap.peak_correction:g} ({cap.source})",
+    texts = {"cap": f"under a cap {cap.factor:g}, after the planned peak's correction x "
+                    f"{cap.peak_correction:g} (measured / planned peak allocated) ({cap.source})",
              "uncapped": f"uncapped {uncapped.factor:g}, peak reserved with abundant memory, "
                          f"the plain plan's question ({uncapped.source})"}
     other = "uncapped" if model == "cap" else "cap"
@@ -184,26 +190,45 @@ def run(args, cli_error: type[Exception]) -> int:
         print(f"vramledger: error: nothing fits the card {gb(result.card_bytes)}: {dim} 1 at "
               f"{where} plans {gb(est['total_bytes'])}{times} ({alloc}) = "
               f"{gb(result.needed(est))}; {why}", file=sys.stderr)
+        if args.json:  # a script reading the JSON finds size 0 and the plan at 1
+            print(json.dumps(dict(est) | {"fit": fit_json(result, cover)}, indent=2))
         return 1
     if result.above is None:
         raise cli_error(f"every {word} tried fits the card {gb(result.card_bytes)}, up to "
                         f"{dim} {result.bound} (the search's bound) at {where}: it plans "
                         f"{gb(result.estimate['total_bytes'])}{times} ({alloc}) = "
                         f"{gb(result.needed(result.estimate))}")
+    now, above, card = amounts(result.needed(result.estimate), result.needed(result.above),
+                               result.card_bytes)
     header = (f"vramledger plan --fit {dim}: the largest {word} that fits is {result.size} at "
               f"{where} ({alloc}):\n"
               f"  {dim} {result.size}: planned peak {gb(result.estimate['total_bytes'])}{times} = "
-              f"{gb(result.needed(result.estimate))} <= card {gb(result.card_bytes)}\n"
+              f"{now} <= card {card}\n"
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
-              f"{gb(result.needed(result.above))} > card\n"
+              f"{above} > card\n"
               f"  {describe_allowances(allocator, model_name)}\n"
               + (conservative_line(cover, result.size) if cover is not None else "") + "\n")
-    extra = result.as_json()
-    if cover is not None:
-        extra["conservative"] = {"allowance": cover.allowance.factor, "size": cover.size,
-                             "source": cover.allowance.source}
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
-                          extra={"fit": extra})
+                          extra={"fit": fit_json(result, cover)})
+
+
+def fit_json(result: Fit, cover: Fit | None) -> dict[str, Any]:
+    """The "fit" object of --json: the result's figures and, under a cap, the conservative
+    answer's."""
+    out = result.as_json()
+    if cover is not None:
+        out["conservative"] = {"allowance": cover.allowance.factor, "size": cover.size,
+                               "source": cover.allowance.source}
+    return out
+
+
+def amounts(*sizes: int) -> list[str]:
+    """gb() of each of `sizes`, with the bytes as well wherever two sizes that differ would
+    print alike (a size that fits and one that does not, a hundredth of a GB apart)."""
+    texts = [gb(n) for n in sizes]
+    if len(set(texts)) == len(set(sizes)):
+        return texts
+    return [f"{t[:-1]}, {n:,} bytes)" for t, n in zip(texts, sizes)]
 
 
 def conservative_line(cover: Fit, size: int) -> str:
