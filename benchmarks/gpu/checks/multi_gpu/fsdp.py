@@ -9,6 +9,14 @@ torch-native mode, expandable segments with page recycling) comes before CUDA st
 step_log=OUT/steps, and vramledger.step() ends each step, so each rank writes its step log.
 
   torchrun --nproc-per-node N fsdp.py --allocator native|vramledger --out DIR [--steps 10]
+      [--trace TRACE.pickle.gz]
+
+With --trace, rank 0 records the allocator's memory history (torch's or vramledger's
+record_memory_history, no stacks) and takes a snapshot after each step outside its timed span,
+whose `snapshot` entry ends the step in the trace, as the capacity benchmark's traced trials do;
+the last snapshot goes to the path, which `vramledger replay` reads: the streams' allocations
+of sharded training, to try a recycling policy on without a GPU. Its step times include the
+recording's cost.
 
 Each rank writes DIR/rank<R>.json: losses, step times, median step time and the median of the
 steady steps (those after the first WARM_STEPS, which fill the cache), peak allocated and peak
@@ -52,6 +60,7 @@ def main() -> None:
     ap.add_argument("--allocator", choices=["native", "vramledger"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--trace", help="rank 0's memory history, a snapshot per step, to this path")
     args = ap.parse_args()
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -66,6 +75,14 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.cuda.set_device(local)
+    trace = args.trace if rank == 0 else None
+    if trace:
+        if vramledger is not None:
+            record, take_snapshot = vramledger.record_memory_history, vramledger.snapshot
+        else:
+            record = torch.cuda.memory._record_memory_history
+            take_snapshot = torch.cuda.memory._snapshot
+        record("all", context=None, stacks="python", max_entries=3_000_000)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257)
     cfg.attn_pdrop = cfg.resid_pdrop = cfg.embd_pdrop = 0.0
@@ -100,6 +117,13 @@ def main() -> None:
         losses.append(float(mean) / world)
         if vramledger is not None:
             vramledger.step()
+        if trace:
+            last = take_snapshot()  # its `snapshot` entry ends the step in the trace
+    if trace:
+        if vramledger is None:  # torch's snapshot holds the entries before its own
+            last = take_snapshot()
+        from vramledger._snapshot import write_snapshot
+        write_snapshot(last, trace)
     stats = torch.cuda.memory_stats()
     peak_alloc = int(stats["allocated_bytes.all.peak"])
     peak_reserved = int(stats["reserved_bytes.all.peak"])
