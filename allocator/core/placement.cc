@@ -260,20 +260,35 @@ std::vector<std::pair<Segment*, std::size_t>> Placement::FreeMappedPages(
   // and its peak reserved / allocated from 1.0086 to 1.0094-1.0105, past the 1.01 target once
   // (page-recycling.md, "Recycling").
   const bool tails_first = recycle_tails_first_;
-  for (const BlockPool* pool : pools) {
-    if (!tails_first || pool->page_size != page_size) continue;
-    for (const Block* b : pool->blocks) {
-      if (pages >= limit) return out;
-      if (b->next == nullptr) collect_last_first(b);
+  auto sweep = [&](auto keep) {
+    for (const BlockPool* pool : pools) {
+      if (!tails_first || pool->page_size != page_size) continue;
+      for (const Block* b : pool->blocks) {
+        if (pages >= limit) return;
+        if (b->next == nullptr && keep(b)) collect_last_first(b);
+      }
     }
-  }
-  for (const BlockPool* pool : pools) {
-    if (pool->page_size != page_size) continue;
-    for (const Block* b : pool->blocks) {
-      if (pages >= limit) return out;
-      if (!tails_first || b->next != nullptr) collect(b, b->ptr, b->ptr + b->size);
+    for (const BlockPool* pool : pools) {
+      if (pool->page_size != page_size) continue;
+      for (const Block* b : pool->blocks) {
+        if (pages >= limit) return;
+        if ((!tails_first || b->next != nullptr) && keep(b)) collect(b, b->ptr, b->ptr + b->size);
+      }
     }
+  };
+  if (also == nullptr) {
+    sweep([](const Block*) { return true; });
+    return out;
   }
+  // The stream of the block being placed before the others: a page from its own stream moves
+  // without a wait and can be taken back later with no driver call, where one from another
+  // stream waits for that stream (the host stalls until its queued work ends) and leaves no old
+  // mapping to take back (page-recycling.md, "Moves without a stall"). Pools order their blocks
+  // by stream first, so without this preference the lowest stream's holes go first whichever
+  // stream asks.
+  const StreamId stream = also->stream;
+  sweep([stream](const Block* b) { return b->stream == stream; });
+  sweep([stream](const Block* b) { return b->stream != stream; });
   return out;
 }
 

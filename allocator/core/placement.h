@@ -53,8 +53,9 @@ class Placement {
 
   /// Whole mapped handles strictly inside free blocks of pools with `page_size` (up to `limit`
   /// pages), by their first page, in the order they are taken: `also`'s, then the free blocks
-  /// smallest first; with recycle_tails_first, each segment's free tail (highest first) before
-  /// the holes (page-recycling.md, "Recycling"). `also` (optional): a free block
+  /// smallest first, those of `also`'s stream before the other streams'; with
+  /// recycle_tails_first, each segment's free tail (highest first) before the holes
+  /// (page-recycling.md, "Recycling"). `also` (optional): a free block
   /// taken out of the index, whose pages from `also_from` on count. `among` (optional): the
   /// pools to search instead of the device's own (a private pool's: a region's pages move only
   /// within its pool, docs/design/regions.md).

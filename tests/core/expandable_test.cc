@@ -193,10 +193,11 @@ TEST_F(ExpandableTest, RecyclesFreePagesBeforeCreatingNewOnes) {
 // Which free pages recycling takes (page-recycling.md, "Recycling"). Stream 0, in
 // MiB from a, 2 MiB pages: a [0, 8) h1 [8, 12) b [12, 20) h2 [20, 22) c [22, 30); h1 is freed
 // and its pages returned (empty_cache), then h2 is freed (a 1-page hole); stream 1 has a free
-// tail of 4 mapped pages [u, u + 8). A 4 MiB request fills h1 and needs 2 pages. By default the
-// holes go first, then the tail from its lowest page: h2's page and u's first. With
-// recycle_tails_first the tail goes first from its highest page: u's last two, and h2 keeps its
-// page. The mapped ranges (one snapshot segment each) show which.
+// tail of 4 mapped pages [u, u + 8). A 4 MiB request on stream 0 fills h1 and needs 2 pages.
+// The asking stream's pages go first: h2's page in either order. Then stream 1's: by default the
+// holes before the tails, so the tail from its lowest page (u's first); with
+// recycle_tails_first the tail from its highest page (u's last). The mapped ranges (one snapshot
+// segment each) show which.
 TEST_F(ExpandableTest, RecyclingTakesHolesFirstOrTailsFirst) {
   for (const bool tails_first : {false, true}) {
     SCOPED_TRACE(tails_first ? "recycle_tails_first" : "default");
@@ -227,13 +228,11 @@ TEST_F(ExpandableTest, RecyclingTakesHolesFirstOrTailsFirst) {
           .emplace_back(static_cast<std::int64_t>(seg.address - base) / std::int64_t{kMiB},
                         seg.total_size / kMiB);
     }
-    if (tails_first) {
-      EXPECT_EQ(stream0, (Ranges{{0, 30}}));  // h2 kept its page
-      EXPECT_EQ(stream1, (Ranges{{0, 4}}));   // the tail gave its highest two
-    } else {
-      EXPECT_EQ(stream0, (Ranges{{0, 20}, {22, 8}}));  // h2 gave its page
-      EXPECT_EQ(stream1, (Ranges{{2, 6}}));            // and the tail its lowest
-    }
+    // The asking stream's hole h2 gives its page in either order (a page of the asking stream
+    // goes before another stream's); then stream 1's tail: its lowest page, or with
+    // recycle_tails_first its highest.
+    EXPECT_EQ(stream0, (Ranges{{0, 20}, {22, 8}}));
+    EXPECT_EQ(stream1, tails_first ? (Ranges{{0, 6}}) : (Ranges{{2, 6}}));
     for (DevicePtr p : {a, b, c, x}) Free(p);
   }
 }
@@ -384,6 +383,38 @@ TEST_F(ExpandableTest, OldMappingAddressIsAvoidedWhileInUseAndOtherStreamsWait) 
   EXPECT_EQ(OldMappingBytes(), 0);
   ASSERT_TRUE(alloc_->Free(*other).ok());
   for (DevicePtr p : {x, z}) Free(p);
+}
+
+// Recycling takes the asking stream's own free pages before another stream's: those move
+// without a wait. Pools order blocks by stream first, so without the preference stream 0's hole
+// would go first and stream 0x33's request would wait for stream 0.
+TEST_F(ExpandableTest, RecyclingTakesTheAskingStreamsPagesFirst) {
+  constexpr StreamId kSide = 0x33;
+  const DevicePtr x = Alloc(8 * kMiB);
+  const DevicePtr y = Alloc(8 * kMiB);  // stream 0's hole: 4 pages
+  const DevicePtr z = Alloc(8 * kMiB);
+  const DevicePtr p = Alloc(8 * kMiB, kSide);  // the side stream's hole: 4 pages
+  const DevicePtr q = Alloc(8 * kMiB, kSide);
+  const DevicePtr r = Alloc(4 * kMiB, kSide);  // its tail keeps these 2 pages when freed
+  Free(y);
+  Free(p);
+  Free(r);
+  const DriverCallLedger& calls = sim_->calls();
+  const auto maps = calls.count(DriverCall::kMemMap);
+  const auto creates = calls.count(DriverCall::kMemCreate);
+  // 12 MiB on the side stream: past its hole, at the tail, whose 2 mapped pages leave 4 missing;
+  // reserved would pass the slack over peak allocated, so 4 pages move: the side stream's own.
+  const DevicePtr big = Alloc(12 * kMiB, kSide);
+  EXPECT_EQ(big, r);
+  EXPECT_EQ(FragmentationOf(*alloc_).page_moves, 4);
+  EXPECT_EQ(calls.count(DriverCall::kStreamSynchronize), 0);
+  EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
+  EXPECT_EQ(calls.count(DriverCall::kMemMap), maps + 4);
+  EXPECT_EQ(calls.count(DriverCall::kMemCreate), creates);  // no new page
+  EXPECT_TRUE(sim_->IsAccessible(y, 8 * kMiB));  // stream 0's pages stay where they are
+  EXPECT_TRUE(sim_->IsAccessible(big, 12 * kMiB));
+  Check();
+  for (DevicePtr d : {x, z, q, big}) Free(d);
 }
 
 TEST_F(ExpandableTest, NoRecyclingWhenTurnedOff) {

@@ -20,11 +20,13 @@ constexpr DevicePtr kBase = 1ull << 40;
 
 class PlacementTest : public ::testing::Test {
  protected:
-  // One segment of 16 pages cut into blocks of the given page counts, each live or free (free
-  // ones are indexed in the large pool).
-  void Cut(const std::vector<std::pair<std::size_t, bool>>& blocks) {
-    seg_ = table_.AddSegment(kBase, 16, kPage, /*stream=*/0, &large_);
-    DevicePtr p = kBase;
+  // One segment of 16 pages at `base` on `stream` cut into blocks of the given page counts, each
+  // live or free (free ones are indexed in the large pool). It becomes seg_; block(i) counts on
+  // across segments.
+  void Cut(const std::vector<std::pair<std::size_t, bool>>& blocks, StreamId stream = 0,
+           DevicePtr base = kBase) {
+    seg_ = table_.AddSegment(base, 16, kPage, stream, &large_);
+    DevicePtr p = base;
     Block* prev = nullptr;
     for (const auto& [pages, live] : blocks) {
       auto b = std::make_unique<Block>();
@@ -32,6 +34,7 @@ class PlacementTest : public ::testing::Test {
       b->size = pages * kPage;
       b->pool = &large_;
       b->segment = seg_;
+      b->stream = stream;
       b->prev = prev;
       b->allocated = live;
       if (prev != nullptr) {
@@ -44,7 +47,7 @@ class PlacementTest : public ::testing::Test {
       p += b->size;
       blocks_.push_back(std::move(b));
     }
-    ASSERT_EQ(p, kBase + 16 * kPage);
+    ASSERT_EQ(p, base + 16 * kPage);
   }
   void MapPages(std::size_t first, std::size_t count) {
     for (std::size_t i = first; i < first + count; ++i) table_.Map(seg_, i, 1, next_handle_++);
@@ -174,6 +177,30 @@ TEST_F(PlacementTest, FreeMappedPagesListsWholeHandlesInFreeBlocks) {
   EXPECT_EQ(placement_.FreeMappedPages(kPage, SIZE_MAX, block(2), Page(7)),
             (List{{seg_, 9}, {seg_, 1}}));
   EXPECT_TRUE(placement_.FreeMappedPages(4 * kMiB, SIZE_MAX).empty());  // another page size
+}
+
+TEST_F(PlacementTest, FreeMappedPagesListsTheStreamOfTheBlockPlacedFirst) {
+  using List = std::vector<std::pair<Segment*, std::size_t>>;
+  Cut({{2, false}, {14, true}});  // stream 0: a free block of 2 mapped pages
+  Segment* first = seg_;
+  MapPages(0, 2);
+  constexpr StreamId kSide = 0x33;
+  Cut({{4, false}, {1, true}, {11, false}}, kSide, kBase + 16 * kPage);  // block(2) .. block(4)
+  Segment* side = seg_;
+  MapPages(0, 4);
+  large_.blocks.erase(block(4));  // the block being placed, on the side stream
+  // Without a block being placed, pool order: stream 0's blocks first.
+  EXPECT_EQ(placement_.FreeMappedPages(kPage, SIZE_MAX),
+            (List{{first, 0}, {first, 1}, {side, 0}, {side, 1}, {side, 2}, {side, 3}}));
+  // Placing on the side stream: its own free pages first, though its block is the larger.
+  EXPECT_EQ(placement_.FreeMappedPages(kPage, SIZE_MAX, block(4), block(4)->ptr),
+            (List{{side, 0}, {side, 1}, {side, 2}, {side, 3}, {first, 0}, {first, 1}}));
+  EXPECT_EQ(placement_.FreeMappedPages(kPage, 4, block(4), block(4)->ptr),
+            (List{{side, 0}, {side, 1}, {side, 2}, {side, 3}}));
+  // And the same with recycle_tails_first (no free tail here has a mapped page).
+  Placement tails{&table_, &old_, {&small_, &large_}, /*recycle_tails_first=*/true};
+  EXPECT_EQ(tails.FreeMappedPages(kPage, 5, block(4), block(4)->ptr),
+            (List{{side, 0}, {side, 1}, {side, 2}, {side, 3}, {first, 0}}));
 }
 
 TEST_F(PlacementTest, RecycleTailsFirstTakesTheTailHighestFirst) {
