@@ -411,7 +411,7 @@ TEST_F(ExpandableTest, RecyclingTakesTheAskingStreamsPagesFirst) {
   EXPECT_EQ(calls.count(DriverCall::kEventSynchronize), 0);
   EXPECT_EQ(calls.count(DriverCall::kMemMap), maps + 4);
   EXPECT_EQ(calls.count(DriverCall::kMemCreate), creates);  // no new page
-  EXPECT_TRUE(sim_->IsAccessible(y, 8 * kMiB));  // stream 0's pages stay where they are
+  EXPECT_TRUE(sim_->IsAccessible(y, 8 * kMiB));             // stream 0's pages stay where they are
   EXPECT_TRUE(sim_->IsAccessible(big, 12 * kMiB));
   Check();
   for (DevicePtr d : {x, z, q, big}) Free(d);
