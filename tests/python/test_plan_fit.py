@@ -111,7 +111,7 @@ def test_fit_table_carries_the_json_figures(capsys):
 
 
 def test_sizes_a_hundredth_of_a_gb_apart_print_their_bytes(capsys):
-    # One token more adds a few hundred kB: the sizes that fit and do not, and the card, would
+    # One token more adds about 2.9 MB here: the sizes that fit and do not, and the card, would
     # print alike in GB.
     args = [*GPT2M, "--batch", "1", "--fit", "seq", "--card-gib", "24"]
     fit = plan_json(capsys, *args)["fit"]
@@ -204,6 +204,20 @@ def test_nothing_fits_with_json_prints_size_0_and_the_plan_at_1(capsys):
     assert fit["next_needed_bytes"] > fit["card_bytes"] == 16 << 30
     assert fit["allocator"] == "torch" and fit["conservative"]["size"] == 0
     assert got["inputs"]["batch"] == 1 and got["fits"] is False
+
+
+def test_nothing_fits_under_the_allowance_alone(capsys, tmp_path):
+    # The plain plan at 1 fits this card, its allowance does not: "fits" follows --fit, and a
+    # plan file asked for is said not to be written.
+    args = [*LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "20.6", "--allowance",
+            "uncapped", "--out", tmp_path / "plan.json"]
+    status, out, err = plan(capsys, *args, "--json")
+    assert_refused(status, err, 1, "nothing fits the card 22.12 GB (20.60 GiB)",
+                   f"no plan file written ({tmp_path / 'plan.json'})")
+    got = json.loads(out)
+    assert got["fits"] is False and got["fit"]["size"] == 0
+    assert got["total_bytes"] <= got["card_bytes"] < got["fit"]["next_needed_bytes"]
+    assert not (tmp_path / "plan.json").exists()
 
 
 def test_a_sequence_too_long_for_batch_1_fits_nothing(capsys):

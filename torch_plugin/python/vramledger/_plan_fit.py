@@ -187,11 +187,16 @@ def run(args, cli_error: type[Exception]) -> int:
         why = (f"the optimizer step alone (weights, gradients, optimizer state, at any size) "
                f"needs {gb(floor)}" if floor > result.card_bytes
                else f"a smaller --{'seq' if dim == 'batch' else 'batch'} may fit")
-        print(f"vramledger: error: nothing fits the card {gb(result.card_bytes)}: {dim} 1 at "
+        card, needed = amounts(result.card_bytes, result.needed(est))
+        unwritten = f"; no plan file written ({args.out})" if args.out else ""
+        print(f"vramledger: error: nothing fits the card {card}: {dim} 1 at "
               f"{where} plans {gb(est['total_bytes'])}{times} ({alloc}) = "
-              f"{gb(result.needed(est))}; {why}", file=sys.stderr)
-        if args.json:  # a script reading the JSON finds size 0 and the plan at 1
-            print(json.dumps(dict(est) | {"fit": fit_json(result, cover)}, indent=2))
+              f"{needed}; {why}{unwritten}", file=sys.stderr)
+        if args.json:
+            # A script reading the JSON finds size 0 and the plan at 1, which does not fit once
+            # the allowance is applied (the plain plan's "fits" leaves it out).
+            print(json.dumps(dict(est) | {"fits": False, "fit": fit_json(result, cover)},
+                             indent=2))
         return 1
     if result.above is None:
         raise cli_error(f"every {word} tried fits the card {gb(result.card_bytes)}, up to "

@@ -76,6 +76,7 @@ def main() -> None:
 
     torch.cuda.set_device(local)
     trace = args.trace if rank == 0 else None
+    last = None  # the last snapshot taken (with --trace)
     if trace:
         if vramledger is not None:
             record, take_snapshot = vramledger.record_memory_history, vramledger.snapshot
@@ -101,6 +102,8 @@ def main() -> None:
         seq = random.randint(128, 1024)
         ids = torch.randint(0, cfg.vocab_size, (4, seq), device="cuda", generator=gen)
         torch.cuda.synchronize()
+        if args.trace and world > 1:
+            dist.barrier()  # rank 0's snapshot stays out of the other ranks' timed spans too
         before = counters(torch, vramledger)
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -120,7 +123,8 @@ def main() -> None:
         if trace:
             last = take_snapshot()  # its `snapshot` entry ends the step in the trace
     if trace:
-        if vramledger is None:  # torch's snapshot holds the entries before its own
+        # torch's snapshot holds the entries before its own: one more holds the last step's.
+        if vramledger is None or last is None:
             last = take_snapshot()
         from vramledger._snapshot import write_snapshot
         write_snapshot(last, trace)
