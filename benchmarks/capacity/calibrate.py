@@ -56,36 +56,61 @@ class AtLimit:
 class Calibration:
     at_limit: list[AtLimit]
     allowance: dict[str, float]      # allocator -> largest ratio at the limit, rounded up
+    torch_by_kind: dict[str, float]  # torch native's per training kind (its workload), the same
     corrections: list[tuple[str, float, str, str, int, float]]  # per trial that trained
     peak_correction: float           # the largest measured / planned, rounded up
+    left_out: list[tuple[str, float, str, str, str]]  # rows that calibrate nothing, and why
 
 
 def calibrate(results: Results, seq_step: int = 64) -> Calibration:
-    """The cap model's constants from the calibration rows of `results`.
+    """The cap model's constants from the calibration rows of `results` (each allocator's:
+    planner.calibration_rows()). A row whose limit is its first size, or whose limit's record
+    kept no peaks (rebuilt from a run's log), calibrates nothing (`left_out`). The peak correction
+    comes from _plan_allowance.CALIBRATION_ROWS alone, every allocator's trials there.
 
     Raises:
-      ValueError: a calibration row or allocator without a found limit (the message names it).
+      ValueError: a calibration row without a found limit, or an allocator or torch native's
+        training kind left with no row that calibrates (the message names it).
     """
     from vramledger import _plan_allowance
-    at_limit, corrections = [], []
-    for workload, cap, dim in _plan_allowance.CALIBRATION_ROWS:
-        for a in ALLOCATOR_ORDER:
+    at_limit, corrections, left_out = [], [], []
+    for a in ALLOCATOR_ORDER:
+        for workload, cap, dim in planner.calibration_rows(a):
             size = table.measured(results, workload, a, cap, dim, seq_step)
             if not size:
                 raise ValueError(f"{workload} {dim} under {cap:g} GiB, {a}: no limit found in "
                                  f"the records; the calibration needs every calibration row")
             r = results.get(workload, a, cap, dim, size)
-            at_limit.append(AtLimit(workload, cap, dim, a, size, r["retries"],
-                                    r["peak_reserved"], r["peak_allocated"]))
+            if size == (1 if dim == "batch" else seq_step):
+                left_out.append((workload, cap, dim, a, f"limit {size}, the first size: the cap "
+                                 f"did not press it"))
+            elif r.get("peak_reserved") is None or r.get("peak_allocated") is None:
+                left_out.append((workload, cap, dim, a, f"limit {size}: its record kept no "
+                                 f"peaks"))
+            else:
+                at_limit.append(AtLimit(workload, cap, dim, a, size, r["retries"],
+                                        r["peak_reserved"], r["peak_allocated"]))
+    for workload, cap, dim in _plan_allowance.CALIBRATION_ROWS:
+        for a in ALLOCATOR_ORDER:
             for s, fits in sorted(results.known(workload, a, cap, dim).items()):
                 if fits:
                     t = results.get(workload, a, cap, dim, s)
                     planned = planner.planned_peak(workload, t["batch"], t["seq"])
                     corrections.append((workload, cap, dim, a, s, t["peak_allocated"] / planned))
-    allowance = {a: _plan_allowance.round_up(max(x.ratio for x in at_limit if x.allocator == a))
+
+    def largest(rows: list[AtLimit], what: str) -> float:
+        if not rows:
+            raise ValueError(f"{what}: no calibration row with a limit above its first size and "
+                             f"its peaks in the records")
+        return _plan_allowance.round_up(max(x.ratio for x in rows))
+
+    by_kind = {k.workload: largest([x for x in at_limit if x.allocator == "torch"
+                                    and x.workload == k.workload], f"torch native, {k.title}")
+               for k in _plan_allowance.TORCH_KINDS}
+    allowance = {a: largest([x for x in at_limit if x.allocator == a], table.NAMES[a])
                  for a in ALLOCATOR_ORDER}
     peak = _plan_allowance.round_up(max(c[-1] for c in corrections))
-    return Calibration(at_limit, allowance, corrections, peak)
+    return Calibration(at_limit, allowance, by_kind, corrections, peak, left_out)
 
 
 def report(c: Calibration) -> str:
@@ -95,9 +120,14 @@ def report(c: Calibration) -> str:
     for x in c.at_limit:
         lines.append(f"| {x.workload} {x.dim} {x.cap_gib:g} GiB | {table.NAMES[x.allocator]} | "
                      f"{x.size} | {x.retries} | {x.ratio:.4f} |")
+    lines += [f"| {w} {dim} {cap:g} GiB | {table.NAMES[a]} | left out: {why} | - | - |"
+              for w, cap, dim, a, why in c.left_out]
     lines += ["", "| allocator | allowance under a cap | uncapped allowance |", "|---|---|---|"]
     lines += [f"| {table.NAMES[a]} | {c.allowance[a]:.4f} | {pa.UNCAPPED[a]:.4f} |"
               for a in ALLOCATOR_ORDER]
+    lines += ["", "| torch native's training kind | allowance under a cap |", "|---|---|"]
+    lines += [f"| {k.title} ({k.workload}) | {c.torch_by_kind[k.workload]:.4f} |"
+              for k in pa.TORCH_KINDS]
     ratios = [r for *_, r in c.corrections]
     lines += ["", f"measured / planned peak allocated over {len(ratios)} trials that trained: "
                   f"{min(ratios):.4f} to {max(ratios):.4f}; peak correction "
@@ -127,7 +157,7 @@ def brackets(results: Results, seq_step: int = 64) -> list[tuple]:
                      if (t := results.get(workload, o, cap, dim, failing)) and t.get("fits")
                      and "peak_allocated" in t]
             low = r["cap_bytes"] / max(above) if above else None
-            out.append((workload, cap, dim, a, planner.role(workload, cap, dim), low,
+            out.append((workload, cap, dim, a, planner.role(workload, cap, dim, a), low,
                         r["peak_reserved"] / r["peak_allocated"]))
     return out
 
@@ -253,7 +283,8 @@ def scan_report(allocator: str, scanned: list[tuple[float, list[ScanRow]]]) -> s
 def matches_package(c: Calibration, covered: dict[str, float | None] | None = None) -> bool:
     """Whether the planner's constants are these (and its COVERING `covered`, when given)."""
     from vramledger import _plan_allowance as pa
-    return (c.allowance == pa.UNDER_A_CAP and c.peak_correction == pa.PEAK_CORRECTION
+    return (c.allowance == pa.UNDER_A_CAP and c.torch_by_kind == pa.TORCH_BY_KIND
+            and c.peak_correction == pa.PEAK_CORRECTION
             and (covered is None or covered == pa.COVERING))
 
 
@@ -312,7 +343,8 @@ def main(argv=None) -> int:
               f"({'?' if low is None else f'{low:.4f}'}, {high:.4f}] |")
     same = matches_package(c, covered)
     print("the planner's constants (vramledger/_plan_allowance.py) are these" if same else
-          f"the planner's constants differ: UNDER_A_CAP {pa.UNDER_A_CAP}, PEAK_CORRECTION "
+          f"the planner's constants differ: UNDER_A_CAP {pa.UNDER_A_CAP}, TORCH_BY_KIND "
+          f"{pa.TORCH_BY_KIND}, PEAK_CORRECTION "
           f"{pa.PEAK_CORRECTION}, COVERING {pa.COVERING}")
     return 0 if same else 1
 

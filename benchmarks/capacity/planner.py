@@ -67,9 +67,19 @@ def predict_uncapped(workload: str, allocator: str, cap_gib: float, dim: str) ->
     return predict(workload, allocator, cap_gib, dim, "uncapped")
 
 
-def role(workload: str, cap_gib: float, dim: str) -> str:
-    """"calibration" for a row the allowance under a cap is calibrated on, "evaluation" for any
-    other (vramledger/_plan_allowance.py's CALIBRATION_ROWS)."""
-    from vramledger import _plan_allowance
-    return ("calibration" if (workload, float(cap_gib), dim) in _plan_allowance.CALIBRATION_ROWS
+def calibration_rows(allocator: str) -> list[tuple[str, float, str]]:
+    """The rows `allocator`'s allowance under a cap is calibrated on: GPT-2-medium's under 24 GiB
+    (vramledger/_plan_allowance.py's CALIBRATION_ROWS), for torch native every measured training
+    kind's rows under TORCH_CALIBRATION_CAP."""
+    from vramledger import _plan_allowance as pa
+    if allocator != "torch":
+        return list(pa.CALIBRATION_ROWS)
+    return [(k.workload, pa.TORCH_CALIBRATION_CAP, dim) for k in pa.TORCH_KINDS
+            for dim in ("batch", "seq")]
+
+
+def role(workload: str, cap_gib: float, dim: str, allocator: str) -> str:
+    """"calibration" for a row `allocator`'s allowance under a cap is calibrated on, "evaluation"
+    for any other."""
+    return ("calibration" if (workload, float(cap_gib), dim) in calibration_rows(allocator)
             else "evaluation")

@@ -105,7 +105,7 @@ def capacity_table(results: Results, rows: Iterable[tuple[str, float]],
 
 def errors_table(results: Results, groups: Iterable[tuple[str, float, str]],
                  models: dict[str, Callable[[str, str, float, str], int | None]],
-                 role: Callable[[str, float, str], str], seq_step: int) -> str:
+                 role: Callable[[str, float, str, str], str], seq_step: int) -> str:
     """Per row with a measured limit: its role (calibration or evaluation), the limit, what one
     step of the search is there, and each model's prediction with its error; then, per model and
     role, on how many rows the error is within 5%."""
@@ -119,7 +119,7 @@ def errors_table(results: Results, groups: Iterable[tuple[str, float, str]],
             got = measured(results, workload, a, cap, dim, seq_step)
             if not got:
                 continue
-            r = role(workload, cap, dim)
+            r = role(workload, cap, dim, a)
             step = (f"{100 / got:.1f}%" if dim == "batch"
                     else f"searched {seq_step} apart ({100 * seq_step / got:.1f}%)")
             cols = []

@@ -23,6 +23,14 @@ CASES = [
     (LLAMA + ["--checkpointing"], "seq", ["--batch", "8"]),
     (LLAMA + ["--checkpointing", "--lora-rank", "16"], "batch", ["--seq", "4096"]),
 ]
+# The training kind (_plan_allowance.TORCH_KINDS) each case's model flags train as.
+KINDS = {"gpt2-medium.json": "gpt2m", "llama-1b.json": "llama1b",
+         "llama-1b.json --checkpointing": "llama1b-ckpt",
+         "llama-1b.json --checkpointing --lora-rank 16": "llama1b-lora"}
+
+
+def kind_of(model: list[str]) -> str:
+    return KINDS[" ".join([pathlib.Path(model[1]).name, *model[2:]])]
 
 
 def plan(capsys, *args):
@@ -67,6 +75,9 @@ def test_fit_agrees_with_the_plain_plan_at_its_size_and_one_above(capsys, model,
     assert got["inputs"][dim] == n
     factor = (_plan_allowance.UNDER_A_CAP if allowance == "cap" else _plan_allowance.UNCAPPED)[
         allocator]
+    if (allocator, allowance) == ("torch", "cap"):  # torch native's is the training kind's
+        factor = _plan_allowance.TORCH_BY_KIND[kind_of(model)]
+    assert fit["training_kind"] == kind_of(model)
     correction = _plan_allowance.PEAK_CORRECTION if allowance == "cap" else 1
     assert (fit["allowance_model"], fit["allowance"], fit["peak_correction"]) == (
         allowance, factor, correction)
@@ -135,19 +146,19 @@ def test_amounts_add_bytes_only_where_sizes_would_print_alike():
 
 
 def test_fit_prints_the_conservative_answer_beside_its_own(capsys):
-    # Llama-1B with checkpointing under 24 GiB, torch native: the calibrated allowance says 8,
-    # the records' envelope 6 (the benchmark measured 7).
+    # Llama-1B with checkpointing under 24 GiB, torch native: its training kind's allowance says
+    # 7 (the benchmark measured 7), the records' envelope over every workload 6.
     args = [*LLAMA, "--seq", "2048", "--checkpointing", "--fit", "batch", "--card-gib", "24",
             "--allocator", "torch"]
     fit = plan_json(capsys, *args)["fit"]
-    assert (fit["size"], fit["conservative"]["size"]) == (8, 6)
+    assert (fit["size"], fit["conservative"]["size"]) == (7, 6)
     assert fit["conservative"]["allowance"] == _plan_allowance.COVERING["torch"]
     status, text, _ = plan(capsys, *args)
     assert status == 0
     assert (f"  conservative answer: batch 6, at an allowance of "
             f"{_plan_allowance.COVERING['torch']:g}, under which no limit the capacity benchmark "
-            f"measured for torch native was predicted too large (the answer above over-predicted "
-            f"some; plan with this one unless this workload's need under a cap has been measured; "
+            f"measured for torch native, on any workload, was predicted too large (plan with this "
+            f"one where running out of memory costs more than the difference; "
             f"{_plan_allowance.COVERING_SOURCE})") in text
     # vramledger's envelope gives the same size here; the uncapped model has no envelope.
     args[-1] = "vramledger"
@@ -157,7 +168,7 @@ def test_fit_prints_the_conservative_answer_beside_its_own(capsys):
                          "--allowance", "uncapped")["fit"]
     assert "conservative" not in uncapped
     # Where the answer is 1 and the envelope's allowance leaves nothing, the line says so.
-    args = [*LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "22", "--allocator", "torch"]
+    args = [*LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "22.5", "--allocator", "torch"]
     assert plan_json(capsys, *args)["fit"]["conservative"]["size"] == 0
     assert "  conservative answer: not even batch 1, at an allowance" in plan(capsys, *args)[1]
 
@@ -168,6 +179,47 @@ def test_the_conservative_size_is_never_above_the_answer(capsys, allocator):
         fit = plan_json(capsys, *LLAMA, "--seq", "4096", "--checkpointing", "--lora-rank", "16",
                         "--fit", "batch", "--card-gib", str(card), "--allocator", allocator)["fit"]
         assert 0 < fit["conservative"]["size"] <= fit["size"]
+
+
+def test_torch_natives_allowance_is_its_training_kinds_and_names_it(capsys):
+    args = [*LLAMA, "--seq", "4096", "--checkpointing", "--lora-rank", "16", "--fit", "batch",
+            "--card-gib", "80", "--allocator", "torch"]
+    fit = plan_json(capsys, *args)["fit"]
+    kind = next(k for k in _plan_allowance.TORCH_KINDS if k.workload == "llama1b-lora")
+    assert (fit["training_kind"], fit["allowance"]) == (
+        "llama1b-lora", _plan_allowance.TORCH_BY_KIND["llama1b-lora"])
+    assert fit["allowance_kind"] == f"measured for its training kind, {kind.title}"
+    assert fit["allowances"]["cap"]["factor"] == fit["allowance"]
+    text = plan(capsys, *args)[1]
+    assert (f"torch native's allowance under a cap {fit['allowance']:g} (measured for its "
+            f"training kind, {kind.title}), after the planned peak's correction") in text
+    # The other allocators' factor is one for every kind, and says no kind.
+    args[-1] = "torch-expandable"
+    fit = plan_json(capsys, *args)["fit"]
+    assert fit["allowance"] == _plan_allowance.UNDER_A_CAP["torch-expandable"]
+    assert fit["allowance_kind"] is None and fit["training_kind"] == "llama1b-lora"
+
+
+@pytest.mark.parametrize("flags", [
+    ["--precision", "fp32"], ["--optimizer", "sgd"], ["--qlora", "--lora-rank", "16"],
+    ["--zero-stage", "1", "--gpus", "2"], ["--eager-attention"], ["--lora-rank", "16"],
+])
+def test_a_setup_of_no_measured_kind_takes_torch_natives_largest_allowance(capsys, flags):
+    args = [*LLAMA, "--seq", "2048", *flags, "--fit", "batch", "--card-gib", "80",
+            "--allocator", "torch"]
+    fit = plan_json(capsys, *args)["fit"]
+    assert fit["training_kind"] is None
+    assert fit["allowance"] == _plan_allowance.UNDER_A_CAP["torch"] == max(
+        _plan_allowance.TORCH_BY_KIND.values())
+    assert "the largest over the training kinds measured: this setup trains as none of them" in (
+        plan(capsys, *args)[1])
+
+
+def test_gelu_with_checkpointing_is_no_measured_kind():
+    assert _plan_allowance.training_kind("gelu-tanh", True, 0) is None
+    assert _plan_allowance.training_kind("gelu-tanh", False, 0).workload == "gpt2m"
+    assert _plan_allowance.training_kind("gated", True, 8).workload == "llama1b-lora"
+    assert _plan_allowance.training_kind("gated", False, 0, gpus=2) is None
 
 
 def test_fit_writes_the_plan_file_at_the_size_it_found(capsys, tmp_path):

@@ -16,7 +16,7 @@ from typing import Any
 
 from vramledger import _plan, _plan_allowance, _plan_cli
 from vramledger._plan import PlanError, gb
-from vramledger._plan_allowance import ALLOCATOR_NAMES, Allowance
+from vramledger._plan_allowance import ALLOCATOR_NAMES, Allowance, TrainingKind
 
 DIMENSIONS = {"batch": "micro-batch", "seq": "sequence length"}
 MAX_SIZE = {"batch": 1 << 16, "seq": 1 << 22}  # the search's bound
@@ -35,9 +35,13 @@ def add_arguments(p) -> None:
                    help="with --fit: cap (default): the allocator under a cap on reserved "
                         "memory, where torch's allocators free their cache and retry before they "
                         "fail (" + ", ".join(f"{k} {v:g}" for k, v in
-                                             _plan_allowance.UNDER_A_CAP.items())
-                        + f", with the planned peak x {_plan_allowance.PEAK_CORRECTION:g}; "
-                          f"{_plan_allowance.CAP_SOURCE}); uncapped: peak reserved / peak "
+                                             _plan_allowance.UNDER_A_CAP.items() if k != "torch")
+                        + "; torch by how the model trains: " + ", ".join(
+                            f"{k.title} {_plan_allowance.TORCH_BY_KIND[k.workload]:g}"
+                            for k in _plan_allowance.TORCH_KINDS)
+                        + f", any other {_plan_allowance.UNDER_A_CAP['torch']:g}; with the "
+                          f"planned peak x {_plan_allowance.PEAK_CORRECTION:g}; "
+                          f"{_plan_allowance.CALIBRATION_RECORDS}); uncapped: peak reserved / peak "
                           "allocated with abundant memory ("
                         + ", ".join(f"{k} {v:g}" for k, v in _plan_allowance.UNCAPPED.items())
                         + f"; {_plan_allowance.UNCAPPED_SOURCE})")
@@ -54,6 +58,7 @@ class Fit:
     card_bytes: int
     estimate: dict[str, Any] | None       # the plan at `size` (at 1 when nothing fits)
     above: dict[str, Any] | None          # the plan at size + 1 (None at the bound)
+    kind: TrainingKind | None = None      # how the setup trains (torch native's factor)
 
     @property
     def allocator(self) -> str:
@@ -69,7 +74,10 @@ class Fit:
             "dimension": self.dimension, "size": self.size, "bound": self.bound,
             "allocator": a.allocator, "allowance_model": a.model, "allowance": a.factor,
             "peak_correction": a.peak_correction, "allowance_source": a.source,
-            "allowances": {m: dataclasses.asdict(_plan_allowance.allowance(a.allocator, m))
+            "allowance_kind": a.kind or None,
+            "training_kind": self.kind.workload if self.kind else None,
+            "allowances": {m: dataclasses.asdict(_plan_allowance.allowance(a.allocator, m,
+                                                                           self.kind))
                            for m in _plan_allowance.MODELS},
             "card_bytes": self.card_bytes,
         }
@@ -90,8 +98,21 @@ def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str,
         allowance_model: str = "cap") -> Fit:
     """The largest `dimension` ("batch" or "seq") in [1, MAX_SIZE[dimension]], the other held at
     `setup`'s value, for which the allocator's reserved bytes for the estimate, in
-    `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes."""
-    return fit_with(model, setup, dimension, _plan_allowance.allowance(allocator, allowance_model))
+    `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes; torch native's
+    allowance under a cap is that of the setup's training kind (kind_of())."""
+    kind = kind_of(model, setup)
+    result = fit_with(model, setup, dimension,
+                      _plan_allowance.allowance(allocator, allowance_model, kind))
+    result.kind = kind
+    return result
+
+
+def kind_of(model: _plan.Model, setup: _plan.Setup) -> TrainingKind | None:
+    """The measured training kind (_plan_allowance.TORCH_KINDS) the setup trains as, or None."""
+    return _plan_allowance.training_kind(
+        model.mlp, setup.checkpointing, setup.lora_rank, precision=setup.precision,
+        optimizer=setup.optimizer, qlora=setup.qlora, eager_attention=setup.eager_attention,
+        zero_stage=setup.zero_stage, gpus=setup.gpus)
 
 
 def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
@@ -125,11 +146,14 @@ def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
     return result
 
 
-def describe_allowances(allocator: str, model: str) -> str:
-    """Both allowances of `allocator`, the one used (`model`) first, each with its source."""
-    cap = _plan_allowance.allowance(allocator, "cap")
+def describe_allowances(allocator: str, model: str, kind: TrainingKind | None = None) -> str:
+    """Both allowances of `allocator` for a setup of training kind `kind`, the one used (`model`)
+    first, each with its source."""
+    cap = _plan_allowance.allowance(allocator, "cap", kind)
     uncapped = _plan_allowance.allowance(allocator, "uncapped")
-    texts = {"cap": f"under a cap {cap.factor:g}, after the planned peak's correction x "
+    measured_for = f" ({cap.kind})" if cap.kind else ""
+    texts = {"cap": f"under a cap {cap.factor:g}{measured_for}, after the planned peak's "
+                    f"correction x "
                     f"{cap.peak_correction:g} (measured / planned peak allocated) ({cap.source})",
              "uncapped": f"uncapped {uncapped.factor:g}, peak reserved with abundant memory, "
                          f"the plain plan's question ({uncapped.source})"}
@@ -211,7 +235,7 @@ def run(args, cli_error: type[Exception]) -> int:
               f"{now} <= card {card}\n"
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
               f"{above} > card\n"
-              f"  {describe_allowances(allocator, model_name)}\n"
+              f"  {describe_allowances(allocator, model_name, result.kind)}\n"
               + (conservative_line(cover, result.size) if cover is not None else "") + "\n")
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
                           extra={"fit": fit_json(result, cover)})
@@ -244,6 +268,6 @@ def conservative_line(cover: Fit, size: int) -> str:
     answer = (f"{dim} {cover.size}" + (" as well" if cover.size == size else "")
               if cover.size else f"not even {dim} 1")
     return (f"  conservative answer: {answer}, at an allowance of {a.factor:g}, under which no "
-            f"limit the capacity benchmark measured for {ALLOCATOR_NAMES[a.allocator]} was "
-            f"predicted too large (the answer above over-predicted some; plan with this one "
-            f"unless this workload's need under a cap has been measured; {a.source})\n")
+            f"limit the capacity benchmark measured for {ALLOCATOR_NAMES[a.allocator]}, on any "
+            f"workload, was predicted too large (plan with this one where running out of memory "
+            f"costs more than the difference; {a.source})\n")
