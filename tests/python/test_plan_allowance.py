@@ -56,7 +56,7 @@ def test_the_constants_are_the_calibration_of_the_recorded_trials(trials):
             fitting = [r for r in trials if (r["workload"], r["cap_gib"], r["dim"], r["allocator"])
                        == (kind.workload, 24.0, dim, "torch") and r["fits"]]
             top = max(fitting, key=lambda r: r["size"])
-            if top["size"] > 1 and top.get("peak_reserved"):
+            if top["size"] != (1 if dim == "batch" else 64) and top.get("peak_reserved"):
                 ratios.append(top["peak_reserved"] / top["peak_allocated"])
         assert pa.TORCH_BY_KIND[kind.workload] == math.ceil(max(ratios) * 1e4) / 1e4, kind
     assert pa.UNDER_A_CAP["torch"] == max(pa.TORCH_BY_KIND.values())
@@ -74,6 +74,9 @@ def test_every_measured_limit_is_predicted_within_5_percent(trials):
             errors[(w, cap, dim, allocator)] = (planner.predict(w, allocator, cap, dim) - got) / got
     assert len(errors) == 48
     assert max(map(abs, errors.values())) <= 0.05, errors
+    # Torch native's rows at 80 GiB (held out): never small, at most 3.9% large.
+    native = [e for (w, cap, dim, a), e in errors.items() if a == "torch" and cap == 80.0]
+    assert len(native) == 8 and 0 <= min(native) and max(native) < 0.04
 
 
 @pytest.mark.parametrize("allocator", ALLOCATOR_ORDER)
@@ -119,8 +122,8 @@ def test_a_training_kind_without_a_row_that_calibrates_is_an_error_naming_it(tri
         if (r["workload"], r["allocator"], r["dim"], r["cap_gib"], r["size"]) == (
                 "llama1b", "torch", "seq", 24.0, 2944):
             r["peak_reserved"] = r["peak_allocated"] = None
-    with pytest.raises(ValueError, match="torch native, Llama-1B: gated MLP, full fine-tuning: "
-                                         "no calibration row"):
+    with pytest.raises(ValueError, match="torch native, Llama-1B, full fine-tuning: no "
+                                         "calibration row"):
         calibrate.calibrate(load(bare))
 
 
@@ -259,6 +262,7 @@ def test_the_scan_command_names_the_best_factor_and_its_misses(capsys):
 def test_fit_with_the_allocators_own_allowance_is_fit_and_an_unknown_allocator_is_refused():
     from vramledger import _plan_fit
     own = pa.allowance("torch", "cap", pa.TORCH_KINDS[1])
+    assert own.factor == pa.TORCH_BY_KIND["llama1b"]
     assert pa.TORCH_KINDS[1].workload == "llama1b"
     assert planner.predict_with("llama1b", 24.0, "seq", own) == planner.predict(
         "llama1b", "torch", 24.0, "seq")

@@ -77,7 +77,7 @@ def test_fit_agrees_with_the_plain_plan_at_its_size_and_one_above(capsys, model,
         allocator]
     if (allocator, allowance) == ("torch", "cap"):  # torch native's is the training kind's
         factor = _plan_allowance.TORCH_BY_KIND[kind_of(model)]
-    assert fit["training_kind"] == kind_of(model)
+    assert fit["training_kind"]["workload"] == kind_of(model)
     correction = _plan_allowance.PEAK_CORRECTION if allowance == "cap" else 1
     assert (fit["allowance_model"], fit["allowance"], fit["peak_correction"]) == (
         allowance, factor, correction)
@@ -186,40 +186,73 @@ def test_torch_natives_allowance_is_its_training_kinds_and_names_it(capsys):
             "--card-gib", "80", "--allocator", "torch"]
     fit = plan_json(capsys, *args)["fit"]
     kind = next(k for k in _plan_allowance.TORCH_KINDS if k.workload == "llama1b-lora")
-    assert (fit["training_kind"], fit["allowance"]) == (
-        "llama1b-lora", _plan_allowance.TORCH_BY_KIND["llama1b-lora"])
-    assert fit["allowance_kind"] == f"measured for its training kind, {kind.title}"
+    assert fit["allowance"] == _plan_allowance.TORCH_BY_KIND["llama1b-lora"]
+    assert fit["training_kind"] == {"workload": "llama1b-lora", "title": kind.title,
+                                    "trains_as": kind.short}
+    said = (f"measured on {kind.title}; this setup trains the same way: {kind.short}, "
+            f"{_plan_allowance.MEASURED_SETUP}")
+    assert fit["allowance_measured_for"] == fit["allowances"]["cap"]["measured_for"] == said
     assert fit["allowances"]["cap"]["factor"] == fit["allowance"]
+    assert "llama1b-lora's rows under a 24 GiB cap" in fit["allowance_source"]
     text = plan(capsys, *args)[1]
-    assert (f"torch native's allowance under a cap {fit['allowance']:g} (measured for its "
-            f"training kind, {kind.title}), after the planned peak's correction") in text
+    assert (f"torch native's allowance under a cap {fit['allowance']:g} ({said}), after the "
+            f"planned peak's correction") in text
     # The other allocators' factor is one for every kind, and says no kind.
     args[-1] = "torch-expandable"
     fit = plan_json(capsys, *args)["fit"]
     assert fit["allowance"] == _plan_allowance.UNDER_A_CAP["torch-expandable"]
-    assert fit["allowance_kind"] is None and fit["training_kind"] == "llama1b-lora"
+    assert fit["allowance_measured_for"] is None
+    assert fit["training_kind"]["workload"] == "llama1b-lora"
 
 
-@pytest.mark.parametrize("flags", [
-    ["--precision", "fp32"], ["--optimizer", "sgd"], ["--qlora", "--lora-rank", "16"],
-    ["--zero-stage", "1", "--gpus", "2"], ["--eager-attention"], ["--lora-rank", "16"],
+@pytest.mark.parametrize("flags, differs", [
+    (["--precision", "fp32"], "precision fp32, where every one measured ran bf16 autocast"),
+    (["--precision", "fp16-mixed"], "precision fp16-mixed, where"),
+    (["--optimizer", "sgd"], "optimizer sgd, where"),
+    (["--optimizer", "adamw-8bit"], "optimizer adamw-8bit, where"),
+    (["--qlora", "--lora-rank", "16"], "a 4-bit (QLoRA) base, where"),
+    (["--qlora"], "a 4-bit (QLoRA) base, where"),
+    (["--zero-stage", "1", "--gpus", "2"], "ZeRO-1 on 2 GPU(s), where"),
+    (["--gpus", "2"], "ZeRO-0 on 2 GPU(s), where"),
+    (["--eager-attention"], "materialised attention scores, where"),
+    (["--lora-rank", "16"], "gated MLP + LoRA, none of the measured tanh-GELU MLP / gated MLP"),
+    (["--checkpointing", "--lora-rank", "16", "--lora-targets", "all"],
+     "LoRA on all projections, where"),
+    (["--mlp", "gelu"], "gelu MLP, none of the measured"),
 ])
-def test_a_setup_of_no_measured_kind_takes_torch_natives_largest_allowance(capsys, flags):
+def test_a_setup_of_no_measured_kind_takes_torch_natives_largest_allowance(capsys, flags,
+                                                                            differs):
     args = [*LLAMA, "--seq", "2048", *flags, "--fit", "batch", "--card-gib", "80",
             "--allocator", "torch"]
     fit = plan_json(capsys, *args)["fit"]
-    assert fit["training_kind"] is None
+    assert fit["training_kind"]["workload"] is None and differs in fit["training_kind"]["differs"]
     assert fit["allowance"] == _plan_allowance.UNDER_A_CAP["torch"] == max(
         _plan_allowance.TORCH_BY_KIND.values())
-    assert "the largest over the training kinds measured: this setup trains as none of them" in (
-        plan(capsys, *args)[1])
+    assert "every kind's rows under a 24 GiB cap" in fit["allowance_source"]
+    text = plan(capsys, *args)[1]
+    assert ("(the largest measured, as no measured setup trains as this one: "
+            + fit["training_kind"]["differs"] + "), after") in text
 
 
-def test_gelu_with_checkpointing_is_no_measured_kind():
-    assert _plan_allowance.training_kind("gelu-tanh", True, 0) is None
-    assert _plan_allowance.training_kind("gelu-tanh", False, 0).workload == "gpt2m"
-    assert _plan_allowance.training_kind("gated", True, 8).workload == "llama1b-lora"
-    assert _plan_allowance.training_kind("gated", False, 0, gpus=2) is None
+def test_each_benchmark_workload_trains_as_its_own_kind():
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+    from benchmarks.capacity import planner
+    for kind in _plan_allowance.TORCH_KINDS:
+        got, why = _plan_fit.kind_of(planner._model(kind.workload),
+                                     planner._setup(kind.workload, 1, 1024))
+        assert (got, why) == (kind, "")
+
+
+def test_only_the_measured_mlp_lora_and_checkpointing_make_a_kind():
+    kind = _plan_allowance.training_kind
+    assert kind("gelu-tanh", True, 0)[0] is None
+    assert kind("gelu", False, 0)[0] is None
+    assert kind("gelu-tanh", False, 0)[0].workload == "gpt2m"
+    assert kind("gated", True, 8)[0].workload == "llama1b-lora"
+    assert kind("gated", True, 8, lora_targets="all")[0] is None
+    assert kind("gated", False, 0, gpus=2) == (
+        None, "ZeRO-0 on 2 GPU(s), where every one measured ran " + _plan_allowance.MEASURED_SETUP)
 
 
 def test_fit_writes_the_plan_file_at_the_size_it_found(capsys, tmp_path):

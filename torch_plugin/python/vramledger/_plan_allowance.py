@@ -31,8 +31,8 @@ UNCAPPED_SOURCE = "docs/results/h200-training.md, \"Three allocators on three wo
 # the capacity benchmark (other workloads, other caps) evaluates it and never calibrates it.
 # vramledger and torch expandable: GPT-2-medium's rows under the 24 GiB cap, one factor each
 # (it predicts every workload's limits within 5%). Torch native: each training kind's own rows
-# under that cap, one factor per kind (its need differs by workload, 1.04-1.16 of the planned
-# peak, so one factor cannot serve them all); the 80 GiB rows evaluate them.
+# under that cap, one factor per kind (its peak reserved / peak allocated at the limit is
+# 1.04-1.16 by workload, so one factor cannot serve them all); the 80 GiB rows evaluate them.
 CALIBRATION_RECORDS = "docs/results/capacity-h200-results.json"
 CALIBRATION_ROWS = (("gpt2m", 24.0, "batch"), ("gpt2m", 24.0, "seq"))
 TORCH_CALIBRATION_CAP = 24.0
@@ -43,37 +43,39 @@ CAP_SOURCE = (f"{CALIBRATION_RECORDS}, GPT-2-medium under a 24 GiB cap (batch an
 @dataclasses.dataclass(frozen=True)
 class TrainingKind:
     """How a model trains, as far as torch native's need under a cap was seen to depend on it:
-    the MLP (GPT-2's GELU or a gated one), checkpointing and LoRA; each measured on one of the
-    capacity benchmark's workloads (benchmarks/capacity/workloads.py), in bf16 autocast with AdamW
-    and SDPA attention on one GPU."""
-    workload: str   # the capacity benchmark's workload whose rows calibrate it
-    title: str
-    gated: bool
+    the MLP, checkpointing and LoRA; each measured on one of the capacity benchmark's workloads
+    (benchmarks/capacity/workloads.py), all of them as MEASURED_SETUP says."""
+    workload: str       # the capacity benchmark's workload whose rows calibrate it
+    title: str          # what was measured
+    short: str          # how it trains, in a few words
+    mlp: str            # the planner's Model.mlp
     checkpointing: bool
-    lora: bool
+    lora: bool          # LoRA on the attention projections (q, k, v, o)
 
 
 TORCH_KINDS = (
-    TrainingKind("gpt2m", "GPT-2-medium: GELU MLP, full fine-tuning", False, False, False),
-    TrainingKind("llama1b", "Llama-1B: gated MLP, full fine-tuning", True, False, False),
-    TrainingKind("llama1b-ckpt", "Llama-1B: gated MLP, full fine-tuning, checkpointing", True,
-                 True, False),
-    TrainingKind("llama1b-lora", "Llama-1B: gated MLP, LoRA, checkpointing", True, True, True),
+    TrainingKind("gpt2m", "GPT-2-medium, full fine-tuning", "tanh-GELU MLP", "gelu-tanh",
+                 False, False),
+    TrainingKind("llama1b", "Llama-1B, full fine-tuning", "gated MLP", "gated", False, False),
+    TrainingKind("llama1b-ckpt", "Llama-1B, full fine-tuning with checkpointing",
+                 "gated MLP + checkpointing", "gated", True, False),
+    TrainingKind("llama1b-lora", "Llama-1B, LoRA r16 on attention with checkpointing",
+                 "gated MLP + LoRA on attention + checkpointing", "gated", True, True),
 )
+MEASURED_SETUP = "bf16 autocast, AdamW, SDPA attention, one GPU"
 
 # Under a cap: peak reserved / peak allocated of the largest size that trained in each
 # calibration row (the allocator at its limit), the largest over the rows, rounded up to 1e-4.
 # A fitting trial never reserved more than the cap, so this bounds what the allocator needed from
 # above: the torch allocators' retries freed whatever cache it held beyond that. A row whose
 # limit is its first size (Llama-1B's micro-batch 1 under 24 GiB) calibrates nothing: the next
-# size plans gigabytes more, so the cap never pressed that trial and its ratio is cache kept.
+# size plans more than the cap, so the cap never pressed that trial and its ratio is cache kept.
 # Torch native's entry is the largest over its kinds: its allowance for a setup of no measured
 # kind.
 TORCH_BY_KIND = {"gpt2m": 1.0416, "llama1b": 1.0901, "llama1b-ckpt": 1.1146,
                  "llama1b-lora": 1.1540}
-UNDER_A_CAP = {"vramledger": 1.0074, "torch-expandable": 1.0121, "torch": 1.1540}
-TORCH_SOURCE = (f"{CALIBRATION_RECORDS}, the rows of its kind under a 24 GiB cap; "
-                "python -m benchmarks.capacity.calibrate")
+UNDER_A_CAP = {"vramledger": 1.0074, "torch-expandable": 1.0121,
+               "torch": max(TORCH_BY_KIND.values())}
 # Measured peak allocated / planned peak allocated, the largest over every trial that trained in
 # the calibration rows, rounded up to 1e-4: the planner's peak is 0.7-0.8% high on GPT-2-medium.
 PEAK_CORRECTION = 0.9933
@@ -102,7 +104,7 @@ class Allowance:
     factor: float           # reserved / allocated
     peak_correction: float  # measured / planned peak allocated (1 in the uncapped model)
     source: str
-    kind: str = ""          # torch native under a cap: what the factor was measured for
+    measured_for: str | None = None  # torch native under a cap: the training kind, or why none
 
     def needed(self, planned: int) -> int:
         """Reserved bytes for `planned` peak allocated bytes (exact integer arithmetic on the
@@ -127,39 +129,58 @@ def check_allocator(allocator: str) -> None:
                          f"{', '.join(ALLOCATOR_NAMES)}")
 
 
-def training_kind(mlp: str, checkpointing: bool, lora_rank: int, *, precision: str = "bf16-mixed",
-                  optimizer: str = "adamw", qlora: bool = False, eager_attention: bool = False,
-                  zero_stage: int = 0, gpus: int = 1) -> TrainingKind | None:
-    """The measured kind (TORCH_KINDS) a setup trains as, or None when it trains otherwise: in
-    another precision, with another optimizer, a 4-bit base, materialised attention scores, ZeRO
-    or several GPUs, or LoRA without checkpointing (none of these was measured)."""
-    if (precision, optimizer, qlora, eager_attention, zero_stage, gpus) != (
-            "bf16-mixed", "adamw", False, False, 0, 1):
-        return None
-    key = (mlp == "gated", bool(checkpointing), lora_rank > 0)
-    return next((k for k in TORCH_KINDS if (k.gated, k.checkpointing, k.lora) == key), None)
+def training_kind(mlp: str, checkpointing: bool, lora_rank: int, *, lora_targets: str = "attn",
+                  precision: str = "bf16-mixed", optimizer: str = "adamw", qlora: bool = False,
+                  eager_attention: bool = False, zero_stage: int = 0,
+                  gpus: int = 1) -> tuple[TrainingKind | None, str]:
+    """(the measured kind in TORCH_KINDS the setup trains as, ""), or (None, what differs from
+    every measured kind)."""
+    differs = []
+    if precision != "bf16-mixed":
+        differs.append(f"precision {precision}")
+    if optimizer != "adamw":
+        differs.append(f"optimizer {optimizer}")
+    if qlora:
+        differs.append("a 4-bit (QLoRA) base")
+    if eager_attention:
+        differs.append("materialised attention scores")
+    if zero_stage or gpus != 1:
+        differs.append(f"ZeRO-{zero_stage} on {gpus} GPU(s)")
+    if lora_rank > 0 and lora_targets != "attn":
+        differs.append(f"LoRA on {lora_targets} projections")
+    if differs:
+        return None, f"{', '.join(differs)}, where every one measured ran {MEASURED_SETUP}"
+    key = (mlp, bool(checkpointing), lora_rank > 0)
+    kind = next((k for k in TORCH_KINDS if (k.mlp, k.checkpointing, k.lora) == key), None)
+    if kind is not None:
+        return kind, ""
+    this = (f"{mlp} MLP" + (" + LoRA" if lora_rank > 0 else "")
+            + (" + checkpointing" if checkpointing else ""))
+    return None, f"{this}, none of the measured {' / '.join(k.short for k in TORCH_KINDS)}"
 
 
-def describe_kind(kind: TrainingKind | None) -> str:
-    """What the torch native factor under a cap was measured for, as --fit prints it."""
-    if kind is None:
-        return ("the largest over the training kinds measured: this setup trains as none of them "
-                "(" + "; ".join(k.title for k in TORCH_KINDS) + ")")
-    return f"measured for its training kind, {kind.title}"
-
-
-def allowance(allocator: str, model: str = "cap", kind: TrainingKind | None = None) -> Allowance:
+def allowance(allocator: str, model: str = "cap", kind: TrainingKind | None = None,
+              why: str = "") -> Allowance:
     """The allowance of `allocator` (a key of ALLOCATOR_NAMES) in `model` ("cap" or "uncapped");
-    torch native's under a cap is `kind`'s (training_kind()), the largest measured when None.
+    torch native's under a cap is `kind`'s (training_kind()), or with none the largest measured,
+    `why` saying what differs.
 
     Raises:
       ValueError: an unknown allocator or model (the message names the accepted ones).
     """
     check_allocator(allocator)
     if model == "cap" and allocator == "torch":
-        factor = TORCH_BY_KIND[kind.workload] if kind else UNDER_A_CAP["torch"]
-        return Allowance("cap", allocator, factor, PEAK_CORRECTION, TORCH_SOURCE,
-                         describe_kind(kind))
+        if kind is None:
+            return Allowance("cap", allocator, UNDER_A_CAP["torch"], PEAK_CORRECTION,
+                             f"{CALIBRATION_RECORDS}, every kind's rows under a 24 GiB cap; "
+                             "python -m benchmarks.capacity.calibrate",
+                             f"the largest measured, as no measured setup trains as this one: "
+                             f"{why or 'no training kind given'}")
+        return Allowance("cap", allocator, TORCH_BY_KIND[kind.workload], PEAK_CORRECTION,
+                         f"{CALIBRATION_RECORDS}, {kind.workload}'s rows under a 24 GiB cap; "
+                         "python -m benchmarks.capacity.calibrate",
+                         f"measured on {kind.title}; this setup trains the same way: "
+                         f"{kind.short}, {MEASURED_SETUP}")
     if model == "cap":
         return Allowance("cap", allocator, UNDER_A_CAP[allocator], PEAK_CORRECTION, CAP_SOURCE)
     if model == "uncapped":

@@ -36,10 +36,10 @@ def add_arguments(p) -> None:
                         "memory, where torch's allocators free their cache and retry before they "
                         "fail (" + ", ".join(f"{k} {v:g}" for k, v in
                                              _plan_allowance.UNDER_A_CAP.items() if k != "torch")
-                        + "; torch by how the model trains: " + ", ".join(
-                            f"{k.title} {_plan_allowance.TORCH_BY_KIND[k.workload]:g}"
+                        + "; torch native by how the model trains: " + "; ".join(
+                            f"{k.short} {_plan_allowance.TORCH_BY_KIND[k.workload]:.4f}"
                             for k in _plan_allowance.TORCH_KINDS)
-                        + f", any other {_plan_allowance.UNDER_A_CAP['torch']:g}; with the "
+                        + f"; any other {_plan_allowance.UNDER_A_CAP['torch']:.4f}; with the "
                           f"planned peak x {_plan_allowance.PEAK_CORRECTION:g}; "
                           f"{_plan_allowance.CALIBRATION_RECORDS}); uncapped: peak reserved / peak "
                           "allocated with abundant memory ("
@@ -59,6 +59,7 @@ class Fit:
     estimate: dict[str, Any] | None       # the plan at `size` (at 1 when nothing fits)
     above: dict[str, Any] | None          # the plan at size + 1 (None at the bound)
     kind: TrainingKind | None = None      # how the setup trains (torch native's factor)
+    why: str = ""                         # with no kind: what differs from every measured one
 
     @property
     def allocator(self) -> str:
@@ -74,11 +75,12 @@ class Fit:
             "dimension": self.dimension, "size": self.size, "bound": self.bound,
             "allocator": a.allocator, "allowance_model": a.model, "allowance": a.factor,
             "peak_correction": a.peak_correction, "allowance_source": a.source,
-            "allowance_kind": a.kind or None,
-            "training_kind": self.kind.workload if self.kind else None,
-            "allowances": {m: dataclasses.asdict(_plan_allowance.allowance(a.allocator, m,
-                                                                           self.kind))
-                           for m in _plan_allowance.MODELS},
+            "allowance_measured_for": a.measured_for,
+            "training_kind": ({"workload": self.kind.workload, "title": self.kind.title,
+                               "trains_as": self.kind.short} if self.kind
+                              else {"workload": None, "differs": self.why}),
+            "allowances": {m: dataclasses.asdict(_plan_allowance.allowance(
+                a.allocator, m, self.kind, self.why)) for m in _plan_allowance.MODELS},
             "card_bytes": self.card_bytes,
         }
         if self.size == 0:  # the plan at 1 is the size above, the one that does not fit
@@ -100,19 +102,20 @@ def fit(model: _plan.Model, setup: _plan.Setup, dimension: str, allocator: str,
     `setup`'s value, for which the allocator's reserved bytes for the estimate, in
     `allowance_model` ("cap" or "uncapped"), are at most setup.card_bytes; torch native's
     allowance under a cap is that of the setup's training kind (kind_of())."""
-    kind = kind_of(model, setup)
+    kind, why = kind_of(model, setup)
     result = fit_with(model, setup, dimension,
-                      _plan_allowance.allowance(allocator, allowance_model, kind))
-    result.kind = kind
+                      _plan_allowance.allowance(allocator, allowance_model, kind, why))
+    result.kind, result.why = kind, why
     return result
 
 
-def kind_of(model: _plan.Model, setup: _plan.Setup) -> TrainingKind | None:
-    """The measured training kind (_plan_allowance.TORCH_KINDS) the setup trains as, or None."""
+def kind_of(model: _plan.Model, setup: _plan.Setup) -> tuple[TrainingKind | None, str]:
+    """The measured training kind (_plan_allowance.TORCH_KINDS) the setup trains as, or None and
+    what differs from every measured one."""
     return _plan_allowance.training_kind(
-        model.mlp, setup.checkpointing, setup.lora_rank, precision=setup.precision,
-        optimizer=setup.optimizer, qlora=setup.qlora, eager_attention=setup.eager_attention,
-        zero_stage=setup.zero_stage, gpus=setup.gpus)
+        model.mlp, setup.checkpointing, setup.lora_rank, lora_targets=setup.lora_targets,
+        precision=setup.precision, optimizer=setup.optimizer, qlora=setup.qlora,
+        eager_attention=setup.eager_attention, zero_stage=setup.zero_stage, gpus=setup.gpus)
 
 
 def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
@@ -146,12 +149,13 @@ def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
     return result
 
 
-def describe_allowances(allocator: str, model: str, kind: TrainingKind | None = None) -> str:
-    """Both allowances of `allocator` for a setup of training kind `kind`, the one used (`model`)
-    first, each with its source."""
-    cap = _plan_allowance.allowance(allocator, "cap", kind)
+def describe_allowances(allocator: str, model: str, kind: TrainingKind | None = None,
+                        why: str = "") -> str:
+    """Both allowances of `allocator` for a setup of training kind `kind` (None: `why`), the one
+    used (`model`) first, each with its source."""
+    cap = _plan_allowance.allowance(allocator, "cap", kind, why)
     uncapped = _plan_allowance.allowance(allocator, "uncapped")
-    measured_for = f" ({cap.kind})" if cap.kind else ""
+    measured_for = f" ({cap.measured_for})" if cap.measured_for else ""
     texts = {"cap": f"under a cap {cap.factor:g}{measured_for}, after the planned peak's "
                     f"correction x "
                     f"{cap.peak_correction:g} (measured / planned peak allocated) ({cap.source})",
@@ -235,7 +239,7 @@ def run(args, cli_error: type[Exception]) -> int:
               f"{now} <= card {card}\n"
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
               f"{above} > card\n"
-              f"  {describe_allowances(allocator, model_name, result.kind)}\n"
+              f"  {describe_allowances(allocator, model_name, result.kind, result.why)}\n"
               + (conservative_line(cover, result.size) if cover is not None else "") + "\n")
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
                           extra={"fit": fit_json(result, cover)})
