@@ -34,7 +34,13 @@ the trace. The last snapshot goes to the path as a gzip-compressed pickle, which
 replay` and `python -m benchmarks.capacity.trace_steps` read. Its step times include no snapshot,
 but the recording's own cost: a traced trial's figures are not compared with untraced ones.
 
+With --profile (run_trial's `profile`), the steps profiles.PROFILED_STEPS each run under
+torch.profiler and the record's `profile` holds, per step index, its ops' calls and times
+(profiles.py). With --host-timing under vramledger (its `host_timing` option), `step_host_us` holds
+per step the host time of its allocations and frees. Both cost time in the steps they measure.
+
   python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ [TRACE.pickle.gz]
+      [--profile] [--host-timing]
 (from the repo root)
 prints one line `RESULT_JSON {...}`. run_trial() starts that process and reads the line.
 """
@@ -80,14 +86,22 @@ def vramledger_totals(frag: dict) -> dict[str, float]:
             "step_take_backs": frag["reused_old_mappings"]}
 
 
+def host_us(frag: dict) -> float:
+    """The host time of vramledger's allocations and frees so far (us; its host_timing option)."""
+    return sum(frag["host_time"][k]["time_us"] for k in ("malloc", "free"))
+
+
 def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
-          trace: str | None = None) -> dict:
+          trace: str | None = None, profile: bool = False, host_timing: bool = False) -> dict:
     """Runs the trial in this process (nothing of CUDA initialised yet) and returns its record;
-    with `trace`, also writes the allocator's snapshot with its trace there."""
+    with `trace`, also writes the allocator's snapshot with its trace there; with `profile`, the
+    record holds the profiled steps' ops; with `host_timing` (vramledger), its host time per
+    step."""
     w = workloads.WORKLOADS[workload]
     if allocator == "vramledger":
         import vramledger
-        vramledger.install()  # the default policy
+        # The default policy (host_timing only adds a clock read around each call).
+        vramledger.install(**({"host_timing": True} if host_timing else {}))
     import torch
     mem = sys.modules["vramledger"] if allocator == "vramledger" else torch.cuda
     # Each allocator caps reserved memory at fraction x the total cudaMemGetInfo reports (torch's
@@ -100,6 +114,12 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     ledger = mem.fragmentation if allocator == "vramledger" else None
     if ledger:
         out.update({f: [] for f in VRAMLEDGER_FIGURES + VRAMLEDGER_MAPPINGS})
+    timed = bool(ledger) and host_timing
+    if timed:
+        out["step_host_us"] = []
+    if profile:
+        from benchmarks.capacity import profiles
+        out["profile"] = {}
     last = None  # the last snapshot taken (with a trace)
     if trace:
         if allocator == "vramledger":
@@ -115,20 +135,27 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         out["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
         vocab = w.config["vocab_size"]
-        for length in workloads.lengths(seq):
+        for i, length in enumerate(workloads.lengths(seq)):
             torch.cuda.synchronize()
             before = mem.memory_stats()  # outside the timed span
-            totals = vramledger_totals(ledger()) if ledger else {}
+            frag = ledger() if ledger else None
+            totals = vramledger_totals(frag) if ledger else {}
+            prof = profiles.start(torch) if profile and i in profiles.PROFILED_STEPS else None
             t0 = time.perf_counter()
             out["losses"].append(workloads.train_step(torch, model, opt, vocab, batch, length))
             torch.cuda.synchronize()
             out["step_s"].append(time.perf_counter() - t0)
+            if prof is not None:
+                out["profile"][str(i)] = profiles.stop(prof)
             after = mem.memory_stats()
             for field, stat in STEP_COUNTERS.items():
                 out[field].append(after.get(stat, 0) - before.get(stat, 0))
             if ledger:
-                for field, total in vramledger_totals(ledger()).items():
+                now = ledger()
+                for field, total in vramledger_totals(now).items():
                     out[field].append(total - totals[field])
+                if timed:
+                    out["step_host_us"].append(host_us(now) - host_us(frag))
             if trace:
                 last = take_snapshot()  # its `snapshot` entry ends the step in the trace
     except torch.OutOfMemoryError as e:
@@ -157,7 +184,8 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
 
 
 def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
-              timeout_s: float, trace: str | None = None) -> dict:
+              timeout_s: float, trace: str | None = None, profile: bool = False,
+              host_timing: bool = False) -> dict:
     """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
     process: install() must come before CUDA starts, and nothing cached from an earlier trial may
     help a later one). Returns its record: `fits` True or False, or None with `error` when the
@@ -174,6 +202,7 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
     batch, seq = workloads.WORKLOADS[workload].shape(dim, size)
     cmd = [sys.executable, "-m", "benchmarks.capacity.trial", workload, allocator,
            str(cap_gib), str(batch), str(seq)] + ([os.path.abspath(trace)] if trace else [])
+    cmd += (["--profile"] if profile else []) + (["--host-timing"] if host_timing else [])
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
@@ -194,6 +223,24 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
     return record
 
 
+def parse_args(argv: list[str]) -> tuple[list, dict]:
+    """The child's positional arguments (WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ [TRACE]) converted,
+    and its flags as keyword arguments.
+
+    Raises:
+      SystemExit: an unknown flag or a wrong number of arguments (status 2, the usage named).
+    """
+    flags = {"--profile": "profile", "--host-timing": "host_timing"}
+    unknown = [a for a in argv if a.startswith("--") and a not in flags]
+    plain = [a for a in argv if a not in flags]
+    if unknown or len(plain) not in (5, 6):
+        sys.exit(f"usage: python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH "
+                 f"SEQ [TRACE.pickle.gz] [--profile] [--host-timing] (got {' '.join(argv)})")
+    name, alloc, cap, b, s, *path = plain
+    return [name, alloc, float(cap), int(b), int(s), *path], {
+        key: flag in argv for flag, key in flags.items()}
+
+
 if __name__ == "__main__":
-    name, alloc, cap, b, s, *path = sys.argv[1:]
-    print(RESULT + json.dumps(child(name, alloc, float(cap), int(b), int(s), *path)), flush=True)
+    args, kwargs = parse_args(sys.argv[1:])
+    print(RESULT + json.dumps(child(*args, **kwargs)), flush=True)

@@ -72,6 +72,11 @@
 #                   with CAPACITY_TRACES=1, last, traced trials at each row's common size and
 #                   vramledger's limit into $OUT/traces (CAPACITY_TRACE_ALLOCATORS, default
 #                   vramledger; at most 8 files come back from $OUT: pick the rows to fit)
+#     capprofile    python -m benchmarks.capacity.profiles: one profiled trial per allocator at
+#                   PROFILE_ROW ("WORKLOAD,CAP_GIB,DIM,SIZE", default llama1b,24,batch,1), its
+#                   steady steps under torch.profiler and vramledger's host_timing on, into
+#                   $OUT/profiles; prints where each step's host and device time went and the ops
+#                   whose host time differs most between vramledger and torch native (3 trials)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
@@ -85,7 +90,8 @@
 # CAPACITY_BUDGET_S (500), CAPACITY_STEP_ROUNDS (0: no step-time rounds), CAPACITY_TRACES (1:
 # traced trials last), CAPACITY_TRACE_ALLOCATORS (vramledger),
 # CAPACITY_RESUME (results files; default .devbuild/capacity-results.json), CAPACITY_LIBRARY (a label
-# of the vramledger build, e.g. its commit, kept in its trials' records).
+# of the vramledger build, e.g. its commit, kept in its trials' records), PROFILE_ROW (capprofile's
+# row, llama1b,24,batch,1).
 # Background fuzzing on the CPU cores the items leave idle (nothing changes when unset):
 # FUZZ_BACKGROUND_S=S starts scripts/fuzz_long.sh run (allocator_ops_fuzz, -fork=FUZZ_JOBS jobs,
 # default nproc - 4, under nice) before the items, for S seconds (at most the budget less 30 s),
@@ -103,7 +109,7 @@ PLUGIN="$LIBDIR/libvramledger_plugin.so"
 GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
         snapshot guard preload preload_plan preload_direct regions wheel multi ddp regions_core"
-BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity"
+BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity capprofile"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -296,6 +302,13 @@ capacity() {
     "${traced[@]}"
 }
 
+capprofile() {
+  local w c d s
+  IFS=, read -r w c d s <<< "${PROFILE_ROW:-llama1b,24,batch,1}"
+  timeout "$(bound)" "$PY" -m benchmarks.capacity.profiles run "$w" "$c" "$d" "$s" \
+    --out "$OUT/profiles" && "$PY" -m benchmarks.capacity.profiles compare "$OUT/profiles"
+}
+
 bundle() {
   LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -vE 'libabsl_'
   if LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -q 'not found'; then
@@ -334,6 +347,7 @@ details() {
     hostcost) grep -E "^(trace|\| |vramledger)" "$f" ;;
     record_empty_cache) sed -n '/^program:/,$p' "$f" ;;
     capacity) sed -n '/^capacity (/,$p' "$f" ;;
+    capprofile) sed -n '/^profiled steps/,$p' "$f" ;;
     fuzz_long) grep -E "^fuzz_long" "$f" ;;
   esac
 }
@@ -455,6 +469,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       hostcost) item hostcost bench 60 hostcost ;;
       record_empty_cache) item record_empty_cache bench 90 record_empty_cache ;;
       capacity) item capacity bench 60 capacity ;;
+      capprofile) item capprofile bench 150 capprofile ;;
     esac
   done
 
