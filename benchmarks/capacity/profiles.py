@@ -4,11 +4,15 @@ slower than torch's; the driver-call and wait counters say whether its own calls
 says where the rest of the time goes, op by op, when neither is.
 
 One trial per allocator (trial.py, each in its own process, --profile), its steps PROFILED_STEPS
-each under torch.profiler (CPU activity, and CUDA activity on a GPU): per op (torch.profiler's key
-averages) its calls, self CPU time and self device time; vramledger runs with its `host_timing`
-option, so the record also holds the host time of its own allocations and frees per step. The
-profiler's overhead is in these steps' times, so a profiled trial's step times are compared only
-with each other, never with the rounds'.
+each under torch.profiler (CPU activity, and CUDA activity on a GPU). Per step (summarize()): the
+host ops (torch.profiler's key averages of CPU events) with their calls and self CPU time; the
+total self CPU time of the host ops less the calls that wait for the GPU (WAITS: the step's
+closing synchronize and the loss's copy to the host), those waits apart, and the device time of
+the kernels and copies (the device rows alone: a host op's self device time repeats its kernels').
+vramledger runs with its `host_timing` option, so the record also holds the host time of its own
+allocations and frees per step; that option costs two clock reads per call, in vramledger's
+steps alone. The profiler's overhead is in these steps' times, so a profiled trial's step times
+are compared only with each other, never with the rounds'.
 
   python -m benchmarks.capacity.profiles run WORKLOAD CAP_GIB DIM SIZE --out DIR [--timeout-s S]
       (on the GPU machine; benchmarks/gpu/run.sh item `capprofile`) writes DIR/NAME.json per
@@ -32,8 +36,10 @@ from typing import Any, Iterable
 # The steady steps (after trial.py's first two, which fill the cache): lengths 0.3, 0.8, 1.0 and
 # 0.45 of the longest (workloads.LENGTH_FRACTIONS), the third a length seen before, the others new.
 PROFILED_STEPS = (2, 3, 4, 5)
-MAX_OPS = 300  # ops kept per step, by self CPU time
+MAX_OPS = 300  # host ops kept per step, by self CPU time
 ALLOCATORS = ("torch", "torch-expandable", "vramledger")
+# Host calls that wait for the GPU: their self CPU time is the GPU's, not the host's work.
+WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 
 
 def profile_name(workload: str, allocator: str, cap_gib: float, dim: str, size: int) -> str:
@@ -52,36 +58,49 @@ def start(torch):
     return prof
 
 
-def stop(prof) -> list[dict[str, Any]]:
+def stop(prof) -> dict[str, Any]:
     """Stops `prof` (start()) and returns summarize() of its key averages."""
     prof.stop()
     return summarize(prof.key_averages())
 
 
-def summarize(events: Iterable) -> list[dict[str, Any]]:
-    """Per op of torch.profiler's key averages: name, calls, self CPU and total CPU time and self
-    device time (us), the MAX_OPS with the most self CPU time, most first; ops with no time left
-    out."""
-    ops = []
+def summarize(events: Iterable) -> dict[str, Any]:
+    """One profiled step from torch.profiler's key averages: "ops", the host ops (CPU rows) with
+    their name, calls, self CPU and total CPU time (us), the MAX_OPS with the most self CPU time,
+    most first (ops with none left out); "self_cpu_us", the self CPU time of every host op but
+    the WAITS; "gpu_wait_us", the WAITS'; "device_us", the self time of the device rows (kernels
+    and copies). Totals are taken over every row, before the cut to MAX_OPS."""
+    ops, device_us, host_us, wait_us = [], 0.0, 0.0, 0.0
     for e in events:
-        device = getattr(e, "self_device_time_total", None)
-        if device is None:  # torch releases before the device-neutral name
-            device = getattr(e, "self_cuda_time_total", 0)
-        op = {"name": e.key, "calls": int(e.count), "self_cpu_us": float(e.self_cpu_time_total),
-              "cpu_us": float(e.cpu_time_total), "self_device_us": float(device or 0)}
-        if op["self_cpu_us"] > 0 or op["self_device_us"] > 0:
-            ops.append(op)
+        if str(getattr(e, "device_type", "DeviceType.CPU")) != "DeviceType.CPU":
+            device_us += float(e.self_device_time_total)
+            continue
+        self_cpu = float(e.self_cpu_time_total)
+        if e.key in WAITS:
+            wait_us += self_cpu
+        else:
+            host_us += self_cpu
+        if self_cpu > 0:
+            ops.append({"name": e.key, "calls": int(e.count), "self_cpu_us": self_cpu,
+                        "cpu_us": float(e.cpu_time_total)})
     ops.sort(key=lambda o: (-o["self_cpu_us"], o["name"]))
-    return ops[:MAX_OPS]
+    return {"ops": ops[:MAX_OPS], "self_cpu_us": host_us, "gpu_wait_us": wait_us,
+            "device_us": device_us}
 
 
 def _step_figures(record: dict, step: int) -> dict[str, float | None]:
-    ops = (record.get("profile") or {}).get(str(step)) or []
+    """A step's figures from its record (None where the record lacks them: a step that did not
+    run, or one not profiled)."""
+    prof = (record.get("profile") or {}).get(str(step))
     steps = record.get("step_s") or []
     host = record.get("step_host_us") or []
+
+    def ms(key: str) -> float | None:
+        return None if prof is None else prof[key] / 1e3
+
     return {"step_s": steps[step] if step < len(steps) else None,
-            "self_cpu_ms": sum(o["self_cpu_us"] for o in ops) / 1e3,
-            "device_ms": sum(o["self_device_us"] for o in ops) / 1e3,
+            "self_cpu_ms": ms("self_cpu_us"), "gpu_wait_ms": ms("gpu_wait_us"),
+            "device_ms": ms("device_us"),
             "allocator_host_ms": host[step] / 1e3 if step < len(host) else None}
 
 
@@ -100,8 +119,9 @@ def compare(records: dict[str, dict], top: int = 20) -> str:
     lines = [f"profiled steps of {any_record.get('workload')} at {any_record.get('cap_gib'):g} "
              f"GiB, {any_record.get('dim')} {any_record.get('size')} "
              f"({any_record.get('device', '?')}, torch {any_record.get('torch', '?')}):", "",
-             "| step | allocator | step s | self CPU ms (all ops) | device ms (all ops) | "
-             "allocator host ms (malloc + free) |", "|---|---|---|---|---|---|"]
+             "| step | allocator | step s | host ms (self CPU, all ops but waits) | GPU wait ms | "
+             "device ms (kernels, copies) | allocator host ms (malloc + free) |",
+             "|---|---|---|---|---|---|---|"]
 
     def fmt(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -110,13 +130,13 @@ def compare(records: dict[str, dict], top: int = 20) -> str:
         for a in present:
             f = _step_figures(records[a], step)
             lines.append(f"| {step + 1} | {a} | {fmt(f['step_s'], '.3f')} | "
-                         f"{f['self_cpu_ms']:.1f} | {f['device_ms']:.1f} | "
-                         f"{fmt(f['allocator_host_ms'], '.2f')} |")
+                         f"{fmt(f['self_cpu_ms'], '.1f')} | {fmt(f['gpu_wait_ms'], '.1f')} | "
+                         f"{fmt(f['device_ms'], '.1f')} | {fmt(f['allocator_host_ms'], '.2f')} |")
 
     def totals(record: dict) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         for step in PROFILED_STEPS:
-            for o in (record.get("profile") or {}).get(str(step)) or []:
+            for o in ((record.get("profile") or {}).get(str(step)) or {}).get("ops", []):
                 t = out.setdefault(o["name"], [0.0, 0.0])
                 t[0] += o["self_cpu_us"]
                 t[1] += o["calls"]
@@ -137,10 +157,11 @@ def compare(records: dict[str, dict], top: int = 20) -> str:
 
 
 def load(out_dir: str) -> dict[str, dict]:
-    """The profiled trial records in `out_dir` by allocator (the last one read per allocator).
+    """The profiled trial records in `out_dir` by allocator.
 
     Raises:
-      ValueError: a file that is not JSON or not a trial record (the message names it).
+      ValueError: a file that is not JSON or not a trial record, two records of one allocator, or
+        records of different rows (the message names the files).
     """
     records = {}
     for name in sorted(os.listdir(out_dir)):
@@ -154,7 +175,16 @@ def load(out_dir: str) -> dict[str, dict]:
                 raise ValueError(f"{path}: not JSON ({e})") from None
         if not isinstance(r, dict) or r.get("allocator") not in ALLOCATORS:
             raise ValueError(f"{path}: not a profiled trial record (no known \"allocator\")")
+        if r["allocator"] in records:
+            raise ValueError(f"{path}: a second profile of {r['allocator']} in {out_dir}")
         records[r["allocator"]] = r
+    rows = {(r.get("workload"), r.get("cap_gib"), r.get("dim"), r.get("size")): a
+            for a, r in records.items()}
+    if len(rows) > 1:
+        raise ValueError(f"{out_dir}: profiles of different rows: "
+                         + "; ".join(f"{a}: {w} {c:g} GiB {d} {n}" if isinstance(c, (int, float))
+                                     else f"{a}: {w} {c} GiB {d} {n}"
+                                     for (w, c, d, n), a in sorted(rows.items(), key=str)))
     return records
 
 

@@ -100,7 +100,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     w = workloads.WORKLOADS[workload]
     if allocator == "vramledger":
         import vramledger
-        # The default policy (host_timing only adds a clock read around each call).
+        # The default policy; host_timing adds two clock reads and two atomic adds to each call.
         vramledger.install(**({"host_timing": True} if host_timing else {}))
     import torch
     mem = sys.modules["vramledger"] if allocator == "vramledger" else torch.cuda
@@ -190,7 +190,9 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
     process: install() must come before CUDA starts, and nothing cached from an earlier trial may
     help a later one). Returns its record: `fits` True or False, or None with `error` when the
     process failed some other way (`timed_out` when it ran past `timeout_s`). With `trace`, the
-    trial records its allocator's trace and writes its snapshot to that path."""
+    trial records its allocator's trace and writes its snapshot to that path; with `profile`, its
+    record holds the profiled steps (profiles.py); with `host_timing`, vramledger's host time per
+    step."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
         env.pop(key, None)
@@ -228,14 +230,16 @@ def parse_args(argv: list[str]) -> tuple[list, dict]:
     and its flags as keyword arguments.
 
     Raises:
-      SystemExit: an unknown flag or a wrong number of arguments (status 2, the usage named).
+      SystemExit: an unknown flag or a wrong number of arguments (status 2, the usage on stderr).
     """
     flags = {"--profile": "profile", "--host-timing": "host_timing"}
     unknown = [a for a in argv if a.startswith("--") and a not in flags]
     plain = [a for a in argv if a not in flags]
     if unknown or len(plain) not in (5, 6):
-        sys.exit(f"usage: python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH "
-                 f"SEQ [TRACE.pickle.gz] [--profile] [--host-timing] (got {' '.join(argv)})")
+        print(f"usage: python -m benchmarks.capacity.trial WORKLOAD ALLOCATOR CAP_GIB BATCH SEQ "
+              f"[TRACE.pickle.gz] [--profile] [--host-timing] (got {' '.join(argv)})",
+              file=sys.stderr)
+        sys.exit(2)
     name, alloc, cap, b, s, *path = plain
     return [name, alloc, float(cap), int(b), int(s), *path], {
         key: flag in argv for flag, key in flags.items()}
