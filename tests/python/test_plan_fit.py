@@ -101,7 +101,7 @@ def test_fit_table_carries_the_json_figures(capsys):
     status, text, err = plan(capsys, *args)
     assert status == 0 and err == ""
     fit = got["fit"]
-    assert (f"the largest micro-batch that fits is {fit['size']} at seq 2048 "
+    assert (f"the largest micro-batch predicted to fit is {fit['size']} at seq 2048 "
             f"(torch expandable_segments:True's allowance under a cap)") in text
     gb = _plan.gb
     times = f"x {fit['peak_correction']:g} x {fit['allowance']:g}"
@@ -212,13 +212,13 @@ def test_torch_natives_allowance_is_its_training_kinds_and_names_it(capsys):
     (["--optimizer", "adamw-8bit"], "optimizer adamw-8bit, where"),
     (["--qlora", "--lora-rank", "16"], "a 4-bit (QLoRA) base, where"),
     (["--qlora"], "a 4-bit (QLoRA) base, where"),
-    (["--zero-stage", "1", "--gpus", "2"], "ZeRO-1 on 2 GPU(s), where"),
-    (["--gpus", "2"], "ZeRO-0 on 2 GPU(s), where"),
+    (["--zero-stage", "1", "--gpus", "2"], "ZeRO-1 on 2 GPUs, where"),
+    (["--gpus", "2"], "ZeRO-0 on 2 GPUs, where"),
     (["--eager-attention"], "materialised attention scores, where"),
     (["--lora-rank", "16"], "gated MLP + LoRA, none of the measured tanh-GELU MLP / gated MLP"),
     (["--checkpointing", "--lora-rank", "16", "--lora-targets", "all"],
      "LoRA on all projections, where"),
-    (["--mlp", "gelu"], "gelu MLP, none of the measured"),
+    (["--mlp", "gelu"], "exact-GELU MLP, none of the measured"),
 ])
 def test_a_setup_of_no_measured_kind_takes_torch_natives_largest_allowance(capsys, flags,
                                                                             differs):
@@ -232,6 +232,15 @@ def test_a_setup_of_no_measured_kind_takes_torch_natives_largest_allowance(capsy
     text = plan(capsys, *args)[1]
     assert ("(the largest measured, as no measured setup trains as this one: "
             + fit["training_kind"]["differs"] + "), after") in text
+    assert "  not measured:" not in text  # the allowance line says it
+    # Under another allocator a line of its own says so.
+    args[-1] = "vramledger"
+    text = plan(capsys, *args)[1]
+    assert ("  not measured: this setup trains as none of the capacity benchmark's workloads ("
+            + fit["training_kind"]["differs"] + "); the allowance is the one measured on them\n"
+            ) in text
+    assert "  not measured:" not in plan(capsys, *LLAMA, "--seq", "2048", "--fit", "batch",
+                                         "--card-gib", "80")[1]
 
 
 def test_each_benchmark_workload_trains_as_its_own_kind():
@@ -252,7 +261,7 @@ def test_only_the_measured_mlp_lora_and_checkpointing_make_a_kind():
     assert kind("gated", True, 8)[0].workload == "llama1b-lora"
     assert kind("gated", True, 8, lora_targets="all")[0] is None
     assert kind("gated", False, 0, gpus=2) == (
-        None, "ZeRO-0 on 2 GPU(s), where every one measured ran " + _plan_allowance.MEASURED_SETUP)
+        None, "ZeRO-0 on 2 GPUs, where every one measured ran " + _plan_allowance.MEASURED_SETUP)
 
 
 def test_fit_writes_the_plan_file_at_the_size_it_found(capsys, tmp_path):

@@ -145,7 +145,7 @@ def training_kind(mlp: str, checkpointing: bool, lora_rank: int, *, lora_targets
     if eager_attention:
         differs.append("materialised attention scores")
     if zero_stage or gpus != 1:
-        differs.append(f"ZeRO-{zero_stage} on {gpus} GPU(s)")
+        differs.append(f"ZeRO-{zero_stage} on {gpus} GPU{'' if gpus == 1 else 's'}")
     if lora_rank > 0 and lora_targets != "attn":
         differs.append(f"LoRA on {lora_targets} projections")
     if differs:
@@ -154,7 +154,8 @@ def training_kind(mlp: str, checkpointing: bool, lora_rank: int, *, lora_targets
     kind = next((k for k in TORCH_KINDS if (k.mlp, k.checkpointing, k.lora) == key), None)
     if kind is not None:
         return kind, ""
-    this = (f"{mlp} MLP" + (" + LoRA" if lora_rank > 0 else "")
+    mlp_name = {"gated": "gated", "gelu-tanh": "tanh-GELU", "gelu": "exact-GELU"}.get(mlp, mlp)
+    this = (f"{mlp_name} MLP" + (" + LoRA" if lora_rank > 0 else "")
             + (" + checkpointing" if checkpointing else ""))
     return None, f"{this}, none of the measured {' / '.join(k.short for k in TORCH_KINDS)}"
 

@@ -233,14 +233,22 @@ def run(args, cli_error: type[Exception]) -> int:
                         f"{gb(result.needed(result.estimate))}")
     now, above, card = amounts(result.needed(result.estimate), result.needed(result.above),
                                result.card_bytes)
-    header = (f"vramledger plan --fit {dim}: the largest {word} that fits is {result.size} at "
-              f"{where} ({alloc}):\n"
+    # Torch native's line names the training kind; the others' factor is one for every kind, so
+    # a setup unlike every measured one is said here.
+    unmeasured = (f"  not measured: this setup trains as none of the capacity benchmark's "
+                  f"workloads ({result.why}); the allowance is the one measured on them\n"
+                  if result.kind is None and result.allowance.measured_for is None else "")
+    header = (f"vramledger plan --fit {dim}: the largest {word} predicted to fit is {result.size} "
+              f"at {where} ({alloc}):\n"
               f"  {dim} {result.size}: planned peak {gb(result.estimate['total_bytes'])}{times} = "
               f"{now} <= card {card}\n"
               f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
               f"{above} > card\n"
               f"  {describe_allowances(allocator, model_name, result.kind, result.why)}\n"
-              + (conservative_line(cover, result.size) if cover is not None else "") + "\n")
+              + unmeasured
+              + (conservative_line(cover, result.size) if cover is not None else "")
+              + f"\nThe plan at {dim} {result.size} (its peak and the card's spare are before the "
+                f"allocator's allowance):\n")
     return _plan_cli.emit(args, result.estimate, cli_error, header=header,
                           extra={"fit": fit_json(result, cover)})
 
