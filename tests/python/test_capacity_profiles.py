@@ -48,7 +48,9 @@ def test_the_profiler_wrapper_summarizes_cpu_ops():
         x = x @ x / 64
     step = profiles.stop(prof)
     ops = step["ops"]
-    assert step["device_us"] == 0 and step["self_cpu_us"] >= sum(o["self_cpu_us"] for o in ops)
+    # Every host row's self CPU time is in the total (summed in another order: a rounding apart).
+    assert step["device_us"] == 0
+    assert step["self_cpu_us"] >= sum(o["self_cpu_us"] for o in ops) * (1 - 1e-9)
     names = {o["name"] for o in ops}
     assert "aten::mm" in names or "aten::matmul" in names, names
     mm = next(o for o in ops if o["name"] in ("aten::mm", "aten::matmul"))
