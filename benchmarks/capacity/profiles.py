@@ -33,11 +33,12 @@ import os
 import sys
 from typing import Any, Iterable
 
+from benchmarks.capacity.results import ALLOCATOR_ORDER
+
 # The steady steps (after trial.py's first two, which fill the cache): lengths 0.3, 0.8, 1.0 and
 # 0.45 of the longest (workloads.LENGTH_FRACTIONS), the third a length seen before, the others new.
 PROFILED_STEPS = (2, 3, 4, 5)
 MAX_OPS = 300  # host ops kept per step, by self CPU time
-ALLOCATORS = ("torch", "torch-expandable", "vramledger")
 # Host calls that wait for the GPU: their self CPU time is the GPU's, not the host's work.
 WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 
@@ -114,7 +115,7 @@ def compare(records: dict[str, dict], top: int = 20) -> str:
     for a in ("vramledger", "torch"):
         if a not in records:
             raise ValueError(f"no profile of {a}")
-    present = [a for a in ALLOCATORS if a in records]
+    present = [a for a in ALLOCATOR_ORDER if a in records]
     any_record = records["vramledger"]
     lines = [f"profiled steps of {any_record.get('workload')} at {any_record.get('cap_gib'):g} "
              f"GiB, {any_record.get('dim')} {any_record.get('size')} "
@@ -173,7 +174,7 @@ def load(out_dir: str) -> dict[str, dict]:
                 r = json.load(f)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: not JSON ({e})") from None
-        if not isinstance(r, dict) or r.get("allocator") not in ALLOCATORS:
+        if not isinstance(r, dict) or r.get("allocator") not in ALLOCATOR_ORDER:
             raise ValueError(f"{path}: not a profiled trial record (no known \"allocator\")")
         if r["allocator"] in records:
             raise ValueError(f"{path}: a second profile of {r['allocator']} in {out_dir}")
@@ -195,7 +196,7 @@ def run(workload: str, cap_gib: float, dim: str, size: int, out_dir: str,
     batch, seq = workloads.WORKLOADS[workload].shape(dim, size)
     os.makedirs(out_dir, exist_ok=True)
     failed = 0
-    for a in ALLOCATORS:
+    for a in ALLOCATOR_ORDER:
         record = trial.run_trial(workload, a, cap_gib, dim, size, timeout_s, profile=True,
                                  host_timing=(a == "vramledger"))
         record.update(workload=workload, allocator=a, cap_gib=cap_gib, dim=dim, size=size,

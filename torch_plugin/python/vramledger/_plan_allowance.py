@@ -173,12 +173,14 @@ def allowance(allocator: str, model: str = "cap", kind: TrainingKind | None = No
     if model == "cap" and allocator == "torch":
         if kind is None:
             return Allowance("cap", allocator, UNDER_A_CAP["torch"], PEAK_CORRECTION,
-                             f"{CALIBRATION_RECORDS}, every kind's rows under a 24 GiB cap; "
+                             f"{CALIBRATION_RECORDS}, every kind's rows under a "
+                             f"{TORCH_CALIBRATION_CAP:g} GiB cap; "
                              "python -m benchmarks.capacity.calibrate",
                              f"the largest measured, as no measured setup trains as this one: "
                              f"{why or 'no training kind given'}")
         return Allowance("cap", allocator, TORCH_BY_KIND[kind.workload], PEAK_CORRECTION,
-                         f"{CALIBRATION_RECORDS}, {kind.workload}'s rows under a 24 GiB cap; "
+                         f"{CALIBRATION_RECORDS}, {kind.workload}'s rows under a "
+                         f"{TORCH_CALIBRATION_CAP:g} GiB cap; "
                          "python -m benchmarks.capacity.calibrate",
                          f"measured on {kind.title}; this setup trains the same way: "
                          f"{kind.short}, {MEASURED_SETUP}")
