@@ -185,17 +185,25 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
 
 def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
               timeout_s: float, trace: str | None = None, profile: bool = False,
-              host_timing: bool = False) -> dict:
+              host_timing: bool = False, conf: str | None = None) -> dict:
     """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
     process: install() must come before CUDA starts, and nothing cached from an earlier trial may
     help a later one). Returns its record: `fits` True or False, or None with `error` when the
     process failed some other way (`timed_out` when it ran past `timeout_s`). With `trace`, the
     trial records its allocator's trace and writes its snapshot to that path; with `profile`, its
     record holds the profiled steps (profiles.py); with `host_timing`, vramledger's host time per
-    step."""
+    step; with `conf`, vramledger runs with those settings (VRAMLEDGER_CONF, `key:value,...`).
+
+    Raises:
+      ValueError: `conf` for one of torch's allocators.
+    """
+    if conf is not None and allocator != "vramledger":
+        raise ValueError(f"conf {conf!r} is vramledger's; the trial's allocator is {allocator}")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
         env.pop(key, None)
+    if conf is not None:
+        env["VRAMLEDGER_CONF"] = conf
     if allocator == "torch-expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     env["PYTHONPATH"] = os.pathsep.join(

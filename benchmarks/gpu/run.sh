@@ -78,6 +78,12 @@
 #                   $OUT/profiles; prints where each step's host and device time went and the ops
 #                   whose host time differs most between vramledger and torch native (3 trials;
 #                   run only when named)
+#     confrounds    python -m benchmarks.capacity.conf_rounds: at CONF_ROW (as PROFILE_ROW), CONF_ROUNDS
+#                   (6) rounds of torch native and each of CONF_VARIANTS (space-separated:
+#                   torch-expandable, "default" (vramledger) or vramledger's VRAMLEDGER_CONF
+#                   settings; default "torch-expandable default"), one process each, in rotating
+#                   order; prints each variant's steady steps and its ratio to torch native (runs
+#                   in $OUT/conf-rounds.json; run only when named)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
@@ -111,7 +117,7 @@ GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
         snapshot guard preload preload_plan preload_direct regions wheel multi ddp regions_core"
 BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity"
-NAMED="capprofile"  # benchmarks run only when named (not by "bench" or "all")
+NAMED="capprofile confrounds"  # benchmarks run only when named (not by "bench" or "all")
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -316,6 +322,15 @@ capprofile() {
   return "$rc"
 }
 
+confrounds() {
+  local w c d s
+  IFS=, read -r w c d s <<< "${CONF_ROW:-llama1b,24,batch,1}"
+  # shellcheck disable=SC2086  # one word per variant
+  timeout "$(bound)" "$PY" -m benchmarks.capacity.conf_rounds run "$w" "$c" "$d" "$s" \
+    --variants ${CONF_VARIANTS:-torch-expandable default} --rounds "${CONF_ROUNDS:-6}" \
+    --budget-s "$(( $(bound) - 20 ))" --out "$OUT/conf-rounds.json"
+}
+
 bundle() {
   LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -vE 'libabsl_'
   if LD_LIBRARY_PATH="$TORCH_LIB" ldd "$PLUGIN" | grep -q 'not found'; then
@@ -355,6 +370,7 @@ details() {
     record_empty_cache) sed -n '/^program:/,$p' "$f" ;;
     capacity) sed -n '/^capacity (/,$p' "$f" ;;
     capprofile) sed -n '/^profiled steps/,$p' "$f" ;;
+    confrounds) sed -n '/^conf rounds of /,$p' "$f" ;;
     fuzz_long) grep -E "^fuzz_long" "$f" ;;
   esac
 }
@@ -477,6 +493,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       record_empty_cache) item record_empty_cache bench 90 record_empty_cache ;;
       capacity) item capacity bench 60 capacity ;;
       capprofile) item capprofile bench 150 capprofile ;;
+      confrounds) item confrounds bench 120 confrounds ;;
     esac
   done
 

@@ -1,0 +1,221 @@
+"""vramledger's step time under several option settings, beside torch's allocators, at one row's
+size. The step rounds (step_rounds.py) compare vramledger's default policy with torch's; when it
+is slower on a row, this says which part of the policy is why: a setting whose runs are as fast
+as torch's removes the cause (fewer, larger driver objects; torch's plain policy; ...).
+
+Each variant is a trial process (trial.run_trial): "torch" and "torch-expandable" are torch's
+allocators; any other variant is vramledger with that VRAMLEDGER_CONF (`key:value,...`;
+"default" is vramledger with no setting). Each round runs every variant once, in an order that
+rotates as the step rounds' does (round r starts with variant r mod k), so drift falls on each
+variant alike. Per variant, the table gives the median over rounds of each steady step (the steps
+after the first two, step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio
+to torch native's run of the same round (geometric mean over rounds and its 90% bootstrap
+interval, step_rounds.interval).
+
+  python -m benchmarks.capacity.conf_rounds run WORKLOAD CAP_GIB DIM SIZE --variants V ...
+      --rounds N --out FILE.json [--timeout-s S] [--budget-s S]
+      (on the GPU machine; benchmarks/gpu/run.sh item `confrounds`) runs the rounds, adding each
+      run to FILE.json as it ends (a file that holds runs of this row resumes: the runs it holds
+      are not run again), and prints the table.
+  python -m benchmarks.capacity.conf_rounds table FILE.json
+      (any machine) prints the table of a file's runs.
+Exit status 0; 1 when a run failed or the budget ended first (run), or FILE holds no run of
+torch native (table); 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+from benchmarks.capacity import step_rounds
+
+TORCH_VARIANTS = ("torch", "torch-expandable")
+DEFAULT = "default"  # vramledger with no setting
+REFERENCE = "torch"
+
+
+def allocator_and_conf(variant: str) -> tuple[str, str | None]:
+    """The trial's allocator and vramledger's VRAMLEDGER_CONF (None: none) of `variant`.
+
+    Raises:
+      ValueError: an empty variant or one whose settings are not `key:value` pairs.
+    """
+    if variant in TORCH_VARIANTS:
+        return variant, None
+    if variant == DEFAULT:
+        return "vramledger", None
+    pairs = variant.split(",")
+    if not variant or any(p.count(":") != 1 or not all(p.split(":")) for p in pairs):
+        raise ValueError(f"variant {variant!r}: expected torch, torch-expandable, {DEFAULT} or "
+                         f"vramledger settings as key:value[,key:value...]")
+    return "vramledger", variant
+
+
+def order(variants: list[str], round_: int) -> list[str]:
+    """The variants in the order round `round_` runs them."""
+    k = round_ % len(variants)
+    return variants[k:] + variants[:k]
+
+
+class Runs:
+    """The runs of one row, by (variant, round), kept in a JSON file written after each run."""
+
+    def __init__(self, path: str, row: dict):
+        self.path = path
+        self.row = row
+        self.runs: list[dict] = []
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if data.get("row") != row:
+                raise ValueError(f"{path} holds runs of another row ({data.get('row')}, not "
+                                 f"{row}); name another file")
+            self.runs = data["runs"]
+
+    def get(self, variant: str, round_: int) -> dict | None:
+        return next((r for r in self.runs
+                     if r["variant"] == variant and r["round"] == round_), None)
+
+    def add(self, record: dict) -> None:
+        self.runs.append(record)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"row": self.row, "runs": self.runs}, f, indent=1)
+        os.replace(tmp, self.path)
+
+
+def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[..., dict],
+               budget_s: float, timeout_s: float, log: Callable[[str], None] = print) -> int:
+    """Runs rounds 0 .. rounds-1 (the runs `runs` holds are kept); returns how many runs failed,
+    plus one when the budget ended first. `trial(allocator, conf, timeout_s)` runs one."""
+    start = time.monotonic()
+    failed = 0
+    for r in range(rounds):
+        for v in order(variants, r):
+            if runs.get(v, r) is not None:
+                continue
+            left = budget_s - (time.monotonic() - start)
+            if left < min(timeout_s, 60.0):
+                log(f"conf rounds: the budget ended before round {r}, {v}")
+                return failed + 1
+            allocator, conf = allocator_and_conf(v)
+            record = trial(allocator, conf, min(timeout_s, left))
+            if not record.get("fits"):
+                failed += 1
+                log(f"conf rounds: round {r}, {v}: "
+                    f"{record.get('error') or 'did not fit'}")
+            record.update(variant=v, round=r, conf=conf)
+            runs.add(record)
+            steps = " ".join(f"{s:.3f}" for s in record.get("step_s") or [])
+            log(f"conf rounds: round {r}, {v}: {steps}")
+    return failed
+
+
+def table(runs: list[dict], variants: list[str] | None = None) -> str:
+    """Per variant: rounds, the median of each steady step and of the steady median over rounds
+    (ms), and the paired ratio to torch native with its 90% interval and verdict.
+
+    Raises:
+      ValueError: no fitting run of torch native.
+    """
+    fitting = [r for r in runs if r.get("fits") and step_rounds.steady_time(r) is not None]
+    reference = {r["round"]: r for r in fitting if r["variant"] == REFERENCE}
+    if not reference:
+        raise ValueError("no fitting run of torch native, the reference")
+    if variants is None:
+        variants = list(dict.fromkeys(r["variant"] for r in runs))
+    warm = step_rounds.WARM_STEPS
+    steps = max(len(r["step_s"]) for r in fitting) - warm
+    head = " | ".join(f"step {warm + 1 + i} ms" for i in range(steps))
+    lines = [f"| variant | rounds | {head} | steady ms | / torch native [90%] | verdict |",
+             "|---|---|" + "---|" * steps + "---|---|---|"]
+    for v in variants:
+        mine = [r for r in fitting if r["variant"] == v]
+        if not mine:
+            lines.append(f"| {v} | 0 |" + " - |" * steps + " - | - | no fitting run |")
+            continue
+        per_step = []
+        for i in range(warm, warm + steps):
+            times = [r["step_s"][i] for r in mine if len(r["step_s"]) > i]
+            per_step.append(f"{statistics.median(times) * 1e3:.1f}" if times else "-")
+        steady = statistics.median(step_rounds.steady_time(r) for r in mine)
+        ratios = [step_rounds.steady_time(r) / step_rounds.steady_time(reference[r["round"]])
+                  for r in mine if r["round"] in reference]
+        bounds = step_rounds.interval(ratios) if v != REFERENCE else None
+        ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]" if bounds else "-")
+        verdict = step_rounds.verdict(bounds) if v != REFERENCE else "reference"
+        lines.append(f"| {v} | {len(mine)} | " + " | ".join(per_step)
+                     + f" | {steady * 1e3:.1f} | {ratio} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from benchmarks.capacity.workloads import WORKLOADS
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.conf_rounds",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="the rounds at one row's size (GPU machine)")
+    r.add_argument("workload", choices=sorted(WORKLOADS))
+    r.add_argument("cap_gib", type=float)
+    r.add_argument("dim", choices=("batch", "seq"))
+    r.add_argument("size", type=int)
+    r.add_argument("--variants", nargs="+", required=True)
+    r.add_argument("--rounds", type=int, required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--timeout-s", type=float, default=240.0)
+    r.add_argument("--budget-s", type=float, default=600.0)
+    t = sub.add_parser("table", help="the table of a file's runs")
+    t.add_argument("file")
+    a = ap.parse_args(argv)
+    if a.command == "table":
+        try:
+            with open(a.file, encoding="utf-8") as f:
+                data = json.load(f)
+            print(f"row: {data['row']}")
+            print(table(data["runs"]))
+        except OSError as e:
+            ap.error(f"{a.file}: {e.strerror}")
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"conf rounds: {a.file}: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if a.size < 1 or not a.cap_gib > 0 or a.rounds < 1:
+        ap.error(f"size and --rounds must be at least 1 and cap_gib above 0, got {a.size}, "
+                 f"{a.rounds}, {a.cap_gib:g}")
+    variants = list(dict.fromkeys(a.variants))
+    if REFERENCE not in variants:
+        variants.insert(0, REFERENCE)
+    try:
+        for v in variants:
+            allocator_and_conf(v)
+        row = {"workload": a.workload, "cap_gib": a.cap_gib, "dim": a.dim, "size": a.size}
+        runs = Runs(a.out, row)
+    except ValueError as e:
+        ap.error(str(e))
+    from benchmarks.capacity import trial
+
+    def one(allocator: str, conf: str | None, timeout_s: float) -> dict:
+        return trial.run_trial(a.workload, allocator, a.cap_gib, a.dim, a.size, timeout_s,
+                               conf=conf)
+
+    failed = run_rounds(runs, variants, a.rounds, one, a.budget_s, a.timeout_s)
+    dev = next((x["device"] for x in runs.runs if x.get("device")), "?")
+    tv = next((x["torch"] for x in runs.runs if x.get("torch")), "?")
+    print(f"conf rounds of {a.workload} at {a.cap_gib:g} GiB, {a.dim} {a.size} ({dev}, torch {tv})")
+    try:
+        print(table(runs.runs, variants))
+    except ValueError as e:
+        print(f"conf rounds: {e}", file=sys.stderr)
+        return 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

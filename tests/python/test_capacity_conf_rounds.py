@@ -1,0 +1,143 @@
+"""The capacity benchmark's option-setting rounds (benchmarks/capacity/conf_rounds.py) without a
+GPU: the variants and their order, the rounds on a stand-in trial, resuming from the file, the
+table's figures and the command's errors."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from benchmarks.capacity import conf_rounds, step_rounds, trial  # noqa: E402
+
+ROW = {"workload": "llama1b", "cap_gib": 24.0, "dim": "batch", "size": 1}
+
+
+def steps(steady: float) -> list[float]:
+    """Six step times: two warm-up steps, then four steady ones whose median is `steady`."""
+    return [0.6, 0.21, steady, steady, steady * 0.5, steady * 1.1]
+
+
+class Trial:
+    """A stand-in for trial.run_trial: vramledger with no setting is 5% slower than torch,
+    with any setting as fast; records every call."""
+
+    def __init__(self, fail: str | None = None):
+        self.calls: list[tuple[str, str | None]] = []
+        self.fail = fail
+
+    def __call__(self, allocator: str, conf: str | None, timeout_s: float) -> dict:
+        self.calls.append((allocator, conf))
+        if conf is not None and conf == self.fail:
+            return {"fits": None, "error": "exit 1: boom"}
+        slow = 1.05 if allocator == "vramledger" and conf is None else 1.0
+        return {"fits": True, "step_s": steps(0.2 * slow), "device": "NVIDIA H100 80GB HBM3",
+                "torch": "2.11.0+cu130"}
+
+
+def test_each_variant_names_its_allocator_and_settings():
+    assert conf_rounds.allocator_and_conf("torch") == ("torch", None)
+    assert conf_rounds.allocator_and_conf("torch-expandable") == ("torch-expandable", None)
+    assert conf_rounds.allocator_and_conf("default") == ("vramledger", None)
+    assert conf_rounds.allocator_and_conf("expandable_page_mb:20,keep_old_mappings:False") == (
+        "vramledger", "expandable_page_mb:20,keep_old_mappings:False")
+    for bad in ("", "expandable_page_mb", "a:b:c", "a:1,", ":1"):
+        with pytest.raises(ValueError, match="key:value"):
+            conf_rounds.allocator_and_conf(bad)
+
+
+def test_the_order_rotates_so_each_variant_runs_first_in_turn():
+    v = ["torch", "default", "x:1"]
+    assert [conf_rounds.order(v, r)[0] for r in range(4)] == ["torch", "default", "x:1", "torch"]
+    assert sorted(conf_rounds.order(v, 2)) == sorted(v)
+
+
+def test_rounds_run_every_variant_once_a_round_and_the_table_finds_the_slow_one(tmp_path):
+    runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
+    fake = Trial()
+    variants = ["torch", "default", "expandable_handle_mb:96"]
+    assert conf_rounds.run_rounds(runs, variants, 3, fake, 600, 60, log=lambda s: None) == 0
+    assert len(fake.calls) == 9
+    assert fake.calls[:3] == [("torch", None), ("vramledger", None),
+                              ("vramledger", "expandable_handle_mb:96")]
+    assert fake.calls[3] == ("vramledger", None)  # round 1 starts with the second variant
+    text = conf_rounds.table(runs.runs, variants)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()[2:]}
+    assert "| reference |" in rows["torch"]
+    assert "| 1.050 [1.050, 1.050] | above |" in rows["default"]
+    assert "| 1.000 [1.000, 1.000] | not above |" in rows["expandable_handle_mb:96"]
+    # steady median: the median of 0.2, 0.2, 0.1, 0.22 (steps 3-6) is 0.2 s
+    assert "| 3 | 200.0 | 200.0 | 100.0 | 220.0 | 200.0 |" in rows["torch"]
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["row"] == ROW and len(saved["runs"]) == 9
+    assert {r["conf"] for r in saved["runs"]} == {None, "expandable_handle_mb:96"}
+
+
+def test_a_second_run_resumes_and_runs_only_what_is_missing(tmp_path):
+    path = str(tmp_path / "r.json")
+    conf_rounds.run_rounds(conf_rounds.Runs(path, ROW), ["torch", "default"], 2, Trial(), 600,
+                           60, log=lambda s: None)
+    fake = Trial()
+    runs = conf_rounds.Runs(path, ROW)
+    conf_rounds.run_rounds(runs, ["torch", "default"], 3, fake, 600, 60, log=lambda s: None)
+    assert len(fake.calls) == 2 and len(runs.runs) == 6
+    with pytest.raises(ValueError, match="another row"):
+        conf_rounds.Runs(path, dict(ROW, size=2))
+
+
+def test_a_failed_run_is_counted_kept_and_left_out_of_the_figures(tmp_path):
+    runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
+    logged = []
+    failed = conf_rounds.run_rounds(runs, ["torch", "x:1"], 2, Trial(fail="x:1"), 600, 60,
+                                    log=logged.append)
+    assert failed == 2 and any("boom" in line for line in logged)
+    assert "| x:1 | 0 | - | - | - | - | - | - | no fitting run |" in conf_rounds.table(runs.runs)
+
+
+def test_the_budget_stops_the_rounds_and_counts_as_a_failure(tmp_path):
+    runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
+    fake = Trial()
+    assert conf_rounds.run_rounds(runs, ["torch", "default"], 2, fake, 10, 60,
+                                  log=lambda s: None) == 1
+    assert fake.calls == []
+
+
+def test_the_table_needs_torch_native():
+    with pytest.raises(ValueError, match="torch native"):
+        conf_rounds.table([{"variant": "default", "round": 0, "fits": True,
+                            "step_s": steps(0.2)}])
+    assert step_rounds.WARM_STEPS == 2  # the table's step numbers start after these
+
+
+def test_the_table_command_prints_a_file_and_names_bad_input(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    conf_rounds.run_rounds(conf_rounds.Runs(str(path), ROW), ["torch", "default"], 2, Trial(),
+                           600, 60, log=lambda s: None)
+    assert conf_rounds.main(["table", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("row: ") and "| default | 2 |" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert conf_rounds.main(["table", str(tmp_path / "bad.json")]) == 1
+    assert "bad.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        conf_rounds.main(["table", str(tmp_path / "missing.json")])
+    assert e.value.code == 2 and "missing.json" in capsys.readouterr().err
+
+
+def test_the_run_command_refuses_bad_arguments_before_running(tmp_path, capsys):
+    base = ["run", "llama1b", "24", "batch", "1", "--out", str(tmp_path / "r.json")]
+    for extra, said in ((["--variants", "default", "--rounds", "0"], "--rounds"),
+                        (["--variants", "page_mb", "--rounds", "2"], "key:value")):
+        with pytest.raises(SystemExit) as e:
+            conf_rounds.main(base + extra)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_conf_is_refused_for_torchs_allocators():
+    with pytest.raises(ValueError, match="vramledger's"):
+        trial.run_trial("llama1b", "torch", 24.0, "batch", 1, 10.0, conf="x:1")
