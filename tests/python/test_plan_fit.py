@@ -14,17 +14,21 @@ from vramledger import _plan, _plan_allowance, _plan_fit, cli
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "traces" / "configs"
 GPT2M = ["--config", str(CONFIGS / "gpt2-medium.json")]
+# The capacity benchmark's GPT-2-medium: 8192 learned positions, so its sequence can pass 1024.
+GPT2M_8K = ["--config", str(pathlib.Path(__file__).resolve().parent / "data"
+                            / "gpt2-medium-8192-positions.json")]
 LLAMA = ["--config", str(CONFIGS / "llama-1b.json")]
 # (model flags, the other dimension's flag) for each dimension searched.
 CASES = [
     (GPT2M, "batch", ["--seq", "1024"]),
-    (GPT2M, "seq", ["--batch", "4"]),
+    (GPT2M_8K, "seq", ["--batch", "4"]),
     (LLAMA, "batch", ["--seq", "2048"]),
     (LLAMA + ["--checkpointing"], "seq", ["--batch", "8"]),
     (LLAMA + ["--checkpointing", "--lora-rank", "16"], "batch", ["--seq", "4096"]),
 ]
 # The training kind (_plan_allowance.TORCH_KINDS) each case's model flags train as.
-KINDS = {"gpt2-medium.json": "gpt2m", "llama-1b.json": "llama1b",
+KINDS = {"gpt2-medium.json": "gpt2m", "gpt2-medium-8192-positions.json": "gpt2m",
+         "llama-1b.json": "llama1b",
          "llama-1b.json --checkpointing": "llama1b-ckpt",
          "llama-1b.json --checkpointing --lora-rank 16": "llama1b-lora"}
 
@@ -124,7 +128,7 @@ def test_fit_table_carries_the_json_figures(capsys):
 def test_sizes_a_hundredth_of_a_gb_apart_print_their_bytes(capsys):
     # One token more adds about 2.9 MB here: the sizes that fit and do not, and the card, would
     # print alike in GB.
-    args = [*GPT2M, "--batch", "1", "--fit", "seq", "--card-gib", "24"]
+    args = [*GPT2M_8K, "--batch", "1", "--fit", "seq", "--card-gib", "24"]
     fit = plan_json(capsys, *args)["fit"]
     status, text, _ = plan(capsys, *args)
     assert status == 0
@@ -326,7 +330,40 @@ def test_fits_at_every_size_tried_names_the_bound(capsys):
                    f"up to batch {_plan_fit.MAX_SIZE['batch']} (the search's bound)")
 
 
+def test_a_models_learned_positions_end_the_sequence_search(capsys):
+    # GPT-2-medium's 1024 positions fit a 24 GiB card at micro-batch 1 with room to spare: the
+    # answer is 1024, said to be the model's limit, not the card's.
+    args = [*GPT2M, "--batch", "1", "--fit", "seq", "--card-gib", "24"]
+    status, text, _ = plan(capsys, *args)
+    assert status == 0
+    assert text.startswith("vramledger plan --fit seq: the longest sequence the model takes, "
+                           "1024 (its learned positions), is predicted to fit at micro-batch 1")
+    assert ("  seq 1025: longer than the model's 1024 learned positions; the card is not what "
+            "limits the sequence\n") in text
+    fit = plan_json(capsys, *args)["fit"]
+    assert (fit["size"], fit["bound"], fit["limited_by"]) == (1024, 1024, "positions")
+    assert "next_size" not in fit and fit["needed_bytes"] <= fit["card_bytes"]
+    # With more positions the card ends it, above 1024.
+    fit = plan_json(capsys, *GPT2M_8K, "--batch", "1", "--fit", "seq", "--card-gib", "24")["fit"]
+    assert fit["limited_by"] == "card" and fit["size"] > 1024 and fit["bound"] == 8192
+    # Where the card ends it first, the card is named.
+    fit = plan_json(capsys, *GPT2M, "--batch", "64", "--fit", "seq", "--card-gib", "80")["fit"]
+    assert fit["limited_by"] == "card" and fit["size"] < 1024 and fit["bound"] == 1024
+
+
+def test_other_limits_name_what_ends_the_search(capsys):
+    fit = plan_json(capsys, *LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "80")["fit"]
+    assert fit["limited_by"] == "card"
+    got = plan_json(capsys, *LLAMA, "--seq", "2048", "--fit", "batch", "--card-gib", "10",
+                    statuses=(1,))
+    assert got["fit"]["limited_by"] == "nothing fits"
+
+
 @pytest.mark.parametrize("args, needle", [
+    ([*GPT2M, "--seq", "2048", "--batch", "1"],
+     "--seq 2048 is longer than the model's 1024 learned positions (n_positions in "),
+    ([*GPT2M, "--seq", "1025", "--fit", "batch"],
+     "--seq 1025 is longer than the model's 1024 learned positions"),
     (["--params", "7B", "--seq", "1024", "--fit", "batch"], "--fit needs the model's shape"),
     ([*GPT2M, "--fit", "batch"], "--fit batch needs the sequence length it holds fixed: give --seq"),
     ([*GPT2M, "--fit", "seq"], "--fit seq needs the micro-batch it holds fixed: give --batch"),

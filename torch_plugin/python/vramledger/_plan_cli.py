@@ -101,6 +101,10 @@ def model_and_setup(args) -> tuple[Model, Setup]:
         raise PlanError(f"the key/value heads (--kv-heads, or num_key_value_heads in "
                         f"--config) must divide the {model.heads} attention heads, got "
                         f"{model.kv_heads}")
+    if args.seq is not None and 0 < model.positions < args.seq:
+        raise PlanError(f"--seq {args.seq} is longer than the model's {model.positions} learned "
+                        f"positions (n_positions in {args.config}): its position embedding takes "
+                        f"no longer sequence")
     card = H200_BYTES if args.card_gib is None else int(args.card_gib * GIB)
     setup = Setup(seq=1024 if args.seq is None else args.seq,
                   batch=1 if args.batch is None else args.batch, precision=args.precision,

@@ -50,10 +50,12 @@ def add_arguments(p) -> None:
 @dataclasses.dataclass
 class Fit:
     """The largest size that fits, and the figures beside it. `size` 0: not even 1 fits (its JSON
-    gives the plan at 1 as the next size's); `size` == `bound`: every size tried fits."""
+    gives the plan at 1 as the next size's); `size` == `bound`: every size tried fits, up to the
+    model's learned positions (`limit` "positions") or the search's bound ("search")."""
     dimension: str
     size: int
     bound: int
+    limit: str  # what `bound` is: "positions" (the model takes no longer sequence) or "search"
     allowance: Allowance
     card_bytes: int
     estimate: dict[str, Any] | None       # the plan at `size` (at 1 when nothing fits)
@@ -65,6 +67,13 @@ class Fit:
     def allocator(self) -> str:
         return self.allowance.allocator
 
+    def limited_by(self) -> str:
+        """What ends the size: "card" (the next size does not fit), "positions" (the model's
+        learned positions), "search" (the search's bound) or "nothing fits"."""
+        if self.size == 0:
+            return "nothing fits"
+        return "card" if self.above is not None else self.limit
+
     def needed(self, est: dict[str, Any]) -> int:
         """Bytes of reserved memory the allocator needs for the plan `est`."""
         return self.allowance.needed(est["total_bytes"])
@@ -73,6 +82,7 @@ class Fit:
         a = self.allowance
         out: dict[str, Any] = {
             "dimension": self.dimension, "size": self.size, "bound": self.bound,
+            "limited_by": self.limited_by(),
             "allocator": a.allocator, "allowance_model": a.model, "allowance": a.factor,
             "peak_correction": a.peak_correction, "allowance_source": a.source,
             "allowance_measured_for": a.measured_for,
@@ -127,7 +137,10 @@ def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
       ValueError: the allowance names an allocator that is not one of ALLOCATOR_NAMES.
     """
     _plan_allowance.check_allocator(allowance.allocator)
-    bound = MAX_SIZE[dimension]
+    bound, limit = MAX_SIZE[dimension], "search"
+    # A model with learned position embeddings (GPT-2) takes no sequence longer than them.
+    if dimension == "seq" and 0 < model.positions < bound:
+        bound, limit = model.positions, "positions"
 
     def plan_at(n: int) -> dict[str, Any]:
         return _plan.estimate(model, dataclasses.replace(setup, **{dimension: n}))
@@ -135,7 +148,7 @@ def fit_with(model: _plan.Model, setup: _plan.Setup, dimension: str,
     def fits(n: int) -> bool:
         return allowance.needed(plan_at(n)["total_bytes"]) <= setup.card_bytes
 
-    result = Fit(dimension, 0, bound, allowance, setup.card_bytes, None, None)
+    result = Fit(dimension, 0, bound, limit, allowance, setup.card_bytes, None, None)
     if not fits(1):
         result.estimate = plan_at(1)
         return result
@@ -226,24 +239,32 @@ def run(args, cli_error: type[Exception]) -> int:
             print(json.dumps(dict(est) | {"fits": False, "fit": fit_json(result, cover)},
                              indent=2))
         return 1
-    if result.above is None:
+    if result.above is None and result.limit == "search":
         raise cli_error(f"every {word} tried fits the card {gb(result.card_bytes)}, up to "
                         f"{dim} {result.bound} (the search's bound) at {where}: it plans "
                         f"{gb(result.estimate['total_bytes'])}{times} ({alloc}) = "
                         f"{gb(result.needed(result.estimate))}")
-    now, above, card = amounts(result.needed(result.estimate), result.needed(result.above),
-                               result.card_bytes)
+    if result.above is None:  # the model's learned positions end the search
+        now, card = amounts(result.needed(result.estimate), result.card_bytes)
+        headline = (f"the longest sequence the model takes, {result.size} (its learned "
+                    f"positions), is predicted to fit")
+        next_line = (f"  seq {result.size + 1}: longer than the model's {result.size} learned "
+                     f"positions; the card is not what limits the sequence\n")
+    else:
+        now, above, card = amounts(result.needed(result.estimate), result.needed(result.above),
+                                   result.card_bytes)
+        headline = f"the largest {word} predicted to fit is {result.size}"
+        next_line = (f"  {dim} {result.size + 1}: planned peak "
+                     f"{gb(result.above['total_bytes'])}{times} = {above} > card\n")
     # Torch native's line names the training kind; the others' factor is one for every kind, so
     # a setup unlike every measured one is said here.
     unmeasured = (f"  not measured: this setup trains as none of the capacity benchmark's "
                   f"workloads ({result.why}); the allowance is the one measured on them\n"
                   if result.kind is None and result.allowance.measured_for is None else "")
-    header = (f"vramledger plan --fit {dim}: the largest {word} predicted to fit is {result.size} "
-              f"at {where} ({alloc}):\n"
+    header = (f"vramledger plan --fit {dim}: {headline} at {where} ({alloc}):\n"
               f"  {dim} {result.size}: planned peak {gb(result.estimate['total_bytes'])}{times} = "
               f"{now} <= card {card}\n"
-              f"  {dim} {result.size + 1}: planned peak {gb(result.above['total_bytes'])}{times} = "
-              f"{above} > card\n"
+              + next_line +
               f"  {describe_allowances(allocator, model_name, result.kind, result.why)}\n"
               + unmeasured
               + (conservative_line(cover, result.size) if cover is not None else "")
