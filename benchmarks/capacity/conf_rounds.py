@@ -156,16 +156,13 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    from benchmarks.capacity.workloads import WORKLOADS
+    from benchmarks.capacity import workloads
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.conf_rounds",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="the rounds at one row's size (GPU machine)")
-    r.add_argument("workload", choices=sorted(WORKLOADS))
-    r.add_argument("cap_gib", type=float)
-    r.add_argument("dim", choices=("batch", "seq"))
-    r.add_argument("size", type=int)
+    workloads.add_row_arguments(r)
     r.add_argument("--variants", nargs="+", required=True)
     r.add_argument("--rounds", type=int, required=True)
     r.add_argument("--out", required=True)
@@ -186,9 +183,9 @@ def main(argv=None) -> int:
             print(f"conf rounds: {a.file}: {e}", file=sys.stderr)
             return 1
         return 0
-    if a.size < 1 or not a.cap_gib > 0 or a.rounds < 1:
-        ap.error(f"size and --rounds must be at least 1 and cap_gib above 0, got {a.size}, "
-                 f"{a.rounds}, {a.cap_gib:g}")
+    workloads.check_row(ap, a)
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     variants = list(dict.fromkeys(a.variants))
     if REFERENCE not in variants:
         variants.insert(0, REFERENCE)

@@ -214,16 +214,13 @@ def run(workload: str, cap_gib: float, dim: str, size: int, out_dir: str,
 
 
 def main(argv=None) -> int:
-    from benchmarks.capacity.workloads import WORKLOADS
+    from benchmarks.capacity import workloads
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.profiles",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="profiled trials at one row's size (GPU machine)")
-    r.add_argument("workload", choices=sorted(WORKLOADS))
-    r.add_argument("cap_gib", type=float)
-    r.add_argument("dim", choices=("batch", "seq"))
-    r.add_argument("size", type=int)
+    workloads.add_row_arguments(r)
     r.add_argument("--out", required=True)
     r.add_argument("--timeout-s", type=float, default=240.0)
     c = sub.add_parser("compare", help="compare the profiles in a directory")
@@ -231,8 +228,7 @@ def main(argv=None) -> int:
     c.add_argument("--top", type=int, default=20)
     a = ap.parse_args(argv)
     if a.command == "run":
-        if a.size < 1 or not a.cap_gib > 0:
-            ap.error(f"size must be at least 1 and cap_gib above 0, got {a.size}, {a.cap_gib:g}")
+        workloads.check_row(ap, a)
         return 1 if run(a.workload, a.cap_gib, a.dim, a.size, a.out, a.timeout_s) else 0
     if a.top < 1:
         ap.error(f"--top must be at least 1, got {a.top}")

@@ -62,6 +62,22 @@ WORKLOADS = {w.name: w for w in (
 BATCH_BOUND = 4096  # the largest micro-batch a search tries
 
 
+def add_row_arguments(parser) -> None:
+    """The positional arguments that name one row's size: WORKLOAD CAP_GIB DIM SIZE (an
+    argparse parser; check_row() checks the values)."""
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("cap_gib", type=float)
+    parser.add_argument("dim", choices=("batch", "seq"))
+    parser.add_argument("size", type=int)
+
+
+def check_row(parser, args) -> None:
+    """parser.error() (status 2) for a size below 1 or a cap that is not above 0."""
+    if args.size < 1 or not args.cap_gib > 0:
+        parser.error(f"size must be at least 1 and cap_gib above 0, got {args.size}, "
+                     f"{args.cap_gib:g}")
+
+
 def size_grid(w: Workload, dim: str, seq_step: int) -> tuple[int, int]:
     """(step, bound) of the sizes searched along `dim`: micro-batches 1 apart up to BATCH_BOUND,
     sequences `seq_step` apart up to the longest the model takes."""
