@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
 import time
 from typing import Callable
 
-from benchmarks.capacity import step_rounds
+from benchmarks.capacity import step_rounds, workloads
 
 TORCH_VARIANTS = ("torch", "torch-expandable")
 DEFAULT = "default"  # vramledger with no setting
@@ -63,26 +64,57 @@ def order(variants: list[str], round_: int) -> list[str]:
     return variants[k:] + variants[:k]
 
 
+def read(path: str) -> dict:
+    """A runs file's contents: {"row": ..., "runs": [record, ...]}.
+
+    Raises:
+      ValueError: it cannot be read or is not a runs file (the message names it).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable runs file ({e})") from e
+    if not (isinstance(data, dict) and "row" in data and isinstance(data.get("runs"), list)
+            and all(isinstance(r, dict) and {"variant", "round"} <= r.keys()
+                    for r in data["runs"])):
+        raise ValueError(f"{path}: not a runs file (expected an object with \"row\" and a "
+                         f"\"runs\" list of records with a variant and a round)")
+    return data
+
+
 class Runs:
     """The runs of one row, by (variant, round), kept in a JSON file written after each run."""
 
     def __init__(self, path: str, row: dict):
+        """Reads the runs `path` holds, if it exists.
+
+        Raises:
+          ValueError: the file is not a runs file of this row, or cannot be read or written
+            (the message names it).
+        """
         self.path = path
         self.row = row
         self.runs: list[dict] = []
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            if data.get("row") != row:
-                raise ValueError(f"{path} holds runs of another row ({data.get('row')}, not "
-                                 f"{row}); name another file")
-            self.runs = data["runs"]
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ValueError(f"{path}: not a file in a folder that exists and can be written")
+        if not os.path.exists(path):
+            return
+        data = read(path)
+        if data.get("row") != row:
+            raise ValueError(f"{path} holds runs of another row ({data.get('row')}, not "
+                             f"{row}); name another file")
+        self.runs = data["runs"]
 
     def get(self, variant: str, round_: int) -> dict | None:
         return next((r for r in self.runs
                      if r["variant"] == variant and r["round"] == round_), None)
 
     def add(self, record: dict) -> None:
+        """Keeps `record`, in place of a run of the same variant and round if there is one."""
+        self.runs = [r for r in self.runs
+                     if (r["variant"], r["round"]) != (record["variant"], record["round"])]
         self.runs.append(record)
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -92,13 +124,15 @@ class Runs:
 
 def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[..., dict],
                budget_s: float, timeout_s: float, log: Callable[[str], None] = print) -> int:
-    """Runs rounds 0 .. rounds-1 (the runs `runs` holds are kept); returns how many runs failed,
-    plus one when the budget ended first. `trial(allocator, conf, timeout_s)` runs one."""
+    """Runs rounds 0 .. rounds-1; a run `runs` holds is kept, one that failed (no verdict) is run
+    again. Returns how many runs failed, plus one when the budget ended first (a run the budget
+    cut short is not kept). `trial(allocator, conf, timeout_s)` runs one."""
     start = time.monotonic()
     failed = 0
     for r in range(rounds):
         for v in order(variants, r):
-            if runs.get(v, r) is not None:
+            held = runs.get(v, r)
+            if held is not None and held.get("fits") is not None:
                 continue
             left = budget_s - (time.monotonic() - start)
             if left < min(timeout_s, 60.0):
@@ -106,14 +140,20 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[...
                 return failed + 1
             allocator, conf = allocator_and_conf(v)
             record = trial(allocator, conf, min(timeout_s, left))
-            if not record.get("fits"):
-                failed += 1
-                log(f"conf rounds: round {r}, {v}: "
-                    f"{record.get('error') or 'did not fit'}")
+            if record.get("timed_out") and left < timeout_s:
+                log(f"conf rounds: the budget ended during round {r}, {v} (not kept)")
+                return failed + 1
             record.update(variant=v, round=r, conf=conf)
             runs.add(record)
-            steps = " ".join(f"{s:.3f}" for s in record.get("step_s") or [])
-            log(f"conf rounds: round {r}, {v}: {steps}")
+            if record.get("fits") is None:
+                failed += 1
+                log(f"conf rounds: round {r}, {v}: failed: {record.get('error')}")
+            elif not record["fits"]:
+                failed += 1
+                log(f"conf rounds: round {r}, {v}: did not fit: {record.get('error')}")
+            else:
+                log(f"conf rounds: round {r}, {v}: "
+                    + " ".join(f"{x:.3f}" for x in record["step_s"]))
     return failed
 
 
@@ -124,7 +164,7 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
     Raises:
       ValueError: no fitting run of torch native.
     """
-    fitting = [r for r in runs if r.get("fits") and step_rounds.steady_time(r) is not None]
+    fitting = [r for r in runs if r.get("fits") and (step_rounds.steady_time(r) or 0) > 0]
     reference = {r["round"]: r for r in fitting if r["variant"] == REFERENCE}
     if not reference:
         raise ValueError("no fitting run of torch native, the reference")
@@ -145,8 +185,10 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
             times = [r["step_s"][i] for r in mine if len(r["step_s"]) > i]
             per_step.append(f"{statistics.median(times) * 1e3:.1f}" if times else "-")
         steady = statistics.median(step_rounds.steady_time(r) for r in mine)
+        # A round's runs pair only when they ran on one card (a file resumed elsewhere).
         ratios = [step_rounds.steady_time(r) / step_rounds.steady_time(reference[r["round"]])
-                  for r in mine if r["round"] in reference]
+                  for r in mine if r["round"] in reference
+                  and r.get("device") == reference[r["round"]].get("device")]
         bounds = step_rounds.interval(ratios) if v != REFERENCE else None
         ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]" if bounds else "-")
         verdict = step_rounds.verdict(bounds) if v != REFERENCE else "reference"
@@ -156,7 +198,6 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    from benchmarks.capacity import workloads
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.conf_rounds",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,20 +213,23 @@ def main(argv=None) -> int:
     t.add_argument("file")
     a = ap.parse_args(argv)
     if a.command == "table":
+        if not os.path.isfile(a.file):
+            ap.error(f"{a.file}: " + ("not a file" if os.path.exists(a.file) else "no such file"))
         try:
-            with open(a.file, encoding="utf-8") as f:
-                data = json.load(f)
-            print(f"row: {data['row']}")
-            print(table(data["runs"]))
-        except OSError as e:
-            ap.error(f"{a.file}: {e.strerror}")
+            data = read(a.file)
+            text = table(data["runs"])
         except (ValueError, KeyError, TypeError) as e:
             print(f"conf rounds: {a.file}: {e}", file=sys.stderr)
             return 1
+        print(f"row: {data['row']}")
+        print(text)
         return 0
     workloads.check_row(ap, a)
     if a.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {a.rounds}")
+    for flag, value in (("--timeout-s", a.timeout_s), ("--budget-s", a.budget_s)):
+        if not 0 < value < math.inf:
+            ap.error(f"{flag} must be a number of seconds above 0, got {value:g}")
     variants = list(dict.fromkeys(a.variants))
     if REFERENCE not in variants:
         variants.insert(0, REFERENCE)
@@ -203,8 +247,8 @@ def main(argv=None) -> int:
                                conf=conf)
 
     failed = run_rounds(runs, variants, a.rounds, one, a.budget_s, a.timeout_s)
-    dev = next((x["device"] for x in runs.runs if x.get("device")), "?")
-    tv = next((x["torch"] for x in runs.runs if x.get("torch")), "?")
+    dev = ", ".join(sorted({x["device"] for x in runs.runs if x.get("device")})) or "?"
+    tv = ", ".join(sorted({x["torch"] for x in runs.runs if x.get("torch")})) or "?"
     print(f"conf rounds of {a.workload} at {a.cap_gib:g} GiB, {a.dim} {a.size} ({dev}, torch {tv})")
     try:
         print(table(runs.runs, variants))

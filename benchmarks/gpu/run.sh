@@ -78,12 +78,13 @@
 #                   $OUT/profiles; prints where each step's host and device time went and the ops
 #                   whose host time differs most between vramledger and torch native (3 trials;
 #                   run only when named)
-#     confrounds    python -m benchmarks.capacity.conf_rounds: at CONF_ROW (as PROFILE_ROW), CONF_ROUNDS
-#                   (6) rounds of torch native and each of CONF_VARIANTS (space-separated:
-#                   torch-expandable, "default" (vramledger) or vramledger's VRAMLEDGER_CONF
-#                   settings; default "torch-expandable default"), one process each, in rotating
-#                   order; prints each variant's steady steps and its ratio to torch native (runs
-#                   in $OUT/conf-rounds.json; run only when named)
+#     confrounds    python -m benchmarks.capacity.conf_rounds: at CONF_ROW (as PROFILE_ROW),
+#                   CONF_ROUNDS (6) rounds of torch native and each of CONF_VARIANTS
+#                   (space-separated: torch-expandable, "default" (vramledger) or vramledger's
+#                   VRAMLEDGER_CONF settings; default "torch-expandable default"), one process
+#                   each, in rotating order; prints each variant's steady steps and its ratio
+#                   to torch native (runs in $OUT/conf-rounds.json, resumed from CONF_RESUME
+#                   where set; run only when named)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
@@ -325,6 +326,8 @@ capprofile() {
 confrounds() {
   local w c d s
   IFS=, read -r w c d s <<< "${CONF_ROW:-llama1b,24,batch,1}"
+  # The runs of an earlier call (carried) go on from where it ended.
+  if [ -n "${CONF_RESUME:-}" ]; then cp "$CONF_RESUME" "$OUT/conf-rounds.json" || return 1; fi
   # shellcheck disable=SC2086  # one word per variant
   timeout "$(bound)" "$PY" -m benchmarks.capacity.conf_rounds run "$w" "$c" "$d" "$s" \
     --variants ${CONF_VARIANTS:-torch-expandable default} --rounds "${CONF_ROUNDS:-6}" \

@@ -437,3 +437,11 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     oom_at = None
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
     assert not any(f in r for f in trial.VRAMLEDGER_FIGURES + trial.VRAMLEDGER_MAPPINGS)
+
+
+def test_the_planner_tests_gpt2_config_is_this_benchmarks_model():
+    """tests/python/data's 8192-position GPT-2-medium, which the planner's tests search sequences
+    on, is this benchmark's model."""
+    from benchmarks.capacity.workloads import GPT2M
+    data = ROOT / "tests" / "python" / "data" / "gpt2-medium-8192-positions.json"
+    assert json.loads(data.read_text()) == GPT2M

@@ -89,13 +89,43 @@ def test_a_second_run_resumes_and_runs_only_what_is_missing(tmp_path):
         conf_rounds.Runs(path, dict(ROW, size=2))
 
 
-def test_a_failed_run_is_counted_kept_and_left_out_of_the_figures(tmp_path):
-    runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
+def test_a_failed_run_is_counted_kept_left_out_of_the_figures_and_run_again(tmp_path):
+    path = str(tmp_path / "r.json")
+    runs = conf_rounds.Runs(path, ROW)
     logged = []
     failed = conf_rounds.run_rounds(runs, ["torch", "x:1"], 2, Trial(fail="x:1"), 600, 60,
                                     log=logged.append)
-    assert failed == 2 and any("boom" in line for line in logged)
+    assert failed == 2 and any("failed: exit 1: boom" in line for line in logged)
     assert "| x:1 | 0 | - | - | - | - | - | - | no fitting run |" in conf_rounds.table(runs.runs)
+    # A second call runs the failed runs again, in their place, and keeps the others.
+    fake = Trial()
+    runs = conf_rounds.Runs(path, ROW)
+    assert conf_rounds.run_rounds(runs, ["torch", "x:1"], 2, fake, 600, 60,
+                                  log=lambda s: None) == 0
+    assert fake.calls == [("vramledger", "x:1")] * 2 and len(runs.runs) == 4
+    assert "| x:1 | 2 |" in conf_rounds.table(runs.runs)
+
+
+def test_a_run_the_budget_cut_short_is_not_kept(tmp_path):
+    runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
+    cut = lambda allocator, conf, timeout_s: {"fits": None, "timed_out": True,  # noqa: E731
+                                              "error": f"timed out after {timeout_s:.0f} s"}
+    logged = []
+    assert conf_rounds.run_rounds(runs, ["torch"], 1, cut, 100, 240, log=logged.append) == 1
+    assert runs.runs == [] and "not kept" in logged[-1]
+    # A run that reached its own timeout, within the budget, is a failure and is kept.
+    assert conf_rounds.run_rounds(runs, ["torch"], 1, cut, 600, 240, log=lambda s: None) == 1
+    assert len(runs.runs) == 1 and runs.runs[0]["timed_out"]
+
+
+def test_runs_of_a_round_pair_only_on_one_card():
+    def run(variant, round_, device, steady):
+        return {"variant": variant, "round": round_, "fits": True, "step_s": steps(steady),
+                "device": device}
+    runs = [run("torch", 0, "H100", 0.2), run("default", 0, "H100", 0.21),
+            run("torch", 1, "H100", 0.2), run("default", 1, "H200", 0.1),
+            run("torch", 2, "H100", 0.2), run("default", 2, "H100", 0.21)]
+    assert "| 1.050 [1.050, 1.050] | above |" in conf_rounds.table(runs)
 
 
 def test_the_budget_stops_the_rounds_and_counts_as_a_failure(tmp_path):
@@ -120,21 +150,40 @@ def test_the_table_command_prints_a_file_and_names_bad_input(tmp_path, capsys):
     assert conf_rounds.main(["table", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("row: ") and "| default | 2 |" in out
-    (tmp_path / "bad.json").write_text("{}")
-    assert conf_rounds.main(["table", str(tmp_path / "bad.json")]) == 1
-    assert "bad.json" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        conf_rounds.main(["table", str(tmp_path / "missing.json")])
-    assert e.value.code == 2 and "missing.json" in capsys.readouterr().err
+    for name, text in (("empty.json", "{}"), ("list.json", "[1]"), ("text.json", "runs"),
+                       ("norow.json", '{"runs": []}'),
+                       ("noref.json", json.dumps({"row": ROW, "runs": []}))):
+        (tmp_path / name).write_text(text)
+        assert conf_rounds.main(["table", str(tmp_path / name)]) == 1, name
+        out = capsys.readouterr()
+        assert out.out == "" and name in out.err and "Traceback" not in out.err, name
+    for path, said in ((tmp_path / "missing.json", "no such file"), (tmp_path, "not a file")):
+        with pytest.raises(SystemExit) as e:
+            conf_rounds.main(["table", str(path)])
+        assert e.value.code == 2 and f"{path}: {said}" in capsys.readouterr().err
 
 
 def test_the_run_command_refuses_bad_arguments_before_running(tmp_path, capsys):
-    base = ["run", "llama1b", "24", "batch", "1", "--out", str(tmp_path / "r.json")]
-    for extra, said in ((["--variants", "default", "--rounds", "0"], "--rounds"),
-                        (["--variants", "page_mb", "--rounds", "2"], "key:value")):
+    out = str(tmp_path / "r.json")
+    row = ["run", "llama1b", "24", "batch", "1"]
+    good = ["--variants", "default", "--rounds", "2"]
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "other.json").write_text(json.dumps({"row": dict(ROW, size=2), "runs": []}))
+    for args, said in (
+            ([*row, "--out", out, "--variants", "default", "--rounds", "0"], "--rounds"),
+            ([*row, "--out", out, "--variants", "page_mb", "--rounds", "2"], "key:value"),
+            ([*row, "--out", out, *good, "--timeout-s", "-5"], "--timeout-s must be"),
+            ([*row, "--out", out, *good, "--budget-s", "nan"], "--budget-s must be"),
+            (["run", "llama1b", "24", "batch", "0", "--out", out, *good], "size must be"),
+            (["run", "llama1b", "0", "batch", "1", "--out", out, *good], "cap_gib above 0"),
+            ([*row, "--out", str(tmp_path), *good], "not a file in a folder"),
+            ([*row, "--out", str(tmp_path / "no" / "r.json"), *good], "not a file in a folder"),
+            ([*row, "--out", str(tmp_path / "list.json"), *good], "not a runs file"),
+            ([*row, "--out", str(tmp_path / "other.json"), *good], "another row")):
         with pytest.raises(SystemExit) as e:
-            conf_rounds.main(base + extra)
-        assert e.value.code == 2 and said in capsys.readouterr().err
+            conf_rounds.main(args)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and said in err and "Traceback" not in err, (args, err)
     assert not (tmp_path / "r.json").exists()
 
 

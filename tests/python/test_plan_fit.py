@@ -359,9 +359,17 @@ def test_other_limits_name_what_ends_the_search(capsys):
     assert got["fit"]["limited_by"] == "nothing fits"
 
 
+def test_the_plain_plans_default_sequence_stops_at_the_learned_positions(capsys, tmp_path):
+    config = json.loads((CONFIGS / "gpt2-medium.json").read_text()) | {"n_positions": 512}
+    (tmp_path / "gpt2-512.json").write_text(json.dumps(config))
+    got = plan_json(capsys, "--config", tmp_path / "gpt2-512.json", "--batch", "1")
+    assert got["inputs"]["seq"] == 512
+    assert plan_json(capsys, *GPT2M, "--batch", "1")["inputs"]["seq"] == 1024
+
+
 @pytest.mark.parametrize("args, needle", [
     ([*GPT2M, "--seq", "2048", "--batch", "1"],
-     "--seq 2048 is longer than the model's 1024 learned positions (n_positions in "),
+     "--seq 2048 is longer than the model's 1024 learned positions (from "),
     ([*GPT2M, "--seq", "1025", "--fit", "batch"],
      "--seq 1025 is longer than the model's 1024 learned positions"),
     (["--params", "7B", "--seq", "1024", "--fit", "batch"], "--fit needs the model's shape"),

@@ -103,10 +103,12 @@ def model_and_setup(args) -> tuple[Model, Setup]:
                         f"{model.kv_heads}")
     if args.seq is not None and 0 < model.positions < args.seq:
         raise PlanError(f"--seq {args.seq} is longer than the model's {model.positions} learned "
-                        f"positions (n_positions in {args.config}): its position embedding takes "
-                        f"no longer sequence")
+                        f"positions (from {args.config}): its position embedding takes no longer "
+                        f"sequence")
     card = H200_BYTES if args.card_gib is None else int(args.card_gib * GIB)
-    setup = Setup(seq=1024 if args.seq is None else args.seq,
+    # Without --seq: 1024, or fewer where the model's learned positions end sooner.
+    seq = args.seq if args.seq is not None else min(1024, model.positions or 1024)
+    setup = Setup(seq=seq,
                   batch=1 if args.batch is None else args.batch, precision=args.precision,
                   optimizer=args.optimizer, checkpointing=args.checkpointing,
                   lora_rank=args.lora_rank, lora_targets=args.lora_targets, qlora=args.qlora,
