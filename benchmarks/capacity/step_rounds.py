@@ -120,9 +120,16 @@ def verdict(bounds: tuple[float, float, float] | None) -> str:
 
 def cards(runs: list[dict]) -> str:
     """The GPUs `runs` ran on, without the vendor's name ("H200"; two names when a row's rounds
-    came from two kinds of card: a ratio pairs a round's runs only when they name one card)."""
+    came from two kinds of card: a ratio pairs a round's runs only when they name one card), and
+    how many hosts where the records say (trial.host_facts(); older records do not)."""
     names = sorted({r["device"].removeprefix("NVIDIA ") for r in runs if r.get("device")})
-    return ", ".join(names) or "-"
+    hosts = {(r.get("host") or {}).get("boot_id") for r in runs} - {None}
+    text = ", ".join(names) or "-"
+    if hosts:
+        unnamed = any(r.get("device") and not (r.get("host") or {}).get("boot_id") for r in runs)
+        text += (f" on {len(hosts)} host{'s' if len(hosts) > 1 else ''}"
+                 + (" (older runs unnamed)" if unnamed else ""))
+    return text
 
 
 def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:

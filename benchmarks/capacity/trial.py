@@ -9,7 +9,9 @@ vramledger: a segment reserved or released, or a run of pages mapped into or unm
 expandable segment, a mapping of a handle it kept counting as one as well, so they count mappings,
 not handles created), `step_sync_all_streams` (waits on every stream's pending frees before a
 retry or a release) and `step_alloc_retries`; a slow step that obtained, released or waited shows
-there. Records written before these fields were recorded lack them.
+there. Records written before these fields were recorded lack them. `host` (host_facts()) says
+which host ran the trial: cards of one name run a row's steps at different speeds on different
+hosts.
 
 Under vramledger the record also holds, per step, what its own ledger of driver calls changed
 by (vramledger.fragmentation(); absent under torch's allocators and from earlier records):
@@ -86,6 +88,29 @@ def vramledger_totals(frag: dict) -> dict[str, float]:
             "step_take_backs": frag["reused_old_mappings"]}
 
 
+def read_text(path: str) -> str | None:
+    """The stripped contents of a small system file, or None where it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def host_facts() -> dict:
+    """What tells hosts apart in a record: the kernel's boot id (a container shares its host's),
+    the CPU model, the CPUs this process may run on and the host's load averages (not per
+    container either: what else the host runs shows there). Step times differ between hosts that
+    name the same GPU; these say which records share one."""
+    cpuinfo = read_text("/proc/cpuinfo") or ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                  if line.startswith("model name")), None)
+    load = (read_text("/proc/loadavg") or "").split()[:3]
+    return {"boot_id": read_text("/proc/sys/kernel/random/boot_id"), "cpu_model": model,
+            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "loadavg": [float(x) for x in load] if len(load) == 3 else None}
+
+
 def host_us(frag: dict) -> float:
     """The host time of vramledger's allocations and frees so far (us; its host_timing option)."""
     return sum(frag["host_time"][k]["time_us"] for k in ("malloc", "free"))
@@ -105,12 +130,14 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     import torch
     mem = sys.modules["vramledger"] if allocator == "vramledger" else torch.cuda
     # Each allocator caps reserved memory at fraction x the total cudaMemGetInfo reports (torch's
-    # allowed_memory_maximum; vramledger's SetMemoryFraction, reached through the pluggable
-    # allocator's memory-fraction hook), so the same call gives all three the same cap.
+    # allowed_memory_maximum; vramledger's SetMemoryFraction, which torch's
+    # set_per_process_memory_fraction reaches on either route), so the same call gives all three
+    # the same cap.
     total = torch.cuda.mem_get_info()[1]
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
-           "error": None, "step_s": [], "losses": [], **{f: [] for f in STEP_COUNTERS}}
+           "error": None, "host": host_facts(), "step_s": [], "losses": [],
+           **{f: [] for f in STEP_COUNTERS}}
     ledger = mem.fragmentation if allocator == "vramledger" else None
     if ledger:
         out.update({f: [] for f in VRAMLEDGER_FIGURES + VRAMLEDGER_MAPPINGS})

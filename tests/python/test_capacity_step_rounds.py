@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from benchmarks.capacity import __main__ as capacity_main  # noqa: E402
-from benchmarks.capacity import runner, step_rounds, table  # noqa: E402
+from benchmarks.capacity import runner, step_rounds, table, trial  # noqa: E402
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results  # noqa: E402
 from test_capacity_bench import ALLOCS, LIMITS, Clock, StandIn, planned  # noqa: E402
 
@@ -248,3 +248,21 @@ def test_the_card_column_names_each_card_and_a_ratio_pairs_one_cards_runs():
 def test_a_run_without_a_device_shows_no_card():
     assert step_rounds.cards([{"fits": False}]) == "-"
     assert step_rounds.cards([{"device": "NVIDIA H200"}, {"fits": False}]) == "H200"
+
+
+def test_the_card_column_counts_the_hosts_the_records_name():
+    def run(boot_id=None):
+        return {"device": "NVIDIA H100 80GB HBM3"} | (
+            {"host": {"boot_id": boot_id}} if boot_id else {})
+    assert step_rounds.cards([run("a"), run("a")]) == "H100 80GB HBM3 on 1 host"
+    assert step_rounds.cards([run("a"), run("b"), run("a")]) == "H100 80GB HBM3 on 2 hosts"
+    assert step_rounds.cards([run("a"), run()]) == (
+        "H100 80GB HBM3 on 1 host (older runs unnamed)")
+    assert step_rounds.cards([run(), run()]) == "H100 80GB HBM3"
+
+
+def test_a_trial_record_names_its_host():
+    facts = trial.host_facts()
+    assert set(facts) == {"boot_id", "cpu_model", "cpus", "loadavg"}
+    assert facts["cpus"] >= 1 and len(facts["loadavg"]) == 3  # Linux, as every machine here
+    assert facts["boot_id"] and len(facts["boot_id"]) == 36
