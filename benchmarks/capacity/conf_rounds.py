@@ -1,11 +1,14 @@
-"""vramledger's step time under several option settings, beside torch's allocators, at one row's
-size. The step rounds (step_rounds.py) compare vramledger's default policy with torch's; when it
-is slower on a row, this says which part of the policy is why: a setting whose runs are as fast
-as torch's removes the cause (fewer, larger driver objects; torch's plain policy; ...).
+"""vramledger's step time under several option settings or builds, beside torch's allocators, at
+one row's size. The step rounds (step_rounds.py) compare vramledger's default policy with torch's;
+when it is slower on a row, this says which part of the policy is why: a setting whose runs are as
+fast as torch's removes the cause (fewer, larger driver objects; torch's plain policy; ...), and a
+candidate build runs beside the current one on the same host.
 
 Each variant is a trial process (trial.run_trial): "torch" and "torch-expandable" are torch's
 allocators; any other variant is vramledger with that VRAMLEDGER_CONF (`key:value,...`;
-"default" is vramledger with no setting). Each round runs every variant once, in an order that
+"default" is vramledger with no setting), from another build where it starts with `BUILD@` (a
+folder holding that build's libvramledger_plugin.so and libvramledger_native.so, loaded through
+VRAMLEDGER_PLUGIN). Each round runs every variant once, in an order that
 rotates as the step rounds' does (round r starts with variant r mod k), so drift falls on each
 variant alike. Per variant, the table gives the median over rounds of each steady step (the steps
 after the first two, step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio
@@ -26,6 +29,7 @@ torch native (table); 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -41,21 +45,44 @@ DEFAULT = "default"  # vramledger with no setting
 REFERENCE = "torch"
 
 
-def allocator_and_conf(variant: str) -> tuple[str, str | None]:
-    """The trial's allocator and vramledger's VRAMLEDGER_CONF (None: none) of `variant`.
+PLUGIN_NAME = "libvramledger_plugin.so"  # a build folder's plugin (vramledger._plugin's name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """How a variant's trial runs: the allocator, vramledger's settings (VRAMLEDGER_CONF; None:
+    none) and the plugin library of another build (VRAMLEDGER_PLUGIN; None: the package's)."""
+    allocator: str
+    conf: str | None = None
+    plugin: str | None = None
+
+
+def parse_variant(variant: str) -> Variant:
+    """The trial of `variant`: "torch", "torch-expandable", "default" (vramledger), vramledger's
+    settings `key:value[,key:value...]`, or either of the last two after `BUILD@`, a folder that
+    holds another build's libvramledger_plugin.so (and libvramledger_native.so), which vramledger
+    then loads.
 
     Raises:
-      ValueError: an empty variant or one whose settings are not `key:value` pairs.
+      ValueError: an empty variant, settings that are not `key:value` pairs, or a BUILD without
+        a plugin library.
     """
     if variant in TORCH_VARIANTS:
-        return variant, None
-    if variant == DEFAULT:
-        return "vramledger", None
-    pairs = variant.split(",")
-    if not variant or any(p.count(":") != 1 or not all(p.split(":")) for p in pairs):
-        raise ValueError(f"variant {variant!r}: expected torch, torch-expandable, {DEFAULT} or "
-                         f"vramledger settings as key:value[,key:value...]")
-    return "vramledger", variant
+        return Variant(variant)
+    build, at, settings = variant.rpartition("@")
+    plugin = None
+    if at:
+        plugin = os.path.join(build, PLUGIN_NAME)
+        if not build or not os.path.isfile(plugin):
+            raise ValueError(f"variant {variant!r}: {build or '(empty)'} holds no {PLUGIN_NAME}")
+        plugin = os.path.abspath(plugin)
+    if settings == DEFAULT:
+        return Variant("vramledger", None, plugin)
+    pairs = settings.split(",")
+    if not settings or any(p.count(":") != 1 or not all(p.split(":")) for p in pairs):
+        raise ValueError(f"variant {variant!r}: expected torch, torch-expandable, or [BUILD@] "
+                         f"then {DEFAULT} or vramledger settings as key:value[,key:value...]")
+    return Variant("vramledger", settings, plugin)
 
 
 def order(variants: list[str], round_: int) -> list[str]:
@@ -126,7 +153,7 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[...
                budget_s: float, timeout_s: float, log: Callable[[str], None] = print) -> int:
     """Runs rounds 0 .. rounds-1; a run `runs` holds is kept, one that failed (no verdict) is run
     again. Returns how many runs failed, plus one when the budget ended first (a run the budget
-    cut short is not kept). `trial(allocator, conf, timeout_s)` runs one."""
+    cut short is not kept). `trial(Variant, timeout_s)` runs one."""
     start = time.monotonic()
     failed = 0
     for r in range(rounds):
@@ -138,12 +165,11 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[...
             if left < min(timeout_s, 60.0):
                 log(f"conf rounds: the budget ended before round {r}, {v}")
                 return failed + 1
-            allocator, conf = allocator_and_conf(v)
-            record = trial(allocator, conf, min(timeout_s, left))
+            record = trial(parse_variant(v), min(timeout_s, left))
             if record.get("timed_out") and left < timeout_s:
                 log(f"conf rounds: the budget ended during round {r}, {v} (not kept)")
                 return failed + 1
-            record.update(variant=v, round=r, conf=conf)
+            record.update(variant=v, round=r, conf=parse_variant(v).conf)
             runs.add(record)
             if record.get("fits") is None:
                 failed += 1
@@ -235,16 +261,16 @@ def main(argv=None) -> int:
         variants.insert(0, REFERENCE)
     try:
         for v in variants:
-            allocator_and_conf(v)
+            parse_variant(v)
         row = {"workload": a.workload, "cap_gib": a.cap_gib, "dim": a.dim, "size": a.size}
         runs = Runs(a.out, row)
     except ValueError as e:
         ap.error(str(e))
     from benchmarks.capacity import trial
 
-    def one(allocator: str, conf: str | None, timeout_s: float) -> dict:
-        return trial.run_trial(a.workload, allocator, a.cap_gib, a.dim, a.size, timeout_s,
-                               conf=conf)
+    def one(variant: Variant, timeout_s: float) -> dict:
+        return trial.run_trial(a.workload, variant.allocator, a.cap_gib, a.dim, a.size,
+                               timeout_s, conf=variant.conf, plugin=variant.plugin)
 
     failed = run_rounds(runs, variants, a.rounds, one, a.budget_s, a.timeout_s)
     dev = ", ".join(sorted({x["device"] for x in runs.runs if x.get("device")})) or "?"

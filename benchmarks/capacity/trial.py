@@ -212,25 +212,31 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
 
 def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
               timeout_s: float, trace: str | None = None, profile: bool = False,
-              host_timing: bool = False, conf: str | None = None) -> dict:
+              host_timing: bool = False, conf: str | None = None,
+              plugin: str | None = None) -> dict:
     """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
     process: install() must come before CUDA starts, and nothing cached from an earlier trial may
     help a later one). Returns its record: `fits` True or False, or None with `error` when the
     process failed some other way (`timed_out` when it ran past `timeout_s`). With `trace`, the
     trial records its allocator's trace and writes its snapshot to that path; with `profile`, its
     record holds the profiled steps (profiles.py); with `host_timing`, vramledger's host time per
-    step; with `conf`, vramledger runs with those settings (VRAMLEDGER_CONF, `key:value,...`).
+    step; with `conf`, vramledger runs with those settings (VRAMLEDGER_CONF, `key:value,...`);
+    with `plugin`, vramledger loads that plugin library (VRAMLEDGER_PLUGIN: another build's), and
+    the record's `library` names its folder.
 
     Raises:
-      ValueError: `conf` for one of torch's allocators.
+      ValueError: `conf` or `plugin` for one of torch's allocators.
     """
-    if conf is not None and allocator != "vramledger":
-        raise ValueError(f"conf {conf!r} is vramledger's; the trial's allocator is {allocator}")
+    if (conf is not None or plugin is not None) and allocator != "vramledger":
+        raise ValueError(f"conf {conf!r} and plugin {plugin!r} are vramledger's; the trial's "
+                         f"allocator is {allocator}")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
         env.pop(key, None)
     if conf is not None:
         env["VRAMLEDGER_CONF"] = conf
+    if plugin is not None:
+        env["VRAMLEDGER_PLUGIN"] = plugin
     if allocator == "torch-expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     env["PYTHONPATH"] = os.pathsep.join(
@@ -255,7 +261,9 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
     record["wall_s"] = time.monotonic() - t0
     # Which build of vramledger ran (the caller's label, e.g. its commit): records of several
     # builds may share a results file.
-    if allocator == "vramledger" and os.environ.get("CAPACITY_LIBRARY"):
+    if plugin is not None:
+        record["library"] = os.path.basename(os.path.dirname(os.path.abspath(plugin)))
+    elif allocator == "vramledger" and os.environ.get("CAPACITY_LIBRARY"):
         record["library"] = os.environ["CAPACITY_LIBRARY"]
     return record
 

@@ -24,30 +24,59 @@ def steps(steady: float) -> list[float]:
 
 class Trial:
     """A stand-in for trial.run_trial: vramledger with no setting is 5% slower than torch,
-    with any setting as fast; records every call."""
+    with any setting or from another build as fast; records every call's variant."""
 
     def __init__(self, fail: str | None = None):
         self.calls: list[tuple[str, str | None]] = []
+        self.plugins: list[str | None] = []
         self.fail = fail
 
-    def __call__(self, allocator: str, conf: str | None, timeout_s: float) -> dict:
-        self.calls.append((allocator, conf))
-        if conf is not None and conf == self.fail:
+    def __call__(self, variant: conf_rounds.Variant, timeout_s: float) -> dict:
+        self.calls.append((variant.allocator, variant.conf))
+        self.plugins.append(variant.plugin)
+        if variant.conf is not None and variant.conf == self.fail:
             return {"fits": None, "error": "exit 1: boom"}
-        slow = 1.05 if allocator == "vramledger" and conf is None else 1.0
+        slow = 1.05 if variant == conf_rounds.Variant("vramledger") else 1.0
         return {"fits": True, "step_s": steps(0.2 * slow), "device": "NVIDIA H100 80GB HBM3",
                 "torch": "2.11.0+cu130"}
 
 
-def test_each_variant_names_its_allocator_and_settings():
-    assert conf_rounds.allocator_and_conf("torch") == ("torch", None)
-    assert conf_rounds.allocator_and_conf("torch-expandable") == ("torch-expandable", None)
-    assert conf_rounds.allocator_and_conf("default") == ("vramledger", None)
-    assert conf_rounds.allocator_and_conf("expandable_page_mb:20,keep_old_mappings:False") == (
+def test_each_variant_names_its_allocator_settings_and_build(tmp_path):
+    v = conf_rounds.parse_variant
+    assert v("torch") == conf_rounds.Variant("torch")
+    assert v("torch-expandable") == conf_rounds.Variant("torch-expandable")
+    assert v("default") == conf_rounds.Variant("vramledger")
+    assert v("expandable_page_mb:20,keep_old_mappings:False") == conf_rounds.Variant(
         "vramledger", "expandable_page_mb:20,keep_old_mappings:False")
     for bad in ("", "expandable_page_mb", "a:b:c", "a:1,", ":1"):
         with pytest.raises(ValueError, match="key:value"):
-            conf_rounds.allocator_and_conf(bad)
+            v(bad)
+    build = tmp_path / "lib-new"
+    build.mkdir()
+    with pytest.raises(ValueError, match="holds no libvramledger_plugin.so"):
+        v(f"{build}@default")
+    with pytest.raises(ValueError, match=r"\(empty\) holds no"):
+        v("@default")
+    (build / "libvramledger_plugin.so").write_bytes(b"")
+    plugin = str(build / "libvramledger_plugin.so")
+    assert v(f"{build}@default") == conf_rounds.Variant("vramledger", None, plugin)
+    assert v(f"{build}@expandable_page_mb:20") == conf_rounds.Variant(
+        "vramledger", "expandable_page_mb:20", plugin)
+    with pytest.raises(ValueError, match="key:value"):
+        v(f"{build}@")
+
+
+def test_a_build_variant_runs_its_plugin_beside_the_current_one(tmp_path):
+    build = tmp_path / "lib-new"
+    build.mkdir()
+    (build / "libvramledger_plugin.so").write_bytes(b"")
+    runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
+    fake = Trial()
+    variants = ["torch", "default", f"{build}@default"]
+    assert conf_rounds.run_rounds(runs, variants, 2, fake, 600, 60, log=lambda s: None) == 0
+    assert fake.plugins[:3] == [None, None, str(build / "libvramledger_plugin.so")]
+    rows = conf_rounds.table(runs.runs, variants)
+    assert f"| {build}@default | 2 |" in rows and "| 1.000 [1.000, 1.000] | not above |" in rows
 
 
 def test_the_order_rotates_so_each_variant_runs_first_in_turn():
@@ -108,8 +137,8 @@ def test_a_failed_run_is_counted_kept_left_out_of_the_figures_and_run_again(tmp_
 
 def test_a_run_the_budget_cut_short_is_not_kept(tmp_path):
     runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
-    cut = lambda allocator, conf, timeout_s: {"fits": None, "timed_out": True,  # noqa: E731
-                                              "error": f"timed out after {timeout_s:.0f} s"}
+    cut = lambda variant, timeout_s: {"fits": None, "timed_out": True,  # noqa: E731
+                                      "error": f"timed out after {timeout_s:.0f} s"}
     logged = []
     assert conf_rounds.run_rounds(runs, ["torch"], 1, cut, 100, 240, log=logged.append) == 1
     assert runs.runs == [] and "not kept" in logged[-1]
@@ -172,6 +201,8 @@ def test_the_run_command_refuses_bad_arguments_before_running(tmp_path, capsys):
     for args, said in (
             ([*row, "--out", out, "--variants", "default", "--rounds", "0"], "--rounds"),
             ([*row, "--out", out, "--variants", "page_mb", "--rounds", "2"], "key:value"),
+            ([*row, "--out", out, "--variants", f"{tmp_path}@default", "--rounds", "2"],
+             "holds no libvramledger_plugin.so"),
             ([*row, "--out", out, *good, "--timeout-s", "-5"], "--timeout-s must be"),
             ([*row, "--out", out, *good, "--budget-s", "nan"], "--budget-s must be"),
             (["run", "llama1b", "24", "batch", "0", "--out", out, *good], "size must be"),
@@ -187,6 +218,8 @@ def test_the_run_command_refuses_bad_arguments_before_running(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
-def test_a_conf_is_refused_for_torchs_allocators():
+def test_a_conf_or_plugin_is_refused_for_torchs_allocators():
     with pytest.raises(ValueError, match="vramledger's"):
         trial.run_trial("llama1b", "torch", 24.0, "batch", 1, 10.0, conf="x:1")
+    with pytest.raises(ValueError, match="vramledger's"):
+        trial.run_trial("llama1b", "torch-expandable", 24.0, "batch", 1, 10.0, plugin="/x.so")
