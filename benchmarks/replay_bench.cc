@@ -187,9 +187,8 @@ void BM_ReplayCold(benchmark::State& state, const char* conf) {
         slots[op.slot] = 0;
       }
       if (timed) {
-        call_ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() -
-                                                            start)
-                       .count();
+        const auto elapsed = std::chrono::steady_clock::now() - start;
+        call_ns += std::chrono::duration<double, std::nano>(elapsed).count();
         ++calls;
       }
     }
