@@ -5,15 +5,15 @@ fast as torch's removes the cause (fewer, larger driver objects; torch's plain p
 candidate build runs beside the current one on the same host.
 
 Each variant is a trial process (trial.run_trial): "torch" and "torch-expandable" are torch's
-allocators; any other variant is vramledger with that VRAMLEDGER_CONF (`key:value,...`;
-"default" is vramledger with no setting), from another build where it starts with `BUILD@` (a
-folder holding that build's libvramledger_plugin.so and libvramledger_native.so, loaded through
-VRAMLEDGER_PLUGIN). Each round runs every variant once, in an order that
-rotates as the step rounds' does (round r starts with variant r mod k), so drift falls on each
-variant alike. Per variant, the table gives the median over rounds of each steady step (the steps
-after the first two, step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio
-to torch native's run of the same round (geometric mean over rounds and its 90% bootstrap
-interval, step_rounds.interval).
+allocators; any other variant is vramledger with that VRAMLEDGER_CONF (`key:value,...`; "default" is
+vramledger with no setting), from another build where it starts with `BUILD@` (a folder holding that
+build's libvramledger_plugin.so, libvramledger_native.so and the Abseil libraries beside them, as
+`run.sh prepare` bundles them; loaded through VRAMLEDGER_PLUGIN). A vramledger record names the
+route install() took (`mode`). Each round runs every variant once, in an order that rotates as the
+step rounds' does (round r starts with variant r mod k), so drift falls on each variant alike. Per
+variant, the table gives the median over rounds of each steady step (the steps after the first two,
+step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio to torch native's run
+of the same round (geometric mean over rounds and its 90% bootstrap interval, step_rounds.interval).
 
   python -m benchmarks.capacity.conf_rounds run WORKLOAD CAP_GIB DIM SIZE --variants V ...
       --rounds N --out FILE.json [--timeout-s S] [--budget-s S]
@@ -45,7 +45,10 @@ DEFAULT = "default"  # vramledger with no setting
 REFERENCE = "torch"
 
 
-PLUGIN_NAME = "libvramledger_plugin.so"  # a build folder's plugin (vramledger._plugin's name)
+# A build folder's libraries (vramledger._plugin's and _native's names). Without the native one,
+# or with one built for another torch, install() would fall back to the pluggable route and the
+# rounds would compare two routes, not two builds.
+BUILD_LIBRARIES = ("libvramledger_plugin.so", "libvramledger_native.so")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,22 +63,25 @@ class Variant:
 def parse_variant(variant: str) -> Variant:
     """The trial of `variant`: "torch", "torch-expandable", "default" (vramledger), vramledger's
     settings `key:value[,key:value...]`, or either of the last two after `BUILD@`, a folder that
-    holds another build's libvramledger_plugin.so (and libvramledger_native.so), which vramledger
-    then loads.
+    holds another build's libvramledger_plugin.so and libvramledger_native.so (with the Abseil
+    libraries the plugin loads from its own folder: a `run.sh prepare` bundle such as
+    .devbuild/lib), which vramledger then loads.
 
     Raises:
-      ValueError: an empty variant, settings that are not `key:value` pairs, or a BUILD without
-        a plugin library.
+      ValueError: an empty variant, settings that are not `key:value` pairs, or a BUILD that is
+        not a folder holding both libraries.
     """
     if variant in TORCH_VARIANTS:
         return Variant(variant)
     build, at, settings = variant.rpartition("@")
     plugin = None
     if at:
-        plugin = os.path.join(build, PLUGIN_NAME)
-        if not build or not os.path.isfile(plugin):
-            raise ValueError(f"variant {variant!r}: {build or '(empty)'} holds no {PLUGIN_NAME}")
-        plugin = os.path.abspath(plugin)
+        if not build or not os.path.isdir(build):
+            raise ValueError(f"variant {variant!r}: {build or '(empty)'} is not a folder")
+        missing = [n for n in BUILD_LIBRARIES if not os.path.isfile(os.path.join(build, n))]
+        if missing:
+            raise ValueError(f"variant {variant!r}: {build} holds no {' or '.join(missing)}")
+        plugin = os.path.abspath(os.path.join(build, BUILD_LIBRARIES[0]))
     if settings == DEFAULT:
         return Variant("vramledger", None, plugin)
     pairs = settings.split(",")
@@ -156,6 +162,7 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[...
     cut short is not kept). `trial(Variant, timeout_s)` runs one."""
     start = time.monotonic()
     failed = 0
+    parsed = {v: parse_variant(v) for v in variants}  # once: a build folder is checked up front
     for r in range(rounds):
         for v in order(variants, r):
             held = runs.get(v, r)
@@ -165,11 +172,11 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[...
             if left < min(timeout_s, 60.0):
                 log(f"conf rounds: the budget ended before round {r}, {v}")
                 return failed + 1
-            record = trial(parse_variant(v), min(timeout_s, left))
+            record = trial(parsed[v], min(timeout_s, left))
             if record.get("timed_out") and left < timeout_s:
                 log(f"conf rounds: the budget ended during round {r}, {v} (not kept)")
                 return failed + 1
-            record.update(variant=v, round=r, conf=parse_variant(v).conf)
+            record.update(variant=v, round=r, conf=parsed[v].conf)
             runs.add(record)
             if record.get("fits") is None:
                 failed += 1

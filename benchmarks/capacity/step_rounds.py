@@ -28,7 +28,7 @@ The figures, per row:
   and older records);
 - the card the runs ran on: a round's three runs share one machine; a round whose two runs name
   different cards (records merged from two machines' files under one round number) is not
-  paired.
+  paired; and, where the records name it, on how many machines (kernel boots) the row's runs ran.
 """
 
 from __future__ import annotations
@@ -121,14 +121,14 @@ def verdict(bounds: tuple[float, float, float] | None) -> str:
 def cards(runs: list[dict]) -> str:
     """The GPUs `runs` ran on, without the vendor's name ("H200"; two names when a row's rounds
     came from two kinds of card: a ratio pairs a round's runs only when they name one card), and
-    how many hosts where the records say (trial.host_facts(); older records do not)."""
+    on how many machines (kernel boots, trial.host_facts()) where the records say."""
     names = sorted({r["device"].removeprefix("NVIDIA ") for r in runs if r.get("device")})
     hosts = {(r.get("host") or {}).get("boot_id") for r in runs} - {None}
     text = ", ".join(names) or "-"
     if hosts:
         unnamed = any(r.get("device") and not (r.get("host") or {}).get("boot_id") for r in runs)
-        text += (f" on {len(hosts)} host{'s' if len(hosts) > 1 else ''}"
-                 + (" (older runs unnamed)" if unnamed else ""))
+        text += (f" on {len(hosts)} machine{'s' if len(hosts) > 1 else ''}"
+                 + (" (and runs without a boot id)" if unnamed else ""))
     return text
 
 

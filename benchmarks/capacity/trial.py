@@ -10,8 +10,8 @@ expandable segment, a mapping of a handle it kept counting as one as well, so th
 not handles created), `step_sync_all_streams` (waits on every stream's pending frees before a
 retry or a release) and `step_alloc_retries`; a slow step that obtained, released or waited shows
 there. Records written before these fields were recorded lack them. `host` (host_facts()) says
-which host ran the trial: cards of one name run a row's steps at different speeds on different
-hosts.
+which machine ran the trial (cards of one name run a row's steps at different speeds on
+different machines), and a vramledger record's `mode` the route install() took.
 
 Under vramledger the record also holds, per step, what its own ledger of driver calls changed
 by (vramledger.fragmentation(); absent under torch's allocators and from earlier records):
@@ -98,10 +98,11 @@ def read_text(path: str) -> str | None:
 
 
 def host_facts() -> dict:
-    """What tells hosts apart in a record: the kernel's boot id (a container shares its host's),
-    the CPU model, the CPUs this process may run on and the host's load averages (not per
-    container either: what else the host runs shows there). Step times differ between hosts that
-    name the same GPU; these say which records share one."""
+    """What tells machines apart in a record: the kernel's boot id (one per boot of a machine or
+    virtual machine; a container shares its host's), the CPU model, the CPUs this process may run
+    on and the kernel's load averages (a container's are its host's: what else runs there shows).
+    Step times differ between machines that name the same GPU; these say which records share one.
+    A fact that cannot be read is None."""
     cpuinfo = read_text("/proc/cpuinfo") or ""
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
                   if line.startswith("model name")), None)
@@ -138,6 +139,8 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
            "error": None, "host": host_facts(), "step_s": [], "losses": [],
            **{f: [] for f in STEP_COUNTERS}}
+    if allocator == "vramledger":  # the route install() took: "native", or "pluggable"
+        out["mode"] = mem.installed_mode()
     ledger = mem.fragmentation if allocator == "vramledger" else None
     if ledger:
         out.update({f: [] for f in VRAMLEDGER_FIGURES + VRAMLEDGER_MAPPINGS})
@@ -227,9 +230,10 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
     Raises:
       ValueError: `conf` or `plugin` for one of torch's allocators.
     """
-    if (conf is not None or plugin is not None) and allocator != "vramledger":
-        raise ValueError(f"conf {conf!r} and plugin {plugin!r} are vramledger's; the trial's "
-                         f"allocator is {allocator}")
+    given = {k: v for k, v in (("conf", conf), ("plugin", plugin)) if v is not None}
+    if given and allocator != "vramledger":
+        raise ValueError(", ".join(f"{k} {v!r}" for k, v in given.items())
+                         + f": vramledger's settings; the trial's allocator is {allocator}")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     for key in ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF"):
         env.pop(key, None)

@@ -81,8 +81,9 @@
 #     confrounds    python -m benchmarks.capacity.conf_rounds: at CONF_ROW (as PROFILE_ROW),
 #                   CONF_ROUNDS (6) rounds of torch native and each of CONF_VARIANTS
 #                   (space-separated: torch-expandable, "default" (vramledger) or vramledger's
-#                   VRAMLEDGER_CONF settings, either after BUILD@ to load another build's plugin
-#                   from folder BUILD, carried; default "torch-expandable default"), one process
+#                   VRAMLEDGER_CONF settings, either after BUILD@ to load another build from
+#                   folder BUILD, a carried `prepare` bundle; default "torch-expandable
+#                   default"), one process
 #                   each, in rotating order; prints each variant's steady steps and its ratio
 #                   to torch native (runs in $OUT/conf-rounds.json, resumed from CONF_RESUME
 #                   where set; run only when named)

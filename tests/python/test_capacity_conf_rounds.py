@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -52,12 +53,18 @@ def test_each_variant_names_its_allocator_settings_and_build(tmp_path):
         with pytest.raises(ValueError, match="key:value"):
             v(bad)
     build = tmp_path / "lib-new"
-    build.mkdir()
-    with pytest.raises(ValueError, match="holds no libvramledger_plugin.so"):
+    with pytest.raises(ValueError, match="lib-new is not a folder"):
         v(f"{build}@default")
-    with pytest.raises(ValueError, match=r"\(empty\) holds no"):
+    with pytest.raises(ValueError, match=r"\(empty\) is not a folder"):
         v("@default")
+    build.mkdir()
+    with pytest.raises(ValueError, match="holds no libvramledger_plugin.so or libvramledger_nat"):
+        v(f"{build}@default")
     (build / "libvramledger_plugin.so").write_bytes(b"")
+    # The plugin alone would run on the pluggable route: not the same allocator to compare.
+    with pytest.raises(ValueError, match="holds no libvramledger_native.so$"):
+        v(f"{build}@default")
+    (build / "libvramledger_native.so").write_bytes(b"")
     plugin = str(build / "libvramledger_plugin.so")
     assert v(f"{build}@default") == conf_rounds.Variant("vramledger", None, plugin)
     assert v(f"{build}@expandable_page_mb:20") == conf_rounds.Variant(
@@ -69,14 +76,16 @@ def test_each_variant_names_its_allocator_settings_and_build(tmp_path):
 def test_a_build_variant_runs_its_plugin_beside_the_current_one(tmp_path):
     build = tmp_path / "lib-new"
     build.mkdir()
-    (build / "libvramledger_plugin.so").write_bytes(b"")
+    for name in conf_rounds.BUILD_LIBRARIES:
+        (build / name).write_bytes(b"")
     runs = conf_rounds.Runs(str(tmp_path / "r.json"), ROW)
     fake = Trial()
     variants = ["torch", "default", f"{build}@default"]
     assert conf_rounds.run_rounds(runs, variants, 2, fake, 600, 60, log=lambda s: None) == 0
     assert fake.plugins[:3] == [None, None, str(build / "libvramledger_plugin.so")]
-    rows = conf_rounds.table(runs.runs, variants)
-    assert f"| {build}@default | 2 |" in rows and "| 1.000 [1.000, 1.000] | not above |" in rows
+    lines = conf_rounds.table(runs.runs, variants).splitlines()
+    assert (f"| {build}@default | 2 | 200.0 | 200.0 | 100.0 | 220.0 | 200.0 "
+            f"| 1.000 [1.000, 1.000] | not above |") in lines
 
 
 def test_the_order_rotates_so_each_variant_runs_first_in_turn():
@@ -219,7 +228,25 @@ def test_the_run_command_refuses_bad_arguments_before_running(tmp_path, capsys):
 
 
 def test_a_conf_or_plugin_is_refused_for_torchs_allocators():
-    with pytest.raises(ValueError, match="vramledger's"):
+    with pytest.raises(ValueError, match="^conf 'x:1': vramledger's"):
         trial.run_trial("llama1b", "torch", 24.0, "batch", 1, 10.0, conf="x:1")
-    with pytest.raises(ValueError, match="vramledger's"):
+    with pytest.raises(ValueError, match="^plugin '/x.so': vramledger's"):
         trial.run_trial("llama1b", "torch-expandable", 24.0, "batch", 1, 10.0, plugin="/x.so")
+
+
+def test_the_trial_process_gets_the_settings_and_the_build(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run(cmd, env, **kwargs):
+        seen.update(cmd=cmd, env=env)
+        return subprocess.CompletedProcess(cmd, 0, trial.RESULT + '{"fits": true}\n', "")
+    monkeypatch.setattr(trial.subprocess, "run", fake_run)
+    monkeypatch.setenv("VRAMLEDGER_CONF", "from:outside")
+    plugin = str(tmp_path / "lib-new" / "libvramledger_plugin.so")
+    record = trial.run_trial("llama1b", "vramledger", 24.0, "batch", 1, 10.0,
+                             conf="expandable_page_mb:20", plugin=plugin)
+    assert seen["env"]["VRAMLEDGER_CONF"] == "expandable_page_mb:20"
+    assert seen["env"]["VRAMLEDGER_PLUGIN"] == plugin
+    assert record["library"] == "lib-new"
+    trial.run_trial("llama1b", "vramledger", 24.0, "batch", 1, 10.0)
+    assert "VRAMLEDGER_CONF" not in seen["env"]  # the outer setting never leaks into a trial

@@ -254,15 +254,18 @@ def test_the_card_column_counts_the_hosts_the_records_name():
     def run(boot_id=None):
         return {"device": "NVIDIA H100 80GB HBM3"} | (
             {"host": {"boot_id": boot_id}} if boot_id else {})
-    assert step_rounds.cards([run("a"), run("a")]) == "H100 80GB HBM3 on 1 host"
-    assert step_rounds.cards([run("a"), run("b"), run("a")]) == "H100 80GB HBM3 on 2 hosts"
+    assert step_rounds.cards([run("a"), run("a")]) == "H100 80GB HBM3 on 1 machine"
+    assert step_rounds.cards([run("a"), run("b"), run("a")]) == "H100 80GB HBM3 on 2 machines"
     assert step_rounds.cards([run("a"), run()]) == (
-        "H100 80GB HBM3 on 1 host (older runs unnamed)")
+        "H100 80GB HBM3 on 1 machine (and runs without a boot id)")
     assert step_rounds.cards([run(), run()]) == "H100 80GB HBM3"
 
 
-def test_a_trial_record_names_its_host():
+def test_a_trial_record_names_its_machine(monkeypatch):
     facts = trial.host_facts()
     assert set(facts) == {"boot_id", "cpu_model", "cpus", "loadavg"}
     assert facts["cpus"] >= 1 and len(facts["loadavg"]) == 3  # Linux, as every machine here
     assert facts["boot_id"] and len(facts["boot_id"]) == 36
+    # Where /proc cannot be read, each fact is None, never an error.
+    monkeypatch.setattr(trial, "read_text", lambda path: None)
+    assert trial.host_facts() | {"cpus": None} == dict.fromkeys(facts)
