@@ -387,6 +387,7 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
                                           "cudaStreamSynchronize")}}
     stand_in = types.ModuleType("vramledger")
     stand_in.install = lambda: calls.append("install")
+    stand_in.installed_mode = lambda: "native"
     stand_in.memory_stats = lambda: {"num_device_alloc": len(calls)}
     stand_in.fragmentation = lambda: json.loads(json.dumps(frag))  # a copy, as the plugin's
     monkeypatch.setitem(sys.modules, "vramledger", stand_in)
@@ -421,6 +422,7 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     r = trial.child("gpt2m", "vramledger", 24.0, 4, 1000)
     assert calls[:3] == ["install", "fraction", "build"]
     assert r["fits"] and len(r["step_s"]) == 6
+    assert r["mode"] == "native" and set(r["host"]) == {"boot_id", "cpu_model", "cpus", "loadavg"}
     assert r["step_driver_ms"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert r["step_waits"] == [0, 1, 0, 1, 0, 0]
     assert r["step_wait_ms"] == [0.0, 0.4, 0.0, 0.25, 0.0, 0.0]
@@ -437,6 +439,7 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     oom_at = None
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
     assert not any(f in r for f in trial.VRAMLEDGER_FIGURES + trial.VRAMLEDGER_MAPPINGS)
+    assert "mode" not in r and "host" in r
 
 
 def test_the_planner_tests_gpt2_config_is_this_benchmarks_model():

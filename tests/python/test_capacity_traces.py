@@ -117,6 +117,7 @@ def trial_env(monkeypatch):
                 "cuMemMap", "cuMemUnmap", "cudaEventSynchronize", "cudaStreamSynchronize")}}
     vl = types.ModuleType("vramledger")
     vl.install = lambda: env.calls.append("install")
+    vl.installed_mode = lambda: "native"
     vl.memory_stats = lambda: {}
     vl.fragmentation = lambda: json.loads(json.dumps(frag))
     vl.record_memory_history = record
