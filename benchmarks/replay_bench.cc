@@ -107,6 +107,38 @@ void BM_ReplayGpt2(benchmark::State& state, const char* conf) {
   state.counters["modeled_driver_ms"] = modeled_driver_us / 1000.0;
   state.counters["utilization"] = utilization;
 }
+
+// One steady-state pass of `w` through `allocator`: each call made through `around(call)` (which
+// may work or time around it), then what the pass left live (weights, optimizer state) freed.
+// False after SkipWithError (an allocation failed).
+template <typename Around>
+bool SteadyPass(benchmark::State& state, const TraceOps& w, DeviceAllocator& allocator,
+                std::vector<DevicePtr>& slots, Around around) {
+  bool ok = true;
+  for (const TraceOp& op : w.ops) {
+    around([&] {
+      if (!op.alloc) {
+        benchmark::DoNotOptimize(allocator.Free(slots[op.slot]));
+        slots[op.slot] = 0;
+        return;
+      }
+      absl::StatusOr<DevicePtr> p = allocator.Malloc(op.size, op.stream);
+      if (!p.ok()) {
+        state.SkipWithError(std::string(p.status().message()).c_str());
+        ok = false;
+        return;
+      }
+      slots[op.slot] = *p;
+    });
+    if (!ok) return false;
+  }
+  for (DevicePtr& p : slots) {
+    if (p != 0) benchmark::DoNotOptimize(allocator.Free(p));
+    p = 0;
+  }
+  return true;
+}
+
 // The steady state, as gpu/host_cost_bench measures it on a device: one allocator replays the
 // workload pass after pass (what a pass leaves live is freed at its end), and only the passes
 // after the first are timed, so memory is mapped already and the host cost per call is the
@@ -118,26 +150,7 @@ void BM_ReplaySteady(benchmark::State& state, const char* conf) {
   SimBackend sim(H200Config());
   DeviceAllocator allocator(*options, &sim);
   std::vector<DevicePtr> slots(w.slots, 0);
-  auto pass = [&]() -> bool {
-    for (const TraceOp& op : w.ops) {
-      if (op.alloc) {
-        absl::StatusOr<DevicePtr> p = allocator.Malloc(op.size, op.stream);
-        if (!p.ok()) {
-          state.SkipWithError(std::string(p.status().message()).c_str());
-          return false;
-        }
-        slots[op.slot] = *p;
-      } else {
-        benchmark::DoNotOptimize(allocator.Free(slots[op.slot]));
-        slots[op.slot] = 0;
-      }
-    }
-    for (DevicePtr& p : slots) {  // the pass's survivors (weights, optimizer state)
-      if (p != 0) benchmark::DoNotOptimize(allocator.Free(p));
-      p = 0;
-    }
-    return true;
-  };
+  auto pass = [&]() { return SteadyPass(state, w, allocator, slots, [](auto call) { call(); }); };
   if (!pass()) return;  // the first pass maps the memory: not timed
   const double micros_before = sim.calls().total_micros();
   for (auto _ : state) {
@@ -172,32 +185,16 @@ void BM_ReplayCold(benchmark::State& state, const char* conf) {
   auto sweep = [&]() {
     for (std::size_t i = 0; i < other.size(); i += 8) sum += other[i]++;
   };
-  auto pass = [&](bool timed) -> bool {
-    for (const TraceOp& op : w.ops) {
+  auto pass = [&](bool timed) {
+    return SteadyPass(state, w, allocator, slots, [&](auto call) {
       sweep();
       const auto start = std::chrono::steady_clock::now();
-      if (op.alloc) {
-        absl::StatusOr<DevicePtr> p = allocator.Malloc(op.size, op.stream);
-        if (!p.ok()) {
-          state.SkipWithError(std::string(p.status().message()).c_str());
-          return false;
-        }
-        slots[op.slot] = *p;
-      } else {
-        benchmark::DoNotOptimize(allocator.Free(slots[op.slot]));
-        slots[op.slot] = 0;
-      }
-      if (timed) {
-        const auto elapsed = std::chrono::steady_clock::now() - start;
-        call_ns += std::chrono::duration<double, std::nano>(elapsed).count();
-        ++calls;
-      }
-    }
-    for (DevicePtr& p : slots) {
-      if (p != 0) benchmark::DoNotOptimize(allocator.Free(p));
-      p = 0;
-    }
-    return true;
+      call();
+      if (!timed) return;
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      call_ns += std::chrono::duration<double, std::nano>(elapsed).count();
+      ++calls;
+    });
   };
   if (!pass(false)) return;
   for (auto _ : state) {
