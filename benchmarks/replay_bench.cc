@@ -166,6 +166,7 @@ void BM_ReplaySteady(benchmark::State& state, const char* conf) {
   state.counters["ns_per_event"] = benchmark::Counter(
       events, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
+
 // The steady state as in a training process, where the framework's own work runs between two
 // allocator calls and evicts the allocator's state from the CPU caches: between calls, a sweep
 // over `state.range(0)` KiB of other memory (a cache line each 64 bytes). Only the calls are
