@@ -9,11 +9,18 @@ allocators; any other variant is vramledger with that VRAMLEDGER_CONF (`key:valu
 vramledger with no setting), from another build where it starts with `BUILD@` (a folder holding that
 build's libvramledger_plugin.so, libvramledger_native.so and the Abseil libraries beside them, as
 `run.sh prepare` bundles them; loaded through VRAMLEDGER_PLUGIN). A vramledger record names the
-route install() took (`mode`). Each round runs every variant once, in an order that rotates as the
+route install() took (`mode`). Any variant may end in `+NAME=VALUE` (repeatable): its process gets
+that environment variable too, under any allocator, e.g. the host allocator's settings
+(`torch+GLIBC_TUNABLES=glibc.malloc.trim_threshold=...`) to tell the heap's behaviour from the
+allocator's work. Each round runs every variant once, in an order that rotates as the
 step rounds' does (round r starts with variant r mod k), so drift falls on each variant alike. Per
 variant, the table gives the median over rounds of each steady step (the steps after the first two,
 step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio to torch native's run
 of the same round (geometric mean over rounds and its 90% bootstrap interval, step_rounds.interval).
+A second table gives what each variant's process did in a steady step (trial.PROCESS_FIGURES: CPU
+time in user and kernel mode, minor page faults, context switches, the machine's stolen time), and
+a line per machine (kernel boot) its runs and load averages: a variant slower on one machine shows
+there whether it worked more, faulted more or was preempted more.
 
   python -m benchmarks.capacity.conf_rounds run WORKLOAD CAP_GIB DIM SIZE --variants V ...
       --rounds N --out FILE.json [--timeout-s S] [--budget-s S]
@@ -33,12 +40,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
 from typing import Callable
 
-from benchmarks.capacity import step_rounds, workloads
+from benchmarks.capacity import step_rounds, trial, workloads
 
 TORCH_VARIANTS = ("torch", "torch-expandable")
 DEFAULT = "default"  # vramledger with no setting
@@ -54,10 +62,29 @@ BUILD_LIBRARIES = ("libvramledger_plugin.so", "libvramledger_native.so")
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """How a variant's trial runs: the allocator, vramledger's settings (VRAMLEDGER_CONF; None:
-    none) and the plugin library of another build (VRAMLEDGER_PLUGIN; None: the package's)."""
+    none), the plugin library of another build (VRAMLEDGER_PLUGIN; None: the package's) and
+    other environment variables of its process, as (name, value) pairs."""
     allocator: str
     conf: str | None = None
     plugin: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def parse_env(variant: str, assignments: list[str]) -> tuple[tuple[str, str], ...]:
+    """The (name, value) pairs of a variant's `+NAME=VALUE` suffixes.
+
+    Raises:
+      ValueError: one is not NAME=VALUE with a variable's name, or names one the trial sets.
+    """
+    env = []
+    for a in assignments:
+        name, eq, value = a.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"variant {variant!r}: {'+' + a!r} is not +NAME=VALUE")
+        if name in trial.TRIAL_ENV:
+            raise ValueError(f"variant {variant!r}: {name} is set by the trial itself")
+        env.append((name, value))
+    return tuple(env)
 
 
 def parse_variant(variant: str) -> Variant:
@@ -65,15 +92,18 @@ def parse_variant(variant: str) -> Variant:
     settings `key:value[,key:value...]`, or either of the last two after `BUILD@`, a folder that
     holds another build's libvramledger_plugin.so and libvramledger_native.so (with the Abseil
     libraries the plugin loads from its own folder: a `run.sh prepare` bundle such as
-    .devbuild/lib), which vramledger then loads.
+    .devbuild/lib), which vramledger then loads; any of them followed by `+NAME=VALUE` suffixes,
+    environment variables of the trial's process.
 
     Raises:
-      ValueError: an empty variant, settings that are not `key:value` pairs, or a BUILD that is
-        not a folder holding both libraries.
+      ValueError: an empty variant, settings that are not `key:value` pairs, a BUILD that is
+        not a folder holding both libraries, or a suffix that is not NAME=VALUE.
     """
-    if variant in TORCH_VARIANTS:
-        return Variant(variant)
-    build, at, settings = variant.rpartition("@")
+    head, *assignments = variant.split("+")
+    env = parse_env(variant, assignments)
+    if head in TORCH_VARIANTS:
+        return Variant(head, env=env)
+    build, at, settings = head.rpartition("@")
     plugin = None
     if at:
         if not build or not os.path.isdir(build):
@@ -83,12 +113,12 @@ def parse_variant(variant: str) -> Variant:
             raise ValueError(f"variant {variant!r}: {build} holds no {' or '.join(missing)}")
         plugin = os.path.abspath(os.path.join(build, BUILD_LIBRARIES[0]))
     if settings == DEFAULT:
-        return Variant("vramledger", None, plugin)
+        return Variant("vramledger", None, plugin, env)
     pairs = settings.split(",")
     if not settings or any(p.count(":") != 1 or not all(p.split(":")) for p in pairs):
         raise ValueError(f"variant {variant!r}: expected torch, torch-expandable, or [BUILD@] "
                          f"then {DEFAULT} or vramledger settings as key:value[,key:value...]")
-    return Variant("vramledger", settings, plugin)
+    return Variant("vramledger", settings, plugin, env)
 
 
 def order(variants: list[str], round_: int) -> list[str]:
@@ -155,11 +185,11 @@ class Runs:
         os.replace(tmp, self.path)
 
 
-def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[..., dict],
+def run_rounds(runs: Runs, variants: list[str], rounds: int, run: Callable[..., dict],
                budget_s: float, timeout_s: float, log: Callable[[str], None] = print) -> int:
     """Runs rounds 0 .. rounds-1; a run `runs` holds is kept, one that failed (no verdict) is run
     again. Returns how many runs failed, plus one when the budget ended first (a run the budget
-    cut short is not kept). `trial(Variant, timeout_s)` runs one."""
+    cut short is not kept). `run(Variant, timeout_s)` runs one."""
     start = time.monotonic()
     failed = 0
     parsed = {v: parse_variant(v) for v in variants}  # once: a build folder is checked up front
@@ -172,7 +202,7 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, trial: Callable[...
             if left < min(timeout_s, 60.0):
                 log(f"conf rounds: the budget ended before round {r}, {v}")
                 return failed + 1
-            record = trial(parsed[v], min(timeout_s, left))
+            record = run(parsed[v], min(timeout_s, left))
             if record.get("timed_out") and left < timeout_s:
                 log(f"conf rounds: the budget ended during round {r}, {v} (not kept)")
                 return failed + 1
@@ -230,6 +260,65 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+PROCESS_COLUMNS = (("step_user_ms", "user ms", 1), ("step_sys_ms", "sys ms", 1),
+                   ("step_minflt", "minor faults", 0), ("step_vcsw", "vol. switches", 0),
+                   ("step_ivcsw", "invol. switches", 0), ("step_steal_ms", "steal ms", 1))
+
+
+def steady_mean(record: dict, field: str) -> float | None:
+    """The mean of a per-step field over a run's steady steps, or None where it has none."""
+    values = [x for x in (record.get(field) or [])[step_rounds.WARM_STEPS:] if x is not None]
+    return statistics.fmean(values) if values else None
+
+
+def process_table(runs: list[dict], variants: list[str] | None = None) -> str:
+    """Per variant: what its process did in a steady step (trial.PROCESS_FIGURES), the median
+    over its fitting runs of each run's mean over the steady steps; "-" where no run recorded it
+    (records from before the figures were recorded)."""
+    fitting = [r for r in runs if r.get("fits") and (step_rounds.steady_time(r) or 0) > 0]
+    if variants is None:
+        variants = list(dict.fromkeys(r["variant"] for r in runs))
+    head = " | ".join(name for _, name, _ in PROCESS_COLUMNS)
+    lines = [f"| variant (a steady step) | runs | steady ms | {head} |",
+             "|---|---|---|" + "---|" * len(PROCESS_COLUMNS)]
+    for v in variants:
+        mine = [r for r in fitting if r["variant"] == v]
+        if not mine:
+            continue
+        cells = [f"{statistics.median(step_rounds.steady_time(r) for r in mine) * 1e3:.1f}"]
+        for field, _, digits in PROCESS_COLUMNS:
+            means = [m for m in (steady_mean(r, field) for r in mine) if m is not None]
+            cells.append(f"{statistics.median(means):.{digits}f}" if means else "-")
+        lines.append(f"| {v} | {len(mine)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machines(runs: list[dict]) -> str:
+    """A line per machine (kernel boot) that ran `runs`: its runs, CPU model, CPUs and the range
+    of the one-minute load average its runs saw; runs without host facts are left out."""
+    lines = []
+    for boot in dict.fromkeys(r["host"]["boot_id"] for r in runs
+                              if isinstance(r.get("host"), dict) and r["host"].get("boot_id")):
+        mine = [r for r in runs if isinstance(r.get("host"), dict)
+                and r["host"].get("boot_id") == boot]
+        host = mine[0]["host"]
+        load = [r["host"]["loadavg"][0] for r in mine if r["host"].get("loadavg")]
+        span = f"{min(load):.2f}-{max(load):.2f}" if load else "?"
+        lines.append(f"machine {boot[:8]}: {len(mine)} runs, {host.get('cpu_model') or '?'}, "
+                     f"{host.get('cpus') or '?'} CPUs, load average (1 min) {span}")
+    return "\n".join(lines)
+
+
+def report(runs: list[dict], variants: list[str] | None = None) -> str:
+    """The step table, the process table and the machines of `runs`.
+
+    Raises:
+      ValueError: no fitting run of torch native.
+    """
+    parts = [table(runs, variants), process_table(runs, variants), machines(runs)]
+    return "\n\n".join(p for p in parts if p)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.conf_rounds",
                                  description=__doc__,
@@ -250,7 +339,7 @@ def main(argv=None) -> int:
             ap.error(f"{a.file}: " + ("not a file" if os.path.exists(a.file) else "no such file"))
         try:
             data = read(a.file)
-            text = table(data["runs"])
+            text = report(data["runs"])
         except (ValueError, KeyError, TypeError) as e:
             print(f"conf rounds: {a.file}: {e}", file=sys.stderr)
             return 1
@@ -273,18 +362,17 @@ def main(argv=None) -> int:
         runs = Runs(a.out, row)
     except ValueError as e:
         ap.error(str(e))
-    from benchmarks.capacity import trial
-
     def one(variant: Variant, timeout_s: float) -> dict:
         return trial.run_trial(a.workload, variant.allocator, a.cap_gib, a.dim, a.size,
-                               timeout_s, conf=variant.conf, plugin=variant.plugin)
+                               timeout_s, conf=variant.conf, plugin=variant.plugin,
+                               extra_env=dict(variant.env))
 
     failed = run_rounds(runs, variants, a.rounds, one, a.budget_s, a.timeout_s)
     dev = ", ".join(sorted({x["device"] for x in runs.runs if x.get("device")})) or "?"
     tv = ", ".join(sorted({x["torch"] for x in runs.runs if x.get("torch")})) or "?"
     print(f"conf rounds of {a.workload} at {a.cap_gib:g} GiB, {a.dim} {a.size} ({dev}, torch {tv})")
     try:
-        print(table(runs.runs, variants))
+        print(report(runs.runs, variants))
     except ValueError as e:
         print(f"conf rounds: {e}", file=sys.stderr)
         return 1

@@ -13,6 +13,15 @@ there. Records written before these fields were recorded lack them. `host` (host
 which machine ran the trial (cards of one name run a row's steps at different speeds on
 different machines), and a vramledger record's `mode` the route install() took.
 
+What the process and its host did in each step (process_totals(), getrusage() of the whole
+process and the host's /proc/stat): `step_user_ms` and `step_sys_ms`, the CPU time of all the
+process's threads in user and kernel mode; `step_minflt`, its minor page faults; `step_vcsw` and
+`step_ivcsw`, its threads' voluntary and involuntary context switches; `step_steal_ms`, the time
+the hypervisor gave the machine's CPUs to others (all CPUs, summed; 0 on bare metal). A process
+slower on one host than another shows there whether it worked more, faulted more, was preempted
+more, or ran on a contended machine. At the end: `maxrss_mib`, the process's peak resident host
+memory, and `threads`, its threads.
+
 Under vramledger the record also holds, per step, what its own ledger of driver calls changed
 by (vramledger.fragmentation(); absent under torch's allocators and from earlier records):
 `step_driver_ms`, the time of every CUDA driver and runtime call it made; `step_waits` and
@@ -51,6 +60,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -112,6 +122,32 @@ def host_facts() -> dict:
             "loadavg": [float(x) for x in load] if len(load) == 3 else None}
 
 
+# What run_trial sets in the trial's environment itself (extra_env may not).
+TRIAL_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF", "VRAMLEDGER_PLUGIN", "PYTHONPATH",
+             "PYTHONUNBUFFERED", "PYTHONHASHSEED")
+# A record's per-step field -> the process_totals() entry whose change over the step it holds.
+PROCESS_FIGURES = ("step_user_ms", "step_sys_ms", "step_minflt", "step_vcsw", "step_ivcsw",
+                   "step_steal_ms")
+
+
+def steal_ms() -> float | None:
+    """The machine's stolen CPU time so far (ms, all CPUs; /proc/stat's `cpu` line, the eighth
+    field, in clock ticks), or None where it cannot be read."""
+    fields = ((read_text("/proc/stat") or "").splitlines() or [""])[0].split()
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    return int(fields[8]) * 1e3 / os.sysconf("SC_CLK_TCK")
+
+
+def process_totals() -> dict[str, float | None]:
+    """The running totals behind PROCESS_FIGURES: this process's CPU time (ms), minor page faults
+    and context switches (getrusage, every thread) and the machine's stolen time (steal_ms())."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return {"step_user_ms": u.ru_utime * 1e3, "step_sys_ms": u.ru_stime * 1e3,
+            "step_minflt": u.ru_minflt, "step_vcsw": u.ru_nvcsw, "step_ivcsw": u.ru_nivcsw,
+            "step_steal_ms": steal_ms()}
+
+
 def host_us(frag: dict) -> float:
     """The host time of vramledger's allocations and frees so far (us; its host_timing option)."""
     return sum(frag["host_time"][k]["time_us"] for k in ("malloc", "free"))
@@ -138,7 +174,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
            "error": None, "host": host_facts(), "step_s": [], "losses": [],
-           **{f: [] for f in STEP_COUNTERS}}
+           **{f: [] for f in (*STEP_COUNTERS, *PROCESS_FIGURES)}}
     if allocator == "vramledger":  # the route install() took: "native", or "pluggable"
         out["mode"] = mem.installed_mode()
     ledger = mem.fragmentation if allocator == "vramledger" else None
@@ -171,10 +207,14 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
             frag = ledger() if ledger else None
             totals = vramledger_totals(frag) if ledger else {}
             prof = profiles.start(torch) if profile and i in profiles.PROFILED_STEPS else None
+            used = process_totals()
             t0 = time.perf_counter()
             out["losses"].append(workloads.train_step(torch, model, opt, vocab, batch, length))
             torch.cuda.synchronize()
             out["step_s"].append(time.perf_counter() - t0)
+            for field, total in process_totals().items():
+                out[field].append(None if total is None or used[field] is None
+                                  else total - used[field])
             if prof is not None:
                 out["profile"][str(i)] = profiles.stop(prof)
             after = mem.memory_stats()
@@ -195,6 +235,11 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
             raise
         out.update(oom=True, error=str(e)[:400])
     s = mem.memory_stats()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    status = read_text("/proc/self/status") or ""
+    out["maxrss_mib"] = usage.ru_maxrss / 1024  # Linux: KiB
+    out["threads"] = next((int(line.split()[1]) for line in status.splitlines()
+                           if line.startswith("Threads:")), None)
     out.update(fits=not out["oom"], retries=s.get("num_alloc_retries", 0),
                peak_allocated=s.get("allocated_bytes.all.peak", 0),
                peak_reserved=s.get("reserved_bytes.all.peak", 0), cap_bytes=int(cap_gib * GIB))
@@ -216,7 +261,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
 def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
               timeout_s: float, trace: str | None = None, profile: bool = False,
               host_timing: bool = False, conf: str | None = None,
-              plugin: str | None = None) -> dict:
+              plugin: str | None = None, extra_env: dict[str, str] | None = None) -> dict:
     """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
     process: install() must come before CUDA starts, and nothing cached from an earlier trial may
     help a later one). Returns its record: `fits` True or False, or None with `error` when the
@@ -225,11 +270,18 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
     record holds the profiled steps (profiles.py); with `host_timing`, vramledger's host time per
     step; with `conf`, vramledger runs with those settings (VRAMLEDGER_CONF, `key:value,...`);
     with `plugin`, vramledger loads that plugin library (VRAMLEDGER_PLUGIN: another build's), and
-    the record's `library` names its folder.
+    the record's `library` names its folder; with `extra_env`, the process gets those variables
+    too, under any allocator (a host allocator's settings, say: GLIBC_TUNABLES, LD_PRELOAD), and
+    the record's `env` holds them.
 
     Raises:
-      ValueError: `conf` or `plugin` for one of torch's allocators.
+      ValueError: `conf` or `plugin` for one of torch's allocators, or `extra_env` naming a
+        variable the trial sets itself (TRIAL_ENV).
     """
+    taken = sorted(set(extra_env or {}) & set(TRIAL_ENV))
+    if taken:
+        raise ValueError(f"{', '.join(taken)}: the trial sets these itself; give the allocator, "
+                         f"conf or plugin instead")
     given = {k: v for k, v in (("conf", conf), ("plugin", plugin)) if v is not None}
     if given and allocator != "vramledger":
         raise ValueError(", ".join(f"{k} {v!r}" for k, v in given.items())
@@ -241,6 +293,7 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
         env["VRAMLEDGER_CONF"] = conf
     if plugin is not None:
         env["VRAMLEDGER_PLUGIN"] = plugin
+    env.update(extra_env or {})
     if allocator == "torch-expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     env["PYTHONPATH"] = os.pathsep.join(
@@ -263,6 +316,8 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
                 "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
     record = json.loads(lines[-1][len(RESULT):])
     record["wall_s"] = time.monotonic() - t0
+    if extra_env:
+        record["env"] = dict(extra_env)
     # Which build of vramledger ran (the caller's label, e.g. its commit): records of several
     # builds may share a results file.
     if plugin is not None:

@@ -82,11 +82,13 @@
 #                   CONF_ROUNDS (6) rounds of torch native and each of CONF_VARIANTS
 #                   (space-separated: torch-expandable, "default" (vramledger) or vramledger's
 #                   VRAMLEDGER_CONF settings, either after BUILD@ to load another build from
-#                   folder BUILD, a carried `prepare` bundle; default "torch-expandable
-#                   default"), one process
-#                   each, in rotating order; prints each variant's steady steps and its ratio
-#                   to torch native (runs in $OUT/conf-rounds.json, resumed from CONF_RESUME
-#                   where set; run only when named)
+#                   folder BUILD, a carried `prepare` bundle; any of them may end in
+#                   +NAME=VALUE, an environment variable of its process; default
+#                   "torch-expandable default"), one process each, in rotating order; prints
+#                   each variant's steady steps and its ratio to torch native, what its process
+#                   did in a steady step (CPU time, faults, switches, stolen time) and the
+#                   machine (runs in $OUT/conf-rounds.json, resumed from CONF_RESUME where set;
+#                   run only when named)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,

@@ -4,6 +4,7 @@ a stand-in trial that fits up to a known size (no torch, no process per trial)."
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -430,6 +431,12 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     assert r["step_cu_mem_unmap"] == [0, 1, 0, 1, 0, 1]
     assert r["step_take_backs"] == [3] * 6
     assert len(r["step_device_alloc"]) == 6
+    # What the process did in each step, under every allocator: CPU time, faults, switches.
+    for field in trial.PROCESS_FIGURES:
+        assert len(r[field]) == 6, field
+        assert all(x is None or x >= 0 for x in r[field]), field
+    assert all(isinstance(x, float) for x in r["step_user_ms"] + r["step_sys_ms"])
+    assert r["maxrss_mib"] > 0 and r["threads"] >= 1
     calls.clear()
     oom_at = 2
     r = trial.child("gpt2m", "vramledger", 24.0, 4, 1000)
@@ -439,7 +446,18 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     oom_at = None
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
     assert not any(f in r for f in trial.VRAMLEDGER_FIGURES + trial.VRAMLEDGER_MAPPINGS)
-    assert "mode" not in r and "host" in r
+    assert "mode" not in r and "host" in r and len(r["step_minflt"]) == 6
+
+
+def test_the_stolen_time_is_read_from_the_cpu_line_of_proc_stat(monkeypatch):
+    from benchmarks.capacity import trial
+    ticks = os.sysconf("SC_CLK_TCK")
+    monkeypatch.setattr(trial, "read_text", lambda path: {
+        "/proc/stat": f"cpu  10 0 20 30 0 0 0 {ticks * 3} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10"}[path])
+    assert trial.steal_ms() == 3000.0
+    for text in (None, "", "cpu 1 2 3", "intr 1 2 3 4 5 6 7 8 9"):
+        monkeypatch.setattr(trial, "read_text", lambda path, t=text: t)
+        assert trial.steal_ms() is None, text
 
 
 def test_the_planner_tests_gpt2_config_is_this_benchmarks_model():

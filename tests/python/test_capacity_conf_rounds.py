@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -250,3 +251,71 @@ def test_the_trial_process_gets_the_settings_and_the_build(monkeypatch, tmp_path
     assert record["library"] == "lib-new"
     trial.run_trial("llama1b", "vramledger", 24.0, "batch", 1, 10.0)
     assert "VRAMLEDGER_CONF" not in seen["env"]  # the outer setting never leaks into a trial
+
+
+def test_a_variant_may_give_its_process_environment_variables():
+    v = conf_rounds.parse_variant
+    tunables = "glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=33554432"
+    assert v(f"torch+GLIBC_TUNABLES={tunables}") == conf_rounds.Variant(
+        "torch", env=(("GLIBC_TUNABLES", tunables),))
+    assert v("expandable_page_mb:20+A=1+B=") == conf_rounds.Variant(
+        "vramledger", "expandable_page_mb:20", env=(("A", "1"), ("B", "")))
+    assert v("default+LD_PRELOAD=/x/libjemalloc.so.2") == conf_rounds.Variant(
+        "vramledger", env=(("LD_PRELOAD", "/x/libjemalloc.so.2"),))
+    for bad, said in (("torch+A", "'+A' is not +NAME=VALUE"), ("torch+=1", "not +NAME=VALUE"),
+                      ("default+1A=2", "not +NAME=VALUE"), ("torch+", "not +NAME=VALUE"),
+                      ("torch+VRAMLEDGER_CONF=x:1", "VRAMLEDGER_CONF is set by the trial"),
+                      ("default+PYTHONPATH=/x", "PYTHONPATH is set by the trial")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            v(bad)
+
+
+def test_a_variants_environment_reaches_its_process_and_record(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, env, **kwargs):
+        seen.update(env=env)
+        return subprocess.CompletedProcess(cmd, 0, trial.RESULT + '{"fits": true}\n', "")
+    monkeypatch.setattr(trial.subprocess, "run", fake_run)
+    record = trial.run_trial("llama1b", "torch", 24.0, "batch", 1, 10.0,
+                             extra_env={"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"})
+    assert seen["env"]["GLIBC_TUNABLES"] == "glibc.malloc.trim_threshold=1"
+    assert record["env"] == {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}
+    assert "env" not in trial.run_trial("llama1b", "torch", 24.0, "batch", 1, 10.0)
+    with pytest.raises(ValueError, match="^PYTORCH_CUDA_ALLOC_CONF: the trial sets these"):
+        trial.run_trial("llama1b", "torch", 24.0, "batch", 1, 10.0,
+                        extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+
+
+def run_record(variant: str, round_: int, boot: str, sys_ms: float, load: float) -> dict:
+    """A fitting run whose steady steps each spent `sys_ms` in the kernel (its warm-up steps ten
+    times that, which the process table leaves out)."""
+    figures = {f: [1.0] * 6 for f in trial.PROCESS_FIGURES}
+    figures["step_sys_ms"] = [sys_ms * 10] * 2 + [sys_ms] * 4
+    figures["step_steal_ms"] = [None] * 6  # bare metal without /proc/stat's steal
+    return {"variant": variant, "round": round_, "fits": True, "step_s": steps(0.2),
+            "device": "H100", **figures,
+            "host": {"boot_id": boot, "cpu_model": "Xeon", "cpus": 16,
+                     "loadavg": [load, 0.0, 0.0]}}
+
+
+def test_the_process_table_gives_each_variants_steady_step_and_the_machines_their_runs():
+    runs = [run_record("torch", 0, "aaaaaaaa-1", 10.0, 1.5),
+            run_record("default", 0, "aaaaaaaa-1", 30.0, 2.0),
+            run_record("torch", 1, "bbbbbbbb-2", 12.0, 0.5),
+            run_record("default", 1, "bbbbbbbb-2", 34.0, 0.25),
+            {"variant": "default", "round": 2, "fits": None, "error": "exit 1"}]
+    lines = conf_rounds.process_table(runs).splitlines()
+    assert lines[0].startswith("| variant (a steady step) | runs | steady ms | user ms | sys ms |")
+    assert "| torch | 2 | 200.0 | 1.0 | 11.0 | 1 | 1 | 1 | - |" in lines
+    assert "| default | 2 | 200.0 | 1.0 | 32.0 | 1 | 1 | 1 | - |" in lines
+    assert conf_rounds.machines(runs).splitlines() == [
+        "machine aaaaaaaa: 2 runs, Xeon, 16 CPUs, load average (1 min) 1.50-2.00",
+        "machine bbbbbbbb: 2 runs, Xeon, 16 CPUs, load average (1 min) 0.25-0.50"]
+    # Records from before these figures: the columns say "-", no machine line.
+    old = [{"variant": v, "round": 0, "fits": True, "step_s": steps(0.2)}
+           for v in ("torch", "default")]
+    assert "| default | 1 | 200.0 | - | - | - | - | - | - |" in conf_rounds.process_table(old)
+    assert conf_rounds.machines(old) == ""
+    text = conf_rounds.report(runs)
+    assert text.index("/ torch native") < text.index("sys ms") < text.index("machine aaaaaaaa")
