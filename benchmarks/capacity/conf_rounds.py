@@ -29,8 +29,14 @@ there whether it worked more, faulted more or was preempted more.
       are not run again), and prints the table.
   python -m benchmarks.capacity.conf_rounds table FILE.json
       (any machine) prints the table of a file's runs.
-Exit status 0; 1 when a run failed or the budget ended first (run), or FILE holds no run of
-torch native (table); 2 on bad arguments.
+  python -m benchmarks.capacity.conf_rounds join FILE.json RESULTS.json
+      (any machine) adds the file's runs of torch native, torch expandable and vramledger's
+      default (no setting, build or environment: the step rounds' own trial) to a capacity
+      results file's step rounds of the row, as the rounds after its last one; each joined
+      record's `conf_rounds` names the file (relative to RESULTS' folder) and its round there.
+Exit status 0; 1 when a run failed or the budget ended first (run), FILE holds no run of torch
+native (table), or the runs cannot be joined (join: already joined, unreadable files); 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import sys
 import time
 from typing import Callable
 
-from benchmarks.capacity import step_rounds, trial, workloads
+from benchmarks.capacity import results, step_rounds, trial, workloads
 
 TORCH_VARIANTS = ("torch", "torch-expandable")
 DEFAULT = "default"  # vramledger with no setting
@@ -319,6 +325,46 @@ def report(runs: list[dict], variants: list[str] | None = None) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+# The variants whose trial is the step rounds' own, by the allocator a step round names.
+JOINED = {"torch": "torch", "torch-expandable": "torch-expandable", DEFAULT: "vramledger"}
+
+
+def join(runs_path: str, results_path: str) -> tuple[int, range]:
+    """Adds the runs of `runs_path` whose variant is in JOINED (and that ended with an answer) to
+    the capacity results file `results_path` as step rounds of the row, numbered on from the
+    row's last round there in the order of their rounds in the file. Returns how many runs it
+    added and the rounds they took.
+
+    Raises:
+      ValueError: a file that cannot be read, or whose runs `results_path` already holds.
+    """
+    data = read(runs_path)
+    row = data["row"]
+    into = results.Results(results_path)
+    into.load([results_path])
+    source = os.path.relpath(runs_path, os.path.dirname(os.path.abspath(results_path)))
+    if any(str(r.get("conf_rounds", "")).startswith(source + " round ")
+           for r in into.rounds.values()):
+        raise ValueError(f"{results_path} already holds the runs of {source}")
+    same_row = [r["round"] for r in into.rounds.values()
+                if (r["workload"], r["cap_gib"], r["dim"], r["size"])
+                == (row["workload"], row["cap_gib"], row["dim"], row["size"])]
+    first = max(same_row, default=-1) + 1
+    joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
+    rounds = sorted({r["round"] for r in joined})
+    batch, seq = workloads.WORKLOADS[row["workload"]].shape(row["dim"], row["size"])
+    for r in joined:
+        record = {k: v for k, v in r.items() if k not in ("variant", "conf")}
+        record.update(row, allocator=JOINED[r["variant"]], batch=batch, seq=seq,
+                      round=first + rounds.index(r["round"]),
+                      conf_rounds=f"{source} round {r['round']}")
+        into.rounds[results.round_key(record["workload"], record["allocator"],
+                                      record["cap_gib"], record["dim"], record["size"],
+                                      record["round"])] = record
+    into.save()
+    return len(joined), range(first, first + len(rounds))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.conf_rounds",
                                  description=__doc__,
@@ -333,7 +379,22 @@ def main(argv=None) -> int:
     r.add_argument("--budget-s", type=float, default=600.0)
     t = sub.add_parser("table", help="the table of a file's runs")
     t.add_argument("file")
+    j = sub.add_parser("join", help="a file's runs of the three allocators into the step rounds")
+    j.add_argument("file")
+    j.add_argument("results")
     a = ap.parse_args(argv)
+    if a.command == "join":
+        for path in (a.file, a.results):
+            if not os.path.isfile(path):
+                ap.error(f"{path}: " + ("not a file" if os.path.exists(path) else "no such file"))
+        try:
+            added, taken = join(a.file, a.results)
+        except (ValueError, OSError) as e:
+            print(f"conf rounds: {e}", file=sys.stderr)
+            return 1
+        print(f"{a.results}: added {added} runs of {a.file} as rounds {taken.start}-"
+              f"{taken.stop - 1}" if added else f"{a.file}: no run of {', '.join(JOINED)} to add")
+        return 0
     if a.command == "table":
         if not os.path.isfile(a.file):
             ap.error(f"{a.file}: " + ("not a file" if os.path.exists(a.file) else "no such file"))

@@ -319,3 +319,47 @@ def test_the_process_table_gives_each_variants_steady_step_and_the_machines_thei
     assert conf_rounds.machines(old) == ""
     text = conf_rounds.report(runs)
     assert text.index("/ torch native") < text.index("sys ms") < text.index("machine aaaaaaaa")
+
+
+def test_join_adds_the_three_allocators_runs_as_the_rows_next_step_rounds(tmp_path, capsys):
+    runs_path = tmp_path / "machine" / "r.json"
+    runs_path.parent.mkdir()
+    variants = ["torch", "torch-expandable", "default", "x:1", "torch+A=1"]
+    conf_rounds.run_rounds(conf_rounds.Runs(str(runs_path), ROW), variants, 2, Trial(), 600,
+                           60, log=lambda s: None)
+    held = [dict(ROW, allocator=a, round=r, fits=True, step_s=steps(0.2))
+            for a in ("torch", "vramledger") for r in range(3)]
+    other_row = dict(ROW, size=2, allocator="torch", round=7, fits=True, step_s=steps(0.2))
+    results_path = tmp_path / "results.json"
+    results_path.write_text(json.dumps({"trials": [], "step_rounds": held + [other_row]}))
+    assert conf_rounds.main(["join", str(runs_path), str(results_path)]) == 0
+    out = capsys.readouterr().out
+    assert "added 6 runs of" in out and out.rstrip().endswith("as rounds 3-4")
+    doc = json.loads(results_path.read_text())
+    joined = [r for r in doc["step_rounds"] if "conf_rounds" in r]
+    # Rounds 0 and 1 of the file become the row's rounds 3 and 4 (after its last, 2; the other
+    # row's 7 does not count); only the three plain variants, as the allocators they are.
+    assert sorted((r["allocator"], r["round"], r["conf_rounds"]) for r in joined) == [
+        (a, 3 + r, f"machine/r.json round {r}")
+        for a in ("torch", "torch-expandable", "vramledger") for r in range(2)]
+    assert all(r["batch"] == 1 and r["seq"] == 2048 and "variant" not in r for r in joined)
+    assert all({"workload", "cap_gib", "dim", "size"} <= r.keys() for r in joined)
+    # A second join of the same file would count its runs twice: refused, nothing written.
+    before = results_path.read_text()
+    assert conf_rounds.main(["join", str(runs_path), str(results_path)]) == 1
+    assert "already holds the runs of machine/r.json" in capsys.readouterr().err
+    assert results_path.read_text() == before
+
+
+def test_join_names_bad_files(tmp_path, capsys):
+    runs_path = tmp_path / "r.json"
+    conf_rounds.run_rounds(conf_rounds.Runs(str(runs_path), ROW), ["torch"], 1, Trial(), 600,
+                           60, log=lambda s: None)
+    (tmp_path / "bad.json").write_text('{"step_rounds": []}')
+    assert conf_rounds.main(["join", str(runs_path), str(tmp_path / "bad.json")]) == 1
+    assert "not a capacity results file" in capsys.readouterr().err
+    assert conf_rounds.main(["join", str(tmp_path / "bad.json"), str(runs_path)]) == 1
+    assert "not a runs file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        conf_rounds.main(["join", str(tmp_path / "missing.json"), str(runs_path)])
+    assert e.value.code == 2 and "missing.json: no such file" in capsys.readouterr().err
