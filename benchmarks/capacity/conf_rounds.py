@@ -17,10 +17,12 @@ step rounds' does (round r starts with variant r mod k), so drift falls on each 
 variant, the table gives the median over rounds of each steady step (the steps after the first two,
 step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio to torch native's run
 of the same round (geometric mean over rounds and its 90% bootstrap interval, step_rounds.interval).
-A second table gives what each variant's process did in a steady step (trial.PROCESS_FIGURES: CPU
-time in user and kernel mode, minor page faults, context switches, the machine's stolen time), and
-a line per machine (kernel boot) its runs and load averages: a variant slower on one machine shows
-there whether it worked more, faulted more or was preempted more.
+A second table gives where each variant's steady step went on the host (the time until its work
+was queued, and trial.PROCESS_FIGURES: CPU time in user and kernel mode, minor page faults,
+context switches, the main thread's run-queue wait, the machine's stolen time), and a line per
+machine (kernel boot) gives its runs, CPUs and load averages: a variant slower on one machine
+shows there whether it queued its work more slowly, faulted or switched more, or waited for a
+CPU.
 
   python -m benchmarks.capacity.conf_rounds run WORKLOAD CAP_GIB DIM SIZE --variants V ...
       --rounds N --out FILE.json [--timeout-s S] [--budget-s S]
@@ -89,6 +91,8 @@ def parse_env(variant: str, assignments: list[str]) -> tuple[tuple[str, str], ..
             raise ValueError(f"variant {variant!r}: {'+' + a!r} is not +NAME=VALUE")
         if name in trial.TRIAL_ENV:
             raise ValueError(f"variant {variant!r}: {name} is set by the trial itself")
+        if any(name == n for n, _ in env):
+            raise ValueError(f"variant {variant!r}: {name} is given twice")
         env.append((name, value))
     return tuple(env)
 
@@ -105,7 +109,10 @@ def parse_variant(variant: str) -> Variant:
       ValueError: an empty variant, settings that are not `key:value` pairs, a BUILD that is
         not a folder holding both libraries, or a suffix that is not NAME=VALUE.
     """
-    head, *assignments = variant.split("+")
+    # A '+' starts a suffix only before NAME=: a build folder or a value may hold '+' too.
+    head, *assignments = re.split(r"\+(?=[A-Za-z_][A-Za-z0-9_]*=)", variant)
+    if head.endswith("+"):
+        raise ValueError(f"variant {variant!r}: a '+' at its end is not +NAME=VALUE")
     env = parse_env(variant, assignments)
     if head in TORCH_VARIANTS:
         return Variant(head, env=env)
@@ -123,7 +130,8 @@ def parse_variant(variant: str) -> Variant:
     pairs = settings.split(",")
     if not settings or any(p.count(":") != 1 or not all(p.split(":")) for p in pairs):
         raise ValueError(f"variant {variant!r}: expected torch, torch-expandable, or [BUILD@] "
-                         f"then {DEFAULT} or vramledger settings as key:value[,key:value...]")
+                         f"then {DEFAULT} or vramledger settings as key:value[,key:value...], "
+                         f"then any +NAME=VALUE")
     return Variant("vramledger", settings, plugin, env)
 
 
@@ -149,6 +157,18 @@ def read(path: str) -> dict:
                     for r in data["runs"])):
         raise ValueError(f"{path}: not a runs file (expected an object with \"row\" and a "
                          f"\"runs\" list of records with a variant and a round)")
+    row = data["row"]
+    if not (isinstance(row, dict) and isinstance(row.get("workload"), str)
+            and row["workload"] in workloads.WORKLOADS and row.get("dim") in ("batch", "seq")
+            and isinstance(row.get("size"), int) and row["size"] >= 1
+            and isinstance(row.get("cap_gib"), (int, float)) and row["cap_gib"] > 0):
+        raise ValueError(f"{path}: its row {row!r} is not a workload "
+                         f"({', '.join(workloads.WORKLOADS)}), cap_gib above 0, dim batch or "
+                         f"seq and a size of at least 1")
+    if not all(isinstance(r["variant"], str) and isinstance(r["round"], int)
+               for r in data["runs"]):
+        raise ValueError(f"{path}: a run whose variant is not a name or whose round is not a "
+                         f"number")
     return data
 
 
@@ -254,10 +274,10 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
             times = [r["step_s"][i] for r in mine if len(r["step_s"]) > i]
             per_step.append(f"{statistics.median(times) * 1e3:.1f}" if times else "-")
         steady = statistics.median(step_rounds.steady_time(r) for r in mine)
-        # A round's runs pair only when they ran on one card (a file resumed elsewhere).
+        # A round's runs pair only when they ran on one machine (a file resumed elsewhere).
         ratios = [step_rounds.steady_time(r) / step_rounds.steady_time(reference[r["round"]])
                   for r in mine if r["round"] in reference
-                  and r.get("device") == reference[r["round"]].get("device")]
+                  and step_rounds.same_machine(r, reference[r["round"]])]
         bounds = step_rounds.interval(ratios) if v != REFERENCE else None
         ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]" if bounds else "-")
         verdict = step_rounds.verdict(bounds) if v != REFERENCE else "reference"
@@ -266,9 +286,12 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-PROCESS_COLUMNS = (("step_user_ms", "user ms", 1), ("step_sys_ms", "sys ms", 1),
+# The process table's columns: a record's per-step field, its heading, its decimals.
+PROCESS_COLUMNS = (("step_s", "step ms", 1), ("step_launch_ms", "queued by ms", 1),
+                   ("step_user_ms", "user ms", 1), ("step_sys_ms", "sys ms", 1),
                    ("step_minflt", "minor faults", 0), ("step_vcsw", "vol. switches", 0),
-                   ("step_ivcsw", "invol. switches", 0), ("step_steal_ms", "steal ms", 1))
+                   ("step_ivcsw", "invol. switches", 0), ("step_runq_ms", "run queue ms", 2),
+                   ("step_steal_ms", "steal ms", 1))
 
 
 def steady_mean(record: dict, field: str) -> float | None:
@@ -278,22 +301,24 @@ def steady_mean(record: dict, field: str) -> float | None:
 
 
 def process_table(runs: list[dict], variants: list[str] | None = None) -> str:
-    """Per variant: what its process did in a steady step (trial.PROCESS_FIGURES), the median
-    over its fitting runs of each run's mean over the steady steps; "-" where no run recorded it
-    (records from before the figures were recorded)."""
+    """Per variant: where a steady step's time went (PROCESS_COLUMNS: the step, the time until its
+    work was queued, trial.PROCESS_FIGURES), each the median over its fitting runs of the run's
+    mean over its steady steps, so the columns compare with one another; "-" where no run
+    recorded it (records from before it was recorded)."""
     fitting = [r for r in runs if r.get("fits") and (step_rounds.steady_time(r) or 0) > 0]
     if variants is None:
         variants = list(dict.fromkeys(r["variant"] for r in runs))
     head = " | ".join(name for _, name, _ in PROCESS_COLUMNS)
-    lines = [f"| variant (a steady step) | runs | steady ms | {head} |",
-             "|---|---|---|" + "---|" * len(PROCESS_COLUMNS)]
+    lines = [f"| variant (mean steady step) | runs | {head} |",
+             "|---|---|" + "---|" * len(PROCESS_COLUMNS)]
     for v in variants:
         mine = [r for r in fitting if r["variant"] == v]
         if not mine:
             continue
-        cells = [f"{statistics.median(step_rounds.steady_time(r) for r in mine) * 1e3:.1f}"]
+        cells = []
         for field, _, digits in PROCESS_COLUMNS:
-            means = [m for m in (steady_mean(r, field) for r in mine) if m is not None]
+            scale = 1e3 if field == "step_s" else 1.0
+            means = [m * scale for m in (steady_mean(r, field) for r in mine) if m is not None]
             cells.append(f"{statistics.median(means):.{digits}f}" if means else "-")
         lines.append(f"| {v} | {len(mine)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -329,28 +354,39 @@ def report(runs: list[dict], variants: list[str] | None = None) -> str:
 JOINED = {"torch": "torch", "torch-expandable": "torch-expandable", DEFAULT: "vramledger"}
 
 
-def join(runs_path: str, results_path: str) -> tuple[int, range]:
-    """Adds the runs of `runs_path` whose variant is in JOINED (and that ended with an answer) to
-    the capacity results file `results_path` as step rounds of the row, numbered on from the
-    row's last round there in the order of their rounds in the file. Returns how many runs it
-    added and the rounds they took.
+def join(runs_path: str, results_path: str) -> tuple[int, list[int]]:
+    """Adds the runs of `runs_path` whose variant is in JOINED and that ended with an answer (one
+    that did not fit included: it is a result at that size) to the capacity results file
+    `results_path` as step rounds of the row: the file's rounds that hold such runs, in order,
+    become the rounds after the row's last one there. Each added record's `conf_rounds` names the
+    runs file (relative to the results file's folder, which must hold it) and its round there.
+    The results file is written only when something is added. Returns how many runs it added
+    and the rounds they took.
 
     Raises:
-      ValueError: a file that cannot be read, or whose runs `results_path` already holds.
+      ValueError: a file that cannot be read, a runs file outside the results file's folder, or
+        runs the results file already holds (the same allocator's same step times, whatever the
+        file is called now).
     """
     data = read(runs_path)
     row = data["row"]
+    folder = os.path.dirname(os.path.abspath(results_path))
+    source = os.path.relpath(os.path.abspath(runs_path), folder)
+    if source.startswith(os.pardir + os.sep):
+        raise ValueError(f"{runs_path} is not under {folder}, the results file's folder: copy "
+                         f"it there first, so the joined records name a file beside them")
     into = results.Results(results_path)
     into.load([results_path])
-    source = os.path.relpath(runs_path, os.path.dirname(os.path.abspath(results_path)))
-    if any(str(r.get("conf_rounds", "")).startswith(source + " round ")
-           for r in into.rounds.values()):
-        raise ValueError(f"{results_path} already holds the runs of {source}")
+    joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
+    held = {(r["allocator"], tuple(r.get("step_s") or ())) for r in into.rounds.values()}
+    again = [r for r in joined if (JOINED[r["variant"]], tuple(r.get("step_s") or ())) in held]
+    if again:
+        raise ValueError(f"{results_path} already holds {len(again)} of the {len(joined)} runs "
+                         f"of {runs_path} (the same step times)")
     same_row = [r["round"] for r in into.rounds.values()
                 if (r["workload"], r["cap_gib"], r["dim"], r["size"])
                 == (row["workload"], row["cap_gib"], row["dim"], row["size"])]
     first = max(same_row, default=-1) + 1
-    joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
     rounds = sorted({r["round"] for r in joined})
     batch, seq = workloads.WORKLOADS[row["workload"]].shape(row["dim"], row["size"])
     for r in joined:
@@ -361,8 +397,9 @@ def join(runs_path: str, results_path: str) -> tuple[int, range]:
         into.rounds[results.round_key(record["workload"], record["allocator"],
                                       record["cap_gib"], record["dim"], record["size"],
                                       record["round"])] = record
-    into.save()
-    return len(joined), range(first, first + len(rounds))
+    if joined:
+        into.save()
+    return len(joined), [first + i for i in range(len(rounds))]
 
 
 def main(argv=None) -> int:
@@ -392,8 +429,12 @@ def main(argv=None) -> int:
         except (ValueError, OSError) as e:
             print(f"conf rounds: {e}", file=sys.stderr)
             return 1
-        print(f"{a.results}: added {added} runs of {a.file} as rounds {taken.start}-"
-              f"{taken.stop - 1}" if added else f"{a.file}: no run of {', '.join(JOINED)} to add")
+        if not added:
+            print(f"{a.file}: no run of {', '.join(JOINED)} to add; {a.results} unchanged")
+        else:
+            said = (f"round {taken[0]}" if len(taken) == 1
+                    else f"rounds {taken[0]}-{taken[-1]}")
+            print(f"{a.results}: added {added} runs of {a.file} as {said}")
         return 0
     if a.command == "table":
         if not os.path.isfile(a.file):
@@ -423,6 +464,7 @@ def main(argv=None) -> int:
         runs = Runs(a.out, row)
     except ValueError as e:
         ap.error(str(e))
+
     def one(variant: Variant, timeout_s: float) -> dict:
         return trial.run_trial(a.workload, variant.allocator, a.cap_gib, a.dim, a.size,
                                timeout_s, conf=variant.conf, plugin=variant.plugin,

@@ -118,6 +118,14 @@ def verdict(bounds: tuple[float, float, float] | None) -> str:
     return "above" if low > 1 + MARGIN else "undecided"
 
 
+def same_machine(a: dict, b: dict) -> bool:
+    """Whether two runs of a round may be paired: on one card, and on one machine (kernel boot)
+    where both records name theirs (a round whose runs were resumed or joined from elsewhere may
+    hold runs of several)."""
+    boot_a, boot_b = ((r.get("host") or {}).get("boot_id") for r in (a, b))
+    return a.get("device") == b.get("device") and (not boot_a or not boot_b or boot_a == boot_b)
+
+
 def cards(runs: list[dict]) -> str:
     """The GPUs `runs` ran on, without the vendor's name ("H200"; two names when a row's rounds
     came from two kinds of card: a ratio pairs a round's runs only when they name one card), and
@@ -158,7 +166,7 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
             if a != "vramledger":
                 vl = {k: t for k, t in times["vramledger"].items() if t is not None}
                 paired = [vl[k] / mine[k] for k in sorted(vl.keys() & mine.keys())
-                          if runs["vramledger"][k].get("device") == runs[a][k].get("device")]
+                          if same_machine(runs["vramledger"][k], runs[a][k])]
                 bounds = interval(paired)
                 if bounds:
                     ratio = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}) over "

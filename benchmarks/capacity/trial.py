@@ -13,14 +13,18 @@ there. Records written before these fields were recorded lack them. `host` (host
 which machine ran the trial (cards of one name run a row's steps at different speeds on
 different machines), and a vramledger record's `mode` the route install() took.
 
-What the process and its host did in each step (process_totals(), getrusage() of the whole
-process and the host's /proc/stat): `step_user_ms` and `step_sys_ms`, the CPU time of all the
-process's threads in user and kernel mode; `step_minflt`, its minor page faults; `step_vcsw` and
-`step_ivcsw`, its threads' voluntary and involuntary context switches; `step_steal_ms`, the time
-the hypervisor gave the machine's CPUs to others (all CPUs, summed; 0 on bare metal). A process
-slower on one host than another shows there whether it worked more, faulted more, was preempted
-more, or ran on a contended machine. At the end: `maxrss_mib`, the process's peak resident host
-memory, and `threads`, its threads.
+Where a step's time went on the host: `step_launch_ms`, the time until the step's work was
+queued (train_step returned; the rest of `step_s` is the wait for the GPU), and what the process
+and its machine did in the step (process_totals()): `step_user_ms` and `step_sys_ms`, the CPU
+time of all the process's threads in user and kernel mode (getrusage; the kernel's accounting may
+count in ticks of a few ms, and a thread that spins while it waits for the GPU counts as busy);
+`step_minflt`, minor page faults; `step_vcsw` and `step_ivcsw`, the threads' voluntary and
+involuntary context switches; `step_runq_ms`, the time the main (Python) thread was ready to run
+but waited for a CPU (/proc/thread-self/schedstat); `step_steal_ms`, the time the hypervisor gave
+the machine's CPUs to others (/proc/stat, all CPUs summed, in ticks of 10 ms; 0 where none is
+reported). A process slower than another shows there whether it queued its work more slowly,
+faulted or switched more, waited for a CPU, or ran on a contended machine. At the end:
+`maxrss_mib`, the process's peak resident host memory, and `threads`, its threads.
 
 Under vramledger the record also holds, per step, what its own ledger of driver calls changed
 by (vramledger.fragmentation(); absent under torch's allocators and from earlier records):
@@ -125,27 +129,37 @@ def host_facts() -> dict:
 # What run_trial sets in the trial's environment itself (extra_env may not).
 TRIAL_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF", "VRAMLEDGER_PLUGIN", "PYTHONPATH",
              "PYTHONUNBUFFERED", "PYTHONHASHSEED")
-# A record's per-step field -> the process_totals() entry whose change over the step it holds.
+# A record's per-step fields that are changes of process_totals()'s entries of the same name.
 PROCESS_FIGURES = ("step_user_ms", "step_sys_ms", "step_minflt", "step_vcsw", "step_ivcsw",
-                   "step_steal_ms")
+                   "step_runq_ms", "step_steal_ms")
 
 
 def steal_ms() -> float | None:
     """The machine's stolen CPU time so far (ms, all CPUs; /proc/stat's `cpu` line, the eighth
     field, in clock ticks), or None where it cannot be read."""
     fields = ((read_text("/proc/stat") or "").splitlines() or [""])[0].split()
-    if len(fields) < 9 or fields[0] != "cpu":
+    if len(fields) < 9 or fields[0] != "cpu" or not fields[8].isdigit():
         return None
     return int(fields[8]) * 1e3 / os.sysconf("SC_CLK_TCK")
 
 
+def runq_ms() -> float | None:
+    """The time the calling thread has waited on a run queue, ready but not running (ms; the
+    second field of /proc/thread-self/schedstat, in ns), or None where it cannot be read."""
+    fields = (read_text("/proc/thread-self/schedstat") or "").split()
+    if len(fields) < 2 or not fields[1].isdigit():
+        return None
+    return int(fields[1]) / 1e6
+
+
 def process_totals() -> dict[str, float | None]:
     """The running totals behind PROCESS_FIGURES: this process's CPU time (ms), minor page faults
-    and context switches (getrusage, every thread) and the machine's stolen time (steal_ms())."""
+    and context switches (getrusage, every thread), the calling thread's run-queue wait
+    (runq_ms()) and the machine's stolen time (steal_ms())."""
     u = resource.getrusage(resource.RUSAGE_SELF)
     return {"step_user_ms": u.ru_utime * 1e3, "step_sys_ms": u.ru_stime * 1e3,
             "step_minflt": u.ru_minflt, "step_vcsw": u.ru_nvcsw, "step_ivcsw": u.ru_nivcsw,
-            "step_steal_ms": steal_ms()}
+            "step_runq_ms": runq_ms(), "step_steal_ms": steal_ms()}
 
 
 def host_us(frag: dict) -> float:
@@ -174,7 +188,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
            "error": None, "host": host_facts(), "step_s": [], "losses": [],
-           **{f: [] for f in (*STEP_COUNTERS, *PROCESS_FIGURES)}}
+           "step_launch_ms": [], **{f: [] for f in (*STEP_COUNTERS, *PROCESS_FIGURES)}}
     if allocator == "vramledger":  # the route install() took: "native", or "pluggable"
         out["mode"] = mem.installed_mode()
     ledger = mem.fragmentation if allocator == "vramledger" else None
@@ -209,9 +223,12 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
             prof = profiles.start(torch) if profile and i in profiles.PROFILED_STEPS else None
             used = process_totals()
             t0 = time.perf_counter()
-            out["losses"].append(workloads.train_step(torch, model, opt, vocab, batch, length))
+            loss = workloads.train_step(torch, model, opt, vocab, batch, length)
+            queued = time.perf_counter()
             torch.cuda.synchronize()
             out["step_s"].append(time.perf_counter() - t0)
+            out["step_launch_ms"].append((queued - t0) * 1e3)
+            out["losses"].append(float(loss))  # after the wait: reading it costs no time
             for field, total in process_totals().items():
                 out[field].append(None if total is None or used[field] is None
                                   else total - used[field])

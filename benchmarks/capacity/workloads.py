@@ -117,12 +117,14 @@ def build(torch, w: Workload, device: str = "cuda"):
     return model, opt
 
 
-def train_step(torch, model, opt, vocab: int, batch: int, seq: int, device: str = "cuda") -> float:
-    """One step on random tokens: bf16 autocast forward, backward, AdamW, gradients to None."""
+def train_step(torch, model, opt, vocab: int, batch: int, seq: int, device: str = "cuda"):
+    """One step on random tokens: bf16 autocast forward, backward, AdamW, gradients to None.
+    Returns the loss as a tensor, without waiting for the GPU: it returns when the host has
+    queued the step's work (or an allocator's call waited on the GPU)."""
     x = torch.randint(0, vocab, (batch, seq), device=device)
     with torch.autocast(device, dtype=torch.bfloat16):
         loss = model(input_ids=x, labels=x).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return float(loss.detach())
+    return loss.detach()

@@ -431,11 +431,12 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     assert r["step_cu_mem_unmap"] == [0, 1, 0, 1, 0, 1]
     assert r["step_take_backs"] == [3] * 6
     assert len(r["step_device_alloc"]) == 6
-    # What the process did in each step, under every allocator: CPU time, faults, switches.
+    # What the process did in each step, read from the real counters: one entry a step.
     for field in trial.PROCESS_FIGURES:
         assert len(r[field]) == 6, field
         assert all(x is None or x >= 0 for x in r[field]), field
     assert all(isinstance(x, float) for x in r["step_user_ms"] + r["step_sys_ms"])
+    assert len(r["step_launch_ms"]) == 6 and all(0 <= x for x in r["step_launch_ms"])
     assert r["maxrss_mib"] > 0 and r["threads"] >= 1
     calls.clear()
     oom_at = 2
@@ -449,13 +450,48 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
     assert "mode" not in r and "host" in r and len(r["step_minflt"]) == 6
 
 
+def test_each_steps_process_figures_are_the_counters_change_over_that_step(monkeypatch):
+    """process_totals() is read just before and just after each step's timed span: a counter that
+    grows by 2.5 at each read grows by 2.5 inside each step; one that cannot be read is None."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.capacity import trial, workloads
+    reads = []
+
+    def totals():
+        reads.append(len(reads))
+        n = 2.5 * len(reads)
+        return {f: (None if f == "step_steal_ms" else n) for f in trial.PROCESS_FIGURES}
+    monkeypatch.setattr(trial, "process_totals", totals)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (0, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {})
+    monkeypatch.setattr(workloads, "build", lambda t, w: (torch.nn.Linear(3, 2), None))
+    monkeypatch.setattr(workloads, "train_step", lambda *a: torch.tensor(1.5))
+    r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
+    assert len(reads) == 12 and r["losses"] == [1.5] * 6
+    for field in trial.PROCESS_FIGURES:
+        assert r[field] == ([None] * 6 if field == "step_steal_ms" else [2.5] * 6), field
+
+
+def test_the_run_queue_wait_is_read_from_the_threads_schedstat(monkeypatch):
+    from benchmarks.capacity import trial
+    monkeypatch.setattr(trial, "read_text", lambda path: {
+        "/proc/thread-self/schedstat": "123456789 2500000 42"}[path])
+    assert trial.runq_ms() == 2.5
+    for text in (None, "", "1", "1 x 3"):
+        monkeypatch.setattr(trial, "read_text", lambda path, t=text: t)
+        assert trial.runq_ms() is None, text
+
+
 def test_the_stolen_time_is_read_from_the_cpu_line_of_proc_stat(monkeypatch):
     from benchmarks.capacity import trial
     ticks = os.sysconf("SC_CLK_TCK")
     monkeypatch.setattr(trial, "read_text", lambda path: {
         "/proc/stat": f"cpu  10 0 20 30 0 0 0 {ticks * 3} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10"}[path])
     assert trial.steal_ms() == 3000.0
-    for text in (None, "", "cpu 1 2 3", "intr 1 2 3 4 5 6 7 8 9"):
+    for text in (None, "", "cpu 1 2 3", "intr 1 2 3 4 5 6 7 8 9", "cpu 1 2 3 4 5 6 7 x 9"):
         monkeypatch.setattr(trial, "read_text", lambda path, t=text: t)
         assert trial.steal_ms() is None, text
 

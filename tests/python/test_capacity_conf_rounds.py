@@ -70,6 +70,13 @@ def test_each_variant_names_its_allocator_settings_and_build(tmp_path):
     assert v(f"{build}@default") == conf_rounds.Variant("vramledger", None, plugin)
     assert v(f"{build}@expandable_page_mb:20") == conf_rounds.Variant(
         "vramledger", "expandable_page_mb:20", plugin)
+    # A folder whose name holds '+' (a torch version's, say) is a folder, not a suffix.
+    plus = tmp_path / "lib-2.11.0+cu130"
+    plus.mkdir()
+    for name in conf_rounds.BUILD_LIBRARIES:
+        (plus / name).write_bytes(b"")
+    assert v(f"{plus}@default+A=1") == conf_rounds.Variant(
+        "vramledger", None, str(plus / "libvramledger_plugin.so"), (("A", "1"),))
     with pytest.raises(ValueError, match="key:value"):
         v(f"{build}@")
 
@@ -262,8 +269,12 @@ def test_a_variant_may_give_its_process_environment_variables():
         "vramledger", "expandable_page_mb:20", env=(("A", "1"), ("B", "")))
     assert v("default+LD_PRELOAD=/x/libjemalloc.so.2") == conf_rounds.Variant(
         "vramledger", env=(("LD_PRELOAD", "/x/libjemalloc.so.2"),))
-    for bad, said in (("torch+A", "'+A' is not +NAME=VALUE"), ("torch+=1", "not +NAME=VALUE"),
-                      ("default+1A=2", "not +NAME=VALUE"), ("torch+", "not +NAME=VALUE"),
+    # A '+' starts a suffix only before NAME=; elsewhere it is part of a value or a folder.
+    assert v("torch+LD_PRELOAD=/opt/g++/lib.so+A=1") == conf_rounds.Variant(
+        "torch", env=(("LD_PRELOAD", "/opt/g++/lib.so"), ("A", "1")))
+    for bad, said in (("torch+A", "then any +NAME=VALUE"), ("torch+=1", "then any +NAME=VALUE"),
+                      ("default+1A=2", "then any +NAME=VALUE"), ("torch+", "'+' at its end"),
+                      ("default+A=1+A=2", "A is given twice"),
                       ("torch+VRAMLEDGER_CONF=x:1", "VRAMLEDGER_CONF is set by the trial"),
                       ("default+PYTHONPATH=/x", "PYTHONPATH is set by the trial")):
         with pytest.raises(ValueError, match=re.escape(said)):
@@ -293,6 +304,7 @@ def run_record(variant: str, round_: int, boot: str, sys_ms: float, load: float)
     figures = {f: [1.0] * 6 for f in trial.PROCESS_FIGURES}
     figures["step_sys_ms"] = [sys_ms * 10] * 2 + [sys_ms] * 4
     figures["step_steal_ms"] = [None] * 6  # bare metal without /proc/stat's steal
+    figures["step_launch_ms"] = [150.0] * 2 + [50.0] * 4
     return {"variant": variant, "round": round_, "fits": True, "step_s": steps(0.2),
             "device": "H100", **figures,
             "host": {"boot_id": boot, "cpu_model": "Xeon", "cpus": 16,
@@ -306,16 +318,19 @@ def test_the_process_table_gives_each_variants_steady_step_and_the_machines_thei
             run_record("default", 1, "bbbbbbbb-2", 34.0, 0.25),
             {"variant": "default", "round": 2, "fits": None, "error": "exit 1"}]
     lines = conf_rounds.process_table(runs).splitlines()
-    assert lines[0].startswith("| variant (a steady step) | runs | steady ms | user ms | sys ms |")
-    assert "| torch | 2 | 200.0 | 1.0 | 11.0 | 1 | 1 | 1 | - |" in lines
-    assert "| default | 2 | 200.0 | 1.0 | 32.0 | 1 | 1 | 1 | - |" in lines
+    assert lines[0] == ("| variant (mean steady step) | runs | step ms | queued by ms | user ms | "
+                        "sys ms | minor faults | vol. switches | invol. switches | run queue ms | "
+                        "steal ms |")
+    # Means over the steady steps (0.2, 0.2, 0.1, 0.22 s: 180 ms), medians over the runs.
+    assert "| torch | 2 | 180.0 | 50.0 | 1.0 | 11.0 | 1 | 1 | 1 | 1.00 | - |" in lines
+    assert "| default | 2 | 180.0 | 50.0 | 1.0 | 32.0 | 1 | 1 | 1 | 1.00 | - |" in lines
     assert conf_rounds.machines(runs).splitlines() == [
         "machine aaaaaaaa: 2 runs, Xeon, 16 CPUs, load average (1 min) 1.50-2.00",
         "machine bbbbbbbb: 2 runs, Xeon, 16 CPUs, load average (1 min) 0.25-0.50"]
     # Records from before these figures: the columns say "-", no machine line.
     old = [{"variant": v, "round": 0, "fits": True, "step_s": steps(0.2)}
            for v in ("torch", "default")]
-    assert "| default | 1 | 200.0 | - | - | - | - | - | - |" in conf_rounds.process_table(old)
+    assert "| default | 1 | 180.0 | - | - | - | - | - | - | - | - |" in conf_rounds.process_table(old)
     assert conf_rounds.machines(old) == ""
     text = conf_rounds.report(runs)
     assert text.index("/ torch native") < text.index("sys ms") < text.index("machine aaaaaaaa")
@@ -327,9 +342,9 @@ def test_join_adds_the_three_allocators_runs_as_the_rows_next_step_rounds(tmp_pa
     variants = ["torch", "torch-expandable", "default", "x:1", "torch+A=1"]
     conf_rounds.run_rounds(conf_rounds.Runs(str(runs_path), ROW), variants, 2, Trial(), 600,
                            60, log=lambda s: None)
-    held = [dict(ROW, allocator=a, round=r, fits=True, step_s=steps(0.2))
+    held = [dict(ROW, allocator=a, round=r, fits=True, step_s=steps(0.3 + r / 100))
             for a in ("torch", "vramledger") for r in range(3)]
-    other_row = dict(ROW, size=2, allocator="torch", round=7, fits=True, step_s=steps(0.2))
+    other_row = dict(ROW, size=2, allocator="torch", round=7, fits=True, step_s=steps(0.4))
     results_path = tmp_path / "results.json"
     results_path.write_text(json.dumps({"trials": [], "step_rounds": held + [other_row]}))
     assert conf_rounds.main(["join", str(runs_path), str(results_path)]) == 0
@@ -347,7 +362,37 @@ def test_join_adds_the_three_allocators_runs_as_the_rows_next_step_rounds(tmp_pa
     # A second join of the same file would count its runs twice: refused, nothing written.
     before = results_path.read_text()
     assert conf_rounds.main(["join", str(runs_path), str(results_path)]) == 1
-    assert "already holds the runs of machine/r.json" in capsys.readouterr().err
+    assert "already holds 6 of the 6 runs of" in capsys.readouterr().err
+    # So would the same runs under another name.
+    copy = tmp_path / "copy.json"
+    copy.write_text(runs_path.read_text())
+    assert conf_rounds.main(["join", str(copy), str(results_path)]) == 1
+    assert "already holds 6 of the 6 runs" in capsys.readouterr().err
+    assert results_path.read_text() == before
+
+
+def test_join_keeps_what_did_not_fit_skips_failures_and_may_add_nothing(tmp_path, capsys):
+    runs_path = tmp_path / "r.json"
+    runs = [{"variant": "torch", "round": 0, "fits": True, "step_s": steps(0.2)},
+            {"variant": "default", "round": 0, "fits": False, "step_s": [0.5]},
+            {"variant": "torch-expandable", "round": 0, "fits": None, "error": "exit 1"},
+            {"variant": "x:1", "round": 1, "fits": True, "step_s": steps(0.2)},
+            {"variant": "torch", "round": 2, "fits": True, "step_s": steps(0.21)}]
+    runs_path.write_text(json.dumps({"row": ROW, "runs": runs}))
+    results_path = tmp_path / "results.json"
+    results_path.write_text(json.dumps({"trials": []}))
+    assert conf_rounds.main(["join", str(runs_path), str(results_path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("added 3 runs of " + str(runs_path)
+                                                     + " as rounds 0-1")
+    doc = json.loads(results_path.read_text())
+    # Round 1 held only a setting's run: the rounds close up (file rounds 0 and 2 -> 0 and 1).
+    assert sorted((r["allocator"], r["round"], r["fits"]) for r in doc["step_rounds"]) == [
+        ("torch", 0, True), ("torch", 1, True), ("vramledger", 0, False)]
+    only_settings = tmp_path / "s.json"
+    only_settings.write_text(json.dumps({"row": ROW, "runs": runs[3:4]}))
+    before = results_path.read_text()
+    assert conf_rounds.main(["join", str(only_settings), str(results_path)]) == 0
+    assert "no run of torch, torch-expandable, default to add" in capsys.readouterr().out
     assert results_path.read_text() == before
 
 
@@ -363,3 +408,20 @@ def test_join_names_bad_files(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         conf_rounds.main(["join", str(tmp_path / "missing.json"), str(runs_path)])
     assert e.value.code == 2 and "missing.json: no such file" in capsys.readouterr().err
+    # A row that is not one, a run without a name, a file outside the results' folder.
+    results_path = tmp_path / "results.json"
+    results_path.write_text(json.dumps({"trials": []}))
+    for name, doc, said in (
+            ("w.json", {"row": dict(ROW, workload="nope"), "runs": []}, "is not a workload"),
+            ("l.json", {"row": [], "runs": []}, "is not a workload"),
+            ("u.json", {"row": dict(ROW, workload=["x"]), "runs": []}, "is not a workload"),
+            ("v.json", {"row": ROW, "runs": [{"variant": [1], "round": 0}]}, "not a name")):
+        (tmp_path / name).write_text(json.dumps(doc))
+        assert conf_rounds.main(["join", str(tmp_path / name), str(results_path)]) == 1, name
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, (name, err)
+    (tmp_path / "inner").mkdir()
+    inner = tmp_path / "inner" / "results.json"
+    inner.write_text(json.dumps({"trials": []}))
+    assert conf_rounds.main(["join", str(runs_path), str(inner)]) == 1
+    assert "is not under" in capsys.readouterr().err

@@ -269,3 +269,16 @@ def test_a_trial_record_names_its_machine(monkeypatch):
     # Where /proc cannot be read, each fact is None, never an error.
     monkeypatch.setattr(trial, "read_text", lambda path: None)
     assert trial.host_facts() | {"cpus": None} == dict.fromkeys(facts)
+
+
+def test_runs_pair_only_on_one_card_and_one_machine_where_both_name_theirs():
+    h100, h200 = {"device": "H100"}, {"device": "H200"}
+
+    def on(card, boot):
+        return dict(card, host={"boot_id": boot})
+    assert step_rounds.same_machine(h100, h100) and not step_rounds.same_machine(h100, h200)
+    assert step_rounds.same_machine(on(h100, "a"), on(h100, "a"))
+    assert not step_rounds.same_machine(on(h100, "a"), on(h100, "b"))
+    # A record from before trials named their machine pairs by card alone.
+    assert step_rounds.same_machine(on(h100, "a"), h100)
+    assert step_rounds.same_machine(dict(h100, host=None), on(h100, "b"))
