@@ -275,25 +275,16 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     return out
 
 
-def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
-              timeout_s: float, trace: str | None = None, profile: bool = False,
-              host_timing: bool = False, conf: str | None = None,
-              plugin: str | None = None, extra_env: dict[str, str] | None = None) -> dict:
-    """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
-    process: install() must come before CUDA starts, and nothing cached from an earlier trial may
-    help a later one). Returns its record: `fits` True or False, or None with `error` when the
-    process failed some other way (`timed_out` when it ran past `timeout_s`). With `trace`, the
-    trial records its allocator's trace and writes its snapshot to that path; with `profile`, its
-    record holds the profiled steps (profiles.py); with `host_timing`, vramledger's host time per
-    step; with `conf`, vramledger runs with those settings (VRAMLEDGER_CONF, `key:value,...`);
-    with `plugin`, vramledger loads that plugin library (VRAMLEDGER_PLUGIN: another build's), and
-    the record's `library` names its folder; with `extra_env`, the process gets those variables
-    too, under any allocator (a host allocator's settings, say: GLIBC_TUNABLES, LD_PRELOAD), and
-    the record's `env` holds them.
+def process_env(allocator: str, conf: str | None = None, plugin: str | None = None,
+                extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a trial's process under `allocator`: this one's, less any allocator
+    setting of its own, with vramledger's settings (VRAMLEDGER_CONF) and another build's plugin
+    (VRAMLEDGER_PLUGIN) where given, `extra_env`, torch expandable's PYTORCH_CUDA_ALLOC_CONF, and
+    the repository and the package on PYTHONPATH.
 
     Raises:
       ValueError: `conf` or `plugin` for one of torch's allocators, or `extra_env` naming a
-        variable the trial sets itself (TRIAL_ENV).
+        variable set here (TRIAL_ENV).
     """
     taken = sorted(set(extra_env or {}) & set(TRIAL_ENV))
     if taken:
@@ -316,6 +307,30 @@ def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int
     env["PYTHONPATH"] = os.pathsep.join(
         [ROOT, os.path.join(ROOT, "torch_plugin", "python")] +
         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def run_trial(workload: str, allocator: str, cap_gib: float, dim: str, size: int,
+              timeout_s: float, trace: str | None = None, profile: bool = False,
+              host_timing: bool = False, conf: str | None = None,
+              plugin: str | None = None, extra_env: dict[str, str] | None = None) -> dict:
+    """Runs the trial of `size` along `dim` ("batch" or "seq") in a new process (one allocator per
+    process: install() must come before CUDA starts, and nothing cached from an earlier trial may
+    help a later one). Returns its record: `fits` True or False, or None with `error` when the
+    process failed some other way (`timed_out` when it ran past `timeout_s`). With `trace`, the
+    trial records its allocator's trace and writes its snapshot to that path; with `profile`, its
+    record holds the profiled steps (profiles.py); with `host_timing`, vramledger's host time per
+    step; with `conf`, vramledger runs with those settings (VRAMLEDGER_CONF, `key:value,...`);
+    with `plugin`, vramledger loads that plugin library (VRAMLEDGER_PLUGIN: another build's), and
+    the record's `library` names its folder; with `extra_env`, the process gets those variables
+    too, under any allocator (a host allocator's settings, say: GLIBC_TUNABLES, LD_PRELOAD), and
+    the record's `env` holds them.
+
+    Raises:
+      ValueError: `conf` or `plugin` for one of torch's allocators, or `extra_env` naming a
+        variable the trial sets itself (TRIAL_ENV).
+    """
+    env = process_env(allocator, conf, plugin, extra_env)
     batch, seq = workloads.WORKLOADS[workload].shape(dim, size)
     cmd = [sys.executable, "-m", "benchmarks.capacity.trial", workload, allocator,
            str(cap_gib), str(batch), str(seq)] + ([os.path.abspath(trace)] if trace else [])

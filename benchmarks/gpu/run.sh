@@ -89,6 +89,12 @@
 #                   did in a steady step (CPU time, faults, switches, stolen time) and the
 #                   machine (runs in $OUT/conf-rounds.json, resumed from CONF_RESUME where set;
 #                   run only when named)
+#     mapcost       python -m benchmarks.capacity.mapping_cost: the host cost of a CUDA call
+#                   (pointer lookup, memset, memcpy, launch) while the process holds
+#                   MAPCOST_COUNTS (0,256,1024,2048,3072) blocks of 6 MiB, under each of
+#                   MAPCOST_VARIANTS (conf rounds' variants; default "torch torch-expandable
+#                   default expandable_segments:False expandable_page_mb:20"), MAPCOST_ROUNDS
+#                   (2) processes each (runs in $OUT/mapping-cost.json; run only when named)
 # ITEM may be a name above, "checks", "bench" or "all"; ONLY="..." says the same.
 # Env: BUDGET_S (570), STEPS (ddp's steps, 8), GUARD_MODEL (gpt2), WORKLOADS
 # (gpt2m,llama1b,llama1b-ckpt), MATRIX_FEATURES / MATRIX_COLUMNS (the matrix's cells), ROUNDS (1), AB_MODES (native,plugin,shim,shim-noexp), AB_ROUNDS,
@@ -122,7 +128,7 @@ GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
         snapshot guard preload preload_plan preload_direct regions wheel multi ddp regions_core"
 BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity"
-NAMED="capprofile confrounds"  # benchmarks run only when named (not by "bench" or "all")
+NAMED="capprofile confrounds mapcost"  # benchmarks run only when named (not by "bench" or "all")
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -327,6 +333,15 @@ capprofile() {
   return "$rc"
 }
 
+MAPCOST_DEFAULT="torch torch-expandable default expandable_segments:False expandable_page_mb:20"
+mapcost() {
+  # shellcheck disable=SC2086  # one word per variant
+  timeout "$(bound)" "$PY" -m benchmarks.capacity.mapping_cost run \
+    --variants ${MAPCOST_VARIANTS:-$MAPCOST_DEFAULT} \
+    --rounds "${MAPCOST_ROUNDS:-2}" --counts "${MAPCOST_COUNTS:-0,256,1024,2048,3072}" \
+    --budget-s "$(( $(bound) - 20 ))" --out "$OUT/mapping-cost.json"
+}
+
 confrounds() {
   local w c d s
   IFS=, read -r w c d s <<< "${CONF_ROW:-llama1b,24,batch,1}"
@@ -378,6 +393,7 @@ details() {
     capacity) sed -n '/^capacity (/,$p' "$f" ;;
     capprofile) sed -n '/^profiled steps/,$p' "$f" ;;
     confrounds) sed -n '/^conf rounds of /,$p' "$f" ;;
+    mapcost) sed -n '/^mapping cost, /,$p' "$f" ;;
     fuzz_long) grep -E "^fuzz_long" "$f" ;;
   esac
 }
@@ -501,6 +517,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       capacity) item capacity bench 60 capacity ;;
       capprofile) item capprofile bench 150 capprofile ;;
       confrounds) item confrounds bench 120 confrounds ;;
+      mapcost) item mapcost bench 90 mapcost ;;
     esac
   done
 

@@ -1,0 +1,328 @@
+"""What a CUDA call costs the host while the process holds many blocks of device memory, under
+each allocator. The capacity rows' steps are host-bound, and on some machines vramledger's were
+slower while queuing the same work; the settings tried there ran in the order of the driver
+mappings each holds. This measures that order apart from training: one process per variant
+allocates blocks step by step (COUNTS blocks of BLOCK_MIB, kept live) and, at each count, times
+calls that do nothing but ask the driver about or write to those blocks.
+
+Probes (each the median over REPEATS batches of BATCH calls, the GPU drained between batches and
+not timed; the addresses cycle over the blocks held, so no call finds the last one's answer):
+  ptr_attr  cudaPointerGetAttributes on a block (the driver looks the address up)
+  memset    cudaMemsetAsync of 256 bytes in a block (the call torch's zero_() makes)
+  memcpy    cudaMemcpyAsync of 256 bytes from one block to another, device to device
+  launch    a one-element tensor's add_(1): a kernel launch through torch's dispatcher (a fixed
+            few us of Python and dispatch in every process, beside the launch's own cost)
+The first three go to libcudart through ctypes (the library the process already loaded, found in
+/proc/self/maps); ctypes' cost is the same in every process. Per variant and count the record
+holds each probe's us per call and what the allocator says it holds (torch's
+num_device_alloc, which under expandable segments counts page maps; vramledger's cuMemMap calls).
+
+  python -m benchmarks.capacity.mapping_cost run --variants V ... --out FILE.json [--rounds N]
+      [--counts 0,256,...] [--block-mib M] [--timeout-s S] [--budget-s S]
+      (on the GPU machine; benchmarks/gpu/run.sh item `mapcost`) runs each variant (conf_rounds'
+      variants: torch, torch-expandable, default, vramledger settings, BUILD@...) in its own
+      process, rounds in rotating order, and prints the table.
+  python -m benchmarks.capacity.mapping_cost table FILE.json
+      (any machine) prints the table of a file's runs: per variant and count, each probe's us per
+      call (median over rounds), and per probe its growth per 1,000 blocks (least squares).
+Exit status 0; 1 when a run failed or the budget ended first (run) or FILE holds no run (table);
+2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from benchmarks.capacity import conf_rounds, trial
+
+RESULT = "RESULT_JSON "
+PROBES = ("ptr_attr", "memset", "memcpy", "launch")
+COUNTS = (0, 256, 1024, 2048, 3072)
+BLOCK_MIB = 6  # vramledger's default page: one block, one page, one mapping
+BATCH = 400
+REPEATS = 7
+MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
+
+
+def cudart(maps: str | None = None) -> ctypes.CDLL:
+    """The CUDA runtime library this process loaded (torch's), found in /proc/self/maps.
+
+    Raises:
+      OSError: no libcudart is loaded or found.
+    """
+    maps = maps if maps is not None else (trial.read_text("/proc/self/maps") or "")
+    paths = [line.split()[-1] for line in maps.splitlines() if "libcudart.so" in line]
+    path = paths[0] if paths else ctypes.util.find_library("cudart")
+    if not path:
+        raise OSError("no libcudart in this process (is CUDA initialised?)")
+    return ctypes.CDLL(path)
+
+
+def time_batches(call: Callable[[int], object], drain: Callable[[], None],
+                 batch: int = BATCH, repeats: int = REPEATS,
+                 clock: Callable[[], float] = time.perf_counter) -> float:
+    """Microseconds a call of `call(i)` takes: the median over `repeats` batches of `batch` calls
+    (i counting on across batches), `drain()` before each batch, outside the timed span."""
+    per_call = []
+    i = 0
+    for _ in range(repeats):
+        drain()
+        t0 = clock()
+        for _ in range(batch):
+            call(i)
+            i += 1
+        per_call.append((clock() - t0) / batch * 1e6)
+    return statistics.median(per_call)
+
+
+def probes(rt, torch, blocks: list, scalar) -> dict[str, Callable[[int], object]]:
+    """The probes' calls over `blocks` (tensors held; at least two, or the scalar's storage)."""
+    ptrs = [b.data_ptr() for b in blocks] or [scalar.data_ptr()] * 2
+    if len(ptrs) == 1:
+        ptrs = ptrs * 2
+    attr = ctypes.create_string_buffer(256)  # cudaPointerAttributes: 88 bytes in CUDA 13
+    n = len(ptrs)
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: CUDA error {rc}")
+
+    return {
+        "ptr_attr": lambda i: check(rt.cudaPointerGetAttributes(attr, ctypes.c_void_p(ptrs[i % n])),
+                                    "cudaPointerGetAttributes"),
+        "memset": lambda i: check(rt.cudaMemsetAsync(ctypes.c_void_p(ptrs[i % n]), 0,
+                                                     ctypes.c_size_t(256), None),
+                                  "cudaMemsetAsync"),
+        "memcpy": lambda i: check(rt.cudaMemcpyAsync(ctypes.c_void_p(ptrs[i % n]),
+                                                     ctypes.c_void_p(ptrs[(i + 1) % n]),
+                                                     ctypes.c_size_t(256),
+                                                     MEMCPY_DEVICE_TO_DEVICE, None),
+                                  "cudaMemcpyAsync"),
+        "launch": lambda i: scalar.add_(1),
+    }
+
+
+def held(allocator: str, torch) -> dict:
+    """What the allocator says it holds: torch's num_device_alloc and, under vramledger, the
+    cuMemMap calls it made."""
+    mem = sys.modules["vramledger"] if allocator == "vramledger" else torch.cuda
+    out = {"num_device_alloc": mem.memory_stats().get("num_device_alloc", 0)}
+    if allocator == "vramledger":
+        out["cu_mem_map"] = mem.fragmentation()["driver_calls"]["cuMemMap"]["count"]
+    return out
+
+
+def child(allocator: str, counts: list[int], block_mib: int) -> dict:
+    """Runs the probes in this process (nothing of CUDA initialised yet) at each count of blocks
+    held, in increasing order, and returns its record."""
+    if allocator == "vramledger":
+        import vramledger
+        vramledger.install()
+    import torch
+    scalar = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    rt = cudart()
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "host": trial.host_facts(), "block_mib": block_mib, "at": []}
+    if allocator == "vramledger":
+        out["mode"] = sys.modules["vramledger"].installed_mode()
+    blocks = []
+    for count in sorted(counts):
+        while len(blocks) < count:
+            blocks.append(torch.empty(block_mib << 20, dtype=torch.uint8, device="cuda"))
+        torch.cuda.synchronize()
+        calls = probes(rt, torch, blocks, scalar)
+        us = {name: time_batches(calls[name], torch.cuda.synchronize) for name in PROBES}
+        out["at"].append({"blocks": count, "us": us, **held(allocator, torch)})
+    return out
+
+
+def run_child(variant: conf_rounds.Variant, counts: list[int], block_mib: int,
+              timeout_s: float) -> dict:
+    """The child in a new process, in the variant's environment (trial.process_env)."""
+    env = trial.process_env(variant.allocator, variant.conf, variant.plugin, dict(variant.env))
+    cmd = [sys.executable, "-m", "benchmarks.capacity.mapping_cost", "child", variant.allocator,
+           ",".join(map(str, counts)), str(block_mib)]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=trial.ROOT, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "timed_out": True, "error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        return {"ok": False, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+    return dict(json.loads(lines[-1][len(RESULT):]), ok=True, wall_s=time.monotonic() - t0)
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """The least-squares slope of y over x, or None with fewer than two distinct x."""
+    xs = [x for x, _ in points]
+    if len(set(xs)) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in points)
+    return (sum((x - mx) * (y - my) for x, y in points)
+            / sum((x - mx) ** 2 for x in xs))
+
+
+def table(runs: list[dict]) -> str:
+    """Per variant and count of blocks: each probe's us per call (median over the variant's runs
+    that reached that count) and what the allocator held; per variant, each probe's growth in us
+    per 1,000 blocks.
+
+    Raises:
+      ValueError: no run that measured anything.
+    """
+    done = [r for r in runs if r.get("ok") and r.get("at")]
+    if not done:
+        raise ValueError("no run that measured anything")
+    lines = ["| variant | blocks | runs | " + " | ".join(f"{p} us" for p in PROBES)
+             + " | device allocs | cuMemMap |", "|---|---|---|" + "---|" * (len(PROBES) + 2)]
+    growth = ["| variant | runs | " + " | ".join(f"{p} us / 1,000 blocks" for p in PROBES) + " |",
+              "|---|---|" + "---|" * len(PROBES)]
+    for v in dict.fromkeys(r["variant"] for r in done):
+        mine = [r for r in done if r["variant"] == v]
+        points = {p: [] for p in PROBES}
+        for count in sorted({a["blocks"] for r in mine for a in r["at"]}):
+            at = [a for r in mine for a in r["at"] if a["blocks"] == count]
+            cells = []
+            for p in PROBES:
+                values = [a["us"][p] for a in at if p in a["us"]]
+                points[p] += [(count, x) for x in values]
+                cells.append(f"{statistics.median(values):.2f}" if values else "-")
+            allocs = statistics.median(a.get("num_device_alloc", 0) for a in at)
+            maps = [a["cu_mem_map"] for a in at if "cu_mem_map" in a]
+            lines.append(f"| {v} | {count} | {len(at)} | " + " | ".join(cells)
+                         + f" | {allocs:.0f} | "
+                         + (f"{statistics.median(maps):.0f}" if maps else "-") + " |")
+        slopes = [slope(points[p]) for p in PROBES]
+        growth.append(f"| {v} | {len(mine)} | " + " | ".join(
+            "-" if s is None else f"{s * 1000:+.2f}" for s in slopes) + " |")
+    return "\n".join(lines) + "\n\n" + "\n".join(growth)
+
+
+def run_all(variants: list[str], rounds: int, out: str, counts: list[int], block_mib: int,
+            budget_s: float, timeout_s: float,
+            one: Callable[..., dict] = run_child, log: Callable[[str], None] = print) -> int:
+    """Runs every variant once a round in rotating order (conf_rounds.order), adding each run to
+    `out` as it ends. Returns how many runs failed, plus one when the budget ended first."""
+    parsed = {v: conf_rounds.parse_variant(v) for v in variants}
+    runs: list[dict] = []
+    start = time.monotonic()
+    failed = 0
+    for r in range(rounds):
+        for v in conf_rounds.order(variants, r):
+            left = budget_s - (time.monotonic() - start)
+            if left < min(timeout_s, 30.0):
+                log(f"mapping cost: the budget ended before round {r}, {v}")
+                return failed + 1
+            record = dict(one(parsed[v], counts, block_mib, min(timeout_s, left)),
+                          variant=v, round=r)
+            runs.append(record)
+            tmp = out + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"counts": counts, "block_mib": block_mib, "runs": runs}, f, indent=1)
+            os.replace(tmp, out)
+            if not record["ok"]:
+                failed += 1
+                log(f"mapping cost: round {r}, {v}: failed: {record.get('error')}")
+            else:
+                log(f"mapping cost: round {r}, {v}: " + ", ".join(
+                    f"{a['blocks']}: {a['us']['memset']:.2f}" for a in record["at"])
+                    + " us a memset")
+    return failed
+
+
+def parse_counts(text: str) -> list[int]:
+    """"0,256,1024" as a sorted list of distinct counts.
+
+    Raises:
+      ValueError: not comma-separated whole numbers of at least 0.
+    """
+    try:
+        counts = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise ValueError(f"--counts {text!r}: expected whole numbers, comma-separated") from None
+    if not counts or counts[0] < 0:
+        raise ValueError(f"--counts {text!r}: counts are at least 0")
+    return counts
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.mapping_cost",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="the probes under each variant (GPU machine)")
+    r.add_argument("--variants", nargs="+", required=True)
+    r.add_argument("--rounds", type=int, default=2)
+    r.add_argument("--out", required=True)
+    r.add_argument("--counts", default=",".join(map(str, COUNTS)))
+    r.add_argument("--block-mib", type=int, default=BLOCK_MIB)
+    r.add_argument("--timeout-s", type=float, default=180.0)
+    r.add_argument("--budget-s", type=float, default=600.0)
+    t = sub.add_parser("table", help="the table of a file's runs")
+    t.add_argument("file")
+    c = sub.add_parser("child")  # the process run_child starts
+    c.add_argument("allocator", choices=trial.ALLOCATORS)
+    c.add_argument("counts")
+    c.add_argument("block_mib", type=int)
+    a = ap.parse_args(argv)
+    if a.command == "child":
+        print(RESULT + json.dumps(child(a.allocator, parse_counts(a.counts), a.block_mib)),
+              flush=True)
+        return 0
+    if a.command == "table":
+        try:
+            with open(a.file, encoding="utf-8") as f:
+                runs = json.load(f)["runs"]
+            text = table(runs)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"mapping cost: {a.file}: {e}", file=sys.stderr)
+            return 1
+        print(text)
+        return 0
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
+    if a.block_mib < 1:
+        ap.error(f"--block-mib must be at least 1, got {a.block_mib}")
+    for flag, value in (("--timeout-s", a.timeout_s), ("--budget-s", a.budget_s)):
+        if not 0 < value < math.inf:
+            ap.error(f"{flag} must be a number of seconds above 0, got {value:g}")
+    folder = os.path.dirname(os.path.abspath(a.out))
+    if os.path.isdir(a.out) or not os.path.isdir(folder):
+        ap.error(f"{a.out}: not a file in a folder that exists")
+    try:
+        counts = parse_counts(a.counts)
+        variants = list(dict.fromkeys(a.variants))
+        for v in variants:
+            conf_rounds.parse_variant(v)
+    except ValueError as e:
+        ap.error(str(e))
+    failed = run_all(variants, a.rounds, a.out, counts, a.block_mib, a.budget_s, a.timeout_s)
+    runs = []
+    if os.path.exists(a.out):
+        with open(a.out, encoding="utf-8") as f:
+            runs = json.load(f)["runs"]
+    dev = ", ".join(sorted({x["device"] for x in runs if x.get("device")})) or "?"
+    print(f"mapping cost, {a.block_mib} MiB blocks ({dev})")
+    try:
+        print(table(runs))
+    except ValueError as e:
+        print(f"mapping cost: {e}", file=sys.stderr)
+        return 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
