@@ -37,8 +37,8 @@ CPU.
       results file's step rounds of the row, as the rounds after its last one; each joined
       record's `conf_rounds` names the file (relative to RESULTS' folder) and its round there.
 Exit status 0; 1 when a run failed or the budget ended first (run), FILE holds no run of torch
-native (table), or the runs cannot be joined (join: already joined, unreadable files); 2 on bad
-arguments.
+native (table), or the runs cannot be joined (join: runs RESULTS already holds, a FILE outside
+RESULTS' folder, a file that cannot be read or whose row is not one); 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -290,7 +290,8 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
 PROCESS_COLUMNS = (("step_s", "step ms", 1), ("step_launch_ms", "queued by ms", 1),
                    ("step_user_ms", "user ms", 1), ("step_sys_ms", "sys ms", 1),
                    ("step_minflt", "minor faults", 0), ("step_vcsw", "vol. switches", 0),
-                   ("step_ivcsw", "invol. switches", 0), ("step_runq_ms", "run queue ms", 2),
+                   ("step_ivcsw", "invol. switches", 0),
+                   ("step_main_cpu_ms", "main thread ms", 1), ("step_runq_ms", "run queue ms", 2),
                    ("step_steal_ms", "steal ms", 1))
 
 
@@ -354,6 +355,16 @@ def report(runs: list[dict], variants: list[str] | None = None) -> str:
 JOINED = {"torch": "torch", "torch-expandable": "torch-expandable", DEFAULT: "vramledger"}
 
 
+def fingerprint(record: dict, allocator: str) -> tuple | None:
+    """What tells a run apart from every other: its allocator, machine and step times (floats
+    that two processes never repeat); None for a run without step times (out of memory in its
+    first step), which nothing can tell apart."""
+    if not record.get("step_s"):
+        return None
+    boot = (record.get("host") or {}).get("boot_id")
+    return allocator, boot, tuple(record["step_s"])
+
+
 def join(runs_path: str, results_path: str) -> tuple[int, list[int]]:
     """Adds the runs of `runs_path` whose variant is in JOINED and that ended with an answer (one
     that did not fit included: it is a result at that size) to the capacity results file
@@ -378,8 +389,8 @@ def join(runs_path: str, results_path: str) -> tuple[int, list[int]]:
     into = results.Results(results_path)
     into.load([results_path])
     joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
-    held = {(r["allocator"], tuple(r.get("step_s") or ())) for r in into.rounds.values()}
-    again = [r for r in joined if (JOINED[r["variant"]], tuple(r.get("step_s") or ())) in held]
+    held = {fingerprint(r, r["allocator"]) for r in into.rounds.values()}
+    again = [r for r in joined if fingerprint(r, JOINED[r["variant"]]) in held - {None}]
     if again:
         raise ValueError(f"{results_path} already holds {len(again)} of the {len(joined)} runs "
                          f"of {runs_path} (the same step times)")

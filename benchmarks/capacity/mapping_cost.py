@@ -1,32 +1,40 @@
 """What a CUDA call costs the host while the process holds many blocks of device memory, under
 each allocator. The capacity rows' steps are host-bound, and on some machines vramledger's were
-slower while queuing the same work; the settings tried there ran in the order of the driver
-mappings each holds. This measures that order apart from training: one process per variant
-allocates blocks step by step (COUNTS blocks of BLOCK_MIB, kept live) and, at each count, times
-calls that do nothing but ask the driver about or write to those blocks.
+slower at queuing the same work; whether a call costs the driver more the more objects
+(cudaMalloc segments, mapped pages) the allocator holds is a candidate cause. This measures that
+apart from training: one process per variant allocates blocks step by step (COUNTS blocks of
+BLOCK_MIB, kept live) and, at each count, times calls that do nothing but reach those blocks.
 
-Probes (each the median over REPEATS batches of BATCH calls, the GPU drained between batches and
-not timed; the addresses cycle over the blocks held, so no call finds the last one's answer):
+Probes (each the median over REPEATS batches of BATCH calls; the GPU drained before each batch,
+outside the timed span, and the drain after it timed too, so a batch whose calls waited on a
+full queue shows; the addresses visit the blocks in a fixed shuffled order, so consecutive calls
+reach different segments or pages under every allocator):
+  control   cudaGetDevice: no device address, the process's baseline
   ptr_attr  cudaPointerGetAttributes on a block (the driver looks the address up)
-  memset    cudaMemsetAsync of 256 bytes in a block (the call torch's zero_() makes)
-  memcpy    cudaMemcpyAsync of 256 bytes from one block to another, device to device
+  memset    cudaMemsetAsync of 256 bytes in a block
+  memcpy    cudaMemcpyAsync of 256 bytes between two blocks, device to device
   launch    a one-element tensor's add_(1): a kernel launch through torch's dispatcher (a fixed
             few us of Python and dispatch in every process, beside the launch's own cost)
-The first three go to libcudart through ctypes (the library the process already loaded, found in
-/proc/self/maps); ctypes' cost is the same in every process. Per variant and count the record
-holds each probe's us per call and what the allocator says it holds (torch's
-num_device_alloc, which under expandable segments counts page maps; vramledger's cuMemMap calls).
+The first four go to the libcudart the process loaded (found in /proc/self/maps) through ctypes,
+whose cost is the same in every process. A training step of the Llama-1B 24 GiB batch row makes
+about 3,100 launches and some hundreds of memsets and copies, so only the launches could carry a
+gap of tens of ms a step. Only a probe's growth with the count, within one process and beside
+the control's, compares across variants: levels are one process each, and processes differ.
+Per variant and count the record holds each probe's us per call, the drain's us per batch, and
+what the allocator holds (torch's num_device_alloc, which under expandable segments counts map
+calls, reserved bytes, and vramledger's cuMemMap calls).
 
   python -m benchmarks.capacity.mapping_cost run --variants V ... --out FILE.json [--rounds N]
       [--counts 0,256,...] [--block-mib M] [--timeout-s S] [--budget-s S]
       (on the GPU machine; benchmarks/gpu/run.sh item `mapcost`) runs each variant (conf_rounds'
       variants: torch, torch-expandable, default, vramledger settings, BUILD@...) in its own
-      process, rounds in rotating order, and prints the table.
+      process, rounds in rotating order, into a new FILE, and prints the table.
   python -m benchmarks.capacity.mapping_cost table FILE.json
       (any machine) prints the table of a file's runs: per variant and count, each probe's us per
-      call (median over rounds), and per probe its growth per 1,000 blocks (least squares).
+      call (median over rounds), and per probe its growth per 1,000 blocks (least squares over
+      the counts above 0, whose blocks are the measured kind).
 Exit status 0; 1 when a run failed or the budget ended first (run) or FILE holds no run (table);
-2 on bad arguments.
+2 on bad arguments (an --out that exists included).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import ctypes.util
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -46,7 +55,7 @@ from typing import Callable
 from benchmarks.capacity import conf_rounds, trial
 
 RESULT = "RESULT_JSON "
-PROBES = ("ptr_attr", "memset", "memcpy", "launch")
+PROBES = ("control", "ptr_attr", "memset", "memcpy", "launch")
 COUNTS = (0, 256, 1024, 2048, 3072)
 BLOCK_MIB = 6  # vramledger's default page: one block, one page, one mapping
 BATCH = 400
@@ -54,57 +63,67 @@ REPEATS = 7
 MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
 
 
-def cudart(maps: str | None = None) -> ctypes.CDLL:
-    """The CUDA runtime library this process loaded (torch's), found in /proc/self/maps.
+def cudart(maps: str | None = None) -> tuple[ctypes.CDLL, str]:
+    """The CUDA runtime library this process loaded (torch's), found in /proc/self/maps, and its
+    path.
 
     Raises:
-      OSError: no libcudart is loaded or found.
+      OSError: no libcudart is loaded (a runtime loaded here instead could be another one).
     """
     maps = maps if maps is not None else (trial.read_text("/proc/self/maps") or "")
-    paths = [line.split()[-1] for line in maps.splitlines() if "libcudart.so" in line]
-    path = paths[0] if paths else ctypes.util.find_library("cudart")
-    if not path:
+    paths = [line.split(None, 5)[5].removesuffix(" (deleted)") for line in maps.splitlines()
+             if "libcudart.so" in line and len(line.split(None, 5)) == 6]
+    if not paths:
         raise OSError("no libcudart in this process (is CUDA initialised?)")
-    return ctypes.CDLL(path)
+    return ctypes.CDLL(paths[0]), paths[0]
 
 
 def time_batches(call: Callable[[int], object], drain: Callable[[], None],
                  batch: int = BATCH, repeats: int = REPEATS,
-                 clock: Callable[[], float] = time.perf_counter) -> float:
-    """Microseconds a call of `call(i)` takes: the median over `repeats` batches of `batch` calls
-    (i counting on across batches), `drain()` before each batch, outside the timed span."""
-    per_call = []
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Microseconds a call of `call(i)` takes, the median over `repeats` batches of `batch` calls
+    (i counting on across batches), and the median time of the `drain()` after each batch (us;
+    near 0 when the calls, not the GPU, set the pace). `drain()` also runs before the first."""
+    per_call, drains = [], []
     i = 0
+    drain()
     for _ in range(repeats):
-        drain()
         t0 = clock()
         for _ in range(batch):
             call(i)
             i += 1
-        per_call.append((clock() - t0) / batch * 1e6)
-    return statistics.median(per_call)
+        t1 = clock()
+        drain()
+        per_call.append((t1 - t0) / batch * 1e6)
+        drains.append((clock() - t1) * 1e6)
+    return statistics.median(per_call), statistics.median(drains)
 
 
-def probes(rt, torch, blocks: list, scalar) -> dict[str, Callable[[int], object]]:
-    """The probes' calls over `blocks` (tensors held; at least two, or the scalar's storage)."""
-    ptrs = [b.data_ptr() for b in blocks] or [scalar.data_ptr()] * 2
-    if len(ptrs) == 1:
-        ptrs = ptrs * 2
+def probes(rt, blocks: list, scalar) -> dict[str, Callable[[int], object]]:
+    """The probes' calls over `blocks` (tensors held), in a fixed shuffled order; with fewer than
+    two blocks, over the scalar's storage."""
+    ptrs = [b.data_ptr() for b in blocks]
+    random.Random(0).shuffle(ptrs)
+    if len(ptrs) < 2:
+        ptrs = [scalar.data_ptr()] * 2
     attr = ctypes.create_string_buffer(256)  # cudaPointerAttributes: 88 bytes in CUDA 13
+    device = ctypes.c_int()
     n = len(ptrs)
+    half = n // 2  # memcpy's source: half the order away, another segment or page than its dst
 
     def check(rc: int, what: str) -> None:
         if rc != 0:
             raise RuntimeError(f"{what} failed: CUDA error {rc}")
 
     return {
+        "control": lambda i: check(rt.cudaGetDevice(ctypes.byref(device)), "cudaGetDevice"),
         "ptr_attr": lambda i: check(rt.cudaPointerGetAttributes(attr, ctypes.c_void_p(ptrs[i % n])),
                                     "cudaPointerGetAttributes"),
         "memset": lambda i: check(rt.cudaMemsetAsync(ctypes.c_void_p(ptrs[i % n]), 0,
                                                      ctypes.c_size_t(256), None),
                                   "cudaMemsetAsync"),
         "memcpy": lambda i: check(rt.cudaMemcpyAsync(ctypes.c_void_p(ptrs[i % n]),
-                                                     ctypes.c_void_p(ptrs[(i + 1) % n]),
+                                                     ctypes.c_void_p(ptrs[(i + half) % n]),
                                                      ctypes.c_size_t(256),
                                                      MEMCPY_DEVICE_TO_DEVICE, None),
                                   "cudaMemcpyAsync"),
@@ -113,10 +132,12 @@ def probes(rt, torch, blocks: list, scalar) -> dict[str, Callable[[int], object]
 
 
 def held(allocator: str, torch) -> dict:
-    """What the allocator says it holds: torch's num_device_alloc and, under vramledger, the
-    cuMemMap calls it made."""
+    """What the allocator says it holds: torch's num_device_alloc and reserved bytes and, under
+    vramledger, the cuMemMap calls it made."""
     mem = sys.modules["vramledger"] if allocator == "vramledger" else torch.cuda
-    out = {"num_device_alloc": mem.memory_stats().get("num_device_alloc", 0)}
+    stats = mem.memory_stats()
+    out = {"num_device_alloc": stats.get("num_device_alloc", 0),
+           "reserved_bytes": stats.get("reserved_bytes.all.current", 0)}
     if allocator == "vramledger":
         out["cu_mem_map"] = mem.fragmentation()["driver_calls"]["cuMemMap"]["count"]
     return out
@@ -124,26 +145,34 @@ def held(allocator: str, torch) -> dict:
 
 def child(allocator: str, counts: list[int], block_mib: int) -> dict:
     """Runs the probes in this process (nothing of CUDA initialised yet) at each count of blocks
-    held, in increasing order, and returns its record."""
+    held, in increasing order, and returns its record; a count the card cannot hold ends it
+    (`oom` names the count), keeping the counts measured."""
     if allocator == "vramledger":
         import vramledger
         vramledger.install()
     import torch
     scalar = torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
-    rt = cudart()
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    rt, path = cudart()
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cudart": path,
            "host": trial.host_facts(), "block_mib": block_mib, "at": []}
     if allocator == "vramledger":
         out["mode"] = sys.modules["vramledger"].installed_mode()
     blocks = []
     for count in sorted(counts):
-        while len(blocks) < count:
-            blocks.append(torch.empty(block_mib << 20, dtype=torch.uint8, device="cuda"))
+        try:
+            while len(blocks) < count:
+                blocks.append(torch.empty(block_mib << 20, dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError:
+            out["oom"] = count
+            break
         torch.cuda.synchronize()
-        calls = probes(rt, torch, blocks, scalar)
-        us = {name: time_batches(calls[name], torch.cuda.synchronize) for name in PROBES}
-        out["at"].append({"blocks": count, "us": us, **held(allocator, torch)})
+        calls = probes(rt, blocks, scalar)
+        us, drain_us = {}, {}
+        for name in PROBES:
+            us[name], drain_us[name] = time_batches(calls[name], torch.cuda.synchronize)
+        out["at"].append({"blocks": count, "us": us, "drain_us": drain_us,
+                          **held(allocator, torch)})
     return out
 
 
@@ -177,8 +206,8 @@ def slope(points: list[tuple[float, float]]) -> float | None:
 
 def table(runs: list[dict]) -> str:
     """Per variant and count of blocks: each probe's us per call (median over the variant's runs
-    that reached that count) and what the allocator held; per variant, each probe's growth in us
-    per 1,000 blocks.
+    that reached that count), the longest of the probes' drains, and what the allocator held;
+    per variant, each probe's growth in us per 1,000 blocks over the counts above 0.
 
     Raises:
       ValueError: no run that measured anything.
@@ -187,7 +216,8 @@ def table(runs: list[dict]) -> str:
     if not done:
         raise ValueError("no run that measured anything")
     lines = ["| variant | blocks | runs | " + " | ".join(f"{p} us" for p in PROBES)
-             + " | device allocs | cuMemMap |", "|---|---|---|" + "---|" * (len(PROBES) + 2)]
+             + " | drain us | device allocs | reserved GiB | cuMemMap |",
+             "|---|---|---|" + "---|" * (len(PROBES) + 4)]
     growth = ["| variant | runs | " + " | ".join(f"{p} us / 1,000 blocks" for p in PROBES) + " |",
               "|---|---|" + "---|" * len(PROBES)]
     for v in dict.fromkeys(r["variant"] for r in done):
@@ -198,13 +228,16 @@ def table(runs: list[dict]) -> str:
             cells = []
             for p in PROBES:
                 values = [a["us"][p] for a in at if p in a["us"]]
-                points[p] += [(count, x) for x in values]
+                if count > 0:  # count 0 reaches the scalar's small block, another kind
+                    points[p] += [(count, x) for x in values]
                 cells.append(f"{statistics.median(values):.2f}" if values else "-")
-            allocs = statistics.median(a.get("num_device_alloc", 0) for a in at)
+            drains = [max(a["drain_us"].values()) for a in at if a.get("drain_us")]
+            cells.append(f"{statistics.median(drains):.0f}" if drains else "-")
+            cells.append(f"{statistics.median(a.get('num_device_alloc', 0) for a in at):.0f}")
+            cells.append(f"{statistics.median(a.get('reserved_bytes', 0) for a in at) / 2**30:.1f}")
             maps = [a["cu_mem_map"] for a in at if "cu_mem_map" in a]
-            lines.append(f"| {v} | {count} | {len(at)} | " + " | ".join(cells)
-                         + f" | {allocs:.0f} | "
-                         + (f"{statistics.median(maps):.0f}" if maps else "-") + " |")
+            cells.append(f"{statistics.median(maps):.0f}" if maps else "-")
+            lines.append(f"| {v} | {count} | {len(at)} | " + " | ".join(cells) + " |")
         slopes = [slope(points[p]) for p in PROBES]
         growth.append(f"| {v} | {len(mine)} | " + " | ".join(
             "-" if s is None else f"{s * 1000:+.2f}" for s in slopes) + " |")
@@ -302,6 +335,8 @@ def main(argv=None) -> int:
     folder = os.path.dirname(os.path.abspath(a.out))
     if os.path.isdir(a.out) or not os.path.isdir(folder):
         ap.error(f"{a.out}: not a file in a folder that exists")
+    if os.path.exists(a.out):  # its runs would be taken for this call's
+        ap.error(f"{a.out} exists; name a new file")
     try:
         counts = parse_counts(a.counts)
         variants = list(dict.fromkeys(a.variants))

@@ -27,8 +27,9 @@ The figures, per row:
   cudaStreamSynchronize) with their time per steady step (trial.py; "-" for torch's allocators
   and older records);
 - the card the runs ran on: a round's three runs share one machine; a round whose two runs name
-  different cards (records merged from two machines' files under one round number) is not
-  paired; and, where the records name it, on how many machines (kernel boots) the row's runs ran.
+  different cards, or different machines (kernel boots) where both records name theirs (records
+  merged or joined from several machines' files under one round number), is not paired
+  (same_machine()); and, where the records name it, on how many machines the row's runs ran.
 """
 
 from __future__ import annotations

@@ -14,13 +14,16 @@ which machine ran the trial (cards of one name run a row's steps at different sp
 different machines), and a vramledger record's `mode` the route install() took.
 
 Where a step's time went on the host: `step_launch_ms`, the time until the step's work was
-queued (train_step returned; the rest of `step_s` is the wait for the GPU), and what the process
+queued (train_step returned; the rest of `step_s` is the wait for the GPU; a wait inside the step,
+such as an allocator's on an event or torch's cudaFree before a retry, falls in it, and shows in
+the counters above and, under vramledger, in `step_waits`), and what the process
 and its machine did in the step (process_totals()): `step_user_ms` and `step_sys_ms`, the CPU
 time of all the process's threads in user and kernel mode (getrusage; the kernel's accounting may
 count in ticks of a few ms, and a thread that spins while it waits for the GPU counts as busy);
 `step_minflt`, minor page faults; `step_vcsw` and `step_ivcsw`, the threads' voluntary and
-involuntary context switches; `step_runq_ms`, the time the main (Python) thread was ready to run
-but waited for a CPU (/proc/thread-self/schedstat); `step_steal_ms`, the time the hypervisor gave
+involuntary context switches; `step_main_cpu_ms` and `step_runq_ms`, the time the main (Python)
+thread ran and the time it was ready to run but waited for a CPU (/proc/thread-self/schedstat; a
+kernel without scheduler statistics gives None); `step_steal_ms`, the time the hypervisor gave
 the machine's CPUs to others (/proc/stat, all CPUs summed, in ticks of 10 ms; 0 where none is
 reported). A process slower than another shows there whether it queued its work more slowly,
 faulted or switched more, waited for a CPU, or ran on a contended machine. At the end:
@@ -131,7 +134,7 @@ TRIAL_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF", "VRAMLEDGER_PLUGIN", 
              "PYTHONUNBUFFERED", "PYTHONHASHSEED")
 # A record's per-step fields that are changes of process_totals()'s entries of the same name.
 PROCESS_FIGURES = ("step_user_ms", "step_sys_ms", "step_minflt", "step_vcsw", "step_ivcsw",
-                   "step_runq_ms", "step_steal_ms")
+                   "step_main_cpu_ms", "step_runq_ms", "step_steal_ms")
 
 
 def steal_ms() -> float | None:
@@ -143,23 +146,25 @@ def steal_ms() -> float | None:
     return int(fields[8]) * 1e3 / os.sysconf("SC_CLK_TCK")
 
 
-def runq_ms() -> float | None:
-    """The time the calling thread has waited on a run queue, ready but not running (ms; the
-    second field of /proc/thread-self/schedstat, in ns), or None where it cannot be read."""
+def thread_sched_ms() -> tuple[float | None, float | None]:
+    """The calling thread's time on a CPU and its time waiting on a run queue, ready but not
+    running (ms; the first two fields of /proc/thread-self/schedstat, in ns), each None where it
+    cannot be read."""
     fields = (read_text("/proc/thread-self/schedstat") or "").split()
-    if len(fields) < 2 or not fields[1].isdigit():
-        return None
-    return int(fields[1]) / 1e6
+    if len(fields) < 2 or not (fields[0].isdigit() and fields[1].isdigit()):
+        return None, None
+    return int(fields[0]) / 1e6, int(fields[1]) / 1e6
 
 
 def process_totals() -> dict[str, float | None]:
     """The running totals behind PROCESS_FIGURES: this process's CPU time (ms), minor page faults
-    and context switches (getrusage, every thread), the calling thread's run-queue wait
-    (runq_ms()) and the machine's stolen time (steal_ms())."""
+    and context switches (getrusage, every thread), the calling thread's CPU time and run-queue
+    wait (thread_sched_ms()) and the machine's stolen time (steal_ms())."""
     u = resource.getrusage(resource.RUSAGE_SELF)
+    main_cpu, runq = thread_sched_ms()
     return {"step_user_ms": u.ru_utime * 1e3, "step_sys_ms": u.ru_stime * 1e3,
             "step_minflt": u.ru_minflt, "step_vcsw": u.ru_nvcsw, "step_ivcsw": u.ru_nivcsw,
-            "step_runq_ms": runq_ms(), "step_steal_ms": steal_ms()}
+            "step_main_cpu_ms": main_cpu, "step_runq_ms": runq, "step_steal_ms": steal_ms()}
 
 
 def host_us(frag: dict) -> float:
@@ -228,10 +233,11 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
             torch.cuda.synchronize()
             out["step_s"].append(time.perf_counter() - t0)
             out["step_launch_ms"].append((queued - t0) * 1e3)
-            out["losses"].append(float(loss))  # after the wait: reading it costs no time
             for field, total in process_totals().items():
                 out[field].append(None if total is None or used[field] is None
                                   else total - used[field])
+            out["losses"].append(float(loss))  # after the wait: the GPU is done with it
+            del loss  # freed before the next step begins, not inside its timed span
             if prof is not None:
                 out["profile"][str(i)] = profiles.stop(prof)
             after = mem.memory_stats()

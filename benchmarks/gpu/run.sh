@@ -335,6 +335,7 @@ capprofile() {
 
 MAPCOST_DEFAULT="torch torch-expandable default expandable_segments:False expandable_page_mb:20"
 mapcost() {
+  rm -f "$OUT/mapping-cost.json"  # a new file each call (the command refuses one that exists)
   # shellcheck disable=SC2086  # one word per variant
   timeout "$(bound)" "$PY" -m benchmarks.capacity.mapping_cost run \
     --variants ${MAPCOST_VARIANTS:-$MAPCOST_DEFAULT} \

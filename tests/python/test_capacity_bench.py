@@ -475,14 +475,50 @@ def test_each_steps_process_figures_are_the_counters_change_over_that_step(monke
         assert r[field] == ([None] * 6 if field == "step_steal_ms" else [2.5] * 6), field
 
 
-def test_the_run_queue_wait_is_read_from_the_threads_schedstat(monkeypatch):
+def test_the_main_threads_cpu_and_run_queue_wait_are_read_from_its_schedstat(monkeypatch):
     from benchmarks.capacity import trial
     monkeypatch.setattr(trial, "read_text", lambda path: {
         "/proc/thread-self/schedstat": "123456789 2500000 42"}[path])
-    assert trial.runq_ms() == 2.5
-    for text in (None, "", "1", "1 x 3"):
+    assert trial.thread_sched_ms() == (123.456789, 2.5)
+    for text in (None, "", "1", "1 x 3", "x 1 3"):
         monkeypatch.setattr(trial, "read_text", lambda path, t=text: t)
-        assert trial.runq_ms() is None, text
+        assert trial.thread_sched_ms() == (None, None), text
+
+
+def test_a_steps_launch_time_ends_when_its_work_is_queued_and_the_loss_is_read_after(
+        monkeypatch):
+    """step_launch_ms stops when train_step returns, before the wait for the GPU; step_s holds
+    both; the loss is read only after the wait."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.capacity import trial, workloads
+    now = [0.0]
+    events = []
+
+    class Loss:
+        def __float__(self):
+            events.append("read")
+            return 2.0
+
+    def step(*args):
+        now[0] += 0.1  # queuing the step's work
+        return Loss()
+
+    def synchronize():
+        events.append("wait")
+        now[0] += 0.05  # the GPU finishing it
+    monkeypatch.setattr(trial.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (0, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {})
+    monkeypatch.setattr(workloads, "build", lambda t, w: (torch.nn.Linear(3, 2), None))
+    monkeypatch.setattr(workloads, "train_step", step)
+    r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
+    assert r["step_launch_ms"] == pytest.approx([100.0] * 6)
+    assert r["step_s"] == pytest.approx([0.15] * 6) and r["losses"] == [2.0] * 6
+    # Each step: the drain before it (outside the span), the wait, then its loss is read.
+    assert events == ["wait", "wait", "read"] * 6
 
 
 def test_the_stolen_time_is_read_from_the_cpu_line_of_proc_stat(monkeypatch):

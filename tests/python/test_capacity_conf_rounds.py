@@ -319,18 +319,19 @@ def test_the_process_table_gives_each_variants_steady_step_and_the_machines_thei
             {"variant": "default", "round": 2, "fits": None, "error": "exit 1"}]
     lines = conf_rounds.process_table(runs).splitlines()
     assert lines[0] == ("| variant (mean steady step) | runs | step ms | queued by ms | user ms | "
-                        "sys ms | minor faults | vol. switches | invol. switches | run queue ms | "
-                        "steal ms |")
+                        "sys ms | minor faults | vol. switches | invol. switches | main thread ms "
+                        "| run queue ms | steal ms |")
     # Means over the steady steps (0.2, 0.2, 0.1, 0.22 s: 180 ms), medians over the runs.
-    assert "| torch | 2 | 180.0 | 50.0 | 1.0 | 11.0 | 1 | 1 | 1 | 1.00 | - |" in lines
-    assert "| default | 2 | 180.0 | 50.0 | 1.0 | 32.0 | 1 | 1 | 1 | 1.00 | - |" in lines
+    assert "| torch | 2 | 180.0 | 50.0 | 1.0 | 11.0 | 1 | 1 | 1 | 1.0 | 1.00 | - |" in lines
+    assert "| default | 2 | 180.0 | 50.0 | 1.0 | 32.0 | 1 | 1 | 1 | 1.0 | 1.00 | - |" in lines
     assert conf_rounds.machines(runs).splitlines() == [
         "machine aaaaaaaa: 2 runs, Xeon, 16 CPUs, load average (1 min) 1.50-2.00",
         "machine bbbbbbbb: 2 runs, Xeon, 16 CPUs, load average (1 min) 0.25-0.50"]
     # Records from before these figures: the columns say "-", no machine line.
     old = [{"variant": v, "round": 0, "fits": True, "step_s": steps(0.2)}
            for v in ("torch", "default")]
-    assert "| default | 1 | 180.0 | - | - | - | - | - | - | - | - |" in conf_rounds.process_table(old)
+    assert ("| default | 1 | 180.0 | - | - | - | - | - | - | - | - | - |"
+            in conf_rounds.process_table(old))
     assert conf_rounds.machines(old) == ""
     text = conf_rounds.report(runs)
     assert text.index("/ torch native") < text.index("sys ms") < text.index("machine aaaaaaaa")
@@ -425,3 +426,35 @@ def test_join_names_bad_files(tmp_path, capsys):
     inner.write_text(json.dumps({"trials": []}))
     assert conf_rounds.main(["join", str(runs_path), str(inner)]) == 1
     assert "is not under" in capsys.readouterr().err
+
+
+def test_join_tells_runs_apart_by_their_step_times_and_machine_never_by_an_empty_list(tmp_path):
+    """Two runs out of memory in their first step hold no step time: neither is taken for the
+    other; a run of another machine with the same figures is another run."""
+    oom = {"variant": "default", "round": 0, "fits": False, "step_s": []}
+    results_path = tmp_path / "results.json"
+    held = dict(ROW, allocator="vramledger", round=0, fits=False, step_s=[])
+    results_path.write_text(json.dumps({"trials": [], "step_rounds": [held]}))
+    (tmp_path / "a.json").write_text(json.dumps({"row": ROW, "runs": [oom]}))
+    assert conf_rounds.join(str(tmp_path / "a.json"), str(results_path)) == (1, [1])
+    ran = {"variant": "torch", "round": 0, "fits": True, "step_s": steps(0.2),
+           "host": {"boot_id": "a"}}
+    (tmp_path / "b.json").write_text(json.dumps({"row": ROW, "runs": [ran]}))
+    assert conf_rounds.join(str(tmp_path / "b.json"), str(results_path)) == (1, [2])
+    (tmp_path / "c.json").write_text(json.dumps(
+        {"row": ROW, "runs": [dict(ran, host={"boot_id": "b"})]}))
+    assert conf_rounds.join(str(tmp_path / "c.json"), str(results_path)) == (1, [3])
+    with pytest.raises(ValueError, match="already holds 1 of the 1 runs"):
+        conf_rounds.join(str(tmp_path / "b.json"), str(results_path))
+
+
+def test_the_tables_pair_a_rounds_runs_only_on_one_machine():
+    """A round whose runs name two machines (kernel boots) is not paired (the step rounds' table
+    pairs through the same step_rounds.same_machine)."""
+    def run(variant, round_, boot, steady):
+        return {"variant": variant, "round": round_, "fits": True, "step_s": steps(steady),
+                "device": "H100", "host": {"boot_id": boot}}
+    runs = [run("torch", 0, "a", 0.2), run("default", 0, "a", 0.21),
+            run("torch", 1, "a", 0.2), run("default", 1, "b", 0.1),
+            run("torch", 2, "c", 0.2), run("default", 2, "c", 0.21)]
+    assert "| 1.050 [1.050, 1.050] | above |" in conf_rounds.table(runs)

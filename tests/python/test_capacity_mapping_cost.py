@@ -28,10 +28,11 @@ def test_a_batchs_time_per_call_is_the_median_over_batches_drained_outside_the_s
 
     def drain():
         log.append("drain")
-        now[0] += 1.0  # outside the timed span: never counted
-    us = mapping_cost.time_batches(call, drain, batch=5, repeats=5, clock=clock)
+        now[0] += 1e-3  # timed apart: 1,000 us a drain
+    us, drain_us = mapping_cost.time_batches(call, drain, batch=5, repeats=5, clock=clock)
     assert us == pytest.approx(5.0)  # batches of 2, 2, 5, 5, 5 us a call
-    assert log[:7] == ["drain", 0, 1, 2, 3, 4, "drain"] and log.count("drain") == 5
+    assert drain_us == pytest.approx(1000.0)
+    assert log[:8] == ["drain", 0, 1, 2, 3, 4, "drain", 5] and log.count("drain") == 6
     assert [x for x in log if x != "drain"] == list(range(25))  # i counts on across batches
 
 
@@ -41,6 +42,10 @@ class Runtime:
     def __init__(self, rc: int = 0):
         self.calls = []
         self.rc = rc
+
+    def cudaGetDevice(self, device):
+        self.calls.append(("device",))
+        return self.rc
 
     def cudaPointerGetAttributes(self, attr, ptr):
         self.calls.append(("attr", ptr.value))
@@ -67,44 +72,87 @@ class Block:
         self.adds += x
 
 
-def test_the_probes_cycle_over_the_blocks_held_and_name_a_failed_call():
+def test_the_probes_visit_the_blocks_shuffled_so_neighbours_in_memory_are_not_consecutive():
     rt = Runtime()
-    blocks = [Block(0x1000), Block(0x2000), Block(0x3000)]
+    # Three blocks per segment, as torch carves 6 MiB blocks out of 20 MiB segments.
+    blocks = [Block((0x100 + segment << 20) + 0x1000 * k) for segment in range(8)
+              for k in range(3)]
     scalar = Block(0x10)
-    calls = mapping_cost.probes(rt, None, blocks, scalar)
+    calls = mapping_cost.probes(rt, blocks, scalar)
     assert set(calls) == set(mapping_cost.PROBES)
-    for i in range(4):
+    n = len(blocks)
+    for i in range(n):
         calls["ptr_attr"](i)
-    calls["memset"](1)
-    calls["memcpy"](2)
-    calls["launch"](0)
-    assert rt.calls == [("attr", 0x1000), ("attr", 0x2000), ("attr", 0x3000), ("attr", 0x1000),
-                        ("memset", 0x2000, 256),
-                        ("memcpy", 0x3000, 0x1000, mapping_cost.MEMCPY_DEVICE_TO_DEVICE)]
-    assert scalar.adds == 1
-    # With no block held the calls use the scalar's storage.
+    visited = [c[1] for c in rt.calls]
+    assert sorted(visited) == sorted(b.ptr for b in blocks)  # each block once a cycle
+    same_segment = sum(a >> 20 == b >> 20 for a, b in zip(visited, visited[1:]))
+    assert same_segment <= 5  # in allocation order: 16 of the 23 (the seeded order: 4)
     rt.calls.clear()
-    mapping_cost.probes(rt, None, [], scalar)["memcpy"](0)
+    calls["memcpy"](0)
+    (_, dst, src, kind), = rt.calls
+    assert dst == visited[0] and src == visited[n // 2] and dst >> 20 != src >> 20
+    assert kind == mapping_cost.MEMCPY_DEVICE_TO_DEVICE
+    rt.calls.clear()
+    calls["control"](0)
+    calls["memset"](1)
+    calls["launch"](0)
+    assert rt.calls == [("device",), ("memset", visited[1], 256)] and scalar.adds == 1
+    # With fewer than two blocks the calls use the scalar's storage.
+    rt.calls.clear()
+    mapping_cost.probes(rt, [], scalar)["memcpy"](0)
     assert rt.calls == [("memcpy", 0x10, 0x10, mapping_cost.MEMCPY_DEVICE_TO_DEVICE)]
     with pytest.raises(RuntimeError, match="cudaMemsetAsync failed: CUDA error 700"):
-        mapping_cost.probes(Runtime(rc=700), None, blocks, scalar)["memset"](0)
+        mapping_cost.probes(Runtime(rc=700), blocks, scalar)["memset"](0)
 
 
-def test_the_runtime_is_the_one_the_process_loaded(monkeypatch):
-    monkeypatch.setattr(mapping_cost.ctypes.util, "find_library", lambda name: None)
+def test_the_runtime_is_the_one_the_process_loaded_or_none(monkeypatch):
     with pytest.raises(OSError, match="no libcudart"):
         mapping_cost.cudart("7f00-7f01 r-xp 0 0:0 0 /usr/lib/libc.so.6\n")
-    opened = []
-    monkeypatch.setattr(mapping_cost.ctypes, "CDLL", lambda path: opened.append(path) or path)
+    monkeypatch.setattr(mapping_cost.ctypes, "CDLL", lambda path: ("lib", path))
     maps = ("7f00-7f01 r-xp 0 0:0 0 /usr/lib/libc.so.6\n"
-            "7f02-7f03 r-xp 0 0:0 0 /venv/nvidia/cu13/lib/libcudart.so.13\n")
-    assert mapping_cost.cudart(maps) == "/venv/nvidia/cu13/lib/libcudart.so.13"
+            "7f02-7f03 r-xp 0 0:0 0 /venv/my libs/cu13/libcudart.so.13 (deleted)\n")
+    assert mapping_cost.cudart(maps) == (("lib", "/venv/my libs/cu13/libcudart.so.13"),
+                                         "/venv/my libs/cu13/libcudart.so.13")
+
+
+def test_the_child_measures_each_count_keeps_its_blocks_and_stops_where_the_card_is_full(
+        monkeypatch):
+    """child() on stand-ins for torch's CUDA calls and the runtime."""
+    torch = pytest.importorskip("torch")
+    made = []
+    empty = torch.empty
+
+    def cuda_empty(n, dtype=None, device=None):
+        if len(made) == 5:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        made.append(n)
+        return empty(n, dtype=dtype)
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "empty", cuda_empty)
+    monkeypatch.setattr(torch, "zeros", lambda n, device=None: real_zeros(n))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    monkeypatch.setattr(torch.cuda, "memory_stats",
+                        lambda: {"num_device_alloc": len(made),
+                                 "reserved_bytes.all.current": len(made) << 20})
+    monkeypatch.setattr(mapping_cost, "cudart", lambda: (Runtime(), "/x/libcudart.so.13"))
+    monkeypatch.setattr(mapping_cost, "BATCH", 3)
+    monkeypatch.setattr(mapping_cost, "time_batches",
+                        lambda call, drain: (call(0), drain(), (1.0, 2.0))[-1])
+    r = mapping_cost.child("torch", [4, 0, 2, 8], 1)
+    assert [a["blocks"] for a in r["at"]] == [0, 2, 4] and r["oom"] == 8
+    assert made == [1 << 20] * 5  # the blocks of a count stay for the next
+    assert r["at"][2]["num_device_alloc"] == 4 and r["at"][2]["reserved_bytes"] == 4 << 20
+    assert r["at"][1]["us"] == {p: 1.0 for p in mapping_cost.PROBES}
+    assert r["at"][1]["drain_us"] == {p: 2.0 for p in mapping_cost.PROBES}
+    assert r["cudart"] == "/x/libcudart.so.13" and "cu_mem_map" not in r["at"][0]
 
 
 def at(blocks: int, base: float, per_1000: float, allocs: int, maps: int | None = None) -> dict:
     """A count's figures: every probe `base` us plus `per_1000` us per 1,000 blocks."""
-    point = {"blocks": blocks, "num_device_alloc": allocs,
-             "us": {p: base + per_1000 * blocks / 1000 for p in mapping_cost.PROBES}}
+    point = {"blocks": blocks, "num_device_alloc": allocs, "reserved_bytes": blocks * (6 << 20),
+             "us": {p: base + per_1000 * blocks / 1000 for p in mapping_cost.PROBES},
+             "drain_us": {p: 10.0 for p in mapping_cost.PROBES}}
     if maps is not None:
         point["cu_mem_map"] = maps
     return point
@@ -112,18 +160,22 @@ def at(blocks: int, base: float, per_1000: float, allocs: int, maps: int | None 
 
 def test_the_table_gives_each_count_and_each_probes_growth_per_1000_blocks():
     runs = [{"variant": "torch", "round": r, "ok": True,
-             "at": [at(0, 5.0, 0.5, 1), at(1000, 5.0, 0.5, 334), at(2000, 5.0, 0.5, 667)]}
+             "at": [at(0, 50.0, 0.5, 1), at(1024, 5.0, 0.5, 342), at(2048, 5.0, 0.5, 683)]}
             for r in range(2)]
     runs += [{"variant": "default", "round": r, "ok": True,
-              "at": [at(0, 5.0 + r, 2.0, 1, 0), at(2000, 5.0 + r, 2.0, 2000, 2000)]}
+              "at": [at(0, 5.0 + r, 2.0, 1, 0), at(1024, 5.0 + r, 2.0, 1024, 1024),
+                     at(2048, 5.0 + r, 2.0, 2048, 2048)]}
              for r in range(2)]
     runs.append({"variant": "default", "round": 2, "ok": False, "error": "exit 1"})
     text = mapping_cost.table(runs)
     lines = text.splitlines()
-    assert "| torch | 1000 | 2 | 5.50 | 5.50 | 5.50 | 5.50 | 334 | - |" in lines
-    assert "| default | 2000 | 2 | 9.50 | 9.50 | 9.50 | 9.50 | 2000 | 2000 |" in lines
-    assert "| torch | 2 | +0.50 | +0.50 | +0.50 | +0.50 |" in lines
-    assert "| default | 2 | +2.00 | +2.00 | +2.00 | +2.00 |" in lines
+    assert lines[0].startswith("| variant | blocks | runs | control us | ptr_attr us |")
+    assert "| torch | 1024 | 2 | 5.51 | 5.51 | 5.51 | 5.51 | 5.51 | 10 | 342 | 6.0 | - |" in lines
+    assert ("| default | 2048 | 2 | 9.60 | 9.60 | 9.60 | 9.60 | 9.60 | 10 | 2048 | 12.0 | 2048 |"
+            in lines)
+    # The growth leaves count 0 out: torch's 50 us there (another kind of block) does not count.
+    assert "| torch | 2 | +0.50 | +0.50 | +0.50 | +0.50 | +0.50 |" in lines
+    assert "| default | 2 | +2.00 | +2.00 | +2.00 | +2.00 | +2.00 |" in lines
     with pytest.raises(ValueError, match="no run that measured"):
         mapping_cost.table([{"variant": "torch", "ok": False}])
     assert mapping_cost.slope([(0, 1.0)]) is None
@@ -171,6 +223,7 @@ def test_a_variants_process_gets_its_environment(monkeypatch):
 
 def test_the_command_refuses_bad_arguments_and_names_bad_files(tmp_path, capsys):
     out = str(tmp_path / "m.json")
+    (tmp_path / "old.json").write_text('{"runs": []}')
     for args, said in (
             (["run", "--variants", "torch", "--out", out, "--rounds", "0"], "--rounds"),
             (["run", "--variants", "torch", "--out", out, "--counts", "a,b"], "whole numbers"),
@@ -179,7 +232,9 @@ def test_the_command_refuses_bad_arguments_and_names_bad_files(tmp_path, capsys)
             (["run", "--variants", "page_mb", "--out", out], "key:value"),
             (["run", "--variants", "torch", "--out", out, "--budget-s", "nan"], "--budget-s"),
             (["run", "--variants", "torch", "--out", str(tmp_path / "no" / "m.json")],
-             "not a file in a folder")):
+             "not a file in a folder"),
+            (["run", "--variants", "torch", "--out", str(tmp_path / "old.json")],
+             "old.json exists; name a new file")):
         with pytest.raises(SystemExit) as e:
             mapping_cost.main(args)
         err = capsys.readouterr().err

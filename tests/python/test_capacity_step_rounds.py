@@ -182,6 +182,22 @@ def test_the_rounds_table_with_the_per_step_counters():
     assert vl[12] == torch[12] == "stand-in"  # the card, as the runs' records name it
 
 
+def test_the_rounds_table_pairs_a_rounds_runs_only_on_one_machine():
+    """Round 1's vramledger run names another machine (records joined from two machines' files
+    under one round number): rounds 0 and 2 alone pair."""
+    results = searched()
+    run_rounds(results, RoundRuns({a: [0.5, 0.5, 0.5] for a in ALLOCATOR_ORDER}), 3)
+    for r in results.rounds.values():
+        r["host"] = {"boot_id": "a"}
+        if r["allocator"] == "vramledger":
+            r["step_s"] = [x * 1.05 for x in r["step_s"]]
+            if r["round"] == 1:
+                r["host"] = {"boot_id": "b"}
+                r["step_s"] = [x * 0.5 for x in r["step_s"]]
+    rows = row_cells(step_rounds.rounds_table(results, [ROW], 64))
+    assert rows["torch native"][9:11] == ["1.050 (1.050 - 1.050) over 2 rounds", "above"]
+
+
 def test_the_tables_on_records_without_the_per_step_counters(tmp_path, capsys):
     path = tmp_path / "r.json"
     results = searched(str(path))
