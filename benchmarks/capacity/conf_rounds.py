@@ -12,17 +12,16 @@ build's libvramledger_plugin.so, libvramledger_native.so and the Abseil librarie
 route install() took (`mode`). Any variant may end in `+NAME=VALUE` (repeatable): its process gets
 that environment variable too, under any allocator, e.g. the host allocator's settings
 (`torch+GLIBC_TUNABLES=glibc.malloc.trim_threshold=...`) to tell the heap's behaviour from the
-allocator's work. Each round runs every variant once, in an order that rotates as the
-step rounds' does (round r starts with variant r mod k), so drift falls on each variant alike. Per
-variant, the table gives the median over rounds of each steady step (the steps after the first two,
+allocator's work. Each round runs every variant once, in an order that rotates as the step rounds'
+does (round r starts with variant r mod k), so drift falls on each variant alike. Per variant, the
+table gives the median over rounds of each steady step (the steps after the first two,
 step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio to torch native's run
 of the same round (geometric mean over rounds and its 90% bootstrap interval, step_rounds.interval).
-A second table gives where each variant's steady step went on the host (the time until its work
-was queued, and trial.PROCESS_FIGURES: CPU time in user and kernel mode, minor page faults,
-context switches, the main thread's run-queue wait, the machine's stolen time), and a line per
-machine (kernel boot) gives its runs, CPUs and load averages: a variant slower on one machine
-shows there whether it queued its work more slowly, faulted or switched more, or waited for a
-CPU.
+A second table gives where each variant's steady step went on the host (the time until its work was
+queued, and trial.PROCESS_FIGURES: CPU time in user and kernel mode, minor page faults, context
+switches, the main thread's CPU time and run-queue wait, the machine's stolen time), and a line per
+machine (kernel boot) gives its runs, CPUs and load averages: a variant slower on one machine shows
+there whether it queued its work more slowly, faulted or switched more, or waited for a CPU.
 
   python -m benchmarks.capacity.conf_rounds run WORKLOAD CAP_GIB DIM SIZE --variants V ...
       --rounds N --out FILE.json [--timeout-s S] [--budget-s S]
