@@ -412,6 +412,16 @@ def join(runs_path: str, results_path: str) -> tuple[int, list[int]]:
     return len(joined), [first + i for i in range(len(rounds))]
 
 
+def check_run_flags(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuses (ap.error, status 2) a `run` command's --rounds below 1 and a --timeout-s or
+    --budget-s that is not a number of seconds above 0."""
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
+    for flag, value in (("--timeout-s", a.timeout_s), ("--budget-s", a.budget_s)):
+        if not 0 < value < math.inf:
+            ap.error(f"{flag} must be a number of seconds above 0, got {value:g}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.conf_rounds",
                                  description=__doc__,
@@ -459,11 +469,7 @@ def main(argv=None) -> int:
         print(text)
         return 0
     workloads.check_row(ap, a)
-    if a.rounds < 1:
-        ap.error(f"--rounds must be at least 1, got {a.rounds}")
-    for flag, value in (("--timeout-s", a.timeout_s), ("--budget-s", a.budget_s)):
-        if not 0 < value < math.inf:
-            ap.error(f"{flag} must be a number of seconds above 0, got {value:g}")
+    check_run_flags(ap, a)
     variants = list(dict.fromkeys(a.variants))
     if REFERENCE not in variants:
         variants.insert(0, REFERENCE)

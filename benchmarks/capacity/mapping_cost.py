@@ -43,7 +43,6 @@ import argparse
 import ctypes
 import ctypes.util
 import json
-import math
 import os
 import random
 import statistics
@@ -325,13 +324,9 @@ def main(argv=None) -> int:
             return 1
         print(text)
         return 0
-    if a.rounds < 1:
-        ap.error(f"--rounds must be at least 1, got {a.rounds}")
+    conf_rounds.check_run_flags(ap, a)
     if a.block_mib < 1:
         ap.error(f"--block-mib must be at least 1, got {a.block_mib}")
-    for flag, value in (("--timeout-s", a.timeout_s), ("--budget-s", a.budget_s)):
-        if not 0 < value < math.inf:
-            ap.error(f"{flag} must be a number of seconds above 0, got {value:g}")
     folder = os.path.dirname(os.path.abspath(a.out))
     if os.path.isdir(a.out) or not os.path.isdir(folder):
         ap.error(f"{a.out}: not a file in a folder that exists")
