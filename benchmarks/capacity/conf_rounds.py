@@ -274,10 +274,12 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
             per_step.append(f"{statistics.median(times) * 1e3:.1f}" if times else "-")
         steady = statistics.median(step_rounds.steady_time(r) for r in mine)
         # A round's runs pair only when they ran on one machine (a file resumed elsewhere).
-        ratios = [step_rounds.steady_time(r) / step_rounds.steady_time(reference[r["round"]])
-                  for r in mine if r["round"] in reference
+        paired = [r for r in mine if r["round"] in reference
                   and step_rounds.same_machine(r, reference[r["round"]])]
-        bounds = step_rounds.interval(ratios) if v != REFERENCE else None
+        ratios = [step_rounds.steady_time(r) / step_rounds.steady_time(reference[r["round"]])
+                  for r in paired]
+        bounds = (step_rounds.interval(ratios, machines=[step_rounds.machine(r) for r in paired])
+                  if v != REFERENCE else None)
         ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]" if bounds else "-")
         verdict = step_rounds.verdict(bounds) if v != REFERENCE else "reference"
         lines.append(f"| {v} | {len(mine)} | " + " | ".join(per_step)

@@ -13,9 +13,12 @@ The figures, per row:
   two ran minutes apart at most, so what drifts between rounds cancels);
 - the point estimate is the geometric mean of the rounds' ratios, its 90% interval the 5th and
   95th percentiles of that mean over RESAMPLES resamples of the rounds with replacement, from a
-  seeded generator (the same records give the same interval). With few rounds a bootstrap
-  interval is narrower than the truth (it never reaches past the rounds' own range): the table
-  gives the number of rounds beside it.
+  seeded generator (the same records give the same interval). Where the rounds ran on more than
+  one machine, each resample draws the machines with replacement and then each drawn machine's
+  rounds (interval()): a machine's rounds share whatever makes that machine fast or slow, and
+  resampling rounds alone would count 18 rounds of three machines as 18 independent machines.
+  With few rounds (or machines) a bootstrap interval is narrower than the truth (it never reaches
+  past the rounds' own range): the table gives the number of rounds and machines beside it.
 - the verdict on "vramledger's step time is not above the torch allocator's": "not above" when
   the interval's upper end is at most 1 + MARGIN, "above" when its lower end is above 1 + MARGIN,
   "undecided" between (more rounds narrow the interval). MARGIN is 2%: a tie must be able to pass
@@ -30,6 +33,10 @@ The figures, per row:
   different cards, or different machines (kernel boots) where both records name theirs (records
   merged or joined from several machines' files under one round number), is not paired
   (same_machine()); and, where the records name it, on how many machines the row's runs ran.
+
+A run's machine (machine()) is its kernel boot id (trial.host_facts()); a record written before
+trials recorded their host may carry a `machine` label instead, set from the log of the calls
+that ran it; a run with neither counts as a machine of its own in the interval.
 """
 
 from __future__ import annotations
@@ -92,18 +99,41 @@ def steady_time(record: dict) -> float | None:
     return statistics.median(steps[WARM_STEPS:])
 
 
-def interval(ratios: list[float], *, level: float = LEVEL, resamples: int = RESAMPLES,
+def interval(ratios: list[float], *, machines: list[str | None] | None = None,
+             level: float = LEVEL, resamples: int = RESAMPLES,
              seed: int = SEED) -> tuple[float, float, float] | None:
     """(geometric mean, low, high) of paired ratios, the bounds the central `level` of the
-    geometric mean over resamples of the ratios with replacement; None below two ratios."""
+    geometric mean over resamples; None below two ratios.
+
+    Without `machines`, or where they name a single machine or a different one for every ratio,
+    a resample draws the ratios with replacement. With `machines` (one per ratio; None for an
+    unknown one, which counts as a machine of its own) naming several machines for some ratios, a
+    resample draws as many machines as there are, with replacement, and then each drawn machine's
+    ratios, as many as it has, with replacement; the mean is over every ratio drawn.
+    """
     if len(ratios) < 2:
         return None
     if any(not x > 0 for x in ratios):
         raise ValueError(f"ratios must be positive, got {ratios}")
+    if machines is not None and len(machines) != len(ratios):
+        raise ValueError(f"{len(machines)} machines for {len(ratios)} ratios")
     logs = [math.log(x) for x in ratios]
+    groups: dict[object, list[float]] = {}
+    for i, x in enumerate(logs):
+        key = machines[i] if machines and machines[i] is not None else ("round", i)
+        groups.setdefault(key, []).append(x)
     rng = random.Random(seed)
     n = len(logs)
-    means = sorted(math.fsum(rng.choices(logs, k=n)) / n for _ in range(resamples))
+    if len(groups) in (1, n):
+        means = [math.fsum(rng.choices(logs, k=n)) / n for _ in range(resamples)]
+    else:
+        machine_logs = list(groups.values())
+        means = []
+        for _ in range(resamples):
+            drawn = [x for mine in rng.choices(machine_logs, k=len(machine_logs))
+                     for x in rng.choices(mine, k=len(mine))]
+            means.append(math.fsum(drawn) / len(drawn))
+    means.sort()
     tail = (1 - level) / 2
     low = means[int(math.floor(tail * (resamples - 1)))]
     high = means[int(math.ceil((1 - tail) * (resamples - 1)))]
@@ -119,25 +149,32 @@ def verdict(bounds: tuple[float, float, float] | None) -> str:
     return "above" if low > 1 + MARGIN else "undecided"
 
 
+def machine(record: dict) -> str | None:
+    """The machine a run ran on: its kernel boot id, else the `machine` label of a record written
+    before trials recorded their host; None when the record names neither."""
+    return (record.get("host") or {}).get("boot_id") or record.get("machine")
+
+
 def same_machine(a: dict, b: dict) -> bool:
-    """Whether two runs of a round may be paired: on one card, and on one machine (kernel boot)
-    where both records name theirs (a round whose runs were resumed or joined from elsewhere may
-    hold runs of several)."""
-    boot_a, boot_b = ((r.get("host") or {}).get("boot_id") for r in (a, b))
-    return a.get("device") == b.get("device") and (not boot_a or not boot_b or boot_a == boot_b)
+    """Whether two runs of a round may be paired: on one card, and on one machine where both
+    records name theirs (a round whose runs were resumed or joined from elsewhere may hold runs of
+    several)."""
+    machine_a, machine_b = machine(a), machine(b)
+    return a.get("device") == b.get("device") and (
+        not machine_a or not machine_b or machine_a == machine_b)
 
 
 def cards(runs: list[dict]) -> str:
     """The GPUs `runs` ran on, without the vendor's name ("H200"; two names when a row's rounds
     came from two kinds of card: a ratio pairs a round's runs only when they name one card), and
-    on how many machines (kernel boots, trial.host_facts()) where the records say."""
+    on how many machines (machine()) where the records say."""
     names = sorted({r["device"].removeprefix("NVIDIA ") for r in runs if r.get("device")})
-    hosts = {(r.get("host") or {}).get("boot_id") for r in runs} - {None}
+    hosts = {machine(r) for r in runs} - {None}
     text = ", ".join(names) or "-"
     if hosts:
-        unnamed = any(r.get("device") and not (r.get("host") or {}).get("boot_id") for r in runs)
+        unnamed = any(r.get("device") and not machine(r) for r in runs)
         text += (f" on {len(hosts)} machine{'s' if len(hosts) > 1 else ''}"
-                 + (" (and runs without a boot id)" if unnamed else ""))
+                 + (" (and runs of unknown machines)" if unnamed else ""))
     return text
 
 
@@ -166,12 +203,16 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
             ratio, says = "-", "-"
             if a != "vramledger":
                 vl = {k: t for k, t in times["vramledger"].items() if t is not None}
-                paired = [vl[k] / mine[k] for k in sorted(vl.keys() & mine.keys())
-                          if same_machine(runs["vramledger"][k], runs[a][k])]
-                bounds = interval(paired)
+                keys = [k for k in sorted(vl.keys() & mine.keys())
+                        if same_machine(runs["vramledger"][k], runs[a][k])]
+                paired = [vl[k] / mine[k] for k in keys]
+                on = [machine(runs["vramledger"][k]) or machine(runs[a][k]) for k in keys]
+                bounds = interval(paired, machines=on)
                 if bounds:
+                    known = len(set(on) - {None})
                     ratio = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}) over "
-                             f"{len(paired)} rounds")
+                             f"{len(paired)} rounds"
+                             + (f", {known} machines" if known > 1 else ""))
                 elif paired:
                     ratio = f"{paired[0]:.3f} over 1 round"
                 says = verdict(bounds)

@@ -146,6 +146,45 @@ def test_the_interval_of_fixed_ratios():
         step_rounds.interval([1.0, 0.0])
 
 
+def test_rounds_of_several_machines_are_resampled_by_machine_then_round():
+    """Two machines, one fast and one slow, six rounds each that agree within the machine: the
+    rounds' own bootstrap sees twelve independent rounds and a narrow interval; resampled by
+    machine, a resample is all of one machine a quarter of the time each way, so the interval
+    reaches both machines' ratios."""
+    ratios = [1.00] * 6 + [1.10] * 6
+    machines = ["a"] * 6 + ["b"] * 6
+    gm, low, high = step_rounds.interval(ratios)
+    assert high - low < 0.06
+    clustered = step_rounds.interval(ratios, machines=machines)
+    assert clustered[0] == pytest.approx(gm)
+    assert clustered[1:] == pytest.approx((1.00, 1.10))
+    assert step_rounds.interval(ratios, machines=machines) == clustered  # seeded
+    # One machine, a machine per ratio or none known: the rounds' own bootstrap, exactly.
+    for same in (["a"] * 12, list("abcdefghijkl"), [None] * 12):
+        assert step_rounds.interval(ratios, machines=same) == (gm, low, high)
+    # A ratio of unknown machine is a machine of its own beside the named ones.
+    # Three machines: all-a or all-b resamples are 1/27 each, the bounds near either machine's.
+    mixed = step_rounds.interval(ratios + [1.05], machines=machines + [None])
+    plain = step_rounds.interval(ratios + [1.05])
+    assert mixed[1] < 1.01 < plain[1] and plain[2] < 1.09 < mixed[2]
+    with pytest.raises(ValueError, match="2 machines for 12 ratios"):
+        step_rounds.interval(ratios, machines=["a", "b"])
+
+
+def test_a_runs_machine_is_its_boot_id_else_its_label():
+    assert step_rounds.machine({"host": {"boot_id": "b1"}, "machine": "first"}) == "b1"
+    assert step_rounds.machine({"host": None, "machine": "first"}) == "first"
+    assert step_rounds.machine({"device": "H100"}) is None
+    h100 = {"device": "H100"}
+    assert step_rounds.same_machine(dict(h100, machine="first"), dict(h100, machine="first"))
+    assert not step_rounds.same_machine(dict(h100, machine="first"),
+                                        dict(h100, machine="second"))
+    assert not step_rounds.same_machine(dict(h100, machine="first"),
+                                        dict(h100, host={"boot_id": "b1"}))
+    assert step_rounds.cards([dict(h100, machine="first"), dict(h100, machine="second"),
+                              h100]) == "H100 on 2 machines (and runs of unknown machines)"
+
+
 def test_the_verdict_reads_the_interval_against_two_percent():
     assert step_rounds.verdict((0.99, 0.96, 1.02)) == "not above"
     assert step_rounds.verdict((1.01, 0.99, 1.03)) == "undecided"
@@ -273,7 +312,7 @@ def test_the_card_column_counts_the_hosts_the_records_name():
     assert step_rounds.cards([run("a"), run("a")]) == "H100 80GB HBM3 on 1 machine"
     assert step_rounds.cards([run("a"), run("b"), run("a")]) == "H100 80GB HBM3 on 2 machines"
     assert step_rounds.cards([run("a"), run()]) == (
-        "H100 80GB HBM3 on 1 machine (and runs without a boot id)")
+        "H100 80GB HBM3 on 1 machine (and runs of unknown machines)")
     assert step_rounds.cards([run(), run()]) == "H100 80GB HBM3"
 
 
