@@ -19,9 +19,11 @@ step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio to 
 of the same round (geometric mean over rounds and its 90% bootstrap interval, step_rounds.interval).
 A second table gives where each variant's steady step went on the host (the time until its work was
 queued, and trial.PROCESS_FIGURES: CPU time in user and kernel mode, minor page faults, context
-switches, the main thread's CPU time and run-queue wait, the machine's stolen time), and a line per
-machine (kernel boot) gives its runs, CPUs and load averages: a variant slower on one machine shows
-there whether it queued its work more slowly, faulted or switched more, or waited for a CPU.
+switches, the main thread's CPU time, run-queue wait and moves between CPUs, the machine's stolen
+time; and the host probes timed before each step, trial.host_probes()), and a line per machine
+(kernel boot) gives its runs, CPUs and load averages: a variant slower on one machine shows there
+whether it queued its work more slowly, faulted or switched more, or waited for a CPU, and whether
+its process ran any host work slower (the probes) or only the step's.
 
   python -m benchmarks.capacity.conf_rounds run WORKLOAD CAP_GIB DIM SIZE --variants V ...
       --rounds N --out FILE.json [--timeout-s S] [--budget-s S]
@@ -293,7 +295,9 @@ PROCESS_COLUMNS = (("step_s", "step ms", 1), ("step_launch_ms", "queued by ms", 
                    ("step_minflt", "minor faults", 0), ("step_vcsw", "vol. switches", 0),
                    ("step_ivcsw", "invol. switches", 0),
                    ("step_main_cpu_ms", "main thread ms", 1), ("step_runq_ms", "run queue ms", 2),
-                   ("step_steal_ms", "steal ms", 1))
+                   ("step_migrations", "migrations", 1), ("step_steal_ms", "steal ms", 1),
+                   ("step_probe_py_us", "Python probe us", 0),
+                   ("step_probe_launch_us", "launch probe us", 2))
 
 
 def steady_mean(record: dict, field: str) -> float | None:

@@ -25,8 +25,12 @@ involuntary context switches; `step_main_cpu_ms` and `step_runq_ms`, the time th
 thread ran and the time it was ready to run but waited for a CPU (/proc/thread-self/schedstat; a
 kernel without scheduler statistics gives None); `step_steal_ms`, the time the hypervisor gave
 the machine's CPUs to others (/proc/stat, all CPUs summed, in ticks of 10 ms; 0 where none is
-reported). A process slower than another shows there whether it queued its work more slowly,
-faulted or switched more, waited for a CPU, or ran on a contended machine. At the end:
+reported); `step_migrations`, the main thread's moves between CPUs, and `step_cpu`, the CPU it
+ended the step on. Before each step, outside its timed span, host_probes() times fixed host work
+(`step_probe_py_us`, an interpreter loop; `step_probe_launch_us`, a launch), the control that
+tells a slower process from slower work in it. A process slower than another shows there whether
+it queued its work more slowly, faulted or switched more, waited for a CPU, moved between CPUs,
+ran its host work slower whatever the work, or ran on a contended machine. At the end:
 `maxrss_mib`, the process's peak resident host memory, and `threads`, its threads.
 
 Under vramledger the record also holds, per step, what its own ledger of driver calls changed
@@ -134,7 +138,11 @@ TRIAL_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "VRAMLEDGER_CONF", "VRAMLEDGER_PLUGIN", 
              "PYTHONUNBUFFERED", "PYTHONHASHSEED")
 # A record's per-step fields that are changes of process_totals()'s entries of the same name.
 PROCESS_FIGURES = ("step_user_ms", "step_sys_ms", "step_minflt", "step_vcsw", "step_ivcsw",
-                   "step_main_cpu_ms", "step_runq_ms", "step_steal_ms")
+                   "step_main_cpu_ms", "step_runq_ms", "step_migrations", "step_steal_ms")
+# The fixed host work timed between steps (host_probes()): additions in the interpreter's loop,
+# about 1 ms; launches of a one-element add_, about 1-2 ms.
+PROBE_LOOP = 50000
+PROBE_LAUNCHES = 200
 
 
 def steal_ms() -> float | None:
@@ -156,15 +164,50 @@ def thread_sched_ms() -> tuple[float | None, float | None]:
     return int(fields[0]) / 1e6, int(fields[1]) / 1e6
 
 
+def thread_placement() -> tuple[int | None, int | None]:
+    """The CPU the calling thread last ran on (/proc/thread-self/stat's `processor`, the 39th
+    field) and its migrations between CPUs so far (/proc/thread-self/sched's se.nr_migrations,
+    where the kernel keeps scheduler statistics), each None where it cannot be read."""
+    stat = (read_text("/proc/thread-self/stat") or "").rpartition(")")[2].split()
+    cpu = int(stat[36]) if len(stat) > 36 and stat[36].isdigit() else None  # fields 3.. follow
+    migrations = None
+    for line in (read_text("/proc/thread-self/sched") or "").splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "se.nr_migrations" and value.strip().isdigit():
+            migrations = int(value.strip())
+    return cpu, migrations
+
+
 def process_totals() -> dict[str, float | None]:
     """The running totals behind PROCESS_FIGURES: this process's CPU time (ms), minor page faults
-    and context switches (getrusage, every thread), the calling thread's CPU time and run-queue
-    wait (thread_sched_ms()) and the machine's stolen time (steal_ms())."""
+    and context switches (getrusage, every thread), the calling thread's CPU time, run-queue
+    wait (thread_sched_ms()) and migrations (thread_placement()) and the machine's stolen time
+    (steal_ms())."""
     u = resource.getrusage(resource.RUSAGE_SELF)
     main_cpu, runq = thread_sched_ms()
     return {"step_user_ms": u.ru_utime * 1e3, "step_sys_ms": u.ru_stime * 1e3,
             "step_minflt": u.ru_minflt, "step_vcsw": u.ru_nvcsw, "step_ivcsw": u.ru_nivcsw,
-            "step_main_cpu_ms": main_cpu, "step_runq_ms": runq, "step_steal_ms": steal_ms()}
+            "step_main_cpu_ms": main_cpu, "step_runq_ms": runq,
+            "step_migrations": thread_placement()[1], "step_steal_ms": steal_ms()}
+
+
+def host_probes(torch, scalar) -> tuple[float, float]:
+    """Fixed host work, the same in every process, timed between steps with the GPU idle: the
+    interpreter's loop of PROBE_LOOP additions (us), and PROBE_LAUNCHES launches of `scalar`'s
+    add_(1) through torch's dispatcher (us per launch; the wait after them is not timed). A
+    process whose probes ran slower ran any host work slower (its CPU, the CPU's clock, a load
+    beside it), whatever its allocator; one whose probes matched another's but whose steps queued
+    their work later spent the difference in the steps' own work."""
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(PROBE_LOOP):
+        total += i
+    t1 = time.perf_counter()
+    for _ in range(PROBE_LAUNCHES):
+        scalar.add_(1)
+    t2 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6, (t2 - t1) * 1e6 / PROBE_LAUNCHES
 
 
 def host_us(frag: dict) -> float:
@@ -193,7 +236,8 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "oom": False,
            "error": None, "host": host_facts(), "step_s": [], "losses": [],
-           "step_launch_ms": [], **{f: [] for f in (*STEP_COUNTERS, *PROCESS_FIGURES)}}
+           "step_launch_ms": [], "step_cpu": [], "step_probe_py_us": [],
+           "step_probe_launch_us": [], **{f: [] for f in (*STEP_COUNTERS, *PROCESS_FIGURES)}}
     if allocator == "vramledger":  # the route install() took: "native", or "pluggable"
         out["mode"] = mem.installed_mode()
     ledger = mem.fragmentation if allocator == "vramledger" else None
@@ -220,8 +264,12 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         out["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
         vocab = w.config["vocab_size"]
+        scalar = next(model.parameters()).new_zeros(1)  # host_probes()'s, on the model's device
         for i, length in enumerate(workloads.lengths(seq)):
             torch.cuda.synchronize()
+            python_us, launch_us = host_probes(torch, scalar)  # outside the timed span
+            out["step_probe_py_us"].append(python_us)
+            out["step_probe_launch_us"].append(launch_us)
             before = mem.memory_stats()  # outside the timed span
             frag = ledger() if ledger else None
             totals = vramledger_totals(frag) if ledger else {}
@@ -233,6 +281,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
             torch.cuda.synchronize()
             out["step_s"].append(time.perf_counter() - t0)
             out["step_launch_ms"].append((queued - t0) * 1e3)
+            out["step_cpu"].append(thread_placement()[0])
             for field, total in process_totals().items():
                 out[field].append(None if total is None or used[field] is None
                                   else total - used[field])

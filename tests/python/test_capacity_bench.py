@@ -517,8 +517,36 @@ def test_a_steps_launch_time_ends_when_its_work_is_queued_and_the_loss_is_read_a
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
     assert r["step_launch_ms"] == pytest.approx([100.0] * 6)
     assert r["step_s"] == pytest.approx([0.15] * 6) and r["losses"] == [2.0] * 6
-    # Each step: the drain before it (outside the span), the wait, then its loss is read.
-    assert events == ["wait", "wait", "read"] * 6
+    # Each step: the drain before it and the host probes' (outside the span), the wait, then
+    # its loss is read.
+    assert events == ["wait", "wait", "wait", "read"] * 6
+
+
+def test_the_main_threads_cpu_and_migrations_are_read_from_proc(monkeypatch):
+    from benchmarks.capacity import trial
+    # A command name with spaces and a parenthesis: the fields after its last ')' count.
+    stat = "4242 (py (main) x) R " + " ".join(str(n) for n in range(4, 39)) + " 7 0 0"
+    sched = "python (4242, #threads: 3)\n---\nse.exec_start  :  12.5\nse.nr_migrations  :  9\n"
+    monkeypatch.setattr(trial, "read_text", lambda path: {
+        "/proc/thread-self/stat": stat, "/proc/thread-self/sched": sched}[path])
+    assert trial.thread_placement() == (7, 9)
+    for text in (None, "", "1 (x) R 4", "se.nr_migrations : many"):
+        monkeypatch.setattr(trial, "read_text", lambda path, t=text: t)
+        assert trial.thread_placement() == (None, None), text
+    # The live process: its CPU is one it may run on.
+    monkeypatch.undo()
+    cpu, migrations = trial.thread_placement()
+    assert cpu in os.sched_getaffinity(0) and (migrations is None or migrations >= 0)
+
+
+def test_the_host_probes_time_fixed_work_and_launch_on_the_given_tensor():
+    torch = pytest.importorskip("torch")
+    from benchmarks.capacity import trial
+    scalar = torch.zeros(1)
+    python_us, launch_us = trial.host_probes(type("T", (), {"cuda": type(
+        "C", (), {"synchronize": staticmethod(lambda: None)})}), scalar)
+    assert python_us > 0 and launch_us > 0
+    assert scalar.item() == trial.PROBE_LAUNCHES  # each launch added 1
 
 
 def test_the_stolen_time_is_read_from_the_cpu_line_of_proc_stat(monkeypatch):

@@ -305,6 +305,8 @@ def run_record(variant: str, round_: int, boot: str, sys_ms: float, load: float)
     figures["step_sys_ms"] = [sys_ms * 10] * 2 + [sys_ms] * 4
     figures["step_steal_ms"] = [None] * 6  # bare metal without /proc/stat's steal
     figures["step_launch_ms"] = [150.0] * 2 + [50.0] * 4
+    figures["step_probe_py_us"] = [2000.0] * 2 + [1000.0] * 4
+    figures["step_probe_launch_us"] = [9.0] * 2 + [5.0] * 4
     return {"variant": variant, "round": round_, "fits": True, "step_s": steps(0.2),
             "device": "H100", **figures,
             "host": {"boot_id": boot, "cpu_model": "Xeon", "cpus": 16,
@@ -320,17 +322,20 @@ def test_the_process_table_gives_each_variants_steady_step_and_the_machines_thei
     lines = conf_rounds.process_table(runs).splitlines()
     assert lines[0] == ("| variant (mean steady step) | runs | step ms | queued by ms | user ms | "
                         "sys ms | minor faults | vol. switches | invol. switches | main thread ms "
-                        "| run queue ms | steal ms |")
+                        "| run queue ms | migrations | steal ms | Python probe us | launch probe us "
+                        "|")
     # Means over the steady steps (0.2, 0.2, 0.1, 0.22 s: 180 ms), medians over the runs.
-    assert "| torch | 2 | 180.0 | 50.0 | 1.0 | 11.0 | 1 | 1 | 1 | 1.0 | 1.00 | - |" in lines
-    assert "| default | 2 | 180.0 | 50.0 | 1.0 | 32.0 | 1 | 1 | 1 | 1.0 | 1.00 | - |" in lines
+    assert ("| torch | 2 | 180.0 | 50.0 | 1.0 | 11.0 | 1 | 1 | 1 | 1.0 | 1.00 | 1.0 | - | 1000 "
+            "| 5.00 |") in lines
+    assert ("| default | 2 | 180.0 | 50.0 | 1.0 | 32.0 | 1 | 1 | 1 | 1.0 | 1.00 | 1.0 | - | 1000 "
+            "| 5.00 |") in lines
     assert conf_rounds.machines(runs).splitlines() == [
         "machine aaaaaaaa: 2 runs, Xeon, 16 CPUs, load average (1 min) 1.50-2.00",
         "machine bbbbbbbb: 2 runs, Xeon, 16 CPUs, load average (1 min) 0.25-0.50"]
     # Records from before these figures: the columns say "-", no machine line.
     old = [{"variant": v, "round": 0, "fits": True, "step_s": steps(0.2)}
            for v in ("torch", "default")]
-    assert ("| default | 1 | 180.0 | - | - | - | - | - | - | - | - | - |"
+    assert ("| default | 1 | 180.0 | - | - | - | - | - | - | - | - | - | - | - | - |"
             in conf_rounds.process_table(old))
     assert conf_rounds.machines(old) == ""
     text = conf_rounds.report(runs)
