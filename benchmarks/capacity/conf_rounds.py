@@ -23,7 +23,8 @@ switches, the main thread's CPU time, run-queue wait and moves between CPUs, the
 time; and the host probes timed before each step, trial.host_probes()), and a line per machine
 (kernel boot) gives its runs, CPUs and load averages: a variant slower on one machine shows there
 whether it queued its work more slowly, faulted or switched more, or waited for a CPU, and whether
-its process ran any host work slower (the probes) or only the step's.
+its process ran fixed host work slower too (the probes: if not, the difference lies in what the
+probes do not exercise, the step's own work or the memory system under it).
 
   python -m benchmarks.capacity.conf_rounds run WORKLOAD CAP_GIB DIM SIZE --variants V ...
       --rounds N --out FILE.json [--timeout-s S] [--budget-s S]
@@ -280,9 +281,10 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
                   and step_rounds.same_machine(r, reference[r["round"]])]
         ratios = [step_rounds.steady_time(r) / step_rounds.steady_time(reference[r["round"]])
                   for r in paired]
-        bounds = (step_rounds.interval(ratios, machines=[step_rounds.machine(r) for r in paired])
-                  if v != REFERENCE else None)
-        ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]" if bounds else "-")
+        on = [step_rounds.machine(r) for r in paired]
+        bounds = step_rounds.interval(ratios, machines=on) if v != REFERENCE else None
+        ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]"
+                 f"{step_rounds.machines_note(on)}" if bounds else "-")
         verdict = step_rounds.verdict(bounds) if v != REFERENCE else "reference"
         lines.append(f"| {v} | {len(mine)} | " + " | ".join(per_step)
                      + f" | {steady * 1e3:.1f} | {ratio} | {verdict} |")

@@ -18,7 +18,8 @@ The figures, per row:
   rounds (interval()): a machine's rounds share whatever makes that machine fast or slow, and
   resampling rounds alone would count 18 rounds of three machines as 18 independent machines.
   With few rounds (or machines) a bootstrap interval is narrower than the truth (it never reaches
-  past the rounds' own range): the table gives the number of rounds and machines beside it.
+  past the rounds' own range): the table gives the number of rounds beside it, and of machines
+  where it resampled by machine.
 - the verdict on "vramledger's step time is not above the torch allocator's": "not above" when
   the interval's upper end is at most 1 + MARGIN, "above" when its lower end is above 1 + MARGIN,
   "undecided" between (more rounds narrow the interval). MARGIN is 2%: a tie must be able to pass
@@ -109,7 +110,10 @@ def interval(ratios: list[float], *, machines: list[str | None] | None = None,
     a resample draws the ratios with replacement. With `machines` (one per ratio; None for an
     unknown one, which counts as a machine of its own) naming several machines for some ratios, a
     resample draws as many machines as there are, with replacement, and then each drawn machine's
-    ratios, as many as it has, with replacement; the mean is over every ratio drawn.
+    ratios, as many as it has, with replacement; the mean is over every ratio drawn. Drawing at
+    both stages counts a machine's own spread twice, so the interval errs wide, as a pooled
+    in-process comparison's does (inprocess_stats); with two or three machines it is little more
+    than their ratios' range.
     """
     if len(ratios) < 2:
         return None
@@ -119,8 +123,7 @@ def interval(ratios: list[float], *, machines: list[str | None] | None = None,
         raise ValueError(f"{len(machines)} machines for {len(ratios)} ratios")
     logs = [math.log(x) for x in ratios]
     groups: dict[object, list[float]] = {}
-    for i, x in enumerate(logs):
-        key = machines[i] if machines and machines[i] is not None else ("round", i)
+    for key, x in zip(cluster_keys(machines, len(logs)), logs):
         groups.setdefault(key, []).append(x)
     rng = random.Random(seed)
     n = len(logs)
@@ -138,6 +141,23 @@ def interval(ratios: list[float], *, machines: list[str | None] | None = None,
     low = means[int(math.floor(tail * (resamples - 1)))]
     high = means[int(math.ceil((1 - tail) * (resamples - 1)))]
     return math.exp(math.fsum(logs) / n), math.exp(low), math.exp(high)
+
+
+def cluster_keys(machines: list[str | None] | None, n: int) -> list[object]:
+    """The key interval() groups each of n ratios by: its machine, or the ratio's own where the
+    machine is unknown (or no machines are given)."""
+    return [machines[i] if machines and machines[i] is not None else ("round", i)
+            for i in range(n)]
+
+
+def machines_note(machines: list[str | None]) -> str:
+    """", K machines" (", K machines (U unknown)") when interval() resamples these ratios by
+    machine, else ""."""
+    k = len(set(cluster_keys(machines, len(machines))))
+    if k in (1, len(machines)):
+        return ""
+    unknown = sum(m is None for m in machines)
+    return f", {k} machines" + (f" ({unknown} unknown)" if unknown else "")
 
 
 def verdict(bounds: tuple[float, float, float] | None) -> str:
@@ -209,10 +229,8 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
                 on = [machine(runs["vramledger"][k]) or machine(runs[a][k]) for k in keys]
                 bounds = interval(paired, machines=on)
                 if bounds:
-                    known = len(set(on) - {None})
                     ratio = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}) over "
-                             f"{len(paired)} rounds"
-                             + (f", {known} machines" if known > 1 else ""))
+                             f"{len(paired)} rounds{machines_note(on)}")
                 elif paired:
                     ratio = f"{paired[0]:.3f} over 1 round"
                 says = verdict(bounds)

@@ -27,10 +27,11 @@ kernel without scheduler statistics gives None); `step_steal_ms`, the time the h
 the machine's CPUs to others (/proc/stat, all CPUs summed, in ticks of 10 ms; 0 where none is
 reported); `step_migrations`, the main thread's moves between CPUs, and `step_cpu`, the CPU it
 ended the step on. Before each step, outside its timed span, host_probes() times fixed host work
-(`step_probe_py_us`, an interpreter loop; `step_probe_launch_us`, a launch), the control that
-tells a slower process from slower work in it. A process slower than another shows there whether
-it queued its work more slowly, faulted or switched more, waited for a CPU, moved between CPUs,
-ran its host work slower whatever the work, or ran on a contended machine. At the end:
+(`step_probe_py_us`, an interpreter loop; `step_probe_launch_us`, a launch): a process slower at
+them is slower as a process, whatever its allocator. A process slower than another shows there
+whether it queued its work more slowly, faulted or switched more, waited for a CPU, moved between
+CPUs, ran fixed work slower, or ran on a contended machine. (Since the probes came, step 1 no
+longer loads add_'s kernel: its time is not compared with earlier records' step 1.) At the end:
 `maxrss_mib`, the process's peak resident host memory, and `threads`, its threads.
 
 Under vramledger the record also holds, per step, what its own ledger of driver calls changed
@@ -164,31 +165,35 @@ def thread_sched_ms() -> tuple[float | None, float | None]:
     return int(fields[0]) / 1e6, int(fields[1]) / 1e6
 
 
-def thread_placement() -> tuple[int | None, int | None]:
+def thread_cpu() -> int | None:
     """The CPU the calling thread last ran on (/proc/thread-self/stat's `processor`, the 39th
-    field) and its migrations between CPUs so far (/proc/thread-self/sched's se.nr_migrations,
-    where the kernel keeps scheduler statistics), each None where it cannot be read."""
+    field), or None where it cannot be read."""
     stat = (read_text("/proc/thread-self/stat") or "").rpartition(")")[2].split()
-    cpu = int(stat[36]) if len(stat) > 36 and stat[36].isdigit() else None  # fields 3.. follow
-    migrations = None
+    return int(stat[36]) if len(stat) > 36 and stat[36].isdigit() else None  # fields 3.. follow
+
+
+def thread_migrations() -> int | None:
+    """The calling thread's moves between CPUs so far (/proc/thread-self/sched's
+    se.nr_migrations, where the kernel keeps scheduler statistics), or None where it cannot be
+    read."""
     for line in (read_text("/proc/thread-self/sched") or "").splitlines():
         name, _, value = line.partition(":")
         if name.strip() == "se.nr_migrations" and value.strip().isdigit():
-            migrations = int(value.strip())
-    return cpu, migrations
+            return int(value.strip())
+    return None
 
 
 def process_totals() -> dict[str, float | None]:
     """The running totals behind PROCESS_FIGURES: this process's CPU time (ms), minor page faults
     and context switches (getrusage, every thread), the calling thread's CPU time, run-queue
-    wait (thread_sched_ms()) and migrations (thread_placement()) and the machine's stolen time
+    wait (thread_sched_ms()) and migrations (thread_migrations()) and the machine's stolen time
     (steal_ms())."""
     u = resource.getrusage(resource.RUSAGE_SELF)
     main_cpu, runq = thread_sched_ms()
     return {"step_user_ms": u.ru_utime * 1e3, "step_sys_ms": u.ru_stime * 1e3,
             "step_minflt": u.ru_minflt, "step_vcsw": u.ru_nvcsw, "step_ivcsw": u.ru_nivcsw,
             "step_main_cpu_ms": main_cpu, "step_runq_ms": runq,
-            "step_migrations": thread_placement()[1], "step_steal_ms": steal_ms()}
+            "step_migrations": thread_migrations(), "step_steal_ms": steal_ms()}
 
 
 def host_probes(torch, scalar) -> tuple[float, float]:
@@ -196,8 +201,10 @@ def host_probes(torch, scalar) -> tuple[float, float]:
     interpreter's loop of PROBE_LOOP additions (us), and PROBE_LAUNCHES launches of `scalar`'s
     add_(1) through torch's dispatcher (us per launch; the wait after them is not timed). A
     process whose probes ran slower ran any host work slower (its CPU, the CPU's clock, a load
-    beside it), whatever its allocator; one whose probes matched another's but whose steps queued
-    their work later spent the difference in the steps' own work."""
+    beside it), whatever its allocator. Probes that matched another process's while its steps
+    queued their work later do not place the difference: the step's own work, or a slower memory
+    system (caches, memory bandwidth, page tables) that a small loop and launch do not feel, or a
+    load that came only during the steps."""
     t0 = time.perf_counter()
     total = 0
     for i in range(PROBE_LOOP):
@@ -264,7 +271,11 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         out["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
         vocab = w.config["vocab_size"]
-        scalar = next(model.parameters()).new_zeros(1)  # host_probes()'s, on the model's device
+        # host_probes()'s operand (one 512-byte block of the allocator's, kept for the trial),
+        # and one untimed round of them: the first launch of add_ loads its kernel (~10 ms),
+        # which no probe's figure should hold (and step 1 no longer does).
+        scalar = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")
+        host_probes(torch, scalar)
         for i, length in enumerate(workloads.lengths(seq)):
             torch.cuda.synchronize()
             python_us, launch_us = host_probes(torch, scalar)  # outside the timed span
@@ -281,7 +292,7 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
             torch.cuda.synchronize()
             out["step_s"].append(time.perf_counter() - t0)
             out["step_launch_ms"].append((queued - t0) * 1e3)
-            out["step_cpu"].append(thread_placement()[0])
+            out["step_cpu"].append(thread_cpu())
             for field, total in process_totals().items():
                 out[field].append(None if total is None or used[field] is None
                                   else total - used[field])

@@ -437,6 +437,10 @@ def test_trial_child_under_vramledger_records_its_driver_time_and_waits(monkeypa
         assert all(x is None or x >= 0 for x in r[field]), field
     assert all(isinstance(x, float) for x in r["step_user_ms"] + r["step_sys_ms"])
     assert len(r["step_launch_ms"]) == 6 and all(0 <= x for x in r["step_launch_ms"])
+    # Each step's host probes and the CPU its main thread ended it on.
+    assert len(r["step_probe_py_us"]) == len(r["step_probe_launch_us"]) == 6
+    assert all(x > 0 for x in r["step_probe_py_us"] + r["step_probe_launch_us"])
+    assert len(r["step_cpu"]) == 6 and set(r["step_cpu"]) <= os.sched_getaffinity(0)
     assert r["maxrss_mib"] > 0 and r["threads"] >= 1
     calls.clear()
     oom_at = 2
@@ -517,9 +521,9 @@ def test_a_steps_launch_time_ends_when_its_work_is_queued_and_the_loss_is_read_a
     r = trial.child("gpt2m", "torch", 24.0, 4, 1000)
     assert r["step_launch_ms"] == pytest.approx([100.0] * 6)
     assert r["step_s"] == pytest.approx([0.15] * 6) and r["losses"] == [2.0] * 6
-    # Each step: the drain before it and the host probes' (outside the span), the wait, then
-    # its loss is read.
-    assert events == ["wait", "wait", "wait", "read"] * 6
+    # The untimed first round of host probes; then each step: the drain before it and the host
+    # probes' (outside the span), the wait, then its loss is read.
+    assert events == ["wait"] + ["wait", "wait", "wait", "read"] * 6
 
 
 def test_the_main_threads_cpu_and_migrations_are_read_from_proc(monkeypatch):
@@ -529,14 +533,14 @@ def test_the_main_threads_cpu_and_migrations_are_read_from_proc(monkeypatch):
     sched = "python (4242, #threads: 3)\n---\nse.exec_start  :  12.5\nse.nr_migrations  :  9\n"
     monkeypatch.setattr(trial, "read_text", lambda path: {
         "/proc/thread-self/stat": stat, "/proc/thread-self/sched": sched}[path])
-    assert trial.thread_placement() == (7, 9)
+    assert (trial.thread_cpu(), trial.thread_migrations()) == (7, 9)
     for text in (None, "", "1 (x) R 4", "se.nr_migrations : many"):
         monkeypatch.setattr(trial, "read_text", lambda path, t=text: t)
-        assert trial.thread_placement() == (None, None), text
+        assert (trial.thread_cpu(), trial.thread_migrations()) == (None, None), text
     # The live process: its CPU is one it may run on.
     monkeypatch.undo()
-    cpu, migrations = trial.thread_placement()
-    assert cpu in os.sched_getaffinity(0) and (migrations is None or migrations >= 0)
+    migrations = trial.thread_migrations()
+    assert trial.thread_cpu() in os.sched_getaffinity(0) and (migrations is None or migrations >= 0)
 
 
 def test_the_host_probes_time_fixed_work_and_launch_on_the_given_tensor():

@@ -322,8 +322,8 @@ def test_the_process_table_gives_each_variants_steady_step_and_the_machines_thei
     lines = conf_rounds.process_table(runs).splitlines()
     assert lines[0] == ("| variant (mean steady step) | runs | step ms | queued by ms | user ms | "
                         "sys ms | minor faults | vol. switches | invol. switches | main thread ms "
-                        "| run queue ms | migrations | steal ms | Python probe us | launch probe us "
-                        "|")
+                        "| run queue ms | migrations | steal ms | Python probe us | launch probe "
+                        "us |")
     # Means over the steady steps (0.2, 0.2, 0.1, 0.22 s: 180 ms), medians over the runs.
     assert ("| torch | 2 | 180.0 | 50.0 | 1.0 | 11.0 | 1 | 1 | 1 | 1.0 | 1.00 | 1.0 | - | 1000 "
             "| 5.00 |") in lines
@@ -451,6 +451,22 @@ def test_join_tells_runs_apart_by_their_step_times_and_machine_never_by_an_empty
     assert conf_rounds.join(str(tmp_path / "c.json"), str(results_path)) == (1, [3])
     with pytest.raises(ValueError, match="already holds 1 of the 1 runs"):
         conf_rounds.join(str(tmp_path / "b.json"), str(results_path))
+
+
+def test_the_table_resamples_rounds_of_several_machines_by_machine():
+    """Six rounds on three machines, two each: the interval is step_rounds.interval's by
+    machine, which differs from the rounds' own, and the cell says over how many machines."""
+    slow = [1.00, 1.02, 1.10, 1.12, 0.98, 1.00]
+    boots = ["a", "a", "b", "b", "c", "c"]
+    runs = []
+    for k, (ratio, boot) in enumerate(zip(slow, boots)):
+        runs += [{"variant": v, "round": k, "fits": True, "step_s": steps(0.2 * x),
+                  "device": "H100", "host": {"boot_id": boot}}
+                 for v, x in (("torch", 1.0), ("default", ratio))]
+    ratios = [steps(0.2 * x)[2] / steps(0.2)[2] for x in slow]
+    gm, low, high = step_rounds.interval(ratios, machines=boots)
+    assert (low, high) != step_rounds.interval(ratios)[1:]
+    assert f"| {gm:.3f} [{low:.3f}, {high:.3f}], 3 machines |" in conf_rounds.table(runs)
 
 
 def test_the_tables_pair_a_rounds_runs_only_on_one_machine():

@@ -171,6 +171,35 @@ def test_rounds_of_several_machines_are_resampled_by_machine_then_round():
         step_rounds.interval(ratios, machines=["a", "b"])
 
 
+def test_each_drawn_machines_rounds_are_resampled_too():
+    """Three machines alike, each with rounds of 1.0 and 1.2: drawing machines alone would give
+    every resample the same mean; drawing each machine's rounds as well spreads them."""
+    ratios, machines = [1.0, 1.2] * 3, ["a", "a", "b", "b", "c", "c"]
+    gm, low, high = step_rounds.interval(ratios, machines=machines)
+    assert low < gm < high
+    assert step_rounds.machines_note(machines) == ", 3 machines"
+    assert step_rounds.machines_note(["a", "a", None, None]) == ", 3 machines (2 unknown)"
+    assert step_rounds.machines_note(["a", "a"]) == step_rounds.machines_note([None] * 3) == ""
+
+
+def test_the_rounds_table_resamples_rounds_of_several_machines_by_machine():
+    """Six rounds on three machines, two each: the table's interval is interval()'s by machine,
+    not the rounds' own, and says over how many machines."""
+    vl = [0.50, 0.51, 0.55, 0.56, 0.49, 0.50]
+    results = searched()
+    run_rounds(results, RoundRuns({"torch": [0.5] * 6, "torch-expandable": [0.5] * 6,
+                                   "vramledger": vl}), 6)
+    boots = ["a", "a", "b", "b", "c", "c"]
+    for r in results.rounds.values():
+        r["host"] = {"boot_id": boots[r["round"]]}
+    ratios = [t / 0.5 for t in vl]
+    bounds = step_rounds.interval(ratios, machines=boots)
+    assert bounds[1:] != step_rounds.interval(ratios)[1:]
+    rows = row_cells(step_rounds.rounds_table(results, [ROW], 64))
+    assert rows["torch native"][9] == (
+        "{:.3f} ({:.3f} - {:.3f}) over 6 rounds, 3 machines".format(*bounds))
+
+
 def test_a_runs_machine_is_its_boot_id_else_its_label():
     assert step_rounds.machine({"host": {"boot_id": "b1"}, "machine": "first"}) == "b1"
     assert step_rounds.machine({"host": None, "machine": "first"}) == "first"
