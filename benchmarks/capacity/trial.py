@@ -30,8 +30,8 @@ ended the step on. Before each step, outside its timed span, host_probes() times
 (`step_probe_py_us`, an interpreter loop; `step_probe_launch_us`, a launch): a process slower at
 them is slower as a process, whatever its allocator. A process slower than another shows there
 whether it queued its work more slowly, faulted or switched more, waited for a CPU, moved between
-CPUs, ran fixed work slower, or ran on a contended machine. (Since the probes came, step 1 no
-longer loads add_'s kernel: its time is not compared with earlier records' step 1.) At the end:
+CPUs, ran fixed work slower, or ran on a contended machine. (Since the probes came, add_'s kernel
+is loaded before step 1: step 1's time is not compared with earlier records' step 1.) At the end:
 `maxrss_mib`, the process's peak resident host memory, and `threads`, its threads.
 
 Under vramledger the record also holds, per step, what its own ledger of driver calls changed
@@ -272,8 +272,8 @@ def child(workload: str, allocator: str, cap_gib: float, batch: int, seq: int,
         out["buffer_bytes"] = sum(b.numel() * b.element_size() for b in model.buffers())
         vocab = w.config["vocab_size"]
         # host_probes()'s operand (one 512-byte block of the allocator's, kept for the trial),
-        # and one untimed round of them: the first launch of add_ loads its kernel (~10 ms),
-        # which no probe's figure should hold (and step 1 no longer does).
+        # and one untimed round of them: the first launch of add_ loads its kernel (10-30 ms on
+        # an H100), which no probe's figure should hold.
         scalar = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")
         host_probes(torch, scalar)
         for i, length in enumerate(workloads.lengths(seq)):
