@@ -186,16 +186,27 @@ def same_machine(a: dict, b: dict) -> bool:
 
 def cards(runs: list[dict]) -> str:
     """The GPUs `runs` ran on, without the vendor's name ("H200"; two names when a row's rounds
-    came from two kinds of card: a ratio pairs a round's runs only when they name one card), and
-    on how many machines (machine()) where the records say."""
-    names = sorted({r["device"].removeprefix("NVIDIA ") for r in runs if r.get("device")})
-    hosts = {machine(r) for r in runs} - {None}
-    text = ", ".join(names) or "-"
-    if hosts:
-        unnamed = any(r.get("device") and not machine(r) for r in runs)
-        text += (f" on {len(hosts)} machine{'s' if len(hosts) > 1 else ''}"
-                 + (" (and runs of unknown machines)" if unnamed else ""))
-    return text
+    came from two kinds of card: a ratio pairs a round's runs only when they name one card), each
+    with the machines (machine()) its runs ran on where the records say: "H100 80GB HBM3 on 3
+    machines and 2 runs of unknown machines, H200 (machines not recorded)"."""
+    by_card: dict[str, list[dict]] = {}
+    for r in runs:
+        if r.get("device"):
+            by_card.setdefault(r["device"].removeprefix("NVIDIA "), []).append(r)
+    recorded = any(machine(r) for group in by_card.values() for r in group)
+    parts = []
+    for name, group in sorted(by_card.items()):
+        hosts = {machine(r) for r in group} - {None}
+        unknown = sum(machine(r) is None for r in group)
+        text = name
+        if hosts:
+            text += f" on {len(hosts)} machine{'s' if len(hosts) > 1 else ''}"
+            if unknown:
+                text += f" and {unknown} run{'s' if unknown > 1 else ''} of unknown machines"
+        elif recorded:  # other cards' runs name theirs: say that these do not
+            text += " (machines not recorded)"
+        parts.append(text)
+    return ", ".join(parts) or "-"
 
 
 def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:

@@ -211,7 +211,7 @@ def test_a_runs_machine_is_its_boot_id_else_its_label():
     assert not step_rounds.same_machine(dict(h100, machine="first"),
                                         dict(h100, host={"boot_id": "b1"}))
     assert step_rounds.cards([dict(h100, machine="first"), dict(h100, machine="second"),
-                              h100]) == "H100 on 2 machines (and runs of unknown machines)"
+                              h100]) == "H100 on 2 machines and 1 run of unknown machines"
 
 
 def test_the_verdict_reads_the_interval_against_two_percent():
@@ -340,9 +340,20 @@ def test_the_card_column_counts_the_hosts_the_records_name():
             {"host": {"boot_id": boot_id}} if boot_id else {})
     assert step_rounds.cards([run("a"), run("a")]) == "H100 80GB HBM3 on 1 machine"
     assert step_rounds.cards([run("a"), run("b"), run("a")]) == "H100 80GB HBM3 on 2 machines"
-    assert step_rounds.cards([run("a"), run()]) == (
-        "H100 80GB HBM3 on 1 machine (and runs of unknown machines)")
+    assert step_rounds.cards([run("a"), run(), run()]) == (
+        "H100 80GB HBM3 on 1 machine and 2 runs of unknown machines")
     assert step_rounds.cards([run(), run()]) == "H100 80GB HBM3"
+
+
+def test_the_card_column_says_which_card_ran_on_which_machines():
+    def run(device, boot_id=None):
+        return {"device": device} | ({"host": {"boot_id": boot_id}} if boot_id else {})
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    assert step_rounds.cards([run(h200), run(h100, "a"), run(h200), run(h100, "b")]) == (
+        "H100 80GB HBM3 on 2 machines, H200 (machines not recorded)")
+    assert step_rounds.cards([run(h200, "c"), run(h100, "a"), run(h100)]) == (
+        "H100 80GB HBM3 on 1 machine and 1 run of unknown machines, H200 on 1 machine")
+    assert step_rounds.cards([run(h200), run(h100)]) == "H100 80GB HBM3, H200"
 
 
 def test_a_trial_record_names_its_machine(monkeypatch):
