@@ -33,7 +33,8 @@ The figures, per row:
 - the card the runs ran on: a round's three runs share one machine; a round whose two runs name
   different cards, or different machines (kernel boots) where both records name theirs (records
   merged or joined from several machines' files under one round number), is not paired
-  (same_machine()); and, where the records name it, on how many machines the row's runs ran.
+  (same_machine()); and, where the records name them, on how many machines each card's runs ran
+  (and how many of its runs name none).
 
 A run's machine (machine()) is its kernel boot id (trial.host_facts()); a record written before
 trials recorded their host may carry a `machine` label instead, set from the log of the calls
@@ -172,7 +173,7 @@ def verdict(bounds: tuple[float, float, float] | None) -> str:
 def machine(record: dict) -> str | None:
     """The machine a run ran on: its kernel boot id, else the `machine` label of a record written
     before trials recorded their host; None when the record names neither."""
-    return (record.get("host") or {}).get("boot_id") or record.get("machine")
+    return (record.get("host") or {}).get("boot_id") or record.get("machine") or None
 
 
 def same_machine(a: dict, b: dict) -> bool:
@@ -193,7 +194,7 @@ def cards(runs: list[dict]) -> str:
     for r in runs:
         if r.get("device"):
             by_card.setdefault(r["device"].removeprefix("NVIDIA "), []).append(r)
-    recorded = any(machine(r) for group in by_card.values() for r in group)
+    recorded = any(machine(r) is not None for group in by_card.values() for r in group)
     parts = []
     for name, group in sorted(by_card.items()):
         hosts = {machine(r) for r in group} - {None}

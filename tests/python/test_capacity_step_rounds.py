@@ -354,6 +354,14 @@ def test_the_card_column_says_which_card_ran_on_which_machines():
     assert step_rounds.cards([run(h200, "c"), run(h100, "a"), run(h100)]) == (
         "H100 80GB HBM3 on 1 machine and 1 run of unknown machines, H200 on 1 machine")
     assert step_rounds.cards([run(h200), run(h100)]) == "H100 80GB HBM3, H200"
+    # A run that names no card (it failed before it read one) counts under none, its machine too.
+    assert step_rounds.cards([{"fits": False, "host": {"boot_id": "z"}}]) == "-"
+    assert step_rounds.cards([{"fits": False, "host": {"boot_id": "z"}}, run(h100, "a")]) == (
+        "H100 80GB HBM3 on 1 machine")
+    # An empty label names no machine.
+    assert step_rounds.machine({"machine": "", "host": {"boot_id": ""}}) is None
+    assert step_rounds.cards([dict(run(h100), machine=""), run(h100, "a")]) == (
+        "H100 80GB HBM3 on 1 machine and 1 run of unknown machines")
 
 
 def test_a_trial_record_names_its_machine(monkeypatch):
