@@ -190,15 +190,15 @@ def cards(runs: list[dict]) -> str:
     came from two kinds of card: a ratio pairs a round's runs only when they name one card), each
     with the machines (machine()) its runs ran on where the records say: "H100 80GB HBM3 on 3
     machines and 2 runs of unknown machines, H200 (machines not recorded)"."""
-    by_card: dict[str, list[dict]] = {}
+    by_card: dict[str, list[str | None]] = {}  # each card's runs' machines
     for r in runs:
         if r.get("device"):
-            by_card.setdefault(r["device"].removeprefix("NVIDIA "), []).append(r)
-    recorded = any(machine(r) is not None for group in by_card.values() for r in group)
+            by_card.setdefault(r["device"].removeprefix("NVIDIA "), []).append(machine(r))
+    recorded = any(m is not None for group in by_card.values() for m in group)
     parts = []
     for name, group in sorted(by_card.items()):
-        hosts = {machine(r) for r in group} - {None}
-        unknown = sum(machine(r) is None for r in group)
+        hosts = set(group) - {None}
+        unknown = group.count(None)
         text = name
         if hosts:
             text += f" on {len(hosts)} machine{'s' if len(hosts) > 1 else ''}"
