@@ -157,7 +157,10 @@ def report(results: Results, groups, seq_step: int) -> str:
             + ("\n\nStep time over rounds at the largest size all three fit (steady steps: "
                f"after the first {step_rounds.WARM_STEPS}; verdict: not above when the 90% "
                f"interval's upper end is at most {1 + step_rounds.MARGIN:g}):\n\n"
-               + step_rounds.rounds_table(results, every, seq_step) if results.rounds else ""))
+               + step_rounds.rounds_table(results, every, seq_step)
+               + "\n\nEach steady step's vramledger / torch ratio over the same rounds (the "
+               "step's length as a fraction of the longest in brackets):\n\n"
+               + step_rounds.steps_table(results, every, seq_step) if results.rounds else ""))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -36,6 +36,10 @@ The figures, per row:
   (same_machine()); and, where the records name them, on how many machines each card's runs ran
   (and how many of its runs name none).
 
+A second table (steps_table()) gives the same ratio for each steady step on its own, with the
+rounds in which vramledger's step was the slower: the steps have different lengths, and a step
+slower in most rounds while the median ties says which kind of step to look into.
+
 A run's machine (machine()) is its kernel boot id (trial.host_facts()); a record written before
 trials recorded their host may carry a `machine` label instead, set from the log of the calls
 that ran it; a run with neither counts as a machine of its own in the interval.
@@ -50,7 +54,7 @@ from typing import Callable, Iterable
 
 from benchmarks.capacity import runner, search, table
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
-from benchmarks.capacity.workloads import WORKLOADS
+from benchmarks.capacity.workloads import LENGTH_FRACTIONS, WORKLOADS
 
 WARM_STEPS = table.WARM_STEPS
 MARGIN = 0.02
@@ -210,6 +214,51 @@ def cards(runs: list[dict]) -> str:
     return ", ".join(parts) or "-"
 
 
+def row_runs(results: Results, workload: str, cap: float, dim: str,
+             seq_step: int) -> tuple[int | None, dict[str, dict[int, dict]]]:
+    """The row's common size and, per allocator, its step-round runs there by round."""
+    size = table.common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
+    return size, {a: {r["round"]: r for r in results.rounds.values()
+                      if (r["workload"], r["allocator"], r["cap_gib"], r["dim"], r["size"])
+                      == (workload, a, cap, dim, size)} for a in ALLOCATOR_ORDER}
+
+
+def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
+    """Per row and torch allocator, each steady step's vramledger / torch ratio over the rounds
+    whose two runs both completed it on one machine: the geometric mean, its interval (interval(),
+    by machine where the rounds ran on several) and in how many rounds vramledger's step was the
+    slower. The steady median hides which steps differ; a step of one length slower in most
+    rounds points at what that step does (workloads.LENGTH_FRACTIONS: step 3 is the first shorter
+    step after the longest)."""
+    fractions = LENGTH_FRACTIONS
+    head = [f"step {i + 1} ({fractions[i]:g})" for i in range(WARM_STEPS, len(fractions))]
+    lines = ["| workload | cap GiB | dimension | size | vramledger / | " + " | ".join(head) + " |",
+             "|---" * (5 + len(head)) + "|"]
+    for workload, cap, dim in rows:
+        size, runs = row_runs(results, workload, cap, dim, seq_step)
+        if not size or not runs["vramledger"]:
+            continue
+        for a in ALLOCATOR_ORDER[:-1]:
+            keys = [k for k in sorted(runs["vramledger"].keys() & runs[a].keys())
+                    if same_machine(runs["vramledger"][k], runs[a][k])]
+            cells = []
+            for i in range(WARM_STEPS, len(fractions)):
+                pairs = [(runs["vramledger"][k]["step_s"][i] / runs[a][k]["step_s"][i],
+                          machine(runs["vramledger"][k]) or machine(runs[a][k]))
+                         for k in keys if all(len(r.get("step_s") or []) > i for r in
+                                              (runs["vramledger"][k], runs[a][k]))]
+                bounds = interval([x for x, _ in pairs], machines=[m for _, m in pairs])
+                slower = sum(x > 1 for x, _ in pairs)
+                cells.append(f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in "
+                             f"{slower} of {len(pairs)}" if bounds else
+                             f"{pairs[0][0]:.3f}, 1 round" if pairs else "-")
+            lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
+                         f"{table.NAMES[a]} | " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        return "No step rounds recorded at a size all three allocators fit."
+    return "\n".join(lines)
+
+
 def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
     """One line per row with step-round runs at its common size and allocator (the module's
     docstring says what each figure is)."""
@@ -219,10 +268,7 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
              f"{table.LEDGER_COLUMN} | card |",
              "|---" * 13 + "|"]
     for workload, cap, dim in rows:
-        size = table.common_size(results, workload, cap, dim, ALLOCATOR_ORDER, seq_step)
-        runs = {a: {r["round"]: r for r in results.rounds.values()
-                    if (r["workload"], r["allocator"], r["cap_gib"], r["dim"], r["size"])
-                    == (workload, a, cap, dim, size)} for a in ALLOCATOR_ORDER}
+        size, runs = row_runs(results, workload, cap, dim, seq_step)
         if not size or not any(runs.values()):
             continue
         times = {a: {k: steady_time(r) for k, r in by_round.items()}

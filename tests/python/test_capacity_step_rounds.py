@@ -266,6 +266,29 @@ def test_the_rounds_table_pairs_a_rounds_runs_only_on_one_machine():
     assert rows["torch native"][9:11] == ["1.050 (1.050 - 1.050) over 2 rounds", "above"]
 
 
+def test_the_steps_table_gives_each_steady_steps_ratio_over_the_rounds():
+    """vramledger's step 3 is 10% slower than torch's in rounds 0 and 1 and 5% faster in round 2;
+    its other steps tie. Round 1's torch expandable run stopped after step 4 (a record cut
+    short): its later steps pair two rounds."""
+    results = searched()
+    run_rounds(results, RoundRuns({a: [0.5, 0.5, 0.5] for a in ALLOCATOR_ORDER}), 3)
+    for r in results.rounds.values():
+        if r["allocator"] == "vramledger":
+            r["step_s"][2] *= 0.95 if r["round"] == 2 else 1.10
+        if r["allocator"] == "torch-expandable" and r["round"] == 1:
+            del r["step_s"][4:]
+    rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
+    assert set(rows) == {"torch native", "torch expandable"}
+    step3 = "{:.3f} ({:.3f} - {:.3f}), slower in 2 of 3".format(
+        *step_rounds.interval([1.10, 1.10, 0.95]))
+    tie = "1.000 (1.000 - 1.000), slower in 0 of {}"
+    assert rows["torch native"][5:] == [step3, tie.format(3), tie.format(3), tie.format(3)]
+    assert rows["torch expandable"][5:] == [step3, tie.format(3), tie.format(2), tie.format(2)]
+    header = step_rounds.steps_table(results, [ROW], 64).splitlines()[0]
+    assert "| step 3 (0.3) | step 4 (0.8) | step 5 (1) | step 6 (0.45) |" in header
+    assert step_rounds.steps_table(searched(), [ROW], 64).startswith("No step rounds")
+
+
 def test_the_tables_on_records_without_the_per_step_counters(tmp_path, capsys):
     path = tmp_path / "r.json"
     results = searched(str(path))
