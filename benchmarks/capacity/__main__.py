@@ -15,7 +15,8 @@ each row marked as one the cap model is calibrated on or one that evaluates it
 median step time at the largest size all three fit. With --step-rounds N, after the searches,
 N rounds at that size of the three allocators in rotating order, one process each, and per row
 each one's steady step time and vramledger's ratio to each torch allocator with its 90% interval
-over the rounds (benchmarks/capacity/step_rounds.py). With --traces DIR, last, traced trials at the
+over the rounds, then the same ratio for each steady step on its own
+(benchmarks/capacity/step_rounds.py). With --traces DIR, last, traced trials at the
 largest size all three fit and at vramledger's limit, written to DIR for study without a GPU
 (benchmarks/capacity/traces.py).
 
@@ -159,7 +160,7 @@ def report(results: Results, groups, seq_step: int) -> str:
                f"interval's upper end is at most {1 + step_rounds.MARGIN:g}):\n\n"
                + step_rounds.rounds_table(results, every, seq_step)
                + "\n\nEach steady step's vramledger / torch ratio over the same rounds (the "
-               "step's length as a fraction of the longest in brackets):\n\n"
+               "step's length as a fraction of the longest in parentheses):\n\n"
                + step_rounds.steps_table(results, every, seq_step) if results.rounds else ""))
 
 if __name__ == "__main__":

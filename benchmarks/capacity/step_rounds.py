@@ -225,13 +225,14 @@ def row_runs(results: Results, workload: str, cap: float, dim: str,
 
 def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
     """Per row and torch allocator, each steady step's vramledger / torch ratio over the rounds
-    whose two runs both completed it on one machine: the geometric mean, its interval (interval(),
-    by machine where the rounds ran on several) and in how many rounds vramledger's step was the
-    slower. The steady median hides which steps differ; a step of one length slower in most
-    rounds points at what that step does (workloads.LENGTH_FRACTIONS: step 3 is the first shorter
-    step after the longest)."""
+    the rounds table pairs (both runs fit, on one machine): the geometric mean, its interval
+    (interval(), by machine where the rounds ran on several) and in how many rounds vramledger's
+    step was the slower. The steady median hides which steps differ; a step slower in most rounds
+    points at what that step does (LENGTH_FRACTIONS: step 3, the shortest, comes right after the
+    longest warm-up step, on the pools that step grew)."""
     fractions = LENGTH_FRACTIONS
-    head = [f"step {i + 1} ({fractions[i]:g})" for i in range(WARM_STEPS, len(fractions))]
+    head = [f"step {i + 1} ({fractions[i]:.2g})" if fractions[i] % 1 else
+            f"step {i + 1} ({fractions[i]:.1f})" for i in range(WARM_STEPS, len(fractions))]
     lines = ["| workload | cap GiB | dimension | size | vramledger / | " + " | ".join(head) + " |",
              "|---" * (5 + len(head)) + "|"]
     for workload, cap, dim in rows:
@@ -240,7 +241,8 @@ def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_st
             continue
         for a in ALLOCATOR_ORDER[:-1]:
             keys = [k for k in sorted(runs["vramledger"].keys() & runs[a].keys())
-                    if same_machine(runs["vramledger"][k], runs[a][k])]
+                    if same_machine(runs["vramledger"][k], runs[a][k])
+                    and runs["vramledger"][k].get("fits") and runs[a][k].get("fits")]
             cells = []
             for i in range(WARM_STEPS, len(fractions)):
                 pairs = [(runs["vramledger"][k]["step_s"][i] / runs[a][k]["step_s"][i],

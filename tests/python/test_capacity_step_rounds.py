@@ -267,25 +267,46 @@ def test_the_rounds_table_pairs_a_rounds_runs_only_on_one_machine():
 
 
 def test_the_steps_table_gives_each_steady_steps_ratio_over_the_rounds():
-    """vramledger's step 3 is 10% slower than torch's in rounds 0 and 1 and 5% faster in round 2;
-    its other steps tie. Round 1's torch expandable run stopped after step 4 (a record cut
-    short): its later steps pair two rounds."""
+    """Four rounds, 0-1 on machine a and 2-3 on b: vramledger's step 3 is 10% slower than torch's
+    in rounds 0 and 1 and 5% faster in round 2, its other steps tie; its round-3 run runs out of
+    memory (no round 3 pairs, as in the rounds table), and round 1's torch expandable run names
+    machine c (not paired with vramledger's)."""
     results = searched()
-    run_rounds(results, RoundRuns({a: [0.5, 0.5, 0.5] for a in ALLOCATOR_ORDER}), 3)
+    steady = {"torch": [0.5] * 4, "torch-expandable": [0.5] * 4,
+              "vramledger": [0.5, 0.5, 0.5, None]}
+    run_rounds(results, RoundRuns(steady), 4)
     for r in results.rounds.values():
-        if r["allocator"] == "vramledger":
+        r["host"] = {"boot_id": "a" if r["round"] < 2 else "b"}
+        if r["allocator"] == "vramledger" and r["fits"]:
             r["step_s"][2] *= 0.95 if r["round"] == 2 else 1.10
         if r["allocator"] == "torch-expandable" and r["round"] == 1:
-            del r["step_s"][4:]
-    rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
+            r["host"] = {"boot_id": "c"}
+    text = step_rounds.steps_table(results, [ROW], 64)
+    rows = row_cells(text)
     assert set(rows) == {"torch native", "torch expandable"}
-    step3 = "{:.3f} ({:.3f} - {:.3f}), slower in 2 of 3".format(
-        *step_rounds.interval([1.10, 1.10, 0.95]))
+    cell = "{:.3f} ({:.3f} - {:.3f}), slower in {} of {}"
+    native = step_rounds.interval([1.10, 1.10, 0.95], machines=["a", "a", "b"])
+    expandable = step_rounds.interval([1.10, 0.95], machines=["a", "b"])
+    assert native != step_rounds.interval([1.10, 1.10, 0.95])  # resampled by machine
     tie = "1.000 (1.000 - 1.000), slower in 0 of {}"
-    assert rows["torch native"][5:] == [step3, tie.format(3), tie.format(3), tie.format(3)]
-    assert rows["torch expandable"][5:] == [step3, tie.format(3), tie.format(2), tie.format(2)]
-    header = step_rounds.steps_table(results, [ROW], 64).splitlines()[0]
-    assert "| step 3 (0.3) | step 4 (0.8) | step 5 (1) | step 6 (0.45) |" in header
+    assert rows["torch native"][5:] == [cell.format(*native, 2, 3)] + [tie.format(3)] * 3
+    assert rows["torch expandable"][5:] == [cell.format(*expandable, 1, 2)] + [tie.format(2)] * 3
+    assert ("| step 3 (0.3) | step 4 (0.8) | step 5 (1.0) | step 6 (0.45) |"
+            in text.splitlines()[0])
+
+
+def test_the_steps_table_with_one_round_or_none_paired():
+    results = searched()
+    run_rounds(results, RoundRuns({"torch": [0.5], "torch-expandable": [0.4],
+                                   "vramledger": [0.55]}), 1)
+    rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
+    assert rows["torch native"][5:] == ["1.100, 1 round"] * 4
+    assert rows["torch expandable"][5:] == ["1.375, 1 round"] * 4
+    results = searched()
+    run_rounds(results, RoundRuns({"torch": [0.5], "torch-expandable": [0.4],
+                                   "vramledger": [None]}), 1)
+    rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
+    assert rows["torch native"][5:] == rows["torch expandable"][5:] == ["-"] * 4
     assert step_rounds.steps_table(searched(), [ROW], 64).startswith("No step rounds")
 
 
