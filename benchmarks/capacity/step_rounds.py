@@ -223,11 +223,20 @@ def row_runs(results: Results, workload: str, cap: float, dim: str,
                       == (workload, a, cap, dim, size)} for a in ALLOCATOR_ORDER}
 
 
+def paired_rounds(runs: dict[str, dict[int, dict]], against: str) -> list[tuple[int, str | None]]:
+    """The rounds whose vramledger run and `against` run both have a steady time (steady_time())
+    on one machine (same_machine()), each with that machine (machine(); None when unknown)."""
+    mine, theirs = runs["vramledger"], runs[against]
+    return [(k, machine(mine[k]) or machine(theirs[k])) for k in sorted(mine.keys() & theirs.keys())
+            if steady_time(mine[k]) is not None and steady_time(theirs[k]) is not None
+            and same_machine(mine[k], theirs[k])]
+
+
 def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
     """Per row and torch allocator, each steady step's vramledger / torch ratio over the rounds
-    the rounds table pairs (both runs fit, on one machine): the geometric mean, its interval
-    (interval(), by machine where the rounds ran on several) and in how many rounds vramledger's
-    step was the slower. The steady median hides which steps differ; a step slower in most rounds
+    the rounds table pairs (paired_rounds()): the geometric mean, its interval (interval(), by
+    machine where the rounds ran on several) and in how many rounds vramledger's step was the
+    slower. The steady median hides which steps differ; a step slower in most rounds
     points at what that step does (LENGTH_FRACTIONS: step 3, the shortest, comes right after the
     longest warm-up step, on the pools that step grew)."""
     fractions = LENGTH_FRACTIONS
@@ -240,15 +249,12 @@ def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_st
         if not size or not runs["vramledger"]:
             continue
         for a in ALLOCATOR_ORDER[:-1]:
-            keys = [k for k in sorted(runs["vramledger"].keys() & runs[a].keys())
-                    if same_machine(runs["vramledger"][k], runs[a][k])
-                    and runs["vramledger"][k].get("fits") and runs[a][k].get("fits")]
+            keys = paired_rounds(runs, a)
             cells = []
             for i in range(WARM_STEPS, len(fractions)):
-                pairs = [(runs["vramledger"][k]["step_s"][i] / runs[a][k]["step_s"][i],
-                          machine(runs["vramledger"][k]) or machine(runs[a][k]))
-                         for k in keys if all(len(r.get("step_s") or []) > i for r in
-                                              (runs["vramledger"][k], runs[a][k]))]
+                pairs = [(runs["vramledger"][k]["step_s"][i] / runs[a][k]["step_s"][i], on)
+                         for k, on in keys if all(len(r[k]["step_s"]) > i for r in
+                                                  (runs["vramledger"], runs[a]))]
                 bounds = interval([x for x, _ in pairs], machines=[m for _, m in pairs])
                 slower = sum(x > 1 for x, _ in pairs)
                 cells.append(f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in "
@@ -282,11 +288,9 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
             median = f"{statistics.median(list(mine.values())):.3f}" if mine else "-"
             ratio, says = "-", "-"
             if a != "vramledger":
-                vl = {k: t for k, t in times["vramledger"].items() if t is not None}
-                keys = [k for k in sorted(vl.keys() & mine.keys())
-                        if same_machine(runs["vramledger"][k], runs[a][k])]
-                paired = [vl[k] / mine[k] for k in keys]
-                on = [machine(runs["vramledger"][k]) or machine(runs[a][k]) for k in keys]
+                keys = paired_rounds(runs, a)
+                paired = [times["vramledger"][k] / mine[k] for k, _ in keys]
+                on = [m for _, m in keys]
                 bounds = interval(paired, machines=on)
                 if bounds:
                     ratio = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}) over "
