@@ -106,7 +106,7 @@ def test_results_table_figures_are_the_measured_ones():
             ratio = measured.get((workload.replace("gradient ", ""), allocator))
             assert ratio is not None, f"{workload}, {allocator}: not in h200-training.md's table"
             # Utilization is peak allocated / peak reserved: the ratio's reciprocal.
-            assert utilization == f"{1 / float(ratio):.3f}", (workload, allocator, utilization, ratio)
+            assert utilization == f"{1 / float(ratio):.3f}", (workload, allocator, ratio)
 
 
 def test_every_figure_in_the_readme_is_in_the_results_it_links():
