@@ -76,12 +76,17 @@ def test_every_link_in_the_docs_resolves():
     assert not bad, "\n".join(bad)
 
 
+def _cells(line: str) -> list[str]:
+    """A markdown table row's cells, stripped of spaces and bold marks."""
+    return [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+
+
 def _results_table():
     text = README.read_text()
     section = text[text.index("## Results"):]
     rows = []
     for line in section.splitlines():
-        cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
         if len(cells) == 4 and all(re.fullmatch(r"0\.[0-9]{3}", c) for c in cells[1:]):
             rows.append(cells)
     return section, rows
@@ -91,14 +96,14 @@ def test_results_table_figures_are_the_measured_ones():
     section, rows = _results_table()
     assert len(rows) == 3, "three workloads, each with three allocators' utilization"
     header = next(line for line in section.splitlines() if line.startswith("| workload |"))
-    allocators = [c.strip() for c in header.strip().strip("|").split("|")][1:]
+    allocators = _cells(header)[1:]
     # The measured ratios of peak reserved to peak allocated: the results page's table of the
     # three allocators on the three workloads, by (workload, allocator).
     source = (ROOT / "docs" / "results" / "h200-training.md").read_text()
     table = source[source.index("## Three allocators on three workloads"):]
     measured = {}
     for line in table.splitlines():
-        cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
         if len(cells) >= 3 and re.fullmatch(r"1\.[0-9]{4}", cells[2]):
             measured.setdefault((cells[0], cells[1]), cells[2])
     for workload, *utilizations in rows:
