@@ -38,7 +38,9 @@ The figures, per row:
 
 A second table (steps_table()) gives the same ratio for each steady step on its own, with the
 rounds in which vramledger's step was the slower: the steps have different lengths, and a step
-slower in most rounds while the median ties says which kind of step to look into.
+slower in most rounds while the median ties says which kind of step to look into. Its last column
+is the ratio of the steady steps' total time, with the same verdict: what the steady steps cost a
+run, the steps the median leaves out (the fastest and the slowest of a run's four) included.
 
 A run's machine (machine()) is its kernel boot id (trial.host_facts()); a record written before
 trials recorded their host may carry a `machine` label instead, set from the log of the calls
@@ -232,16 +234,30 @@ def paired_rounds(runs: dict[str, dict[int, dict]], against: str) -> list[tuple[
             and same_machine(mine[k], theirs[k])]
 
 
+def ratio_cell(pairs: list[tuple[float, str | None]], judged: bool = False) -> str:
+    """A steps-table cell of (ratio, machine) pairs: the geometric mean, its interval (interval(),
+    by machine where the pairs ran on several) and in how many vramledger was the slower, then the
+    verdict (verdict()) where `judged`; the one ratio of a single pair; "-" without any."""
+    bounds = interval([x for x, _ in pairs], machines=[m for _, m in pairs])
+    if not bounds:
+        return f"{pairs[0][0]:.3f}, 1 round" if pairs else "-"
+    slower = sum(x > 1 for x, _ in pairs)
+    return (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in {slower} of "
+            f"{len(pairs)}" + (f", {verdict(bounds)}" if judged else ""))
+
+
 def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
     """Per row and torch allocator, each steady step's vramledger / torch ratio over the rounds
-    the rounds table pairs (paired_rounds()): the geometric mean, its interval (interval(), by
-    machine where the rounds ran on several) and in how many rounds vramledger's step was the
-    slower. The steady median hides which steps differ; a step slower in most rounds
-    points at what that step does (LENGTH_FRACTIONS: step 3, the shortest, comes right after the
-    longest warm-up step, on the pools that step grew)."""
+    the rounds table pairs (paired_rounds()), then the ratio of the steady steps' total time with
+    its verdict (ratio_cell()). The steady median hides which steps differ; a step slower in most
+    rounds points at what that step does (LENGTH_FRACTIONS: step 3, the shortest, comes right
+    after the longest warm-up step, on the pools that step grew). The total is what the steady
+    steps cost a run, every step counted: a run's median of four steps leaves out its fastest and
+    its slowest step."""
     fractions = LENGTH_FRACTIONS
+    steady = range(WARM_STEPS, len(fractions))
     head = [f"step {i + 1} ({fractions[i]:.2g})" if fractions[i] % 1 else
-            f"step {i + 1} ({fractions[i]:.1f})" for i in range(WARM_STEPS, len(fractions))]
+            f"step {i + 1} ({fractions[i]:.1f})" for i in steady] + ["steady steps' total"]
     lines = ["| workload | cap GiB | dimension | size | vramledger / | " + " | ".join(head) + " |",
              "|---" * (5 + len(head)) + "|"]
     for workload, cap, dim in rows:
@@ -250,16 +266,12 @@ def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_st
             continue
         for a in ALLOCATOR_ORDER[:-1]:
             keys = paired_rounds(runs, a)
-            cells = []
-            for i in range(WARM_STEPS, len(fractions)):
-                pairs = [(runs["vramledger"][k]["step_s"][i] / runs[a][k]["step_s"][i], on)
-                         for k, on in keys if all(len(r[k]["step_s"]) > i for r in
-                                                  (runs["vramledger"], runs[a]))]
-                bounds = interval([x for x, _ in pairs], machines=[m for _, m in pairs])
-                slower = sum(x > 1 for x, _ in pairs)
-                cells.append(f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in "
-                             f"{slower} of {len(pairs)}" if bounds else
-                             f"{pairs[0][0]:.3f}, 1 round" if pairs else "-")
+            steps = [(runs["vramledger"][k]["step_s"], runs[a][k]["step_s"], on) for k, on in keys]
+            cells = [ratio_cell([(mine[i] / theirs[i], on) for mine, theirs, on in steps
+                                 if len(mine) > i and len(theirs) > i]) for i in steady]
+            cells.append(ratio_cell([(sum(mine[WARM_STEPS:]) / sum(theirs[WARM_STEPS:]), on)
+                                     for mine, theirs, on in steps
+                                     if len(mine) == len(theirs) == len(fractions)], judged=True))
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
                          f"{table.NAMES[a]} | " + " | ".join(cells) + " |")
     if len(lines) == 2:

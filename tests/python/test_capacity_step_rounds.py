@@ -289,10 +289,23 @@ def test_the_steps_table_gives_each_steady_steps_ratio_over_the_rounds():
     expandable = step_rounds.interval([1.10, 0.95], machines=["a", "b"])
     assert native != step_rounds.interval([1.10, 1.10, 0.95])  # resampled by machine
     tie = "1.000 (1.000 - 1.000), slower in 0 of {}"
-    assert rows["torch native"][5:] == [cell.format(*native, 2, 3)] + [tie.format(3)] * 3
-    assert rows["torch expandable"][5:] == [cell.format(*expandable, 1, 2)] + [tie.format(2)] * 3
-    assert ("| step 3 (0.3) | step 4 (0.8) | step 5 (1.0) | step 6 (0.45) |"
+    assert rows["torch native"][5:9] == [cell.format(*native, 2, 3)] + [tie.format(3)] * 3
+    assert rows["torch expandable"][5:9] == [cell.format(*expandable, 1, 2)] + [tie.format(2)] * 3
+    # The total of the four steady steps of 0.5 s: 2.05 s where step 3 took 10% longer, 1.975 s
+    # where it took 5% less; the verdict is the rounds table's rule on that interval.
+    slower, faster = 2.05 / 2.0, 1.975 / 2.0
+    native_total = step_rounds.interval([slower, slower, faster], machines=["a", "a", "b"])
+    expandable_total = step_rounds.interval([slower, faster], machines=["a", "b"])
+    total = cell + ", {}"
+    assert rows["torch native"][9] == total.format(*native_total, 2, 3,
+                                                   step_rounds.verdict(native_total))
+    assert rows["torch expandable"][9] == total.format(*expandable_total, 1, 2,
+                                                       step_rounds.verdict(expandable_total))
+    assert native_total[0] == pytest.approx((slower * slower * faster) ** (1 / 3), abs=5e-4)
+    assert step_rounds.verdict(native_total) == "undecided"  # upper end 1.025, above 1.02
+    assert ("| step 3 (0.3) | step 4 (0.8) | step 5 (1.0) | step 6 (0.45) | steady steps' total |"
             in text.splitlines()[0])
+    assert text.splitlines()[1] == "|---" * 10 + "|"
 
 
 def test_the_steps_table_with_one_round_or_none_paired():
@@ -300,13 +313,13 @@ def test_the_steps_table_with_one_round_or_none_paired():
     run_rounds(results, RoundRuns({"torch": [0.5], "torch-expandable": [0.4],
                                    "vramledger": [0.55]}), 1)
     rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
-    assert rows["torch native"][5:] == ["1.100, 1 round"] * 4
-    assert rows["torch expandable"][5:] == ["1.375, 1 round"] * 4
+    assert rows["torch native"][5:] == ["1.100, 1 round"] * 5
+    assert rows["torch expandable"][5:] == ["1.375, 1 round"] * 5
     results = searched()
     run_rounds(results, RoundRuns({"torch": [0.5], "torch-expandable": [0.4],
                                    "vramledger": [None]}), 1)
     rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
-    assert rows["torch native"][5:] == rows["torch expandable"][5:] == ["-"] * 4
+    assert rows["torch native"][5:] == rows["torch expandable"][5:] == ["-"] * 5
     assert step_rounds.steps_table(searched(), [ROW], 64).startswith("No step rounds")
 
 
