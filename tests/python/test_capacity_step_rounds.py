@@ -308,6 +308,39 @@ def test_the_steps_table_gives_each_steady_steps_ratio_over_the_rounds():
     assert text.splitlines()[1] == "|---" * 10 + "|"
 
 
+def test_the_steps_table_total_is_the_ratio_of_the_steady_steps_sums():
+    """Steady steps of different lengths (0.3, 0.8, 1.0, 0.45 s under torch); vramledger's step 3
+    takes 50% longer in round 0 and its step 5 10% less in round 1, its step 6 20% longer in
+    round 2, whose vramledger record holds one steady step too few (it counts in the steps it
+    has, not in the total). The total's ratio is sum over sum, not the mean of the steps' ratios,
+    and its point estimate the geometric mean of the rounds'."""
+    results = searched()
+    run_rounds(results, RoundRuns({a: [0.5] * 3 for a in ALLOCATOR_ORDER}), 3)
+    torch_steps = [9.0, 9.0, 0.3, 0.8, 1.0, 0.45]
+    scale = {0: (2, 1.5), 1: (4, 0.9), 2: (5, 1.2)}  # round: (step index, factor)
+    for r in results.rounds.values():
+        r["step_s"] = list(torch_steps)
+        if r["allocator"] == "vramledger":
+            i, factor = scale[r["round"]]
+            r["step_s"][i] *= factor
+            if r["round"] == 2:
+                r["step_s"] = r["step_s"][:5]
+    rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
+    total = sum(torch_steps[2:])  # 2.55 s
+    ratios = [(total + 0.3 * 0.5) / total, (total - 1.0 * 0.1) / total]  # round 2 is short
+    bounds = step_rounds.interval(ratios)
+    expected = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in 1 of 2, "
+                f"{step_rounds.verdict(bounds)}")
+    assert rows["torch native"][9] == rows["torch expandable"][9] == expected
+    assert bounds[0] == pytest.approx(math.sqrt(ratios[0] * ratios[1]))
+    assert f"{bounds[0]:.3f}" != f"{(ratios[0] + ratios[1]) / 2:.3f}"  # not the arithmetic mean
+    step_mean = sum([1.5, 1, 1, 1]) / 4  # round 0's mean of the steps' ratios: not its total's
+    assert f"{step_mean:.3f}" != f"{ratios[0]:.3f}"
+    assert step_rounds.verdict(bounds) == "undecided"  # round 0's 1.059 lies past 1.02
+    # Round 2's short record counts in the steps it has: step 6 pairs two rounds, step 3 three.
+    assert rows["torch native"][8].endswith("of 2") and rows["torch native"][5].endswith("of 3")
+
+
 def test_the_steps_table_with_one_round_or_none_paired():
     results = searched()
     run_rounds(results, RoundRuns({"torch": [0.5], "torch-expandable": [0.4],
