@@ -40,7 +40,9 @@ A second table (steps_table()) gives the same ratio for each steady step on its 
 rounds in which vramledger's step was the slower: the steps have different lengths, and a step
 slower in most rounds while the median ties says which kind of step to look into. Its last column
 is the ratio of the steady steps' total time, with the same verdict: what the steady steps cost a
-run, the steps the median leaves out (the fastest and the slowest of a run's four) included.
+run, the steps the median leaves out (the fastest and the slowest of a run's four) included. A
+third line per row gives torch expandable's ratio over torch native's the same way, without a
+verdict: how far torch's own two allocators differ on the row.
 
 A run's machine (machine()) is its kernel boot id (trial.host_facts()); a record written before
 trials recorded their host may carry a `machine` label instead, set from the log of the calls
@@ -225,10 +227,11 @@ def row_runs(results: Results, workload: str, cap: float, dim: str,
                       == (workload, a, cap, dim, size)} for a in ALLOCATOR_ORDER}
 
 
-def paired_rounds(runs: dict[str, dict[int, dict]], against: str) -> list[tuple[int, str | None]]:
-    """The rounds whose vramledger run and `against` run both have a steady time (steady_time())
-    on one machine (same_machine()), each with that machine (machine(); None when unknown)."""
-    mine, theirs = runs["vramledger"], runs[against]
+def paired_rounds(runs: dict[str, dict[int, dict]], against: str,
+                  of: str = "vramledger") -> list[tuple[int, str | None]]:
+    """The rounds whose `of` run and `against` run both have a steady time (steady_time()) on one
+    machine (same_machine()), each with that machine (machine(); None when unknown)."""
+    mine, theirs = runs[of], runs[against]
     return [(k, machine(mine[k]) or machine(theirs[k])) for k in sorted(mine.keys() & theirs.keys())
             if steady_time(mine[k]) is not None and steady_time(theirs[k]) is not None
             and same_machine(mine[k], theirs[k])]
@@ -236,8 +239,9 @@ def paired_rounds(runs: dict[str, dict[int, dict]], against: str) -> list[tuple[
 
 def ratio_cell(pairs: list[tuple[float, str | None]], judged: bool = False) -> str:
     """A steps-table cell of (ratio, machine) pairs: the geometric mean, its interval (interval(),
-    by machine where the pairs ran on several) and in how many vramledger was the slower, then the
-    verdict (verdict()) where `judged`; the one ratio of a single pair; "-" without any."""
+    by machine where the pairs ran on several) and in how many the ratio's numerator was the
+    slower, then the verdict (verdict()) where `judged`; the one ratio of a single pair; "-"
+    without any."""
     bounds = interval([x for x, _ in pairs], machines=[m for _, m in pairs])
     if not bounds:
         return f"{pairs[0][0]:.3f}, 1 round" if pairs else "-"
@@ -247,33 +251,37 @@ def ratio_cell(pairs: list[tuple[float, str | None]], judged: bool = False) -> s
 
 
 def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
-    """Per row and torch allocator, each steady step's vramledger / torch ratio over the rounds
-    the rounds table pairs (paired_rounds()), then the ratio of the steady steps' total time with
-    its verdict (ratio_cell()). The steady median hides which steps differ; a step slower in most
-    rounds points at what that step does (LENGTH_FRACTIONS: step 3, the shortest, comes right
-    after the longest warm-up step, on the pools that step grew). The total is what the steady
-    steps cost a run, every step counted: a run's median of four steps leaves out its fastest and
-    its slowest step."""
+    """Per row, each steady step's ratio over the paired rounds (paired_rounds()), then the ratio
+    of the steady steps' total time (ratio_cell()): vramledger's over each torch allocator's, with
+    the total's verdict, then torch expandable's over torch native's, without one (the target is
+    vramledger's; that line says how far torch's two allocators differ on the row, the spread a
+    vramledger ratio is read against). The steady median hides which steps differ; a step slower
+    in most rounds points at what that step does (LENGTH_FRACTIONS: step 3, the shortest, comes
+    right after the longest warm-up step, on the pools that step grew). The total is what the
+    steady steps cost a run, every step counted: a run's median of four steps leaves out its
+    fastest and its slowest step."""
     fractions = LENGTH_FRACTIONS
     steady = range(WARM_STEPS, len(fractions))
     head = [f"step {i + 1} ({fractions[i]:.2g})" if fractions[i] % 1 else
             f"step {i + 1} ({fractions[i]:.1f})" for i in steady] + ["steady steps' total"]
-    lines = ["| workload | cap GiB | dimension | size | vramledger / | " + " | ".join(head) + " |",
+    lines = ["| workload | cap GiB | dimension | size | ratio | " + " | ".join(head) + " |",
              "|---" * (5 + len(head)) + "|"]
+    pairs = [("vramledger", a) for a in ALLOCATOR_ORDER[:-1]] + [tuple(ALLOCATOR_ORDER[1::-1])]
     for workload, cap, dim in rows:
         size, runs = row_runs(results, workload, cap, dim, seq_step)
         if not size or not runs["vramledger"]:
             continue
-        for a in ALLOCATOR_ORDER[:-1]:
-            keys = paired_rounds(runs, a)
-            steps = [(runs["vramledger"][k]["step_s"], runs[a][k]["step_s"], on) for k, on in keys]
+        for of, a in pairs:
+            keys = paired_rounds(runs, a, of)
+            steps = [(runs[of][k]["step_s"], runs[a][k]["step_s"], on) for k, on in keys]
             cells = [ratio_cell([(mine[i] / theirs[i], on) for mine, theirs, on in steps
                                  if len(mine) > i and len(theirs) > i]) for i in steady]
             cells.append(ratio_cell([(sum(mine[WARM_STEPS:]) / sum(theirs[WARM_STEPS:]), on)
                                      for mine, theirs, on in steps
-                                     if len(mine) == len(theirs) == len(fractions)], judged=True))
+                                     if len(mine) == len(theirs) == len(fractions)],
+                                    judged=of == "vramledger"))
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
-                         f"{table.NAMES[a]} | " + " | ".join(cells) + " |")
+                         f"{table.NAMES[of]} / {table.NAMES[a]} | " + " | ".join(cells) + " |")
     if len(lines) == 2:
         return "No step rounds recorded at a size all three allocators fit."
     return "\n".join(lines)

@@ -266,6 +266,10 @@ def test_the_rounds_table_pairs_a_rounds_runs_only_on_one_machine():
     assert rows["torch native"][9:11] == ["1.050 (1.050 - 1.050) over 2 rounds", "above"]
 
 
+NATIVE, EXPANDABLE = "vramledger / torch native", "vramledger / torch expandable"
+TORCHES = "torch expandable / torch native"  # the steps table's third line per row
+
+
 def test_the_steps_table_gives_each_steady_steps_ratio_over_the_rounds():
     """Four rounds, 0-1 on machine a and 2-3 on b: vramledger's step 3 is 10% slower than torch's
     in rounds 0 and 1 and 5% faster in round 2, its other steps tie; its round-3 run runs out of
@@ -283,23 +287,23 @@ def test_the_steps_table_gives_each_steady_steps_ratio_over_the_rounds():
             r["host"] = {"boot_id": "c"}
     text = step_rounds.steps_table(results, [ROW], 64)
     rows = row_cells(text)
-    assert set(rows) == {"torch native", "torch expandable"}
+    assert set(rows) == {NATIVE, EXPANDABLE, TORCHES}
     cell = "{:.3f} ({:.3f} - {:.3f}), slower in {} of {}"
     native = step_rounds.interval([1.10, 1.10, 0.95], machines=["a", "a", "b"])
     expandable = step_rounds.interval([1.10, 0.95], machines=["a", "b"])
     assert native != step_rounds.interval([1.10, 1.10, 0.95])  # resampled by machine
     tie = "1.000 (1.000 - 1.000), slower in 0 of {}"
-    assert rows["torch native"][5:9] == [cell.format(*native, 2, 3)] + [tie.format(3)] * 3
-    assert rows["torch expandable"][5:9] == [cell.format(*expandable, 1, 2)] + [tie.format(2)] * 3
+    assert rows[NATIVE][5:9] == [cell.format(*native, 2, 3)] + [tie.format(3)] * 3
+    assert rows[EXPANDABLE][5:9] == [cell.format(*expandable, 1, 2)] + [tie.format(2)] * 3
     # The total of the four steady steps of 0.5 s: 2.05 s where step 3 took 10% longer, 1.975 s
     # where it took 5% less; the verdict is the rounds table's rule on that interval.
     slower, faster = 2.05 / 2.0, 1.975 / 2.0
     native_total = step_rounds.interval([slower, slower, faster], machines=["a", "a", "b"])
     expandable_total = step_rounds.interval([slower, faster], machines=["a", "b"])
     total = cell + ", {}"
-    assert rows["torch native"][9] == total.format(*native_total, 2, 3,
+    assert rows[NATIVE][9] == total.format(*native_total, 2, 3,
                                                    step_rounds.verdict(native_total))
-    assert rows["torch expandable"][9] == total.format(*expandable_total, 1, 2,
+    assert rows[EXPANDABLE][9] == total.format(*expandable_total, 1, 2,
                                                        step_rounds.verdict(expandable_total))
     assert native_total[0] == pytest.approx((slower * slower * faster) ** (1 / 3), abs=5e-4)
     assert step_rounds.verdict(native_total) == "undecided"  # upper end 1.025, above 1.02
@@ -331,14 +335,36 @@ def test_the_steps_table_total_is_the_ratio_of_the_steady_steps_sums():
     bounds = step_rounds.interval(ratios)
     expected = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in 1 of 2, "
                 f"{step_rounds.verdict(bounds)}")
-    assert rows["torch native"][9] == rows["torch expandable"][9] == expected
+    assert rows[NATIVE][9] == rows[EXPANDABLE][9] == expected
     assert bounds[0] == pytest.approx(math.sqrt(ratios[0] * ratios[1]))
     assert f"{bounds[0]:.3f}" != f"{(ratios[0] + ratios[1]) / 2:.3f}"  # not the arithmetic mean
     step_mean = sum([1.5, 1, 1, 1]) / 4  # round 0's mean of the steps' ratios: not its total's
     assert f"{step_mean:.3f}" != f"{ratios[0]:.3f}"
     assert step_rounds.verdict(bounds) == "undecided"  # round 0's 1.059 lies past 1.02
     # Round 2's short record counts in the steps it has: step 6 pairs two rounds, step 3 three.
-    assert rows["torch native"][8].endswith("of 2") and rows["torch native"][5].endswith("of 3")
+    assert rows[NATIVE][8].endswith("of 2") and rows[NATIVE][5].endswith("of 3")
+
+
+def test_the_steps_table_compares_torchs_two_allocators_without_a_verdict():
+    """Torch expandable's steps take 3% less than torch native's in rounds 0 and 1 (machine a)
+    and 2% more in round 2 (machine b), where vramledger runs out of memory: the third line pairs
+    all three rounds, by machine, and its total carries no verdict (the target is vramledger's);
+    vramledger's lines pair rounds 0 and 1."""
+    results = searched()
+    run_rounds(results, RoundRuns({"torch": [0.5] * 3, "torch-expandable": [0.5] * 3,
+                                   "vramledger": [0.5, 0.5, None]}), 3)
+    for r in results.rounds.values():
+        r["host"] = {"boot_id": "a" if r["round"] < 2 else "b"}
+        if r["allocator"] == "torch-expandable":
+            r["step_s"] = [x * (1.02 if r["round"] == 2 else 0.97) for x in r["step_s"]]
+    rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
+    bounds = step_rounds.interval([0.97, 0.97, 1.02], machines=["a", "a", "b"])
+    cell = f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in 1 of 3"
+    assert rows[TORCHES][5:] == [cell] * 5
+    assert rows[NATIVE][9].endswith("slower in 0 of 2, not above")
+    expandable = step_rounds.interval([1 / 0.97] * 2)
+    assert rows[EXPANDABLE][9] == (f"{expandable[0]:.3f} ({expandable[1]:.3f} - "
+                                   f"{expandable[2]:.3f}), slower in 2 of 2, above")
 
 
 def test_the_steps_table_with_one_round_or_none_paired():
@@ -346,13 +372,15 @@ def test_the_steps_table_with_one_round_or_none_paired():
     run_rounds(results, RoundRuns({"torch": [0.5], "torch-expandable": [0.4],
                                    "vramledger": [0.55]}), 1)
     rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
-    assert rows["torch native"][5:] == ["1.100, 1 round"] * 5
-    assert rows["torch expandable"][5:] == ["1.375, 1 round"] * 5
+    assert rows[NATIVE][5:] == ["1.100, 1 round"] * 5
+    assert rows[EXPANDABLE][5:] == ["1.375, 1 round"] * 5
+    assert rows[TORCHES][5:] == ["0.800, 1 round"] * 5
     results = searched()
     run_rounds(results, RoundRuns({"torch": [0.5], "torch-expandable": [0.4],
                                    "vramledger": [None]}), 1)
     rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
-    assert rows["torch native"][5:] == rows["torch expandable"][5:] == ["-"] * 5
+    assert rows[NATIVE][5:] == rows[EXPANDABLE][5:] == ["-"] * 5
+    assert rows[TORCHES][5:] == ["0.800, 1 round"] * 5  # torch's two pair without vramledger
     assert step_rounds.steps_table(searched(), [ROW], 64).startswith("No step rounds")
 
 
