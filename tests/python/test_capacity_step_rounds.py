@@ -302,9 +302,9 @@ def test_the_steps_table_gives_each_steady_steps_ratio_over_the_rounds():
     expandable_total = step_rounds.interval([slower, faster], machines=["a", "b"])
     total = cell + ", {}"
     assert rows[NATIVE][9] == total.format(*native_total, 2, 3,
-                                                   step_rounds.verdict(native_total))
+                                           step_rounds.verdict(native_total))
     assert rows[EXPANDABLE][9] == total.format(*expandable_total, 1, 2,
-                                                       step_rounds.verdict(expandable_total))
+                                               step_rounds.verdict(expandable_total))
     assert native_total[0] == pytest.approx((slower * slower * faster) ** (1 / 3), abs=5e-4)
     assert step_rounds.verdict(native_total) == "undecided"  # upper end 1.025, above 1.02
     assert ("| step 3 (0.3) | step 4 (0.8) | step 5 (1.0) | step 6 (0.45) | steady steps' total |"
