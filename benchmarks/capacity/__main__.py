@@ -162,7 +162,7 @@ def report(results: Results, groups, seq_step: int) -> str:
                + "\n\nEach steady step's vramledger / torch ratio over the same rounds (the "
                "step's length as a fraction of the longest in parentheses), then the ratio of "
                "the steady steps' total time, with the same verdict; the third line of a row, "
-               "torch expandable / torch native, without one:\n\n"
+               "torch expandable / torch native over the rounds that ran both, without one:\n\n"
                + step_rounds.steps_table(results, every, seq_step) if results.rounds else ""))
 
 if __name__ == "__main__":

@@ -259,14 +259,15 @@ def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_st
     in most rounds points at what that step does (LENGTH_FRACTIONS: step 3, the shortest, comes
     right after the longest warm-up step, on the pools that step grew). The total is what the
     steady steps cost a run, every step counted: a run's median of four steps leaves out its
-    fastest and its slowest step."""
+    fastest and its slowest step. A row without vramledger runs at its size has no lines."""
     fractions = LENGTH_FRACTIONS
     steady = range(WARM_STEPS, len(fractions))
     head = [f"step {i + 1} ({fractions[i]:.2g})" if fractions[i] % 1 else
             f"step {i + 1} ({fractions[i]:.1f})" for i in steady] + ["steady steps' total"]
     lines = ["| workload | cap GiB | dimension | size | ratio | " + " | ".join(head) + " |",
              "|---" * (5 + len(head)) + "|"]
-    pairs = [("vramledger", a) for a in ALLOCATOR_ORDER[:-1]] + [tuple(ALLOCATOR_ORDER[1::-1])]
+    pairs = [("vramledger", "torch"), ("vramledger", "torch-expandable"),
+             ("torch-expandable", "torch")]
     for workload, cap, dim in rows:
         size, runs = row_runs(results, workload, cap, dim, seq_step)
         if not size or not runs["vramledger"]:

@@ -357,7 +357,12 @@ def test_the_steps_table_compares_torchs_two_allocators_without_a_verdict():
         r["host"] = {"boot_id": "a" if r["round"] < 2 else "b"}
         if r["allocator"] == "torch-expandable":
             r["step_s"] = [x * (1.02 if r["round"] == 2 else 0.97) for x in r["step_s"]]
-    rows = row_cells(step_rounds.steps_table(results, [ROW], 64))
+    text = step_rounds.steps_table(results, [ROW], 64)
+    rows = row_cells(text)
+    # One line each, in this order, under a header whose fifth column names the ratio.
+    assert [line.split(" | ")[4] for line in text.splitlines()[2:]] == [NATIVE, EXPANDABLE,
+                                                                       TORCHES]
+    assert text.splitlines()[0].split(" | ")[4] == "ratio"
     bounds = step_rounds.interval([0.97, 0.97, 1.02], machines=["a", "a", "b"])
     cell = f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in 1 of 3"
     assert rows[TORCHES][5:] == [cell] * 5
