@@ -33,14 +33,17 @@ probes do not exercise, the step's own work or the memory system under it).
       are not run again), and prints the table.
   python -m benchmarks.capacity.conf_rounds table FILE.json
       (any machine) prints the table of a file's runs.
-  python -m benchmarks.capacity.conf_rounds join FILE.json RESULTS.json
+  python -m benchmarks.capacity.conf_rounds join FILE.json RESULTS.json [--pooled-with OTHER ...]
       (any machine) adds the file's runs of torch native, torch expandable and vramledger's
       default (no setting, build or environment: the step rounds' own trial) to a capacity
-      results file's step rounds of the row, as the rounds after its last one; each joined
-      record's `conf_rounds` names the file (relative to RESULTS' folder) and its round there.
+      results file's step rounds of the row, as the rounds after its last one there and in the
+      OTHER results files the table pools with it (benchmarks.capacity --resume RESULTS OTHER:
+      rounds of one row must be numbered apart across them); each joined record's
+      `conf_rounds` names the file (relative to RESULTS' folder) and its round there.
 Exit status 0; 1 when a run failed or the budget ended first (run), FILE holds no run of torch
-native (table), or the runs cannot be joined (join: runs RESULTS already holds, a FILE outside
-RESULTS' folder, a file that cannot be read or whose row is not one); 2 on bad arguments.
+native (table), or the runs cannot be joined (join: runs RESULTS or an OTHER already holds, a
+FILE outside RESULTS' folder, a file that cannot be read or whose row is not one, results files
+that number two runs alike); 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import re
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from benchmarks.capacity import results, step_rounds, trial, workloads
 
@@ -372,19 +375,22 @@ def fingerprint(record: dict, allocator: str) -> tuple | None:
     return allocator, boot, tuple(record["step_s"])
 
 
-def join(runs_path: str, results_path: str) -> tuple[int, list[int]]:
+def join(runs_path: str, results_path: str,
+         pooled_with: Sequence[str] = ()) -> tuple[int, list[int]]:
     """Adds the runs of `runs_path` whose variant is in JOINED and that ended with an answer (one
     that did not fit included: it is a result at that size) to the capacity results file
     `results_path` as step rounds of the row: the file's rounds that hold such runs, in order,
-    become the rounds after the row's last one there. Each added record's `conf_rounds` names the
-    runs file (relative to the results file's folder, which must hold it) and its round there.
-    The results file is written only when something is added. Returns how many runs it added
+    become the rounds after the row's last one in the results file and in `pooled_with`, the
+    results files read with it (a round number is a run's key when the files are pooled: one
+    that two files share drops a run). Each added record's `conf_rounds` names the runs file
+    (relative to the results file's folder, which must hold it) and its round there. Only the
+    results file is written, and only when something is added. Returns how many runs it added
     and the rounds they took.
 
     Raises:
-      ValueError: a file that cannot be read, a runs file outside the results file's folder, or
-        runs the results file already holds (the same allocator's same step times, whatever the
-        file is called now).
+      ValueError: a file that cannot be read, a runs file outside the results file's folder,
+        runs the results file or a pooled one already holds (the same allocator's same step
+        times, whatever the file is called now), or results files that number two runs alike.
     """
     data = read(runs_path)
     row = data["row"]
@@ -395,13 +401,16 @@ def join(runs_path: str, results_path: str) -> tuple[int, list[int]]:
                          f"it there first, so the joined records name a file beside them")
     into = results.Results(results_path)
     into.load([results_path])
+    pool = results.Results()
+    pool.load([results_path, *pooled_with])  # the rounds the table pools, numbered apart
     joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
-    held = {fingerprint(r, r["allocator"]) for r in into.rounds.values()}
+    held = {fingerprint(r, r["allocator"]) for r in pool.rounds.values()}
     again = [r for r in joined if fingerprint(r, JOINED[r["variant"]]) in held - {None}]
     if again:
-        raise ValueError(f"{results_path} already holds {len(again)} of the {len(joined)} runs "
+        where = " or ".join([results_path, *pooled_with])
+        raise ValueError(f"{where} already holds {len(again)} of the {len(joined)} runs "
                          f"of {runs_path} (the same step times)")
-    same_row = [r["round"] for r in into.rounds.values()
+    same_row = [r["round"] for r in pool.rounds.values()
                 if (r["workload"], r["cap_gib"], r["dim"], r["size"])
                 == (row["workload"], row["cap_gib"], row["dim"], row["size"])]
     first = max(same_row, default=-1) + 1
@@ -447,13 +456,16 @@ def main(argv=None) -> int:
     j = sub.add_parser("join", help="a file's runs of the three allocators into the step rounds")
     j.add_argument("file")
     j.add_argument("results")
+    j.add_argument("--pooled-with", nargs="+", default=[], metavar="OTHER",
+                   help="results files the table reads with RESULTS: the joined rounds follow "
+                        "the row's last round in any of them")
     a = ap.parse_args(argv)
     if a.command == "join":
-        for path in (a.file, a.results):
+        for path in (a.file, a.results, *a.pooled_with):
             if not os.path.isfile(path):
                 ap.error(f"{path}: " + ("not a file" if os.path.exists(path) else "no such file"))
         try:
-            added, taken = join(a.file, a.results)
+            added, taken = join(a.file, a.results, a.pooled_with)
         except (ValueError, OSError) as e:
             print(f"conf rounds: {e}", file=sys.stderr)
             return 1

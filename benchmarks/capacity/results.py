@@ -25,7 +25,8 @@ def round_key(workload: str, allocator: str, cap_gib: float, dim: str, size: int
 
 class Results:
     """Trial records by key (workload, allocator, cap, dimension, size), and step-round runs by
-    the same key and their round; the last one wins."""
+    the same key and their round. A trial read again from a later file replaces the earlier one;
+    a step round never does (see load)."""
 
     def __init__(self, path: str | None = None):
         self.path = path
@@ -36,8 +37,12 @@ class Results:
     def load(self, paths: Iterable[str]) -> int:
         """Merges the records of earlier runs' files; returns how many search trials it read
         (their step-round runs go to `rounds`). A missing file is an error (a resume that
-        silently starts over would spend the GPU time twice)."""
+        silently starts over would spend the GPU time twice), and so is a step round that two
+        files hold with different figures: two runs numbered alike, of which one would be
+        dropped from the pooled rounds without a word (a resumed file's copy of a round is the
+        same record, and reads as one)."""
         n = 0
+        read_from: dict[str, str] = {}
         for p in paths:
             with open(p, encoding="utf-8") as f:
                 try:
@@ -59,8 +64,16 @@ class Results:
                                      r["size"])] = r
                     n += 1
                 for r in doc.get("step_rounds", []):
-                    self.rounds[round_key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
-                                          r["size"], r["round"])] = r
+                    k = round_key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
+                                  r["size"], r["round"])
+                    if k in self.rounds and self.rounds[k] != r:
+                        raise ValueError(
+                            f"{p}: step round {r['round']} of {r['workload']} {r['allocator']} "
+                            f"at {r['cap_gib']:g} GiB, {r['dim']} {r['size']}, is also in "
+                            f"{read_from.get(k, 'an earlier file')} with other figures: two "
+                            f"runs share the round's number, and one would be dropped")
+                    self.rounds[k] = r
+                    read_from[k] = p
             except (KeyError, TypeError) as e:
                 raise ValueError(f"{p}: a record without its {e} field") from None
             for field, value in aside.items():

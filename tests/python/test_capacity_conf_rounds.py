@@ -14,7 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from benchmarks.capacity import conf_rounds, step_rounds, trial  # noqa: E402
+from benchmarks.capacity import conf_rounds, results, step_rounds, trial  # noqa: E402
 
 ROW = {"workload": "llama1b", "cap_gib": 24.0, "dim": "batch", "size": 1}
 
@@ -375,6 +375,43 @@ def test_join_adds_the_three_allocators_runs_as_the_rows_next_step_rounds(tmp_pa
     assert conf_rounds.main(["join", str(copy), str(results_path)]) == 1
     assert "already holds 6 of the 6 runs" in capsys.readouterr().err
     assert results_path.read_text() == before
+
+
+def test_join_numbers_after_the_pooled_files_and_refuses_their_runs(tmp_path, capsys):
+    """Results files that the table pools (--resume A B) key a round by its number: joined into
+    A, a row's runs follow its last round in B too, and runs B holds are refused. B is read,
+    never written."""
+    runs_path = tmp_path / "r.json"
+    conf_rounds.run_rounds(conf_rounds.Runs(str(runs_path), ROW), ["torch", "default"], 2,
+                           Trial(), 600, 60, log=lambda s: None)
+    results_path, other = tmp_path / "a.json", tmp_path / "b.json"
+    results_path.write_text(json.dumps({"trials": [], "step_rounds": [
+        dict(ROW, allocator="torch", round=r, fits=True, step_s=steps(0.3 + r / 100))
+        for r in range(2)]}))
+    other_rounds = [dict(ROW, allocator="torch", round=r, fits=True, step_s=steps(0.5 + r / 100))
+                    for r in range(2, 9)]
+    other_rounds.append(dict(ROW, size=2, allocator="torch", round=20, fits=True,
+                             step_s=steps(0.4)))  # another row's rounds do not count
+    other.write_text(json.dumps({"trials": [], "step_rounds": other_rounds}))
+    other_before = other.read_text()
+    assert conf_rounds.main(["join", str(runs_path), str(results_path),
+                             "--pooled-with", str(other)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("as rounds 9-10")
+    assert other.read_text() == other_before
+    pooled = results.Results()
+    pooled.load([str(results_path), str(other)])  # no round numbered twice
+    assert sorted(r["round"] for r in pooled.rounds.values()
+                  if r["size"] == 1 and "conf_rounds" in r) == [9, 9, 10, 10]
+    # The same runs joined into B would be counted twice in the pooled table: refused.
+    assert conf_rounds.main(["join", str(runs_path), str(other),
+                             "--pooled-with", str(results_path)]) == 1
+    assert (f"{other} or {results_path} already holds 4 of the 4 runs of"
+            in capsys.readouterr().err)
+    assert other.read_text() == other_before
+    with pytest.raises(SystemExit) as e:
+        conf_rounds.main(["join", str(runs_path), str(other), "--pooled-with",
+                          str(tmp_path / "missing.json")])
+    assert e.value.code == 2 and "missing.json: no such file" in capsys.readouterr().err
 
 
 def test_join_keeps_what_did_not_fit_skips_failures_and_may_add_nothing(tmp_path, capsys):

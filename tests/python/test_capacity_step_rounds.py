@@ -129,6 +129,32 @@ def test_a_file_without_step_rounds_still_loads_and_a_bad_list_is_an_error(tmp_p
         Results().load([str(bad)])
 
 
+def test_files_that_number_two_runs_alike_are_refused_and_a_resumed_copy_is_not(tmp_path):
+    """Pooled files key a step round by its row, allocator and round: a second run under the
+    same number would replace the first without a word, so loading them is an error naming
+    both files; the same record in both (a resumed file's copy) loads as one."""
+    run = {"workload": "llama1b", "allocator": "torch", "cap_gib": 24.0, "dim": "batch",
+           "size": 1, "round": 3, "fits": True, "step_s": [0.3] * 6}
+    first, copy, other = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    first.write_text(json.dumps({"trials": [], "step_rounds": [run]}))
+    copy.write_text(json.dumps({"trials": [], "step_rounds": [dict(run)]}))
+    other.write_text(json.dumps({"trials": [], "step_rounds": [dict(run, step_s=[0.4] * 6)]}))
+    pooled = Results()
+    pooled.load([str(first), str(copy)])
+    assert list(pooled.rounds.values()) == [run]
+    with pytest.raises(ValueError) as e:
+        Results().load([str(first), str(other)])
+    said = str(e.value)
+    assert said.startswith(f"{other}: step round 3 of llama1b torch at 24 GiB, batch 1, is "
+                           f"also in {first} with other figures")
+    # Another round, allocator or row is another key: no collision.
+    for change in ({"round": 4}, {"allocator": "vramledger"}, {"size": 2}):
+        other.write_text(json.dumps({"trials": [], "step_rounds": [dict(run, **change)]}))
+        both = Results()
+        both.load([str(first), str(other)])
+        assert len(both.rounds) == 2, change
+
+
 def test_the_interval_of_fixed_ratios():
     """Resampling three ratios a < b < c, the mean of logs is a's alone 1/27 of the time (3.7%)
     and the next smallest, (2 log a + log b) / 3, 3/27 more: the 5th percentile is that one, the
