@@ -31,9 +31,10 @@ probes do not exercise, the step's own work or the memory system under it).
       (on the GPU machine; benchmarks/gpu/run.sh item `confrounds`) runs the rounds, adding each
       run to FILE.json as it ends (a file that holds runs of this row resumes: the runs it holds
       are not run again), and prints the table.
-  python -m benchmarks.capacity.conf_rounds table FILE.json
-      (any machine) prints the table of a file's runs.
-  python -m benchmarks.capacity.conf_rounds join FILE.json RESULTS.json [--pooled-with OTHER ...]
+  python -m benchmarks.capacity.conf_rounds table FILE.json [--against VARIANT]
+      (any machine) prints the table of a file's runs, its ratios to torch native's or to
+      VARIANT's runs.
+  python -m benchmarks.capacity.conf_rounds join FILE.json RESULTS.json [--pooled-with OTHER]...
       (any machine) adds the file's runs of torch native, torch expandable and vramledger's
       default (no setting, build or environment: the step rounds' own trial) to a capacity
       results file's step rounds of the row, as the rounds after its last one there and in the
@@ -251,23 +252,30 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, run: Callable[..., 
     return failed
 
 
-def table(runs: list[dict], variants: list[str] | None = None) -> str:
+def label(variant: str) -> str:
+    """A variant as the tables name it: torch's two allocators by name, others as given."""
+    return {"torch": "torch native", "torch-expandable": "torch expandable"}.get(variant, variant)
+
+
+def table(runs: list[dict], variants: list[str] | None = None,
+          against: str = REFERENCE) -> str:
     """Per variant: rounds, the median of each steady step and of the steady median over rounds
-    (ms), and the paired ratio to torch native with its 90% interval and verdict.
+    (ms), and the paired ratio to the variant `against` (torch native unless given) with its 90%
+    interval and verdict.
 
     Raises:
-      ValueError: no fitting run of torch native.
+      ValueError: no fitting run of `against`.
     """
     fitting = [r for r in runs if r.get("fits") and (step_rounds.steady_time(r) or 0) > 0]
-    reference = {r["round"]: r for r in fitting if r["variant"] == REFERENCE}
+    reference = {r["round"]: r for r in fitting if r["variant"] == against}
     if not reference:
-        raise ValueError("no fitting run of torch native, the reference")
+        raise ValueError(f"no fitting run of {label(against)}, the reference")
     if variants is None:
         variants = list(dict.fromkeys(r["variant"] for r in runs))
     warm = step_rounds.WARM_STEPS
     steps = max(len(r["step_s"]) for r in fitting) - warm
     head = " | ".join(f"step {warm + 1 + i} ms" for i in range(steps))
-    lines = [f"| variant | rounds | {head} | steady ms | / torch native [90%] | verdict |",
+    lines = [f"| variant | rounds | {head} | steady ms | / {label(against)} [90%] | verdict |",
              "|---|---|" + "---|" * steps + "---|---|---|"]
     for v in variants:
         mine = [r for r in fitting if r["variant"] == v]
@@ -285,10 +293,10 @@ def table(runs: list[dict], variants: list[str] | None = None) -> str:
         ratios = [step_rounds.steady_time(r) / step_rounds.steady_time(reference[r["round"]])
                   for r in paired]
         on = [step_rounds.machine(r) for r in paired]
-        bounds = step_rounds.interval(ratios, machines=on) if v != REFERENCE else None
+        bounds = step_rounds.interval(ratios, machines=on) if v != against else None
         ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]"
                  f"{step_rounds.machines_note(on)}" if bounds else "-")
-        verdict = step_rounds.verdict(bounds) if v != REFERENCE else "reference"
+        verdict = step_rounds.verdict(bounds) if v != against else "reference"
         lines.append(f"| {v} | {len(mine)} | " + " | ".join(per_step)
                      + f" | {steady * 1e3:.1f} | {ratio} | {verdict} |")
     return "\n".join(lines)
@@ -351,13 +359,14 @@ def machines(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def report(runs: list[dict], variants: list[str] | None = None) -> str:
-    """The step table, the process table and the machines of `runs`.
+def report(runs: list[dict], variants: list[str] | None = None,
+           against: str = REFERENCE) -> str:
+    """The step table (ratios to `against`), the process table and the machines of `runs`.
 
     Raises:
-      ValueError: no fitting run of torch native.
+      ValueError: no fitting run of `against`.
     """
-    parts = [table(runs, variants), process_table(runs, variants), machines(runs)]
+    parts = [table(runs, variants, against), process_table(runs, variants), machines(runs)]
     return "\n\n".join(p for p in parts if p)
 
 
@@ -381,8 +390,9 @@ def join(runs_path: str, results_path: str,
     that did not fit included: it is a result at that size) to the capacity results file
     `results_path` as step rounds of the row: the file's rounds that hold such runs, in order,
     become the rounds after the row's last one in the results file and in `pooled_with`, the
-    results files read with it (a round number is a run's key when the files are pooled: one
-    that two files share drops a run). Each added record's `conf_rounds` names the runs file
+    results files read with it (a round's number keys its runs when the files are pooled:
+    results.Results.load refuses files that number two runs of a row alike). Each added
+    record's `conf_rounds` names the runs file
     (relative to the results file's folder, which must hold it) and its round there. Only the
     results file is written, and only when something is added. Returns how many runs it added
     and the rounds they took.
@@ -401,15 +411,21 @@ def join(runs_path: str, results_path: str,
                          f"it there first, so the joined records name a file beside them")
     into = results.Results(results_path)
     into.load([results_path])
+    # The results file itself among the pooled ones is read once.
+    others = list(dict.fromkeys(p for p in pooled_with
+                                if os.path.abspath(p) != os.path.abspath(results_path)))
     pool = results.Results()
-    pool.load([results_path, *pooled_with])  # the rounds the table pools, numbered apart
+    pool.load([results_path, *others])  # the rounds the table pools: refused if numbered alike
     joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
-    held = {fingerprint(r, r["allocator"]) for r in pool.rounds.values()}
-    again = [r for r in joined if fingerprint(r, JOINED[r["variant"]]) in held - {None}]
-    if again:
-        where = " or ".join([results_path, *pooled_with])
-        raise ValueError(f"{where} already holds {len(again)} of the {len(joined)} runs "
-                         f"of {runs_path} (the same step times)")
+    for path in [results_path, *others]:
+        one = into if path == results_path else results.Results()
+        if one is not into:
+            one.load([path])
+        held = {fingerprint(r, r["allocator"]) for r in one.rounds.values()}
+        again = [r for r in joined if fingerprint(r, JOINED[r["variant"]]) in held - {None}]
+        if again:
+            raise ValueError(f"{path} already holds {len(again)} of the {len(joined)} runs "
+                             f"of {runs_path} (the same step times)")
     same_row = [r["round"] for r in pool.rounds.values()
                 if (r["workload"], r["cap_gib"], r["dim"], r["size"])
                 == (row["workload"], row["cap_gib"], row["dim"], row["size"])]
@@ -453,12 +469,15 @@ def main(argv=None) -> int:
     r.add_argument("--budget-s", type=float, default=600.0)
     t = sub.add_parser("table", help="the table of a file's runs")
     t.add_argument("file")
+    t.add_argument("--against", default=REFERENCE, metavar="VARIANT",
+                   help="the variant the ratios divide by (default: torch, torch native)")
     j = sub.add_parser("join", help="a file's runs of the three allocators into the step rounds")
     j.add_argument("file")
     j.add_argument("results")
-    j.add_argument("--pooled-with", nargs="+", default=[], metavar="OTHER",
-                   help="results files the table reads with RESULTS: the joined rounds follow "
-                        "the row's last round in any of them")
+    j.add_argument("--pooled-with", action="append", default=[], metavar="OTHER",
+                   help="a results file the table reads with RESULTS (once per file): the "
+                        "joined rounds follow the row's last round in any of them, and runs "
+                        "they hold are refused")
     a = ap.parse_args(argv)
     if a.command == "join":
         for path in (a.file, a.results, *a.pooled_with):
@@ -481,11 +500,16 @@ def main(argv=None) -> int:
             ap.error(f"{a.file}: " + ("not a file" if os.path.exists(a.file) else "no such file"))
         try:
             data = read(a.file)
-            text = report(data["runs"])
+            held = list(dict.fromkeys(r["variant"] for r in data["runs"]))
+            if a.against not in held:
+                raise ValueError(f"--against {a.against}: no run of that variant (the file's: "
+                                 f"{', '.join(held) or 'none'})")
+            text = report(data["runs"], against=a.against)
         except (ValueError, KeyError, TypeError) as e:
             print(f"conf rounds: {a.file}: {e}", file=sys.stderr)
             return 1
-        print(f"row: {data['row']}")
+        row = data["row"]
+        print(f"row: {row['workload']} at {row['cap_gib']:g} GiB, {row['dim']} {row['size']}")
         print(text)
         return 0
     workloads.check_row(ap, a)

@@ -38,9 +38,9 @@ class Results:
         """Merges the records of earlier runs' files; returns how many search trials it read
         (their step-round runs go to `rounds`). A missing file is an error (a resume that
         silently starts over would spend the GPU time twice), and so is a step round that two
-        files hold with different figures: two runs numbered alike, of which one would be
-        dropped from the pooled rounds without a word (a resumed file's copy of a round is the
-        same record, and reads as one)."""
+        files, or one file twice, hold with different figures: two runs numbered alike, of
+        which one would be dropped from the pooled rounds without a word (a resumed file's copy
+        of a round is the same record, and reads as one)."""
         n = 0
         read_from: dict[str, str] = {}
         for p in paths:
@@ -71,7 +71,8 @@ class Results:
                             f"{p}: step round {r['round']} of {r['workload']} {r['allocator']} "
                             f"at {r['cap_gib']:g} GiB, {r['dim']} {r['size']}, is also in "
                             f"{read_from.get(k, 'an earlier file')} with other figures: two "
-                            f"runs share the round's number, and one would be dropped")
+                            f"runs share the round's number, and one would be dropped "
+                            f"(conf_rounds join --pooled-with numbers joined rounds apart)")
                     self.rounds[k] = r
                     read_from[k] = p
             except (KeyError, TypeError) as e:

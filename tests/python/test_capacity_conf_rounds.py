@@ -195,7 +195,7 @@ def test_the_table_command_prints_a_file_and_names_bad_input(tmp_path, capsys):
                            600, 60, log=lambda s: None)
     assert conf_rounds.main(["table", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("row: ") and "| default | 2 |" in out
+    assert out.startswith("row: llama1b at 24 GiB, batch 1\n") and "| default | 2 |" in out
     for name, text in (("empty.json", "{}"), ("list.json", "[1]"), ("text.json", "runs"),
                        ("norow.json", '{"runs": []}'),
                        ("noref.json", json.dumps({"row": ROW, "runs": []}))):
@@ -207,6 +207,35 @@ def test_the_table_command_prints_a_file_and_names_bad_input(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             conf_rounds.main(["table", str(path)])
         assert e.value.code == 2 and f"{path}: {said}" in capsys.readouterr().err
+
+
+def test_the_table_divides_by_the_variant_it_is_asked_to(tmp_path, capsys):
+    """--against VARIANT: the ratios are to that variant's runs of the same rounds, which the
+    table marks as the reference; a variant the file does not hold is refused, naming those it
+    does."""
+    runs = []
+    for k, x in enumerate((1.10, 1.12, 1.08)):
+        runs += [{"variant": v, "round": k, "fits": True, "step_s": steps(0.2 * f)}
+                 for v, f in (("torch", 1.0), ("default", x), ("x:1", x * 1.05))]
+    text = conf_rounds.table(runs, against="default")
+    assert "| / default [90%] |" in text and "| default | 3 |" in text
+    assert text.splitlines()[3].endswith("| - | reference |")  # default's line, the second
+    gm, low, high = step_rounds.interval([1.0 / x for x in (1.10, 1.12, 1.08)])
+    assert f"| torch | 3 |" in text and f"| {gm:.3f} [{low:.3f}, {high:.3f}] |" in text
+    gm, low, high = step_rounds.interval([1.05] * 3)
+    assert f"| {gm:.3f} [{low:.3f}, {high:.3f}] | above |" in text
+    assert "| / torch native [90%] |" in conf_rounds.table(runs)
+    assert "| / torch expandable [90%] |" in conf_rounds.table(
+        [dict(r, variant="torch-expandable") if r["variant"] == "torch" else r for r in runs],
+        against="torch-expandable")
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"row": ROW, "runs": runs}))
+    assert conf_rounds.main(["table", str(path), "--against", "x:1"]) == 0
+    assert "| / x:1 [90%] |" in capsys.readouterr().out
+    assert conf_rounds.main(["table", str(path), "--against", "torch-expandable"]) == 1
+    err = capsys.readouterr().err
+    assert "--against torch-expandable: no run of that variant (the file's: torch, default, x:1)" \
+        in err and "Traceback" not in err
 
 
 def test_the_run_command_refuses_bad_arguments_before_running(tmp_path, capsys):
@@ -405,13 +434,55 @@ def test_join_numbers_after_the_pooled_files_and_refuses_their_runs(tmp_path, ca
     # The same runs joined into B would be counted twice in the pooled table: refused.
     assert conf_rounds.main(["join", str(runs_path), str(other),
                              "--pooled-with", str(results_path)]) == 1
-    assert (f"{other} or {results_path} already holds 4 of the 4 runs of"
-            in capsys.readouterr().err)
+    assert (f"conf rounds: {results_path} already holds 4 of the 4 runs of"
+            in capsys.readouterr().err)  # the file that holds them, not the one joined into
     assert other.read_text() == other_before
     with pytest.raises(SystemExit) as e:
         conf_rounds.main(["join", str(runs_path), str(other), "--pooled-with",
                           str(tmp_path / "missing.json")])
     assert e.value.code == 2 and "missing.json: no such file" in capsys.readouterr().err
+    # A joined file holds its own rounds and the joined ones, none of the pooled file's.
+    doc = json.loads(results_path.read_text())
+    assert sorted(r["round"] for r in doc["step_rounds"]) == [0, 1, 9, 9, 10, 10]
+
+
+def test_join_reads_the_pooled_files_as_the_table_does(tmp_path, capsys):
+    """The flag once per file, before or after the two files; the results file named among them
+    is read once; files that number two runs of a row alike, whichever field tells them apart,
+    are refused before anything is written."""
+    runs_path = tmp_path / "r.json"
+    conf_rounds.run_rounds(conf_rounds.Runs(str(runs_path), ROW), ["torch"], 1, Trial(), 600,
+                           60, log=lambda s: None)
+    run = dict(ROW, allocator="torch", fits=True)
+    files = {}
+    for name, rounds in (("a", [0]), ("b", [1, 2]), ("c", [3])):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps({"trials": [], "step_rounds": [
+            dict(run, round=r, step_s=steps(0.3 + r / 100)) for r in rounds]}))
+    a, b, c = (str(files[n]) for n in "abc")
+    assert conf_rounds.main(["join", "--pooled-with", b, str(runs_path), a,
+                             "--pooled-with", c, "--pooled-with", a]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("as round 4")
+    # Joined again: refused by the one file that holds the runs, named once.
+    assert conf_rounds.main(["join", str(runs_path), b, "--pooled-with", a,
+                             "--pooled-with", b]) == 1
+    assert capsys.readouterr().err.startswith(f"conf rounds: {a} already holds 1 of the 1 runs")
+    before = {n: f.read_text() for n, f in files.items()}
+    # b's round 1 again in c, with another step time or only another field: refused.
+    for change in ({"step_s": steps(0.9)}, {"fits": False}, {"device": "H200"}):
+        held = dict(run, round=1, step_s=steps(0.31))
+        files["c"].write_text(json.dumps({"trials": [], "step_rounds": [dict(held, **change)]}))
+        assert conf_rounds.main(["join", str(runs_path), b, "--pooled-with", c]) == 1, change
+        err = capsys.readouterr().err
+        assert f"step round 1 of llama1b torch at 24 GiB, batch 1, is also in {b}" in err, change
+        assert "--pooled-with numbers joined rounds apart" in err and "Traceback" not in err
+        assert files["b"].read_text() == before["b"]
+    # One file that numbers two runs alike is refused as well.
+    files["c"].write_text(json.dumps({"trials": [], "step_rounds": [
+        dict(run, round=5, step_s=steps(0.3)), dict(run, round=5, step_s=steps(0.4))]}))
+    assert conf_rounds.main(["join", str(runs_path), c]) == 1
+    assert f"step round 5 of llama1b torch at 24 GiB, batch 1, is also in {c}" in \
+        capsys.readouterr().err
 
 
 def test_join_keeps_what_did_not_fit_skips_failures_and_may_add_nothing(tmp_path, capsys):
