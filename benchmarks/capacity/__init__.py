@@ -1,2 +1,19 @@
 """The capacity benchmark (python -m benchmarks.capacity): the largest batch and sequence each
 allocator trains under a cap on memory. __main__.py says how to run it."""
+
+import os
+import sys
+from typing import Callable
+
+
+def exit_with(main: Callable[[], int]) -> None:
+    """Exits with main()'s status. A reader that stops early (`| head`) closes the pipe under the
+    table being printed: that ends the command quietly, status 1, without a traceback (stdout
+    goes to /dev/null so the interpreter's last flush cannot fail again)."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from benchmarks.capacity import planner, runner, step_rounds, table, traces, trial
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
@@ -107,11 +106,11 @@ def main(argv=None) -> int:
         ap.error(str(e))
     results = Results(None if a.table_only else a.out)
     try:
-        print(f"resumed {results.load(a.resume)} trial(s) and {len(results.rounds)} step-round "
-              f"run(s) from {' '.join(a.resume)}" if a.resume else "no results to resume from",
-              flush=True)
+        read = results.load(a.resume)
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--resume (CAPACITY_RESUME): {e}")
+    print(f"resumed {read} trial(s) and {len(results.rounds)} step-round run(s) from "
+          f"{' '.join(a.resume)}" if a.resume else "no results to resume from", flush=True)
     if a.traces and not a.table_only:
         try:  # a folder that cannot hold or read the traces fails before any trial runs
             os.makedirs(a.traces, exist_ok=True)
@@ -154,6 +153,8 @@ def report(results: Results, groups, seq_step: int) -> str:
             "plan --fit's error by allowance model (the allowance under a cap is calibrated on "
             "the calibration rows only):\n\n"
             + table.errors_table(results, every, models, planner.role, seq_step) + "\n\n"
+            + "Retries and step time at the largest size all three fit, one trial per allocator "
+            "(the search's own; the step rounds below, where a row has them, repeat it):\n\n"
             + table.retries_table(results, every, seq_step)
             + ("\n\nStep time over rounds at the largest size all three fit (steady steps: "
                f"after the first {step_rounds.WARM_STEPS}; verdict: not above when the 90% "
@@ -166,4 +167,5 @@ def report(results: Results, groups, seq_step: int) -> str:
                + step_rounds.steps_table(results, every, seq_step) if results.rounds else ""))
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.capacity import exit_with
+    exit_with(main)

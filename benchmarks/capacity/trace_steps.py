@@ -121,4 +121,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.capacity import exit_with
+    exit_with(main)

@@ -254,6 +254,9 @@ def test_command_line_table_only_and_bad_filters(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"resumed {len(json.loads(path.read_text())['trials'])} trial(s)" in out
     assert "stand-in, torch none" in out and "| 7 (1024) |" in out
+    # The single trials' table says what it is, ahead of its header.
+    caption = "Retries and step time at the largest size all three fit, one trial per allocator"
+    assert out.index(caption) < out.index("| workload | cap GiB | dimension | size all three fit")
     for flags, needle in ((["--workloads", "gpt3"], "unknown gpt3"),
                           (["--caps", "0"], "GiB above 0"),
                           (["--dims", "tokens"], "unknown tokens"),

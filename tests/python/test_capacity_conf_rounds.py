@@ -587,3 +587,19 @@ def test_the_tables_pair_a_rounds_runs_only_on_one_machine():
             run("torch", 1, "a", 0.2), run("default", 1, "b", 0.1),
             run("torch", 2, "c", 0.2), run("default", 2, "c", 0.21)]
     assert "| 1.050 [1.050, 1.050] | above |" in conf_rounds.table(runs)
+
+
+@pytest.mark.parametrize("module", ["benchmarks.capacity", "benchmarks.capacity.conf_rounds"])
+def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(tmp_path, module):
+    """`... | head`: the pipe closes under the table being printed; the command ends quietly."""
+    runs = [{"variant": v, "round": k, "fits": True, "step_s": steps(0.2 + k / 100)}
+            for k in range(3) for v in ("torch", "default")]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"row": ROW, "runs": runs}))
+    args = (["--table-only", "--resume", str(ROOT / "docs/results/capacity-h200-results.json")]
+            if module == "benchmarks.capacity" else ["table", str(path)])
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child has printed anything: its first write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
