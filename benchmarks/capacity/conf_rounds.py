@@ -392,10 +392,9 @@ def join(runs_path: str, results_path: str,
     become the rounds after the row's last one in the results file and in `pooled_with`, the
     results files read with it (a round's number keys its runs when the files are pooled:
     results.Results.load refuses files that number two runs of a row alike). Each added
-    record's `conf_rounds` names the runs file
-    (relative to the results file's folder, which must hold it) and its round there. Only the
-    results file is written, and only when something is added. Returns how many runs it added
-    and the rounds they took.
+    record's `conf_rounds` names the runs file (relative to the results file's folder, which
+    must hold it) and its round there. Only the results file is written, and only when something
+    is added. Returns how many runs it added and the rounds they took.
 
     Raises:
       ValueError: a file that cannot be read, a runs file outside the results file's folder,
