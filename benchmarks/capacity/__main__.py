@@ -154,7 +154,8 @@ def report(results: Results, groups, seq_step: int) -> str:
             "the calibration rows only):\n\n"
             + table.errors_table(results, every, models, planner.role, seq_step) + "\n\n"
             + "Retries and step time at the largest size all three fit, one trial per allocator "
-            "(the search's own; the step rounds below, where a row has them, repeat it):\n\n"
+            "where one ran at that size (the search's own; its median over all six steps; the "
+            "step rounds below, where a row has them, repeat it):\n\n"
             + table.retries_table(results, every, seq_step)
             + ("\n\nStep time over rounds at the largest size all three fit (steady steps: "
                f"after the first {step_rounds.WARM_STEPS}; verdict: not above when the 90% "

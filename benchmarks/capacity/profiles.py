@@ -233,13 +233,13 @@ def main(argv=None) -> int:
     if a.top < 1:
         ap.error(f"--top must be at least 1, got {a.top}")
     try:
-        records = load(a.out_dir)
-        print(compare(records, a.top))
+        text = compare(load(a.out_dir), a.top)
     except OSError as e:
         ap.error(f"{a.out_dir}: {e.strerror}")
     except ValueError as e:
         print(f"profiles: {e}", file=sys.stderr)
         return 1
+    print(text)  # outside the try: a reader that closes the pipe is not a bad folder
     return 0
 
 

@@ -67,12 +67,16 @@ class Results:
                     k = round_key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],
                                   r["size"], r["round"])
                     if k in self.rounds and self.rounds[k] != r:
+                        run = (f"step round {r['round']} of {r['workload']} {r['allocator']} at "
+                               f"{r['cap_gib']:g} GiB, {r['dim']} {r['size']}")
+                        if read_from.get(k) == p:
+                            raise ValueError(f"{p}: {run} is in the file twice, with other "
+                                             f"figures: one would be dropped")
                         raise ValueError(
-                            f"{p}: step round {r['round']} of {r['workload']} {r['allocator']} "
-                            f"at {r['cap_gib']:g} GiB, {r['dim']} {r['size']}, is also in "
-                            f"{read_from.get(k, 'an earlier file')} with other figures: two "
-                            f"runs share the round's number, and one would be dropped "
-                            f"(conf_rounds join --pooled-with numbers joined rounds apart)")
+                            f"{p}: {run}, is also in {read_from.get(k, 'an earlier file')} "
+                            f"with other figures: two runs share the round's number, and one "
+                            f"would be dropped (conf_rounds join --pooled-with numbers joined "
+                            f"rounds apart)")
                     self.rounds[k] = r
                     read_from[k] = p
             except (KeyError, TypeError) as e:

@@ -5,6 +5,7 @@ table's figures and the command's errors."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -447,8 +448,8 @@ def test_join_numbers_after_the_pooled_files_and_refuses_their_runs(tmp_path, ca
 
 
 def test_join_reads_the_pooled_files_as_the_table_does(tmp_path, capsys):
-    """The flag once per file, before or after the two files; the results file named among them
-    is read once; files that number two runs of a row alike, whichever field tells them apart,
+    """The flag once per file, before or after the two files; the results file may be named
+    among them; files that number two runs of a row alike, whichever field tells them apart,
     are refused before anything is written."""
     runs_path = tmp_path / "r.json"
     conf_rounds.run_rounds(conf_rounds.Runs(str(runs_path), ROW), ["torch"], 1, Trial(), 600,
@@ -481,7 +482,7 @@ def test_join_reads_the_pooled_files_as_the_table_does(tmp_path, capsys):
     files["c"].write_text(json.dumps({"trials": [], "step_rounds": [
         dict(run, round=5, step_s=steps(0.3)), dict(run, round=5, step_s=steps(0.4))]}))
     assert conf_rounds.main(["join", str(runs_path), c]) == 1
-    assert f"step round 5 of llama1b torch at 24 GiB, batch 1, is also in {c}" in \
+    assert f"{c}: step round 5 of llama1b torch at 24 GiB, batch 1 is in the file twice" in \
         capsys.readouterr().err
 
 
@@ -589,16 +590,26 @@ def test_the_tables_pair_a_rounds_runs_only_on_one_machine():
     assert "| 1.050 [1.050, 1.050] | above |" in conf_rounds.table(runs)
 
 
-@pytest.mark.parametrize("module", ["benchmarks.capacity", "benchmarks.capacity.conf_rounds"])
-def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(tmp_path, module):
-    """`... | head`: the pipe closes under the table being printed; the command ends quietly."""
+@pytest.mark.parametrize("unbuffered", [False, True])
+@pytest.mark.parametrize("module", ["benchmarks.capacity", "benchmarks.capacity.conf_rounds",
+                                    "benchmarks.capacity.profiles"])
+def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(tmp_path, module,
+                                                                         unbuffered):
+    """`... | head`: the pipe closes under the table being printed; the command ends quietly,
+    whether its first write fails (unbuffered) or the last flush does."""
     runs = [{"variant": v, "round": k, "fits": True, "step_s": steps(0.2 + k / 100)}
             for k in range(3) for v in ("torch", "default")]
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"row": ROW, "runs": runs}))
-    args = (["--table-only", "--resume", str(ROOT / "docs/results/capacity-h200-results.json")]
-            if module == "benchmarks.capacity" else ["table", str(path)])
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT,
+    args = {"benchmarks.capacity": ["--table-only", "--resume",
+                                    str(ROOT / "docs/results/capacity-h200-results.json")],
+            "benchmarks.capacity.conf_rounds": ["table", str(path)],
+            "benchmarks.capacity.profiles": ["compare",
+                                             str(ROOT / "docs/results/capacity-h100-profiles")]}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen([sys.executable, "-m", module, *args[module]], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # before the child has printed anything: its first write fails
     err = proc.stderr.read().decode()
