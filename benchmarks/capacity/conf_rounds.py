@@ -61,6 +61,7 @@ import time
 from typing import Callable, Sequence
 
 from benchmarks.capacity import results, step_rounds, trial, workloads
+from benchmarks.capacity import table as table_names
 
 TORCH_VARIANTS = ("torch", "torch-expandable")
 DEFAULT = "default"  # vramledger with no setting
@@ -254,7 +255,7 @@ def run_rounds(runs: Runs, variants: list[str], rounds: int, run: Callable[..., 
 
 def label(variant: str) -> str:
     """A variant as the tables name it: torch's two allocators by name, others as given."""
-    return {"torch": "torch native", "torch-expandable": "torch expandable"}.get(variant, variant)
+    return table_names.NAMES.get(variant, variant)
 
 
 def table(runs: list[dict], variants: list[str] | None = None,
@@ -416,15 +417,13 @@ def join(runs_path: str, results_path: str,
     pool = results.Results()
     pool.load([results_path, *others])  # the rounds the table pools: refused if numbered alike
     joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
-    for path in [results_path, *others]:
-        one = into if path == results_path else results.Results()
-        if one is not into:
-            one.load([path])
-        held = {fingerprint(r, r["allocator"]) for r in one.rounds.values()}
-        again = [r for r in joined if fingerprint(r, JOINED[r["variant"]]) in held - {None}]
-        if again:
-            raise ValueError(f"{path} already holds {len(again)} of the {len(joined)} runs "
-                             f"of {runs_path} (the same step times)")
+    held = {fingerprint(r, r["allocator"]): pool.round_files[k] for k, r in pool.rounds.items()}
+    held.pop(None, None)
+    # The file that holds each joined run already (a run without step times tells nothing).
+    again = [held[f] for r in joined if (f := fingerprint(r, JOINED[r["variant"]])) in held]
+    if again:
+        raise ValueError(f"{again[0]} already holds {again.count(again[0])} of the "
+                         f"{len(joined)} runs of {runs_path} (the same step times)")
     same_row = [r["round"] for r in pool.rounds.values()
                 if (r["workload"], r["cap_gib"], r["dim"], r["size"])
                 == (row["workload"], row["cap_gib"], row["dim"], row["size"])]

@@ -32,6 +32,7 @@ class Results:
         self.path = path
         self.records: dict[str, dict] = {}
         self.rounds: dict[str, dict] = {}
+        self.round_files: dict[str, str] = {}  # a round's key -> the file load() last read it from
         self.superseded: dict = {}
 
     def load(self, paths: Iterable[str]) -> int:
@@ -42,7 +43,6 @@ class Results:
         which one would be dropped from the pooled rounds without a word (a resumed file's copy
         of a round is the same record, and reads as one)."""
         n = 0
-        read_from: dict[str, str] = {}
         for p in paths:
             with open(p, encoding="utf-8") as f:
                 try:
@@ -69,16 +69,16 @@ class Results:
                     if k in self.rounds and self.rounds[k] != r:
                         run = (f"step round {r['round']} of {r['workload']} {r['allocator']} at "
                                f"{r['cap_gib']:g} GiB, {r['dim']} {r['size']}")
-                        if read_from.get(k) == p:
+                        if self.round_files.get(k) == p:
                             raise ValueError(f"{p}: {run} is in the file twice, with other "
                                              f"figures: one would be dropped")
                         raise ValueError(
-                            f"{p}: {run}, is also in {read_from.get(k, 'an earlier file')} "
+                            f"{p}: {run}, is also in {self.round_files.get(k, 'an earlier file')} "
                             f"with other figures: two runs share the round's number, and one "
                             f"would be dropped (conf_rounds join --pooled-with numbers joined "
                             f"rounds apart)")
                     self.rounds[k] = r
-                    read_from[k] = p
+                    self.round_files[k] = p
             except (KeyError, TypeError) as e:
                 raise ValueError(f"{p}: a record without its {e} field") from None
             for field, value in aside.items():
