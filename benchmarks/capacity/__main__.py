@@ -16,13 +16,14 @@ median step time at the largest size all three fit. With --step-rounds N, after 
 N rounds at that size of the three allocators in rotating order, one process each, and per row
 each one's steady step time and vramledger's ratio to each torch allocator with its 90% interval
 over the rounds, then the same ratio for each steady step on its own
-(benchmarks/capacity/step_rounds.py). With --traces DIR, last, traced trials at the
+(benchmarks/capacity/step_rounds.py); with --table-only --by-machine, only those ratios on each
+machine the rounds ran on. With --traces DIR, last, traced trials at the
 largest size all three fit and at vramledger's limit, written to DIR for study without a GPU
 (benchmarks/capacity/traces.py).
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
-      [--traces DIR] [--trace-allocators vramledger] [--table-only]
+      [--traces DIR] [--trace-allocators vramledger] [--table-only [--by-machine]]
 Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_ALLOCATORS,
 CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS, CAPACITY_TRACE_ALLOCATORS and
 CAPACITY_RESUME (paths, space-separated). --out is rewritten after every trial with every record,
@@ -93,6 +94,9 @@ def main(argv=None) -> int:
                     help="last, traced trials at each row's common size and vramledger's limit")
     ap.add_argument("--trace-allocators", default=env("CAPACITY_TRACE_ALLOCATORS", "vramledger"))
     ap.add_argument("--table-only", action="store_true", help="print the tables of --resume")
+    ap.add_argument("--by-machine", action="store_true",
+                    help="with --table-only: print only the step rounds' ratios on each machine, "
+                         "of the rows --workloads, --caps and --dims select")
     a = ap.parse_args(argv)
     try:
         workloads = _list(a.workloads, WORKLOADS, "--workloads (CAPACITY_WORKLOADS)")
@@ -104,6 +108,8 @@ def main(argv=None) -> int:
                        "--trace-allocators (CAPACITY_TRACE_ALLOCATORS)")
     except ValueError as e:
         ap.error(str(e))
+    if a.by_machine and not a.table_only:
+        ap.error("--by-machine prints a table of --resume: it needs --table-only")
     results = Results(None if a.table_only else a.out)
     try:
         read = results.load(a.resume)
@@ -118,6 +124,14 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"--traces: {e}")
     groups = [(w, c, d) for d in dims for w in workloads for c in caps]
+    if a.by_machine:
+        print("Each machine's step-round ratios at the largest size all three fit: the geometric "
+              "mean of its rounds' ratios by each run's steady median / by the steady steps' "
+              "total (rounds):\n")
+        print(step_rounds.machines_table(
+            results, sorted(groups, key=lambda g: (list(WORKLOADS).index(g[0]), g[1], g[2])),
+            a.seq_step))
+        return 0
     if not a.table_only:
         results.save()
         budget = runner.Budget(a.budget_s)

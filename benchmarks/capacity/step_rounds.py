@@ -44,6 +44,9 @@ run, the steps the median leaves out (the fastest and the slowest of a run's fou
 third line per row gives torch expandable's ratio over torch native's the same way, without a
 verdict: how far torch's own two allocators differ on the row.
 
+A fourth table (machines_table(), `--by-machine`) gives each machine's own ratios, RATIOS by the
+median and by the total: how far apart the machines the interval resamples lie.
+
 A run's machine (machine()) is its kernel boot id (trial.host_facts()); a record written before
 trials recorded their host may carry a `machine` label instead, set from the log of the calls
 that ran it; a run with neither counts as a machine of its own in the interval.
@@ -61,6 +64,10 @@ from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import LENGTH_FRACTIONS, WORKLOADS
 
 WARM_STEPS = table.WARM_STEPS
+# The paired ratios the tables give per row, (numerator, denominator): vramledger's over each
+# torch allocator's, then torch expandable's over torch native's.
+RATIOS = (("vramledger", "torch"), ("vramledger", "torch-expandable"),
+          ("torch-expandable", "torch"))
 MARGIN = 0.02
 RESAMPLES = 10000
 LEVEL = 0.90
@@ -250,6 +257,13 @@ def ratio_cell(pairs: list[tuple[float, str | None]], judged: bool = False) -> s
             f"{len(pairs)}" + (f", {verdict(bounds)}" if judged else ""))
 
 
+def total_ratio(mine: list[float], theirs: list[float]) -> float | None:
+    """The ratio of two runs' steady steps' total time; None unless both ran every step."""
+    if not len(mine) == len(theirs) == len(LENGTH_FRACTIONS):
+        return None
+    return sum(mine[WARM_STEPS:]) / sum(theirs[WARM_STEPS:])
+
+
 def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
     """Per row, each steady step's ratio over the paired rounds (paired_rounds()), then the ratio
     of the steady steps' total time (ratio_cell()): vramledger's over each torch allocator's, with
@@ -266,20 +280,17 @@ def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_st
             f"step {i + 1} ({fractions[i]:.1f})" for i in steady] + ["steady steps' total"]
     lines = ["| workload | cap GiB | dimension | size | ratio | " + " | ".join(head) + " |",
              "|---" * (5 + len(head)) + "|"]
-    pairs = [("vramledger", "torch"), ("vramledger", "torch-expandable"),
-             ("torch-expandable", "torch")]
     for workload, cap, dim in rows:
         size, runs = row_runs(results, workload, cap, dim, seq_step)
         if not size or not runs["vramledger"]:
             continue
-        for of, a in pairs:
+        for of, a in RATIOS:
             keys = paired_rounds(runs, a, of)
             steps = [(runs[of][k]["step_s"], runs[a][k]["step_s"], on) for k, on in keys]
             cells = [ratio_cell([(mine[i] / theirs[i], on) for mine, theirs, on in steps
                                  if len(mine) > i and len(theirs) > i]) for i in steady]
-            cells.append(ratio_cell([(sum(mine[WARM_STEPS:]) / sum(theirs[WARM_STEPS:]), on)
-                                     for mine, theirs, on in steps
-                                     if len(mine) == len(theirs) == len(fractions)],
+            cells.append(ratio_cell([(x, on) for mine, theirs, on in steps
+                                     if (x := total_ratio(mine, theirs)) is not None],
                                     judged=of == "vramledger"))
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
                          f"{table.NAMES[of]} / {table.NAMES[a]} | " + " | ".join(cells) + " |")
@@ -328,3 +339,49 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
         return "No step rounds recorded at a size all three allocators fit."
     return "\n".join(lines)
 
+
+def geometric_mean(ratios: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in ratios))
+
+
+def machines_table(results: Results, rows: Iterable[tuple[str, float, str]],
+                   seq_step: int) -> str:
+    """Per row, one line per machine (machine()) its paired rounds ran on, the most rounds
+    first: the geometric mean of that machine's paired ratios (RATIOS), by each run's steady
+    median and by the steady steps' total, and how many rounds each covers. The pooled interval
+    resamples these machines; this says how far apart they lie, and whether a comparison's
+    figure comes from most machines or a few. Runs whose records name no machine share one line,
+    though the interval counts each as a machine of its own. A row without vramledger runs at its
+    size has no lines."""
+    lines = ["| workload | cap GiB | dimension | size | machine | card | "
+             + " | ".join(f"{table.NAMES[of]} / {table.NAMES[a]}" for of, a in RATIOS) + " |",
+             "|---" * (6 + len(RATIOS)) + "|"]
+    for workload, cap, dim in rows:
+        size, runs = row_runs(results, workload, cap, dim, seq_step)
+        if not size or not runs["vramledger"]:
+            continue
+        by_machine: dict[str | None, dict[tuple[str, str], list[tuple[float, float | None]]]] = {}
+        card: dict[str | None, str] = {}
+        for of, a in RATIOS:
+            for k, on in paired_rounds(runs, a, of):
+                mine, theirs = runs[of][k], runs[a][k]
+                by_machine.setdefault(on, {}).setdefault((of, a), []).append(
+                    (steady_time(mine) / steady_time(theirs),
+                     total_ratio(mine["step_s"], theirs["step_s"])))
+                card[on] = (mine.get("device") or "-").removeprefix("NVIDIA ")
+        order_ = sorted(by_machine, key=lambda m: (-max(map(len, by_machine[m].values())),
+                                                   m is None, m or ""))
+        for on in order_:
+            cells = []
+            for pair in RATIOS:
+                got = by_machine[on].get(pair, [])
+                totals = [t for _, t in got if t is not None]
+                cells.append("-" if not got else
+                             f"{geometric_mean([x for x, _ in got]):.3f} / "
+                             + (f"{geometric_mean(totals):.3f}" if totals else "-")
+                             + f" ({len(got)})")
+            lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
+                         f"{on.split('-')[0] if on else 'not recorded'} | {card[on]} | " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        return "No step rounds recorded at a size all three allocators fit."
+    return "\n".join(lines)

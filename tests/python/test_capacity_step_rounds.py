@@ -534,3 +534,76 @@ def test_runs_pair_only_on_one_card_and_one_machine_where_both_name_theirs():
     # A record from before trials named their machine pairs by card alone.
     assert step_rounds.same_machine(on(h100, "a"), h100)
     assert step_rounds.same_machine(dict(h100, host=None), on(h100, "b"))
+
+
+def machine_lines(text: str) -> dict[str, list[str]]:
+    """The per-machine table's lines by machine, each line's cells."""
+    return {line.split(" | ")[4]: line.strip("| ").split(" | ")
+            for line in text.splitlines() if line.startswith("| GPT-2-medium")}
+
+
+def test_the_machines_table_gives_each_machines_ratios_by_median_and_total():
+    """Five rounds: three on a boot id's machine, where vramledger's steady steps take 10% longer
+    than both torch allocators' (in round 2 only its step 6, so its median ties and its total
+    does not) and torch expandable's are torch native's; one on a labelled machine, where torch
+    expandable's take 20% longer; one on a machine the records do not name, where vramledger runs
+    out of memory. Lines go most rounds first; each cell is the machine's geometric mean by the
+    median / by the total (its paired rounds)."""
+    results = searched()
+    run_rounds(results, RoundRuns({"torch": [0.5] * 5, "torch-expandable": [0.5] * 5,
+                                   "vramledger": [0.55, 0.55, 0.5, 0.5, None]}), 5)
+    boot = "77d062bb-d422-40d1-ba9b-3f9c6217a59f"
+    for r in results.rounds.values():
+        if r["round"] < 3:
+            r["host"] = {"boot_id": boot}
+        elif r["round"] == 3:
+            r["machine"] = "second"
+        if r["allocator"] == "vramledger" and r["round"] == 2:
+            r["step_s"] = r["step_s"][:5] + [r["step_s"][5] * 1.4]  # step 6 only: 0.7 s
+        if r["allocator"] == "torch-expandable" and r["round"] == 3:
+            r["step_s"] = [x * 1.2 for x in r["step_s"]]
+    text = step_rounds.machines_table(results, [ROW], 64)
+    head = text.splitlines()[0].split(" | ")
+    assert head[4:] == ["machine", "card", NATIVE, EXPANDABLE, TORCHES + " |"]
+    lines = machine_lines(text)
+    assert list(lines) == ["77d062bb", "second", "not recorded"]  # the boot id's first part
+    by_median = math.exp((2 * math.log(1.1) + math.log(1.0)) / 3)
+    total = math.exp((2 * math.log(1.1) + math.log(2.2 / 2.0)) / 3)  # 0.5+0.5+0.5+0.7 over 2.0
+    assert total == pytest.approx(1.1)
+    cell = f"{by_median:.3f} / {total:.3f} (3)"
+    assert cell == "1.066 / 1.100 (3)"
+    assert lines["77d062bb"][5:] == ["stand-in", cell, cell, "1.000 / 1.000 (3)"]
+    assert lines["second"][6:] == ["1.000 / 1.000 (1)", "0.833 / 0.833 (1)",
+                                   "1.200 / 1.200 (1)"]
+    # vramledger's run there did not fit: only torch's two pair.
+    assert lines["not recorded"][6:] == ["-", "-", "1.000 / 1.000 (1)"]
+    # A vramledger round whose record stops short counts by the median, not by the total.
+    results.rounds[next(k for k, r in results.rounds.items() if r["allocator"] == "vramledger"
+                        and r["round"] == 1)]["step_s"] = [9.0, 9.0, 0.55, 0.55, 0.55]
+    lines = machine_lines(step_rounds.machines_table(results, [ROW], 64))
+    assert lines["77d062bb"][6] == f"{by_median:.3f} / {total:.3f} (3)"  # 1.1 and 1.1 remain
+    results.rounds[next(k for k, r in results.rounds.items() if r["allocator"] == "vramledger"
+                        and r["round"] == 0)]["step_s"] = [9.0, 9.0, 0.55]
+    lines = machine_lines(step_rounds.machines_table(results, [ROW], 64))
+    assert lines["77d062bb"][6] == f"{by_median:.3f} / 1.100 (3)"  # one total left
+    assert step_rounds.machines_table(searched(), [ROW], 64).startswith("No step rounds")
+
+
+def test_by_machine_prints_only_the_selected_rows_machines(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    results = searched(str(path))
+    run_rounds(results, RoundRuns({a: [0.5] * 2 for a in ALLOCATOR_ORDER}), 2)
+    results.save()
+    argv = ["--table-only", "--by-machine", "--resume", str(path)]
+    assert capacity_main.main(argv + ["--workloads", "gpt2m", "--caps", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "Each machine's step-round ratios" in out
+    assert "| GPT-2-medium | 24 | batch | 4 | not recorded | stand-in | 1.000 / 1.000 (2) |" in out
+    assert "Step time over rounds" not in out and "| retries per step" not in out
+    assert capacity_main.main(argv + ["--workloads", "llama1b"]) == 0
+    assert "No step rounds" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        capacity_main.main(["--by-machine", "--resume", str(path)])
+    assert e.value.code == 2
+    assert "--by-machine prints a table of --resume: it needs --table-only" in (
+        capsys.readouterr().err)
