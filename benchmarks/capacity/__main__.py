@@ -28,8 +28,8 @@ Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_AL
 CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS, CAPACITY_TRACE_ALLOCATORS and
 CAPACITY_RESUME (paths, space-separated). --out is rewritten after every trial with every record,
 the resumed ones included, so the next run resumes from it (neither a search trial nor a round's
-run recorded there runs again). Exit status 0 (also when the budget ended the run first), 2 on a
-bad flag.
+run recorded there runs again). Exit status 0 (also when the budget ended the run first), 1 when
+the reader closes the output early (`| head`), 2 on a bad flag.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ probes do not exercise, the step's own work or the memory system under it).
 Exit status 0; 1 when a run failed or the budget ended first (run), FILE holds no run of torch
 native (table), or the runs cannot be joined (join: runs RESULTS or an OTHER already holds, a
 FILE outside RESULTS' folder, a file that cannot be read or whose row is not one, results files
-that number two runs alike); 2 on bad arguments.
+that number two runs alike), or when the reader closes the output early (`| head`); 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -498,6 +499,10 @@ def main(argv=None) -> int:
             ap.error(f"{a.file}: " + ("not a file" if os.path.exists(a.file) else "no such file"))
         try:
             data = read(a.file)
+        except ValueError as e:  # names the file
+            print(f"conf rounds: {e}", file=sys.stderr)
+            return 1
+        try:
             held = list(dict.fromkeys(r["variant"] for r in data["runs"]))
             if a.against not in held:
                 raise ValueError(f"--against {a.against}: no run of that variant (the file's: "

@@ -614,3 +614,16 @@ def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(tmp_path
     proc.stdout.close()  # before the child has printed anything: its first write fails
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_table_names_a_bad_file_once(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    assert conf_rounds.main(["table", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"conf rounds: {bad}: not a readable runs file (")
+    assert err.count(str(bad)) == 1
+    bad.write_text('{"row": {}}')
+    assert conf_rounds.main(["table", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"conf rounds: {bad}: not a runs file") and err.count(str(bad)) == 1

@@ -589,6 +589,38 @@ def test_the_machines_table_gives_each_machines_ratios_by_median_and_total():
     assert step_rounds.machines_table(searched(), [ROW], 64).startswith("No step rounds")
 
 
+def test_the_machines_table_orders_by_rounds_and_keeps_cards_and_labels_apart():
+    """Six rounds: one on machine "a-1" (a label: kept whole), three on "z", two with no machine
+    named, one of them on another card. The most rounds come first whatever the name; unnamed
+    runs share a line per card; a boot id is cut to its first part, a label is not."""
+    results = searched()
+    run_rounds(results, RoundRuns({a: [0.5] * 6 for a in ALLOCATOR_ORDER}), 6)
+    where = {0: "a-1", 1: "z", 2: "z", 3: "z", 4: None, 5: None}
+    for r in results.rounds.values():
+        if where[r["round"]]:
+            r["machine"] = where[r["round"]]
+        if r["round"] == 5:
+            r["device"] = "NVIDIA H200"
+    lines = machine_lines(step_rounds.machines_table(results, [ROW], 64))
+    assert list(lines) == ["z", "a-1", "not recorded"]
+    assert [line[4:6] for line in step_rounds.machines_table(
+        results, [ROW], 64).splitlines()[2:] for line in [line.strip("| ").split(" | ")]] == [
+        ["z", "stand-in"], ["a-1", "stand-in"], ["not recorded", "H200"],
+        ["not recorded", "stand-in"]]
+    assert step_rounds.short_machine("77d062bb-d422-40d1-ba9b-3f9c6217a59f") == "77d062bb"
+    assert step_rounds.short_machine("node-b") == "node-b"
+    assert step_rounds.short_machine(None) == "not recorded"
+
+
+def test_a_total_needs_both_runs_every_step():
+    steps = [9.0, 9.0, 0.3, 0.8, 1.0, 0.45]
+    assert step_rounds.total_ratio(steps, steps) == 1.0
+    assert step_rounds.total_ratio([2 * x for x in steps], steps) == pytest.approx(2.0)
+    assert step_rounds.total_ratio(steps, steps[:5]) is None  # torch's run stopped short
+    assert step_rounds.total_ratio(steps[:5], steps) is None
+    assert step_rounds.total_ratio(steps[:5], steps[:5]) is None  # alike, but short
+
+
 def test_by_machine_prints_only_the_selected_rows_machines(tmp_path, capsys):
     path = tmp_path / "r.json"
     results = searched(str(path))
@@ -602,6 +634,22 @@ def test_by_machine_prints_only_the_selected_rows_machines(tmp_path, capsys):
     assert "Step time over rounds" not in out and "| retries per step" not in out
     assert capacity_main.main(argv + ["--workloads", "llama1b"]) == 0
     assert "No step rounds" in capsys.readouterr().out
+    # Rows in the benchmark's order, whatever the flags' order; --caps and --dims select rows.
+    seq = ("gpt2m", 24.0, "seq")
+    runner.run_grid([seq], ALLOCS, StandIn(LIMITS), results, runner.Budget(1e9), planned,
+                    log=lambda _: None)
+    step_rounds.run_rounds([seq], 1, RoundRuns({a: [0.5] for a in ALLOCATOR_ORDER}), results,
+                           runner.Budget(1e9, Clock()), log=lambda _: None)
+    results.save()
+    assert capacity_main.main(argv + ["--dims", "seq,batch"]) == 0
+    dims = [line.split(" | ")[2] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| GPT-2-medium")]
+    assert dims == ["batch", "seq"]
+    for flag, value in (("--dims", "seq"), ("--caps", "80")):
+        assert capacity_main.main(argv + [flag, value]) == 0
+        dims = [line.split(" | ")[2] for line in capsys.readouterr().out.splitlines()
+                if line.startswith("| GPT-2-medium")]
+        assert dims == (["seq"] if flag == "--dims" else [])
     with pytest.raises(SystemExit) as e:
         capacity_main.main(["--by-machine", "--resume", str(path)])
     assert e.value.code == 2
