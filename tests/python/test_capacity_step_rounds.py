@@ -607,7 +607,24 @@ def test_the_machines_table_orders_by_rounds_and_keeps_cards_and_labels_apart():
         results, [ROW], 64).splitlines()[2:] for line in [line.strip("| ").split(" | ")]] == [
         ["z", "stand-in"], ["a-1", "stand-in"], ["not recorded", "H200"],
         ["not recorded", "stand-in"]]
+    # "Most rounds" is a machine's largest count of any one ratio, not their sum: "b" paired
+    # three rounds of torch's two allocators alone (vramledger ran out of memory), "a" two
+    # rounds of every ratio (six pairs in all).
+    results = searched()
+    run_rounds(results, RoundRuns({"torch": [0.5] * 5, "torch-expandable": [0.5] * 5,
+                                   "vramledger": [0.5, 0.5, None, None, None]}), 5)
+    for r in results.rounds.values():
+        r["machine"] = "a" if r["round"] < 2 else "b"
+    lines = machine_lines(step_rounds.machines_table(results, [ROW], 64))
+    assert list(lines) == ["b", "a"]
+    assert lines["b"][6:] == ["-", "-", "1.000 / 1.000 (3)"]
+    # A row whose vramledger runs are gone has no lines, though torch's two would pair.
+    for k in [k for k, r in results.rounds.items() if r["allocator"] == "vramledger"]:
+        del results.rounds[k]
+    assert step_rounds.machines_table(results, [ROW], 64).startswith("No step rounds")
     assert step_rounds.short_machine("77d062bb-d422-40d1-ba9b-3f9c6217a59f") == "77d062bb"
+    assert step_rounds.short_machine("77d062bb-d422-40d1-ba9b-3f9c6217a59f-x") == (
+        "77d062bb-d422-40d1-ba9b-3f9c6217a59f-x")  # a label that begins like a boot id
     assert step_rounds.short_machine("node-b") == "node-b"
     assert step_rounds.short_machine(None) == "not recorded"
 
