@@ -73,6 +73,12 @@ def _count(text: str, what: str) -> int:
     return n
 
 
+def row_order(group: tuple[str, float, str]) -> tuple[int, float, str]:
+    """The tables' order of (workload, cap, dim) rows: workloads as WORKLOADS lists them."""
+    workload, cap, dim = group
+    return list(WORKLOADS).index(workload), cap, dim
+
+
 def main(argv=None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__,
@@ -129,7 +135,7 @@ def main(argv=None) -> int:
               "mean of its rounds' ratios by each run's steady median / by the steady steps' "
               "total (rounds):\n")
         print(step_rounds.machines_table(
-            results, sorted(groups, key=lambda g: (list(WORKLOADS).index(g[0]), g[1], g[2])),
+            results, sorted(groups, key=row_order),
             a.seq_step))
         return 0
     if not a.table_only:
@@ -152,8 +158,7 @@ def main(argv=None) -> int:
 
 def report(results: Results, groups, seq_step: int) -> str:
     """Both tables over the groups asked for and every group with records."""
-    every = sorted(set(groups) | results.groups(),
-                   key=lambda g: (list(WORKLOADS).index(g[0]), g[1], g[2]))
+    every = sorted(set(groups) | results.groups(), key=row_order)
     rows = list(dict.fromkeys((w, c) for w, c, _ in every))
     machine = sorted({f"{r.get('device')}, torch {r.get('torch')}"
                       for r in results.records.values() if r.get("device")})
