@@ -17,19 +17,25 @@ N rounds at that size of the three allocators in rotating order, one process eac
 each one's steady step time and vramledger's ratio to each torch allocator with its 90% interval
 over the rounds, then the same ratio for each steady step on its own
 (benchmarks/capacity/step_rounds.py); with --table-only --by-machine, only those ratios on each
-machine the rounds ran on. With --traces DIR, last, traced trials at the
+machine the rounds ran on, then the verdicts that change when one machine's rounds are left out
+(benchmarks/capacity/machines.py). With --traces DIR, last, traced trials at the
 largest size all three fit and at vramledger's limit, written to DIR for study without a GPU
-(benchmarks/capacity/traces.py).
+(benchmarks/capacity/traces.py). With --table-only, no trial runs: the tables of the --resume
+files' rows that --workloads, --caps (any cap unless given) and --dims select; --without-machines
+leaves out the step rounds of the machines it names (labels, or the start of a kernel boot id as
+the tables print it), to show whether a pooled verdict rests on one machine's rounds.
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
-      [--traces DIR] [--trace-allocators vramledger] [--table-only [--by-machine]]
+      [--traces DIR] [--trace-allocators vramledger]
+      [--table-only [--by-machine] [--without-machines NAMES]]
 Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_ALLOCATORS,
 CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS, CAPACITY_TRACE_ALLOCATORS and
 CAPACITY_RESUME (paths, space-separated). --out is rewritten after every trial with every record,
 the resumed ones included, so the next run resumes from it (neither a search trial nor a round's
 run recorded there runs again). Exit status 0 (also when the budget ended the run first), 1 when
-the reader closes the output early (`| head`), 2 on a bad flag.
+the reader closes the output early (`| head`), 2 on a bad flag (also a --without-machines name
+that matches no machine of the step rounds, or several).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from benchmarks.capacity import planner, runner, step_rounds, table, traces, trial
+from benchmarks.capacity import machines, planner, runner, step_rounds, table, traces, trial
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import WORKLOADS
 
@@ -57,7 +63,7 @@ def _list(text: str, allowed, what: str, parse=str) -> list:
     if bad:
         raise ValueError(f"{what}: unknown {', '.join(map(str, bad))}; choose from "
                          f"{', '.join(map(str, allowed))}")
-    if allowed is None and any(not 0 < x <= 1e6 for x in values):
+    if parse is float and any(not 0 < x <= 1e6 for x in values):
         raise ValueError(f"{what}: GiB above 0 and at most 1e6, got {text!r}")
     return values
 
@@ -84,7 +90,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=env("CAPACITY_WORKLOADS", ",".join(WORKLOADS)))
-    ap.add_argument("--caps", default=env("CAPACITY_CAPS", "24,80"), help="GiB, e.g. 24,80")
+    ap.add_argument("--caps", default=env("CAPACITY_CAPS"), help="GiB (default 24,80)")
     ap.add_argument("--allocators", default=env("CAPACITY_ALLOCATORS", ",".join(ALLOCATOR_ORDER)))
     ap.add_argument("--dims", default=env("CAPACITY_DIMS", ",".join(DIMS)))
     ap.add_argument("--budget-s", type=float, default=float(env("CAPACITY_BUDGET_S", "500")))
@@ -103,10 +109,15 @@ def main(argv=None) -> int:
     ap.add_argument("--by-machine", action="store_true",
                     help="with --table-only: print only the step rounds' ratios on each machine, "
                          "of the rows --workloads, --caps and --dims select")
+    ap.add_argument("--without-machines", default=None, metavar="NAMES",
+                    help="with --table-only: leave out the step rounds of these machines (labels "
+                         "or starts of kernel boot ids, comma-separated)")
     a = ap.parse_args(argv)
     try:
         workloads = _list(a.workloads, WORKLOADS, "--workloads (CAPACITY_WORKLOADS)")
-        caps = _list(a.caps, None, "--caps (CAPACITY_CAPS)", float)
+        caps = _list("24,80" if a.caps is None else a.caps, None, "--caps (CAPACITY_CAPS)", float)
+        without = (None if a.without_machines is None else
+                   _list(a.without_machines, None, "--without-machines", str))
         allocators = _list(a.allocators, ALLOCATOR_ORDER, "--allocators (CAPACITY_ALLOCATORS)")
         dims = _list(a.dims, DIMS, "--dims (CAPACITY_DIMS)")
         rounds = _count(a.step_rounds, "--step-rounds (CAPACITY_STEP_ROUNDS)")
@@ -114,8 +125,9 @@ def main(argv=None) -> int:
                        "--trace-allocators (CAPACITY_TRACE_ALLOCATORS)")
     except ValueError as e:
         ap.error(str(e))
-    if a.by_machine and not a.table_only:
-        ap.error("--by-machine prints a table of --resume: it needs --table-only")
+    for flag, given in (("--by-machine", a.by_machine), ("--without-machines", without)):
+        if given and not a.table_only:
+            ap.error(f"{flag} prints a table of --resume: it needs --table-only")
     results = Results(None if a.table_only else a.out)
     try:
         read = results.load(a.resume)
@@ -123,6 +135,13 @@ def main(argv=None) -> int:
         ap.error(f"--resume (CAPACITY_RESUME): {e}")
     print(f"resumed {read} trial(s) and {len(results.rounds)} step-round run(s) from "
           f"{' '.join(a.resume)}" if a.resume else "no results to resume from", flush=True)
+    if without:
+        try:
+            left_out = machines.without_machines(results, without)
+        except ValueError as e:
+            ap.error(f"--without-machines: {e}")
+        print(f"left out the step rounds of {', '.join(map(machines.short_machine, left_out))}; "
+              f"{len(results.rounds)} step-round run(s) remain", flush=True)
     if a.traces and not a.table_only:
         try:  # a folder that cannot hold or read the traces fails before any trial runs
             os.makedirs(a.traces, exist_ok=True)
@@ -130,13 +149,23 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"--traces: {e}")
     groups = [(w, c, d) for d in dims for w in workloads for c in caps]
+    if a.table_only:  # the rows with records that the filters select (any cap unless given)
+        groups = [g for g in results.groups() if g[0] in workloads and g[2] in dims
+                  and (a.caps is None or g[1] in caps)]
+        if not groups:
+            cap_text = "any" if a.caps is None else ", ".join(f"{c:g}" for c in caps)
+            print(f"No records of the rows selected (workloads {', '.join(workloads)}; caps "
+                  f"{cap_text}; dimensions {', '.join(dims)}).")
+            return 0
     if a.by_machine:
         print("Each machine's step-round ratios at the largest size all three fit: the geometric "
               "mean of its rounds' ratios by each run's steady median / by the steady steps' "
               "total (rounds):\n")
-        print(step_rounds.machines_table(
-            results, sorted(groups, key=row_order),
-            a.seq_step))
+        rows = sorted(groups, key=row_order)
+        print(machines.machines_table(results, rows, a.seq_step))
+        print("\nThe verdicts on vramledger's step that change when one machine's rounds are left "
+              "out (the interval resamples the rest as the pooled one does):\n")
+        print(machines.one_machine_out_table(results, rows, a.seq_step))
         return 0
     if not a.table_only:
         results.save()
@@ -152,13 +181,13 @@ def main(argv=None) -> int:
                                      seq_step=a.seq_step, trial_timeout_s=a.trial_timeout_s,
                                      log=lambda m: print(m, flush=True))
             print(f"took {n} trace(s) into {a.traces}", flush=True)
-    print(report(results, groups, a.seq_step))
+    print(report(results, groups, a.seq_step, only=a.table_only))
     return 0
 
 
-def report(results: Results, groups, seq_step: int) -> str:
-    """Both tables over the groups asked for and every group with records."""
-    every = sorted(set(groups) | results.groups(), key=row_order)
+def report(results: Results, groups, seq_step: int, only: bool = False) -> str:
+    """Both tables over the groups asked for and, unless `only`, every group with records."""
+    every = sorted(set(groups) | (set() if only else results.groups()), key=row_order)
     rows = list(dict.fromkeys((w, c) for w, c, _ in every))
     machine = sorted({f"{r.get('device')}, torch {r.get('torch')}"
                       for r in results.records.values() if r.get("device")})

@@ -44,8 +44,8 @@ run, the steps the median leaves out (the fastest and the slowest of a run's fou
 third line per row gives torch expandable's ratio over torch native's the same way, without a
 verdict: how far torch's own two allocators differ on the row.
 
-A fourth table (machines_table(), `--by-machine`) gives each machine's own ratios, RATIOS by the
-median and by the total: how far apart the machines the interval resamples lie.
+benchmarks/capacity/machines.py reads the rounds by machine (`--by-machine`): each machine's own
+ratios, and the verdicts that change when one machine's rounds are left out.
 
 A run's machine (machine()) is its kernel boot id (trial.host_facts()); a record written before
 trials recorded their host may carry a `machine` label instead, set from the log of the calls
@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import statistics
 from typing import Callable, Iterable
 
@@ -336,66 +335,6 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
                          f"| {median} | {table.counters(list(runs[a].values()))} | {ratio} | "
                          f"{says} | {table.ledger(list(runs[a].values()))} | "
                          f"{cards(list(runs[a].values()))} |")
-    if len(lines) == 2:
-        return "No step rounds recorded at a size all three allocators fit."
-    return "\n".join(lines)
-
-
-BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def short_machine(name: str | None) -> str:
-    """A machine's name for a table: a kernel boot id's first 8 digits (the docs name machines
-    so), a label as it is, "not recorded" for None."""
-    if name is None:
-        return "not recorded"
-    return name[:8] if BOOT_ID.fullmatch(name) else name
-
-
-def geometric_mean(ratios: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in ratios))
-
-
-def machines_table(results: Results, rows: Iterable[tuple[str, float, str]],
-                   seq_step: int) -> str:
-    """Per row, one line per machine (machine()) its paired rounds ran on, the most rounds
-    first: the geometric mean of that machine's paired ratios (RATIOS), by each run's steady
-    median and by the steady steps' total, and how many rounds each covers (by the median; the
-    total leaves out a round whose run stopped short). The pooled interval resamples these
-    machines; this says how far apart they lie, and whether a comparison's figure comes from
-    most machines or a few. A machine's point estimates are not intervals: with a few rounds each
-    they spread as far as the rounds' own noise takes them. Runs whose records name no machine
-    share one line per card, though the interval counts each as a machine of its own. A row
-    without vramledger runs at its size has no lines."""
-    lines = ["| workload | cap GiB | dimension | size | machine | card | "
-             + " | ".join(f"{table.NAMES[of]} / {table.NAMES[a]}" for of, a in RATIOS) + " |",
-             "|---" * (6 + len(RATIOS)) + "|"]
-    for workload, cap, dim in rows:
-        size, runs = row_runs(results, workload, cap, dim, seq_step)
-        if not size or not runs["vramledger"]:
-            continue
-        # (machine, card) -> ratio pair -> each paired round's (by the median, by the total)
-        by_machine: dict[tuple[str | None, str], dict[tuple[str, str],
-                                                      list[tuple[float, float | None]]]] = {}
-        for of, a in RATIOS:
-            for k, on in paired_rounds(runs, a, of):
-                mine, theirs = runs[of][k], runs[a][k]
-                card = (mine.get("device") or "-").removeprefix("NVIDIA ")
-                by_machine.setdefault((on, card), {}).setdefault((of, a), []).append(
-                    (steady_time(mine) / steady_time(theirs),
-                     total_ratio(mine["step_s"], theirs["step_s"])))
-        for on, card in sorted(by_machine, key=lambda m: (
-                -max(map(len, by_machine[m].values())), m[0] is None, m[0] or "", m[1])):
-            cells = []
-            for pair in RATIOS:
-                got = by_machine[on, card].get(pair, [])
-                totals = [t for _, t in got if t is not None]
-                cells.append("-" if not got else
-                             f"{geometric_mean([x for x, _ in got]):.3f} / "
-                             + (f"{geometric_mean(totals):.3f}" if totals else "-")
-                             + f" ({len(got)})")
-            lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
-                         f"{short_machine(on)} | {card} | " + " | ".join(cells) + " |")
     if len(lines) == 2:
         return "No step rounds recorded at a size all three allocators fit."
     return "\n".join(lines)
