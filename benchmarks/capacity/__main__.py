@@ -108,10 +108,12 @@ def main(argv=None) -> int:
     ap.add_argument("--table-only", action="store_true", help="print the tables of --resume")
     ap.add_argument("--by-machine", action="store_true",
                     help="with --table-only: print only the step rounds' ratios on each machine, "
+                         "then the verdicts that change when one machine's rounds are left out, "
                          "of the rows --workloads, --caps and --dims select")
     ap.add_argument("--without-machines", default=None, metavar="NAMES",
-                    help="with --table-only: leave out the step rounds of these machines (labels "
-                         "or starts of kernel boot ids, comma-separated)")
+                    help="with --table-only: leave out the step rounds of these machines "
+                         "(comma-separated labels, or starts of kernel boot ids, as the "
+                         "--by-machine table names them)")
     a = ap.parse_args(argv)
     try:
         workloads = _list(a.workloads, WORKLOADS, "--workloads (CAPACITY_WORKLOADS)")
@@ -154,8 +156,11 @@ def main(argv=None) -> int:
                   and (a.caps is None or g[1] in caps)]
         if not groups:
             cap_text = "any" if a.caps is None else ", ".join(f"{c:g}" for c in caps)
+            held = results.groups()
             print(f"No records of the rows selected (workloads {', '.join(workloads)}; caps "
-                  f"{cap_text}; dimensions {', '.join(dims)}).")
+                  f"{cap_text}; dimensions {', '.join(dims)}). The records hold workloads "
+                  f"{', '.join(sorted({w for w, _, _ in held})) or 'none'}; caps "
+                  f"{', '.join(f'{c:g}' for c in sorted({c for _, c, _ in held})) or 'none'}.")
             return 0
     if a.by_machine:
         print("Each machine's step-round ratios at the largest size all three fit: the geometric "
@@ -164,7 +169,7 @@ def main(argv=None) -> int:
         rows = sorted(groups, key=row_order)
         print(machines.machines_table(results, rows, a.seq_step))
         print("\nThe verdicts on vramledger's step that change when one machine's rounds are left "
-              "out (the interval resamples the rest as the pooled one does):\n")
+              "out, only those (the interval resamples the rest as the pooled one does):\n")
         print(machines.one_machine_out_table(results, rows, a.seq_step))
         return 0
     if not a.table_only:

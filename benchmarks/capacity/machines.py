@@ -40,19 +40,22 @@ def without_machines(results: Results, names: Iterable[str]) -> list[str]:
     """Takes out of `results` the step-round runs of the machines `names` name, to show whether a
     pooled verdict rests on one machine's rounds; returns those machines (machine()), in the
     order named. A name is a machine's label or the start of its kernel boot id (as the tables
-    cut it); ValueError where a name matches no machine or several."""
+    cut it), in any case; runs that name no machine cannot be named. ValueError where a name
+    matches no machine or several."""
     machines = sorted({m for r in results.rounds.values()
                        if (m := step_rounds.machine(r)) is not None})
     chosen = []
     for name in names:
         hits = [m for m in machines
-                if m == name or (BOOT_ID.fullmatch(m) and m.startswith(name.lower()))]
+                if m.lower() == name.lower()
+                or (BOOT_ID.fullmatch(m) and m.startswith(name.lower()))]
         if len(hits) != 1:
             raise ValueError(
                 f"{name!r} names {'no machine' if not hits else f'{len(hits)} machines'} of the "
                 f"step rounds; "
                 + (f"give more of its boot id: {', '.join(hits)}" if hits else
-                   f"they ran on {', '.join(short_machine(m) for m in machines) or 'none named'}"))
+                   f"they ran on {', '.join(short_machine(m) for m in machines) or 'none named'}"
+                   " (runs that name no machine cannot be left out)"))
         if hits[0] not in chosen:
             chosen.append(hits[0])
     for k in [k for k, r in results.rounds.items() if step_rounds.machine(r) in chosen]:
@@ -162,7 +165,8 @@ def one_machine_out_table(results: Results, rows: Iterable[tuple[str, float, str
                             f"{table.NAMES[of]} / {table.NAMES[a]} | {measure} | {whole} | "
                             f"{short_machine(m)} ({len(pairs) - len(rest)}) | {without} |")
     if not checked:
-        return "No verdict rests on rounds of more than one named machine."
+        return ("No verdict to check: no row selected has rounds on a named machine beside two or "
+                "more other rounds.")
     changed = len(lines) - 2
     head = (f"{checked} verdict(s) checked; leaving out one machine's rounds changes "
             + (f"{len({tuple(x.split(' | ')[:6]) for x in lines[2:]})} of them:"

@@ -127,7 +127,7 @@ def test_by_machine_prints_only_the_selected_rows_machines(tmp_path, capsys):
     assert "Step time over rounds" not in out and "| retries per step" not in out
     assert capacity_main.main(argv + ["--workloads", "llama1b"]) == 0
     assert ("No records of the rows selected (workloads llama1b; caps any; dimensions batch, "
-            "seq).") in capsys.readouterr().out
+            "seq). The records hold workloads gpt2m; caps 24.") in capsys.readouterr().out
     # Rows in the benchmark's order, whatever the flags' order; --caps and --dims select rows.
     seq = ("gpt2m", 24.0, "seq")
     runner.run_grid([seq], ALLOCS, StandIn(LIMITS), results, runner.Budget(1e9), planned,
@@ -171,7 +171,7 @@ def rounds_on_machines(path=None) -> Results:
 
 def test_without_machines_takes_out_the_runs_of_the_machines_named():
     results = rounds_on_machines()
-    assert machines.without_machines(results, ["77d0", "old", "77D0"]) == [BOOT_A, "old"]
+    assert machines.without_machines(results, ["77d0", "OLD", "77D0"]) == [BOOT_A, "old"]
     assert {r["round"] for r in results.rounds.values()} == {2}
     assert len(results.rounds) == 3
     assert len(machine_lines(machines.machines_table(results, [ROW], 64))) == 1
@@ -180,7 +180,8 @@ def test_without_machines_takes_out_the_runs_of_the_machines_named():
     for names, needle in ((["77"], f"'77' names 2 machines of the step rounds; give more of its "
                                    f"boot id: {BOOT_A}, {BOOT_B}"),
                           (["zz"], "'zz' names no machine of the step rounds; they ran on "
-                                   "77d062bb, 77e00000, old"),
+                                   "77d062bb, 77e00000, old (runs that name no machine "
+                                   "cannot be left out)"),
                           (["ol"], "'ol' names no machine")):  # a label is matched whole
         with pytest.raises(ValueError, match=re.escape(needle)):
             machines.without_machines(results, names)
@@ -253,11 +254,11 @@ def test_the_one_machine_out_table_names_the_machine_a_verdict_rests_on():
     # Rounds on one named machine, or none named, leave no verdict to check.
     for r in results.rounds.values():
         r["machine"] = "quiet"
-    assert machines.one_machine_out_table(results, [ROW], 64).startswith("No verdict rests")
+    assert machines.one_machine_out_table(results, [ROW], 64).startswith("No verdict to check")
     for r in results.rounds.values():
         del r["machine"]
-    assert machines.one_machine_out_table(results, [ROW], 64).startswith("No verdict rests")
-    assert machines.one_machine_out_table(searched(), [ROW], 64).startswith("No verdict rests")
+    assert machines.one_machine_out_table(results, [ROW], 64).startswith("No verdict to check")
+    assert machines.one_machine_out_table(searched(), [ROW], 64).startswith("No verdict to check")
 
 
 def test_by_machine_prints_the_verdicts_one_machine_decides(tmp_path, capsys):
