@@ -1,6 +1,6 @@
 """benchmarks/capacity/machines.py without a GPU: each machine's own step-round ratios, the
-verdicts one machine's rounds decide, and leaving a machine's rounds out, on test_capacity_step_rounds'
-stand-ins."""
+verdicts one machine's rounds decide, and leaving a machine's rounds out, on the stand-ins of
+test_capacity_step_rounds."""
 
 from __future__ import annotations
 
