@@ -90,7 +90,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=env("CAPACITY_WORKLOADS", ",".join(WORKLOADS)))
-    ap.add_argument("--caps", default=env("CAPACITY_CAPS"), help="GiB (default 24,80)")
+    ap.add_argument("--caps", default=env("CAPACITY_CAPS"),
+                    help="GiB (default 24,80; with --table-only, any)")
     ap.add_argument("--allocators", default=env("CAPACITY_ALLOCATORS", ",".join(ALLOCATOR_ORDER)))
     ap.add_argument("--dims", default=env("CAPACITY_DIMS", ",".join(DIMS)))
     ap.add_argument("--budget-s", type=float, default=float(env("CAPACITY_BUDGET_S", "500")))
@@ -157,8 +158,9 @@ def main(argv=None) -> int:
         if not groups:
             cap_text = "any" if a.caps is None else ", ".join(f"{c:g}" for c in caps)
             held = results.groups()
-            print(f"No records of the rows selected (workloads {', '.join(workloads)}; caps "
-                  f"{cap_text}; dimensions {', '.join(dims)}). The records hold workloads "
+            print(f"No search trials of the rows selected (workloads {', '.join(workloads)}; caps "
+                  f"{cap_text}; dimensions {', '.join(dims)}); step rounds are read at the size "
+                  f"the searches found. The trials hold workloads "
                   f"{', '.join(sorted({w for w, _, _ in held})) or 'none'}; caps "
                   f"{', '.join(f'{c:g}' for c in sorted({c for _, c, _ in held})) or 'none'}.")
             return 0

@@ -7,10 +7,10 @@ trials recorded their host; tables name a boot id by its first 8 digits (short_m
   mean of its rounds' by the median and by the total. A machine's point estimates are not
   intervals: with a few rounds each they spread as far as the rounds' own noise takes them.
 - one_machine_out_table() (`--by-machine`, after it): each verdict that changes when one
-  machine's rounds are left out, with the interval without them. A verdict no single machine
-  decides is sturdier than its interval alone says; one that flips rests on that machine.
-- without_machines() (`--without-machines`): takes the named machines' runs out of the results,
-  so that every table reads as if they had not run.
+  machine's rounds are left out, with the interval without them. A verdict that none changes
+  does not rest on any one machine; one that flips rests on that machine.
+- without_machines() (`--without-machines`): takes the named machines' step-round runs out of the
+  results, so that every step-round table reads as if they had not run.
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ def without_machines(results: Results, names: Iterable[str]) -> list[str]:
                        if (m := step_rounds.machine(r)) is not None})
     chosen = []
     for name in names:
-        hits = [m for m in machines
-                if m.lower() == name.lower()
-                or (BOOT_ID.fullmatch(m) and m.startswith(name.lower()))]
+        hits = ([m for m in machines if m.lower() == name.lower()]  # a whole name wins
+                or [m for m in machines if BOOT_ID.fullmatch(m) and m.startswith(name.lower())])
         if len(hits) != 1:
             raise ValueError(
                 f"{name!r} names {'no machine' if not hits else f'{len(hits)} machines'} of the "

@@ -126,8 +126,9 @@ def test_by_machine_prints_only_the_selected_rows_machines(tmp_path, capsys):
     assert "| GPT-2-medium | 24 | batch | 4 | not recorded | stand-in | 1.000 / 1.000 (2) |" in out
     assert "Step time over rounds" not in out and "| retries per step" not in out
     assert capacity_main.main(argv + ["--workloads", "llama1b"]) == 0
-    assert ("No records of the rows selected (workloads llama1b; caps any; dimensions batch, "
-            "seq). The records hold workloads gpt2m; caps 24.") in capsys.readouterr().out
+    assert ("No search trials of the rows selected (workloads llama1b; caps any; dimensions "
+            "batch, seq); step rounds are read at the size the searches found. The trials hold "
+            "workloads gpt2m; caps 24.") in capsys.readouterr().out
     # Rows in the benchmark's order, whatever the flags' order; --caps and --dims select rows.
     seq = ("gpt2m", 24.0, "seq")
     runner.run_grid([seq], ALLOCS, StandIn(LIMITS), results, runner.Budget(1e9), planned,
@@ -206,8 +207,8 @@ def test_the_command_line_leaves_out_a_machine_and_selects_rows(tmp_path, capsys
     assert list(machine_lines(capsys.readouterr().out)) == ["77e00000", "old"]
     # The filters select the main tables' rows; --caps selects any cap unless given.
     assert capacity_main.main(argv + ["--dims", "seq"]) == 0
-    assert "No records of the rows selected (workloads gpt2m, llama1b, llama1b-ckpt, " \
-           "llama1b-lora; caps any; dimensions seq)." in capsys.readouterr().out
+    assert "No search trials of the rows selected (workloads gpt2m, llama1b, llama1b-ckpt, " \
+           "llama1b-lora; caps any; dimensions seq);" in capsys.readouterr().out
     assert capacity_main.main(argv + ["--caps", "24", "--workloads", "gpt2m"]) == 0
     assert "| GPT-2-medium | 24 | batch | 4 |" in capsys.readouterr().out
     for flags, needle in ((["--without-machines", "zz"], "--without-machines: 'zz' names no "
@@ -270,3 +271,75 @@ def test_by_machine_prints_the_verdicts_one_machine_decides(tmp_path, capsys):
         "The verdicts on vramledger's step that change when one machine's rounds are left out")
     assert "4 verdict(s) checked; leaving out one machine's rounds changes" in out
     assert "| 77d062bb (2) | not above: 1.000 (1.000 - 1.000), 2 rounds |" in out
+
+
+def test_table_only_prints_the_rows_the_filters_select_at_any_cap_unless_given(tmp_path, capsys):
+    """Trials at caps 24 and 11: without --caps both rows print, as before the filters; --caps and
+    --workloads leave out the rows they do not name."""
+    path = tmp_path / "r.json"
+    results = rounds_on_machines(str(path))
+    limits = {(w, a, 11.0, d): n for (w, a, _, d), n in LIMITS.items()}
+    runner.run_grid([("gpt2m", 11.0, "batch")], ALLOCS, StandIn(limits), results,
+                    runner.Budget(1e9), planned, log=lambda _: None)
+    results.save()
+    argv = ["--table-only", "--resume", str(path)]
+    assert capacity_main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| GPT-2-medium | 11 | batch | 4 |" in out and "| GPT-2-medium | 24 | batch | 4 |" in out
+    assert capacity_main.main(argv + ["--caps", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "| GPT-2-medium | 11 |" not in out and "| GPT-2-medium | 24 | batch | 4 |" in out
+    assert capacity_main.main(argv + ["--caps", "11"]) == 0
+    out = capsys.readouterr().out
+    assert "| GPT-2-medium | 24 |" not in out and "| GPT-2-medium | 11 | batch | 4 |" in out
+    assert capacity_main.main(argv + ["--caps", "80"]) == 0
+    assert "The trials hold workloads gpt2m; caps 11, 24." in capsys.readouterr().out
+
+
+def interval_by_machines(rule):
+    """A stand-in for step_rounds.interval whose bounds depend only on the machines resampled:
+    `rule(machines)` is True for "not above" (upper end 1.01), False for undecided (1.03)."""
+    def interval(ratios, *, machines=None, **_):
+        return (1.0, 0.99, 1.01) if rule(machines) else (1.0, 0.99, 1.03)
+    return interval
+
+
+def test_one_verdict_that_several_machines_decide_counts_once(monkeypatch):
+    """Three machines, two rounds each; a verdict is "not above" only with all three: leaving out
+    any one changes it, a line per machine, but it is one verdict changed."""
+    results = searched()
+    run_rounds(results, RoundRuns({a: [0.5] * 6 for a in ALLOCATOR_ORDER}), 6)
+    for r in results.rounds.values():
+        r["machine"] = "abc"[r["round"] // 2]
+    monkeypatch.setattr(step_rounds, "interval",
+                        interval_by_machines(lambda on: len(set(on)) == 3))
+    text = machines.one_machine_out_table(results, [ROW], 64)
+    assert text.startswith("4 verdict(s) checked; leaving out one machine's rounds changes 4 of "
+                           "them:")
+    lines = [line.strip("| ").split(" | ") for line in text.splitlines()
+             if line.startswith("| GPT-2-medium")]
+    assert len(lines) == 12
+    assert [line[7] for line in lines[:3]] == ["a (2)", "b (2)", "c (2)"]
+
+
+def test_rounds_that_name_no_machine_are_never_left_out(monkeypatch):
+    """Three rounds on machine "a", three naming none: only "a" is left out; without it the
+    unnamed rounds remain, and the verdict (here "not above" while any unnamed round is resampled)
+    stands."""
+    results = searched()
+    run_rounds(results, RoundRuns({a: [0.5] * 6 for a in ALLOCATOR_ORDER}), 6)
+    for r in results.rounds.values():
+        if r["round"] < 3:
+            r["machine"] = "a"
+    monkeypatch.setattr(step_rounds, "interval", interval_by_machines(lambda on: None in on))
+    assert machines.one_machine_out_table(results, [ROW], 64) == (
+        "4 verdict(s) checked; leaving out one machine's rounds changes none of them.")
+
+
+def test_a_label_named_whole_wins_over_a_boot_id_it_begins():
+    results = rounds_on_machines()
+    for r in results.rounds.values():
+        if r.get("machine") == "old":
+            r["machine"] = "77d0"  # a label that is also the start of BOOT_A
+    assert machines.without_machines(results, ["77d0"]) == ["77d0"]
+    assert {r["round"] for r in results.rounds.values()} == {0, 1, 2}
