@@ -152,7 +152,7 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"--traces: {e}")
     groups = [(w, c, d) for d in dims for w in workloads for c in caps]
-    if a.table_only:  # the rows with records that the filters select (any cap unless given)
+    if a.table_only:  # the rows with search trials the filters select (any cap unless given)
         groups = [g for g in results.groups() if g[0] in workloads and g[2] in dims
                   and (a.caps is None or g[1] in caps)]
         if not groups:
