@@ -153,11 +153,11 @@ def main(argv=None) -> int:
             ap.error(f"--traces: {e}")
     groups = [(w, c, d) for d in dims for w in workloads for c in caps]
     if a.table_only:  # the rows with search trials the filters select (any cap unless given)
-        groups = [g for g in results.groups() if g[0] in workloads and g[2] in dims
+        held = results.groups()
+        groups = [g for g in held if g[0] in workloads and g[2] in dims
                   and (a.caps is None or g[1] in caps)]
         if not groups:
             cap_text = "any" if a.caps is None else ", ".join(f"{c:g}" for c in caps)
-            held = results.groups()
             print(f"No search trials of the rows selected (workloads {', '.join(workloads)}; caps "
                   f"{cap_text}; dimensions {', '.join(dims)}); step rounds are read at the size "
                   f"the searches found. The trials hold workloads "

@@ -89,12 +89,10 @@ def machines_table(results: Results, rows: Iterable[tuple[str, float, str]],
         by_machine: dict[tuple[str | None, str], dict[tuple[str, str],
                                                       list[tuple[float, float | None]]]] = {}
         for of, a in step_rounds.RATIOS:
-            for k, on in step_rounds.paired_rounds(runs, a, of):
-                mine, theirs = runs[of][k], runs[a][k]
-                card = (mine.get("device") or "-").removeprefix("NVIDIA ")
+            for k, on, by_median, by_total in round_ratios(runs, of, a):
+                card = (runs[of][k].get("device") or "-").removeprefix("NVIDIA ")
                 by_machine.setdefault((on, card), {}).setdefault((of, a), []).append(
-                    (step_rounds.steady_time(mine) / step_rounds.steady_time(theirs),
-                     step_rounds.total_ratio(mine["step_s"], theirs["step_s"])))
+                    (by_median, by_total))
         for on, card in sorted(by_machine, key=lambda m: (
                 -max(map(len, by_machine[m].values())), m[0] is None, m[0] or "", m[1])):
             cells = []
@@ -112,23 +110,33 @@ def machines_table(results: Results, rows: Iterable[tuple[str, float, str]],
     return "\n".join(lines)
 
 
+def round_ratios(runs: dict[str, dict[int, dict]], of: str,
+                 against: str) -> list[tuple[int, str | None, float, float | None]]:
+    """Per paired round (step_rounds.paired_rounds()): its round, machine, and the ratio of `of`
+    over `against` by each run's steady median and by the steady steps' total (None where a run
+    stopped short)."""
+    mine, theirs = runs[of], runs[against]
+    return [(k, on, step_rounds.steady_time(mine[k]) / step_rounds.steady_time(theirs[k]),
+             step_rounds.total_ratio(mine[k]["step_s"], theirs[k]["step_s"]))
+            for k, on in step_rounds.paired_rounds(runs, against, of)]
+
+
 def measures(runs: dict[str, dict[int, dict]], of: str,
              against: str) -> list[tuple[str, list[tuple[float, str | None]]]]:
     """The paired rounds' (ratio, machine) pairs of `of` over `against`, by each run's steady
     median and by the steady steps' total (a round whose run stopped short has no total)."""
-    keys = step_rounds.paired_rounds(runs, against, of)
-    mine, theirs = runs[of], runs[against]
-    return [("median", [(step_rounds.steady_time(mine[k]) / step_rounds.steady_time(theirs[k]),
-                         on) for k, on in keys]),
-            ("total", [(x, on) for k, on in keys if (x := step_rounds.total_ratio(
-                mine[k]["step_s"], theirs[k]["step_s"])) is not None])]
+    rounds = round_ratios(runs, of, against)
+    return [("median", [(by_median, on) for _, on, by_median, _ in rounds]),
+            ("total", [(by_total, on) for _, on, _, by_total in rounds if by_total is not None])]
 
 
-def judged(pairs: list[tuple[float, str | None]]) -> str:
-    """A verdict with its interval and rounds: "not above: 0.992 (0.972 - 1.015), 134 rounds"."""
+def judged(pairs: list[tuple[float, str | None]]) -> tuple[str, str]:
+    """A verdict, and it with its interval and rounds: "not above: 0.992 (0.972 - 1.015), 134
+    rounds"."""
     bounds = step_rounds.interval([x for x, _ in pairs], machines=[on for _, on in pairs])
-    return (f"{step_rounds.verdict(bounds)}: {bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}),"
-            f" {len(pairs)} rounds")
+    says = step_rounds.verdict(bounds)
+    return says, (f"{says}: {bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), "
+                  f"{len(pairs)} rounds")
 
 
 def one_machine_out_table(results: Results, rows: Iterable[tuple[str, float, str]],
@@ -140,7 +148,7 @@ def one_machine_out_table(results: Results, rows: Iterable[tuple[str, float, str
     remains could not make an interval)."""
     lines = ["| workload | cap GiB | dimension | size | ratio | measure | verdict, all machines "
              "| machine left out (its rounds) | verdict without it |", "|---" * 9 + "|"]
-    checked = 0
+    checked = changed = 0
     for workload, cap, dim in rows:
         size, runs = step_rounds.row_runs(results, workload, cap, dim, seq_step)
         if not size or not runs["vramledger"]:
@@ -155,19 +163,18 @@ def one_machine_out_table(results: Results, rows: Iterable[tuple[str, float, str
                 if not out:
                     continue
                 checked += 1
-                whole = judged(pairs)
-                for m, rest in out.items():
-                    without = judged(rest)
-                    if without.split(":")[0] != whole.split(":")[0]:
-                        lines.append(
-                            f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
-                            f"{table.NAMES[of]} / {table.NAMES[a]} | {measure} | {whole} | "
-                            f"{short_machine(m)} ({len(pairs) - len(rest)}) | {without} |")
+                says, whole = judged(pairs)
+                flips = [(m, rest, text) for m, rest in out.items()
+                         for said, text in [judged(rest)] if said != says]
+                changed += bool(flips)
+                for m, rest, without in flips:
+                    lines.append(
+                        f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
+                        f"{table.NAMES[of]} / {table.NAMES[a]} | {measure} | {whole} | "
+                        f"{short_machine(m)} ({len(pairs) - len(rest)}) | {without} |")
     if not checked:
         return ("No verdict to check: no row selected has rounds on a named machine beside two or "
                 "more other rounds.")
-    changed = len(lines) - 2
     head = (f"{checked} verdict(s) checked; leaving out one machine's rounds changes "
-            + (f"{len({tuple(x.split(' | ')[:6]) for x in lines[2:]})} of them:"
-               if changed else "none of them."))
+            + (f"{changed} of them:" if changed else "none of them."))
     return head + ("\n\n" + "\n".join(lines) if changed else "")
