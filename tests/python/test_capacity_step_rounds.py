@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import statistics
 import sys
 
 import pytest
@@ -15,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from benchmarks.capacity import __main__ as capacity_main  # noqa: E402
-from benchmarks.capacity import runner, step_rounds, table, trial  # noqa: E402
+from benchmarks.capacity import coverage, runner, step_rounds, table, trial  # noqa: E402
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results  # noqa: E402
 from test_capacity_bench import ALLOCS, LIMITS, Clock, StandIn, planned  # noqa: E402
 
@@ -155,21 +156,21 @@ def test_files_that_number_two_runs_alike_are_refused_and_a_resumed_copy_is_not(
         assert len(both.rounds) == 2, change
 
 
-def test_the_interval_of_fixed_ratios():
+def test_the_bootstrap_interval_of_fixed_ratios():
     """Resampling three ratios a < b < c, the mean of logs is a's alone 1/27 of the time (3.7%)
     and the next smallest, (2 log a + log b) / 3, 3/27 more: the 5th percentile is that one, the
     95th (log b + 2 log c) / 3. Two ratios: each end is 1/4 of the resamples."""
     a, b, c = 0.9, 1.0, 1.2
-    gm, low, high = step_rounds.interval([b, c, a])
+    gm, low, high = step_rounds.bootstrap_interval([b, c, a])
     assert gm == pytest.approx((a * b * c) ** (1 / 3))
     assert low == pytest.approx(math.exp((2 * math.log(a) + math.log(b)) / 3))
     assert high == pytest.approx(math.exp((math.log(b) + 2 * math.log(c)) / 3))
-    assert step_rounds.interval([b, c, a]) == (gm, low, high)  # seeded: the same every time
-    assert step_rounds.interval([a, c])[1:] == pytest.approx((a, c))
-    assert step_rounds.interval([1.03] * 4) == pytest.approx((1.03, 1.03, 1.03))
-    assert step_rounds.interval([1.1]) is None and step_rounds.interval([]) is None
+    assert step_rounds.bootstrap_interval([b, c, a]) == (gm, low, high)  # seeded: the same every time
+    assert step_rounds.bootstrap_interval([a, c])[1:] == pytest.approx((a, c))
+    assert step_rounds.bootstrap_interval([1.03] * 4) == pytest.approx((1.03, 1.03, 1.03))
+    assert step_rounds.bootstrap_interval([1.1]) is None and step_rounds.bootstrap_interval([]) is None
     with pytest.raises(ValueError, match="positive"):
-        step_rounds.interval([1.0, 0.0])
+        step_rounds.bootstrap_interval([1.0, 0.0])
 
 
 def test_rounds_of_several_machines_are_resampled_by_machine_then_round():
@@ -179,33 +180,87 @@ def test_rounds_of_several_machines_are_resampled_by_machine_then_round():
     reaches both machines' ratios."""
     ratios = [1.00] * 6 + [1.10] * 6
     machines = ["a"] * 6 + ["b"] * 6
-    gm, low, high = step_rounds.interval(ratios)
+    gm, low, high = step_rounds.bootstrap_interval(ratios)
     assert high - low < 0.06
-    clustered = step_rounds.interval(ratios, machines=machines)
+    clustered = step_rounds.bootstrap_interval(ratios, machines=machines)
     assert clustered[0] == pytest.approx(gm)
     assert clustered[1:] == pytest.approx((1.00, 1.10))
-    assert step_rounds.interval(ratios, machines=machines) == clustered  # seeded
+    assert step_rounds.bootstrap_interval(ratios, machines=machines) == clustered  # seeded
     # One machine, a machine per ratio or none known: the rounds' own bootstrap, exactly.
     for same in (["a"] * 12, list("abcdefghijkl"), [None] * 12):
-        assert step_rounds.interval(ratios, machines=same) == (gm, low, high)
+        assert step_rounds.bootstrap_interval(ratios, machines=same) == (gm, low, high)
     # A ratio of unknown machine is a machine of its own beside the named ones.
     # Three machines: all-a or all-b resamples are 1/27 each, the bounds near either machine's.
-    mixed = step_rounds.interval(ratios + [1.05], machines=machines + [None])
-    plain = step_rounds.interval(ratios + [1.05])
+    mixed = step_rounds.bootstrap_interval(ratios + [1.05], machines=machines + [None])
+    plain = step_rounds.bootstrap_interval(ratios + [1.05])
     assert mixed[1] < 1.01 < plain[1] and plain[2] < 1.09 < mixed[2]
     with pytest.raises(ValueError, match="2 machines for 12 ratios"):
-        step_rounds.interval(ratios, machines=["a", "b"])
+        step_rounds.bootstrap_interval(ratios, machines=["a", "b"])
 
 
 def test_each_drawn_machines_rounds_are_resampled_too():
     """Three machines alike, each with rounds of 1.0 and 1.2: drawing machines alone would give
     every resample the same mean; drawing each machine's rounds as well spreads them."""
     ratios, machines = [1.0, 1.2] * 3, ["a", "a", "b", "b", "c", "c"]
-    gm, low, high = step_rounds.interval(ratios, machines=machines)
+    gm, low, high = step_rounds.bootstrap_interval(ratios, machines=machines)
     assert low < gm < high
     assert step_rounds.machines_note(machines) == ", 3 machines"
     assert step_rounds.machines_note(["a", "a", None, None]) == ", 3 machines (2 unknown)"
     assert step_rounds.machines_note(["a", "a"]) == step_rounds.machines_note([None] * 3) == ""
+
+
+def test_the_t_interval_over_rounds_and_over_machines():
+    """Over rounds: the mean of the logs plus or minus t(0.95, n - 1) standard errors (2.919986
+    for three rounds). Over machines: two machines of six rounds each, all 1.00 on one and all
+    1.10 on the other; the mean of logs is d / 2 (d = log 1.1), each machine's summed deviation
+    from it 3 d, so the error is sqrt(2 / 1 * 18 d^2) / 12 = d / 2, over 1 degree of freedom
+    (6.313752)."""
+    a, b, c = 0.9, 1.0, 1.2
+    logs = [math.log(x) for x in (a, b, c)]
+    mean = sum(logs) / 3
+    half = 2.919986 * statistics.stdev(logs) / math.sqrt(3)
+    assert step_rounds.t_interval([b, c, a]) == pytest.approx(
+        (math.exp(mean), math.exp(mean - half), math.exp(mean + half)))
+    d = math.log(1.1)
+    clustered = step_rounds.t_interval([1.0] * 6 + [1.1] * 6, machines=["a"] * 6 + ["b"] * 6)
+    assert clustered == pytest.approx(
+        (math.exp(d / 2), math.exp(d / 2 - 6.313752 * d / 2), math.exp(d / 2 + 6.313752 * d / 2)))
+    # One machine, or one per ratio: over the rounds.
+    assert step_rounds.t_interval([b, c, a], machines=["x"] * 3) == step_rounds.t_interval(
+        [b, c, a], machines=["x", "y", None])
+    assert step_rounds.t_interval([1.03] * 4) == pytest.approx((1.03, 1.03, 1.03))
+    assert step_rounds.t_interval([1.1]) is None
+    with pytest.raises(ValueError, match="positive"):
+        step_rounds.t_interval([1.0, -1.0])
+    with pytest.raises(ValueError, match="1 machines for 2 ratios"):
+        step_rounds.t_interval([1.0, 1.1], machines=["a"])
+
+
+def test_the_interval_is_the_wider_of_the_bootstrap_and_t():
+    """Three rounds: the t interval is the wider at both ends, and the verdict follows it (a
+    bootstrap upper end under 1.02, a t upper end above). Two machines of six rounds each,
+    resampled by machine: each end is the wider of the two."""
+    ratios = [1.005, 1.012, 1.016]
+    boot, student = step_rounds.bootstrap_interval(ratios), step_rounds.t_interval(ratios)
+    assert student[1] < boot[1] and boot[2] < 1.02 < student[2]
+    assert step_rounds.interval(ratios) == (boot[0], student[1], student[2])
+    assert step_rounds.verdict(boot) == "not above"
+    assert step_rounds.verdict(step_rounds.interval(ratios)) == "undecided"
+    ratios, machines = [1.00, 1.02] * 3 + [1.08, 1.10] * 3, ["a"] * 6 + ["b"] * 6
+    both = (step_rounds.bootstrap_interval(ratios, machines=machines),
+            step_rounds.t_interval(ratios, machines=machines))
+    assert step_rounds.interval(ratios, machines=machines) == pytest.approx(
+        (both[0][0], min(x[1] for x in both), max(x[2] for x in both)))
+    assert step_rounds.interval([1.1]) is None
+
+
+def test_the_interval_holds_the_true_ratio_about_as_often_as_it_says():
+    """Log-normal rounds around a true ratio of 1: over 3 rounds the 90% bootstrap interval alone
+    holds it in well under 90% of the trials, the interval the tables give in about 90% (Student's
+    t is exact for normal logs)."""
+    figures = coverage.coverage(3, trials=300, resamples=400)
+    assert figures["bootstrap"] < 0.75
+    assert 0.85 <= figures["interval"] <= 0.95
 
 
 def test_the_rounds_table_resamples_rounds_of_several_machines_by_machine():
@@ -263,8 +318,11 @@ def test_the_rounds_table_with_the_per_step_counters():
     assert torch[5:9] == ["3 of 3", "0.500 0.520 0.510", "0.510", "0.00 / 0.00 / 0.00 / 0.00"]
     assert vl[5:9] == ["2 of 3", "0.490 0.530 -", "0.510", "2.00 / 0.00 / 0.50 / 0.00"]
     assert expandable[8] == "1.00 / 0.00 / 0.25 / 0.00"
+    # Two rounds, 0.980 and 1.019: within 2% of torch native each, but over 2 rounds Student's t
+    # (1 degree of freedom) reaches well past 1.02: undecided.
     gm, low, high = step_rounds.interval([0.49 / 0.50, 0.53 / 0.52])
-    assert torch[9:11] == [f"{gm:.3f} ({low:.3f} - {high:.3f}) over 2 rounds", "not above"]
+    assert high > 1.1
+    assert torch[9:11] == [f"{gm:.3f} ({low:.3f} - {high:.3f}) over 2 rounds", "undecided"]
     assert expandable[9:11] == [
         "{:.3f} ({:.3f} - {:.3f}) over 2 rounds".format(
             *step_rounds.interval([0.49 / 0.40, 0.53 / 0.41])), "above"]
