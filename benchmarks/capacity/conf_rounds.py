@@ -16,7 +16,7 @@ allocator's work. Each round runs every variant once, in an order that rotates a
 does (round r starts with variant r mod k), so drift falls on each variant alike. Per variant, the
 table gives the median over rounds of each steady step (the steps after the first two,
 step_rounds.WARM_STEPS) and of the run's steady median, and the paired ratio to torch native's run
-of the same round (geometric mean over rounds and its 90% bootstrap interval, step_rounds.interval).
+of the same round (geometric mean over rounds and its 90% interval, step_rounds.interval).
 A second table gives where each variant's steady step went on the host (the time until its work was
 queued, and trial.PROCESS_FIGURES: CPU time in user and kernel mode, minor page faults, context
 switches, the main thread's CPU time, run-queue wait and moves between CPUs, the machine's stolen
