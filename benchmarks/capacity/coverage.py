@@ -3,13 +3,15 @@ number of rounds: a check of the statistics on simulated rounds, not a measureme
 
 Each trial draws N rounds' ratios around a true ratio of 1 (log-normal, the logs' standard
 deviation SPREAD; the shares do not depend on it, as both intervals scale with the rounds' spread)
-and asks whether each interval reaches it: the bootstrap's alone (step_rounds.bootstrap_interval), Student's t alone
+and asks whether each interval reaches it; with --machines K, K machines of N rounds each, each
+machine's rounds shifted alike by its own draw (log-normal, MACHINE_SPREAD), and the intervals
+resample and count machines as the tables' do for rounds of several machines: the bootstrap's alone (step_rounds.bootstrap_interval), Student's t alone
 (step_rounds.t_interval) and the one the tables give, the wider of the two. A 90% interval that
 holds the true ratio in far fewer than 90% of the trials passes a verdict it should not: "not
 above" needs the upper end at most 1.02, and an interval too narrow gets there too early.
 
   python -m benchmarks.capacity.coverage [--rounds 3 6 12 24] [--trials 1000] [--spread 0.02]
-      [--seed 0] [--resamples 2000]
+      [--machines 1] [--machine-spread 0.02] [--seed 0] [--resamples 2000]
 
 (the tables resample 10,000 times; 2,000 moves a percentile by little and keeps this to a minute)
 prints a line per N. Deterministic for a seed. Exit status 0; 2 on bad arguments.
@@ -26,30 +28,40 @@ from benchmarks.capacity import exit_with, step_rounds
 KINDS = ("bootstrap", "t", "interval")
 
 
-def coverage(rounds: int, *, trials: int = 1000, spread: float = 0.02, seed: int = 0,
+def coverage(rounds: int, *, trials: int = 1000, spread: float = 0.02, machines: int = 1,
+             machine_spread: float = 0.02, seed: int = 0,
              resamples: int = step_rounds.RESAMPLES) -> dict[str, float]:
-    """The share of `trials` simulated comparisons of `rounds` rounds in which each kind of
-    interval (KINDS) holds the true ratio, 1."""
+    """The share of `trials` simulated comparisons in which each kind of interval (KINDS) holds
+    the true ratio, 1: `rounds` rounds, on each of `machines` machines where there are several."""
     rng = random.Random(seed)
     held = dict.fromkeys(KINDS, 0)
     for trial in range(trials):
-        ratios = [math.exp(rng.gauss(0.0, spread)) for _ in range(rounds)]
-        bounds = {"bootstrap": step_rounds.bootstrap_interval(ratios, resamples=resamples,
-                                                              seed=trial),
-                  "t": step_rounds.t_interval(ratios),
-                  "interval": step_rounds.interval(ratios, resamples=resamples, seed=trial)}
+        ratios, on = [], []
+        for m in range(machines):
+            shift = rng.gauss(0.0, machine_spread) if machines > 1 else 0.0
+            ratios += [math.exp(shift + rng.gauss(0.0, spread)) for _ in range(rounds)]
+            on += [f"machine {m}"] * rounds
+        bounds = {"bootstrap": step_rounds.bootstrap_interval(ratios, machines=on,
+                                                              resamples=resamples, seed=trial),
+                  "t": step_rounds.t_interval(ratios, machines=on),
+                  "interval": step_rounds.interval(ratios, machines=on, resamples=resamples,
+                                                   seed=trial)}
         for kind, (_, low, high) in bounds.items():
             held[kind] += low <= 1.0 <= high
     return {kind: count / trials for kind, count in held.items()}
 
 
-def table(rounds: list[int], *, trials: int, spread: float, seed: int, resamples: int) -> str:
-    lines = [f"Share of {trials} simulated comparisons (log-normal rounds, spread {spread:g}, "
-             f"true ratio 1) whose 90% interval holds the true ratio:", "",
-             "| rounds | bootstrap alone | Student's t alone | the tables' interval (the wider) |",
+def table(rounds: list[int], *, trials: int, spread: float, machines: int, machine_spread: float,
+          seed: int, resamples: int) -> str:
+    where = (f"{machines} machines (spread {machine_spread:g}) of N rounds each" if machines > 1
+             else "N rounds")
+    lines = [f"Share of {trials} simulated comparisons ({where}, log-normal rounds, spread "
+             f"{spread:g}, true ratio 1) whose 90% interval holds the true ratio:", "",
+             "| N | bootstrap alone | Student's t alone | the tables' interval (the wider) |",
              "|---|---|---|---|"]
     for n in rounds:
-        figures = coverage(n, trials=trials, spread=spread, seed=seed, resamples=resamples)
+        figures = coverage(n, trials=trials, spread=spread, machines=machines,
+                           machine_spread=machine_spread, seed=seed, resamples=resamples)
         lines.append(f"| {n} | " + " | ".join(f"{figures[k]:.3f}" for k in KINDS) + " |")
     return "\n".join(lines)
 
@@ -60,19 +72,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, nargs="+", default=[3, 6, 12, 24])
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--spread", type=float, default=0.02)
+    ap.add_argument("--machines", type=int, default=1)
+    ap.add_argument("--machine-spread", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resamples", type=int, default=2000)
     a = ap.parse_args(argv)
-    if any(n < 2 for n in a.rounds):
-        ap.error(f"--rounds: an interval needs 2 or more rounds, got {a.rounds}")
+    if a.machines < 1:
+        ap.error(f"--machines must be at least 1, got {a.machines}")
+    if any(n < 1 or n * a.machines < 2 for n in a.rounds):
+        ap.error(f"--rounds: an interval needs 2 or more rounds in all, got {a.rounds} on "
+                 f"{a.machines} machine(s)")
+    if a.machine_spread < 0:
+        ap.error(f"--machine-spread must be 0 or more, got {a.machine_spread}")
     if a.trials < 1:
         ap.error(f"--trials must be at least 1, got {a.trials}")
     if a.resamples < 1:
         ap.error(f"--resamples must be at least 1, got {a.resamples}")
     if not a.spread > 0:
         ap.error(f"--spread must be above 0, got {a.spread}")
-    print(table(a.rounds, trials=a.trials, spread=a.spread, seed=a.seed,
-                resamples=a.resamples))
+    print(table(a.rounds, trials=a.trials, spread=a.spread, machines=a.machines,
+                machine_spread=a.machine_spread, seed=a.seed, resamples=a.resamples))
     return 0
 
 

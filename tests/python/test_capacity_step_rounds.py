@@ -261,6 +261,28 @@ def test_the_interval_holds_the_true_ratio_about_as_often_as_it_says():
     figures = coverage.coverage(3, trials=300, resamples=400)
     assert figures["bootstrap"] < 0.75
     assert 0.85 <= figures["interval"] <= 0.95
+    # Three machines of four rounds each, the machines apart as much as the rounds: resampling
+    # three machines, the bootstrap falls short again; the t interval over the machines holds.
+    figures = coverage.coverage(4, machines=3, trials=300, resamples=400)
+    assert figures["bootstrap"] < 0.82
+    assert figures["interval"] >= 0.85
+
+
+def test_the_coverage_command(capsys):
+    assert coverage.main(["--rounds", "3", "--trials", "20", "--resamples", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "| N | bootstrap alone | Student's t alone | the tables' interval (the wider) |" in out
+    assert out.strip().splitlines()[-1].startswith("| 3 | ")
+    for args, message in ((["--rounds", "1"], "2 or more rounds in all"),
+                          (["--trials", "0"], "--trials must be at least 1"),
+                          (["--spread", "0"], "--spread must be above 0"),
+                          (["--machines", "0"], "--machines must be at least 1"),
+                          (["--machine-spread", "-1"], "--machine-spread must be 0 or more"),
+                          (["--resamples", "0"], "--resamples must be at least 1")):
+        with pytest.raises(SystemExit) as exit_:
+            coverage.main(args)
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err
 
 
 def test_the_rounds_table_resamples_rounds_of_several_machines_by_machine():
