@@ -23,7 +23,8 @@ largest size all three fit and at vramledger's limit, written to DIR for study w
 (benchmarks/capacity/traces.py). With --table-only, no trial runs: the tables of the --resume
 files' rows that --workloads, --caps (any cap unless given) and --dims select; --without-machines
 leaves out the step rounds of the machines it names (labels, or the start of a kernel boot id as
-the tables print it), to show whether a pooled verdict rests on one machine's rounds.
+the tables print it), to show whether a pooled verdict rests on one machine's rounds, and says
+which of them ran none of the rows selected (leaving those out changes nothing printed).
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
@@ -138,11 +139,17 @@ def main(argv=None) -> int:
         ap.error(f"--resume (CAPACITY_RESUME): {e}")
     print(f"resumed {read} trial(s) and {len(results.rounds)} step-round run(s) from "
           f"{' '.join(a.resume)}" if a.resume else "no results to resume from", flush=True)
+    removed: dict[str, set] = {}  # each machine left out, in the order named: its runs' rows
     if without:
+        held_runs = dict(results.rounds)
         try:
             left_out = machines.without_machines(results, without)
         except ValueError as e:
             ap.error(f"--without-machines: {e}")
+        removed = {m: set() for m in left_out}
+        for k, r in held_runs.items():
+            if k not in results.rounds:
+                removed[step_rounds.machine(r)].add((r["workload"], r["cap_gib"], r["dim"]))
         print(f"left out the step rounds of {', '.join(map(machines.short_machine, left_out))}; "
               f"{len(results.rounds)} step-round run(s) remain", flush=True)
     if a.traces and not a.table_only:
@@ -164,6 +171,12 @@ def main(argv=None) -> int:
                   f"{', '.join(sorted({w for w, _, _ in held})) or 'none'}; caps "
                   f"{', '.join(f'{c:g}' for c in sorted({c for _, c, _ in held})) or 'none'}.")
             return 0
+        idle = [m for m in removed if not removed[m] & set(groups)]
+        if idle:
+            print(f"{', '.join(map(machines.short_machine, idle))} ran no step rounds of "
+                  f"the rows selected: leaving "
+                  f"{'it' if len(idle) == 1 else 'them'} out changes none of these tables",
+                  flush=True)
     if a.by_machine:
         print("Each machine's step-round ratios at the largest size all three fit: the geometric "
               "mean of its rounds' ratios by each run's steady median / by the steady steps' "

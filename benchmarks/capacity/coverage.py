@@ -3,10 +3,11 @@ number of rounds: a check of the statistics on simulated rounds, not a measureme
 
 Each trial draws N rounds' ratios around a true ratio of 1 (log-normal, the logs' standard
 deviation SPREAD; the shares do not depend on it, as both intervals scale with the rounds' spread)
-and asks whether each interval reaches it; with --machines K, K machines of N rounds each, each
-machine's rounds shifted alike by its own draw (log-normal, MACHINE_SPREAD), and the intervals
-resample and count machines as the tables' do for rounds of several machines: the bootstrap's alone (step_rounds.bootstrap_interval), Student's t alone
-(step_rounds.t_interval) and the one the tables give, the wider of the two. A 90% interval that
+and asks whether each interval reaches it: the bootstrap's alone (step_rounds.bootstrap_interval),
+Student's t alone (step_rounds.t_interval) and the one the tables give, the wider of the two. With
+--machines K, K machines of N rounds each, each machine's rounds shifted alike by its own draw
+(log-normal, MACHINE_SPREAD), the intervals resampling and counting machines as the tables' do for
+rounds of several machines. A 90% interval that
 holds the true ratio in far fewer than 90% of the trials passes a verdict it should not: "not
 above" needs the upper end at most 1.02, and an interval too narrow gets there too early.
 

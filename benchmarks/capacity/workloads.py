@@ -26,7 +26,8 @@ LLAMA1B = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22,
 class Workload:
     """A model and how it trains (bf16 autocast, AdamW lr 1e-4, fused SDPA attention).
     `seq_for_batch`: the longest sequence while the micro-batch is searched; `batch_for_seq`: the
-    micro-batch while the sequence is searched; `seq_bound`: the longest sequence the model takes."""
+    micro-batch while the sequence is searched; `seq_bound`: the longest sequence the model
+    takes."""
     name: str
     title: str
     config: dict[str, Any]

@@ -343,3 +343,24 @@ def test_a_label_named_whole_wins_over_a_boot_id_it_begins():
             r["machine"] = "77d0"  # a label that is also the start of BOOT_A
     assert machines.without_machines(results, ["77d0"]) == ["77d0"]
     assert {r["round"] for r in results.rounds.values()} == {0, 1, 2}
+
+
+def test_the_command_line_says_when_a_machine_left_out_ran_none_of_the_rows(tmp_path, capsys):
+    """Round 2's runs (BOOT_B's) moved to a row without search trials, which no table prints:
+    leaving BOOT_B out changes nothing printed, and the command says so; leaving BOOT_A out
+    does change the tables, and no such line is printed."""
+    path = tmp_path / "r.json"
+    results = rounds_on_machines()
+    for r in results.rounds.values():
+        if r["round"] == 2:
+            r["cap_gib"] = 80.0
+    results.path = str(path)
+    results.save()
+    argv = ["--table-only", "--resume", str(path), "--without-machines"]
+    assert capacity_main.main(argv + ["77e0,old"]) == 0
+    out = capsys.readouterr().out
+    assert ("77e00000 ran no step rounds of the rows selected: leaving it out changes none of "
+            "these tables") in out
+    assert "old ran no" not in out
+    assert capacity_main.main(argv + ["77d0"]) == 0
+    assert "ran no step rounds" not in capsys.readouterr().out

@@ -165,10 +165,12 @@ def test_the_bootstrap_interval_of_fixed_ratios():
     assert gm == pytest.approx((a * b * c) ** (1 / 3))
     assert low == pytest.approx(math.exp((2 * math.log(a) + math.log(b)) / 3))
     assert high == pytest.approx(math.exp((math.log(b) + 2 * math.log(c)) / 3))
-    assert step_rounds.bootstrap_interval([b, c, a]) == (gm, low, high)  # seeded: the same every time
+    # Seeded: the same every time.
+    assert step_rounds.bootstrap_interval([b, c, a]) == (gm, low, high)
     assert step_rounds.bootstrap_interval([a, c])[1:] == pytest.approx((a, c))
     assert step_rounds.bootstrap_interval([1.03] * 4) == pytest.approx((1.03, 1.03, 1.03))
-    assert step_rounds.bootstrap_interval([1.1]) is None and step_rounds.bootstrap_interval([]) is None
+    assert step_rounds.bootstrap_interval([1.1]) is None
+    assert step_rounds.bootstrap_interval([]) is None
     with pytest.raises(ValueError, match="positive"):
         step_rounds.bootstrap_interval([1.0, 0.0])
 

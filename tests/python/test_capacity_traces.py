@@ -74,7 +74,8 @@ def test_trace_steps_command_line(tmp_path, capsys):
         pickle.dump({"segments": [], "device_traces": [TRACE[:5]]}, f, protocol=4)
     assert trace_steps.main([str(unmarked)]) == 0
     out = capsys.readouterr().out
-    assert "| 1 (unfinished) | 2 |" in out and "has no `snapshot` entry: its trace is one step" in out
+    assert "| 1 (unfinished) | 2 |" in out
+    assert "has no `snapshot` entry: its trace is one step" in out
     empty = tmp_path / "empty.pickle"
     empty.write_bytes(pickle.dumps({"segments": [], "device_traces": []}, protocol=4))
     assert trace_steps.main([str(empty)]) == 2
