@@ -42,6 +42,7 @@ that matches no machine of the step rounds, or several).
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 
 from benchmarks.capacity import machines, planner, runner, step_rounds, table, traces, trial
@@ -209,12 +210,17 @@ def report(results: Results, groups, seq_step: int, only: bool = False) -> str:
     """Both tables over the groups asked for and, unless `only`, every group with records."""
     every = sorted(set(groups) | (set() if only else results.groups()), key=row_order)
     rows = list(dict.fromkeys((w, c) for w, c, _ in every))
-    machine = sorted({f"{r.get('device')}, torch {r.get('torch')}"
-                      for r in results.records.values() if r.get("device")})
+    searched_on = sorted({f"{r.get('device')}, torch {r.get('torch')}"
+                          for r in results.records.values() if r.get("device")})
+    rounds_on = collections.Counter(f"{r.get('device')}, torch {r.get('torch')}"
+                                    for r in results.rounds.values() if r.get("device"))
+    rounds_text = "; ".join(f"{k}: {n} run{'s' if n > 1 else ''}"
+                            for k, n in sorted(rounds_on.items()))
     models = {"uncapped allowance": planner.predict_uncapped,
               "allowance under a cap": planner.predict}
-    return ("\n" + f"capacity ({'; '.join(machine) or 'no trial ran'}); planner, with the "
-            f"allowance under a cap: {planner.COMMAND}\n\n"
+    return ("\n" + f"capacity searches ({'; '.join(searched_on) or 'no trial ran'}); step rounds "
+            f"({rounds_text or 'none'}); planner, with the allowance under a cap: "
+            f"{planner.COMMAND}\n\n"
             + table.capacity_table(results, rows, planner.predict, seq_step) + "\n"
             f"Sequences are searched {seq_step} apart: the limit lies below the next multiple; the "
             f"error is (planned - measured) / measured.\n\n"

@@ -364,3 +364,24 @@ def test_the_command_line_says_when_a_machine_left_out_ran_none_of_the_rows(tmp_
     assert "old ran no" not in out
     assert capacity_main.main(argv + ["77d0"]) == 0
     assert "ran no step rounds" not in capsys.readouterr().out
+
+
+def test_the_report_names_the_cards_of_the_searches_and_of_the_step_rounds(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    results = rounds_on_machines(str(path))
+    for r in results.rounds.values():
+        if r["round"] == 3:
+            r["device"] = "NVIDIA H100 80GB HBM3"
+    results.save()
+    assert capacity_main.main(["--table-only", "--resume", str(path)]) == 0
+    head = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("capacity searches")]
+    assert len(head) == 1
+    searched = {r.get("device") for r in results.records.values()}
+    torch = {r.get("torch") for r in results.records.values()} | {
+        r.get("torch") for r in results.rounds.values()}
+    assert len(searched) == len(torch) == 1
+    card, version = searched.pop(), torch.pop()
+    assert head[0].startswith(
+        f"capacity searches ({card}, torch {version}); step rounds (NVIDIA H100 80GB HBM3, "
+        f"torch {version}: 3 runs; {card}, torch {version}: 9 runs); planner")
