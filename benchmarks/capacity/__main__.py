@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import os
 
 from benchmarks.capacity import machines, planner, runner, step_rounds, table, traces, trial
@@ -133,6 +134,12 @@ def main(argv=None) -> int:
     for flag, given in (("--by-machine", a.by_machine), ("--without-machines", without)):
         if given and not a.table_only:
             ap.error(f"{flag} prints a table of --resume: it needs --table-only")
+    if a.table_only and not a.resume:
+        ap.error("--table-only prints the tables of the --resume files (CAPACITY_RESUME): name "
+                 "one or more")
+    if importlib.util.find_spec("vramledger") is None:  # the planner's columns need it
+        ap.error("the vramledger package cannot be imported: run the README's set-up and use its "
+                 ".venv, or, in a checkout, set PYTHONPATH=torch_plugin/python")
     results = Results(None if a.table_only else a.out)
     try:
         read = results.load(a.resume)
@@ -233,7 +240,8 @@ def report(results: Results, groups, seq_step: int, only: bool = False) -> str:
             + table.retries_table(results, every, seq_step)
             + ("\n\nStep time over rounds at the largest size all three fit (steady steps: "
                f"after the first {step_rounds.WARM_STEPS}; verdict: not above when the 90% "
-               f"interval's upper end is at most {1 + step_rounds.MARGIN:g}):\n\n"
+               f"interval's upper end is at most {1 + step_rounds.MARGIN:g}, above when its lower "
+               f"end is above {1 + step_rounds.MARGIN:g}, undecided between):\n\n"
                + step_rounds.rounds_table(results, every, seq_step)
                + "\n\nEach steady step's vramledger / torch ratio over the same rounds (the "
                "step's length as a fraction of the longest in parentheses), then the ratio of "

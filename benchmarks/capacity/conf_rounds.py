@@ -296,8 +296,8 @@ def table(runs: list[dict], variants: list[str] | None = None,
                   for r in paired]
         on = [step_rounds.machine(r) for r in paired]
         bounds = step_rounds.interval(ratios, machines=on) if v != against else None
-        ratio = (f"{bounds[0]:.3f} [{bounds[1]:.3f}, {bounds[2]:.3f}]"
-                 f"{step_rounds.machines_note(on)}" if bounds else "-")
+        ratio = (step_rounds.bounds_text(bounds, "{} [{}, {}]") + step_rounds.machines_note(on)
+                 if bounds else "-")
         verdict = step_rounds.verdict(bounds) if v != against else "reference"
         lines.append(f"| {v} | {len(mine)} | " + " | ".join(per_step)
                      + f" | {steady * 1e3:.1f} | {ratio} | {verdict} |")

@@ -2,20 +2,22 @@
 number of rounds: a check of the statistics on simulated rounds, not a measurement of a GPU.
 
 Each trial draws N rounds' ratios around a true ratio of 1 (log-normal, the logs' standard
-deviation SPREAD; the shares do not depend on it, as both intervals scale with the rounds' spread)
-and asks whether each interval reaches it: the bootstrap's alone (step_rounds.bootstrap_interval),
-Student's t alone (step_rounds.t_interval) and the one the tables give, the wider of the two. With
---machines K, K machines of N rounds each, each machine's rounds shifted alike by its own draw
-(log-normal, MACHINE_SPREAD), the intervals resampling and counting machines as the tables' do for
-rounds of several machines. A 90% interval that
-holds the true ratio in far fewer than 90% of the trials passes a verdict it should not: "not
-above" needs the upper end at most 1.02, and an interval too narrow gets there too early.
+deviation SPREAD; on one machine the shares do not depend on it, as both intervals scale with the
+rounds' spread) and asks whether each interval reaches it: the bootstrap's alone
+(step_rounds.bootstrap_interval), Student's t alone (step_rounds.t_interval) and the one the tables
+give, the wider of the two. With --machines K, K machines of N rounds each, each machine's rounds
+shifted alike by its own draw (log-normal, MACHINE_SPREAD), the intervals resampling and counting
+machines as the tables' do for rounds of several machines. Real rows are less tidy (machines with
+2 to 29 rounds, far-off rounds): the shares are those of this ideal case. A 90% interval that holds
+the true ratio in far fewer than 90% of the trials passes a verdict it should not: "not above"
+needs the upper end at most 1.02, and an interval too narrow gets there too early.
 
   python -m benchmarks.capacity.coverage [--rounds 3 6 12 24] [--trials 1000] [--spread 0.02]
       [--machines 1] [--machine-spread 0.02] [--seed 0] [--resamples 2000]
 
-(the tables resample 10,000 times; 2,000 moves a percentile by little and keeps this to a minute)
-prints a line per N. Deterministic for a seed. Exit status 0; 2 on bad arguments.
+prints a line per N (the tables resample 10,000 times; 2,000 moves a percentile by little and keeps
+a line of one machine to seconds on a 2-core machine; 19 machines of 6 rounds take about two
+minutes). Deterministic for a seed. Exit status 0; 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -70,29 +72,41 @@ def table(rounds: list[int], *, trials: int, spread: float, machines: int, machi
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.coverage",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, nargs="+", default=[3, 6, 12, 24])
-    ap.add_argument("--trials", type=int, default=1000)
-    ap.add_argument("--spread", type=float, default=0.02)
-    ap.add_argument("--machines", type=int, default=1)
-    ap.add_argument("--machine-spread", type=float, default=0.02)
+    ap.add_argument("--rounds", type=int, nargs="+", default=[3, 6, 12, 24], metavar="N",
+                    help="rounds per comparison (per machine with --machines), a line each")
+    ap.add_argument("--trials", type=int, default=1000, help="simulated comparisons per line")
+    ap.add_argument("--spread", type=float, default=0.02,
+                    help="the standard deviation of a round's log ratio (on one machine the "
+                         "shares do not depend on it; on several, on its ratio to "
+                         "--machine-spread)")
+    ap.add_argument("--machines", type=int, default=1,
+                    help="machines per comparison, each machine's rounds shifted alike")
+    ap.add_argument("--machine-spread", type=float, default=None,
+                    help="the standard deviation of a machine's shift (default 0.02; needs "
+                         "--machines 2 or more)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument("--resamples", type=int, default=2000,
+                    help="bootstrap resamples (the tables' own: 10000; at least 100)")
     a = ap.parse_args(argv)
     if a.machines < 1:
         ap.error(f"--machines must be at least 1, got {a.machines}")
+    if a.machine_spread is not None and a.machines < 2:
+        ap.error("--machine-spread shifts each machine's rounds: it needs --machines 2 or more")
+    machine_spread = 0.02 if a.machine_spread is None else a.machine_spread
     if any(n < 1 or n * a.machines < 2 for n in a.rounds):
         ap.error(f"--rounds: an interval needs 2 or more rounds in all, got {a.rounds} on "
                  f"{a.machines} machine(s)")
-    if a.machine_spread < 0:
-        ap.error(f"--machine-spread must be 0 or more, got {a.machine_spread}")
+    if machine_spread < 0:
+        ap.error(f"--machine-spread must be 0 or more, got {machine_spread}")
     if a.trials < 1:
         ap.error(f"--trials must be at least 1, got {a.trials}")
-    if a.resamples < 1:
-        ap.error(f"--resamples must be at least 1, got {a.resamples}")
+    if a.resamples < 100:
+        ap.error(f"--resamples must be at least 100 for a 5th and a 95th percentile, got "
+                 f"{a.resamples}")
     if not a.spread > 0:
         ap.error(f"--spread must be above 0, got {a.spread}")
     print(table(a.rounds, trials=a.trials, spread=a.spread, machines=a.machines,
-                machine_spread=a.machine_spread, seed=a.seed, resamples=a.resamples))
+                machine_spread=machine_spread, seed=a.seed, resamples=a.resamples))
     return 0
 
 

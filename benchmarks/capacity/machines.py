@@ -135,7 +135,7 @@ def judged(pairs: list[tuple[float, str | None]]) -> tuple[str, str]:
     rounds"."""
     bounds = step_rounds.interval([x for x, _ in pairs], machines=[on for _, on in pairs])
     says = step_rounds.verdict(bounds)
-    return says, (f"{says}: {bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), "
+    return says, (f"{says}: {step_rounds.bounds_text(bounds)}, "
                   f"{len(pairs)} rounds")
 
 

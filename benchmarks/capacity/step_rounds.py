@@ -228,6 +228,17 @@ def machines_note(machines: list[str | None]) -> str:
     return f", {k} machines" + (f" ({unknown} unknown)" if unknown else "")
 
 
+def bounds_text(bounds: tuple[float, float, float], form: str = "{} ({} - {})") -> str:
+    """The geometric mean and its interval, to three decimals; an end that rounds to the verdict's
+    limit (1 + MARGIN) to four, so the text says on which side of it the end lies."""
+    limit = 1 + MARGIN
+
+    def text(x: float) -> str:
+        return f"{x:.4f}" if f"{x:.3f}" == f"{limit:.3f}" and x != limit else f"{x:.3f}"
+
+    return form.format(f"{bounds[0]:.3f}", text(bounds[1]), text(bounds[2]))
+
+
 def verdict(bounds: tuple[float, float, float] | None) -> str:
     if bounds is None:
         return "too few rounds"
@@ -305,7 +316,7 @@ def ratio_cell(pairs: list[tuple[float, str | None]], judged: bool = False) -> s
     if not bounds:
         return f"{pairs[0][0]:.3f}, 1 round" if pairs else "-"
     slower = sum(x > 1 for x, _ in pairs)
-    return (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}), slower in {slower} of "
+    return (f"{bounds_text(bounds)}, slower in {slower} of "
             f"{len(pairs)}" + (f", {verdict(bounds)}" if judged else ""))
 
 
@@ -377,7 +388,7 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
                 on = [m for _, m in keys]
                 bounds = interval(paired, machines=on)
                 if bounds:
-                    ratio = (f"{bounds[0]:.3f} ({bounds[1]:.3f} - {bounds[2]:.3f}) over "
+                    ratio = (f"{bounds_text(bounds)} over "
                              f"{len(paired)} rounds{machines_note(on)}")
                 elif paired:
                     ratio = f"{paired[0]:.3f} over 1 round"

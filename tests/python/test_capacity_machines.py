@@ -385,3 +385,21 @@ def test_the_report_names_the_cards_of_the_searches_and_of_the_step_rounds(tmp_p
     assert head[0].startswith(
         f"capacity searches ({card}, torch {version}); step rounds (NVIDIA H100 80GB HBM3, "
         f"torch {version}: 3 runs; {card}, torch {version}: 9 runs); planner")
+
+
+def test_table_only_without_files_or_without_the_package_is_a_usage_error(tmp_path, capsys,
+                                                                           monkeypatch):
+    monkeypatch.delenv("CAPACITY_RESUME", raising=False)
+    with pytest.raises(SystemExit) as e:
+        capacity_main.main(["--table-only"])
+    assert e.value.code == 2
+    assert "--table-only prints the tables of the --resume files" in capsys.readouterr().err
+    path = tmp_path / "r.json"
+    rounds_on_machines(str(path)).save()
+    real = capacity_main.importlib.util.find_spec
+    monkeypatch.setattr(capacity_main.importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "vramledger" else real(name, *rest))
+    with pytest.raises(SystemExit) as e:
+        capacity_main.main(["--table-only", "--resume", str(path)])
+    assert e.value.code == 2
+    assert "the vramledger package cannot be imported" in capsys.readouterr().err

@@ -271,7 +271,7 @@ def test_the_interval_holds_the_true_ratio_about_as_often_as_it_says():
 
 
 def test_the_coverage_command(capsys):
-    assert coverage.main(["--rounds", "3", "--trials", "20", "--resamples", "50"]) == 0
+    assert coverage.main(["--rounds", "3", "--trials", "20", "--resamples", "100"]) == 0
     out = capsys.readouterr().out
     assert "| N | bootstrap alone | Student's t alone | the tables' interval (the wider) |" in out
     assert out.strip().splitlines()[-1].startswith("| 3 | ")
@@ -279,8 +279,10 @@ def test_the_coverage_command(capsys):
                           (["--trials", "0"], "--trials must be at least 1"),
                           (["--spread", "0"], "--spread must be above 0"),
                           (["--machines", "0"], "--machines must be at least 1"),
-                          (["--machine-spread", "-1"], "--machine-spread must be 0 or more"),
-                          (["--resamples", "0"], "--resamples must be at least 1")):
+                          (["--machines", "2", "--machine-spread", "-1"],
+                           "--machine-spread must be 0 or more"),
+                          (["--machine-spread", "0.1"], "it needs --machines 2 or more"),
+                          (["--resamples", "99"], "--resamples must be at least 100")):
         with pytest.raises(SystemExit) as exit_:
             coverage.main(args)
         assert exit_.value.code == 2
@@ -625,3 +627,12 @@ def test_a_total_needs_both_runs_every_step():
     assert step_rounds.total_ratio(steps, steps[:5]) is None  # torch's run stopped short
     assert step_rounds.total_ratio(steps[:5], steps) is None
     assert step_rounds.total_ratio(steps[:5], steps[:5]) is None  # alike, but short
+
+
+def test_an_end_that_rounds_to_the_limit_is_printed_to_four_decimals():
+    """1.0205 and 1.0196 both read 1.020 to three decimals, one on each side of the 2% limit."""
+    assert step_rounds.bounds_text((1.011, 1.0007, 1.0205)) == "1.011 (1.001 - 1.0205)"
+    assert step_rounds.bounds_text((1.005, 0.9930, 1.0196)) == "1.005 (0.993 - 1.0196)"
+    assert step_rounds.bounds_text((1.0, 0.99, 1.02)) == "1.000 (0.990 - 1.020)"
+    assert step_rounds.bounds_text((1.0, 0.99, 1.0149)) == "1.000 (0.990 - 1.015)"
+    assert step_rounds.bounds_text((1.0, 0.99, 1.03), "{} [{}, {}]") == "1.000 [0.990, 1.030]"
