@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, pytest, numpy, matplotlib, scikit_build_core, pybind11, hypothesis" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, pytest, numpy, matplotlib, scipy, scikit_build_core, pybind11, hypothesis" 2>/dev/null; then
   echo "setup: pip install -r requirements.txt (torch is large; first run takes minutes)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements.txt

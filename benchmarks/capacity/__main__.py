@@ -24,12 +24,14 @@ largest size all three fit and at vramledger's limit, written to DIR for study w
 files' rows that --workloads, --caps (any cap unless given) and --dims select; --without-machines
 leaves out the step rounds of the machines it names (labels, or the start of a kernel boot id as
 the tables print it), to show whether a pooled verdict rests on one machine's rounds, and says
-which of them ran none of the rows selected (leaving those out changes nothing printed).
+which of them ran none of the rows selected (leaving those out changes nothing printed);
+--unnamed-as-one counts the step-round runs whose records name no machine as one machine, where
+the intervals otherwise count each as a machine of its own.
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
       [--traces DIR] [--trace-allocators vramledger]
-      [--table-only [--by-machine] [--without-machines NAMES]]
+      [--table-only [--by-machine] [--without-machines NAMES] [--unnamed-as-one]]
 Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_ALLOCATORS,
 CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS, CAPACITY_TRACE_ALLOCATORS and
 CAPACITY_RESUME (paths, space-separated). --out is rewritten after every trial with every record,
@@ -114,6 +116,10 @@ def main(argv=None) -> int:
                     help="with --table-only: print only the step rounds' ratios on each machine, "
                          "then the verdicts that change when one machine's rounds are left out, "
                          "of the rows --workloads, --caps and --dims select")
+    ap.add_argument("--unnamed-as-one", action="store_true",
+                    help="with --table-only: count the step-round runs whose records name no "
+                         "machine as one machine (the intervals count each as a machine of its "
+                         "own)")
     ap.add_argument("--without-machines", default=None, metavar="NAMES",
                     help="with --table-only: leave out the step rounds of these machines "
                          "(comma-separated labels, or starts of kernel boot ids, as the "
@@ -131,7 +137,8 @@ def main(argv=None) -> int:
                        "--trace-allocators (CAPACITY_TRACE_ALLOCATORS)")
     except ValueError as e:
         ap.error(str(e))
-    for flag, given in (("--by-machine", a.by_machine), ("--without-machines", without)):
+    for flag, given in (("--by-machine", a.by_machine), ("--without-machines", without),
+                        ("--unnamed-as-one", a.unnamed_as_one)):
         if given and not a.table_only:
             ap.error(f"{flag} prints a table of --resume: it needs --table-only")
     if a.table_only and not a.resume:
@@ -147,6 +154,12 @@ def main(argv=None) -> int:
         ap.error(f"--resume (CAPACITY_RESUME): {e}")
     print(f"resumed {read} trial(s) and {len(results.rounds)} step-round run(s) from "
           f"{' '.join(a.resume)}" if a.resume else "no results to resume from", flush=True)
+    if a.unnamed_as_one:
+        unnamed = [r for r in results.rounds.values() if step_rounds.machine(r) is None]
+        for r in unnamed:
+            r["machine"] = UNNAMED
+        print(f"counted the {len(unnamed)} step-round run(s) that name no machine as one machine, "
+              f"{UNNAMED!r}", flush=True)
     removed: dict[str, set] = {}  # each machine left out, in the order named: its runs' rows
     if without:
         held_runs = dict(results.rounds)
@@ -211,6 +224,9 @@ def main(argv=None) -> int:
             print(f"took {n} trace(s) into {a.traces}", flush=True)
     print(report(results, groups, a.seq_step, only=a.table_only))
     return 0
+
+
+UNNAMED = "unnamed"  # --unnamed-as-one's machine
 
 
 def report(results: Results, groups, seq_step: int, only: bool = False) -> str:

@@ -130,15 +130,19 @@ def interval(ratios: list[float], *, machines: list[str | None] | None = None,
     (or machines) it is narrower than the truth: over three rounds a 90% bootstrap interval holds
     the true ratio far less often than 90% of the time. Student's t interval widens as the units
     get fewer (its quantile over 3 rounds is 2.92 standard errors, over 30 rounds 1.70) and is
-    exact where the log ratios are normal; with many rounds the two agree, or, resampled by
-    machine, the bootstrap is the wider (it counts a machine's own spread twice).
+    exact where the log ratios are normal; with many rounds the two agree, and resampled by
+    machine either can be the wider (the bootstrap counts a machine's own spread twice).
     """
     boot = bootstrap_interval(ratios, machines=machines, level=level, resamples=resamples,
                               seed=seed)
-    if boot is None:
-        return None
-    student = t_interval(ratios, machines=machines, level=level)
-    return boot[0], min(boot[1], student[1]), max(boot[2], student[2])
+    return None if boot is None else wider(boot, t_interval(ratios, machines=machines,
+                                                            level=level))
+
+
+def wider(a: tuple[float, float, float],
+          b: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Two intervals of one point estimate joined: a's estimate, the lower low, the higher high."""
+    return a[0], min(a[1], b[1]), max(a[2], b[2])
 
 
 def log_groups(ratios: list[float],

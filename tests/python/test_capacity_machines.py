@@ -403,3 +403,29 @@ def test_table_only_without_files_or_without_the_package_is_a_usage_error(tmp_pa
         capacity_main.main(["--table-only", "--resume", str(path)])
     assert e.value.code == 2
     assert "the vramledger package cannot be imported" in capsys.readouterr().err
+
+
+def test_unnamed_as_one_counts_the_runs_that_name_no_machine_as_one(tmp_path, capsys):
+    """Rounds 0-1 on BOOT_A, rounds 2-3 naming no machine: the interval counts three machines
+    (BOOT_A and each unnamed round); with --unnamed-as-one, two."""
+    path = tmp_path / "r.json"
+    results = rounds_on_machines(str(path))
+    for r in results.rounds.values():
+        r.pop("machine", None)
+        if r["round"] >= 2:
+            r.pop("host", None)
+        else:
+            r["host"] = {"boot_id": BOOT_A}
+    results.save()
+    argv = ["--table-only", "--resume", str(path)]
+    assert capacity_main.main(argv) == 0
+    assert "over 4 rounds, 3 machines (2 unknown) |" in capsys.readouterr().out
+    assert capacity_main.main(argv + ["--unnamed-as-one"]) == 0
+    out = capsys.readouterr().out
+    assert "counted the 6 step-round run(s) that name no machine as one machine, 'unnamed'" in out
+    assert "over 4 rounds, 2 machines |" in out
+    with pytest.raises(SystemExit) as e:
+        capacity_main.main(["--unnamed-as-one", "--resume", str(path)])
+    assert e.value.code == 2
+    assert "--unnamed-as-one prints a table of --resume: it needs --table-only" in (
+        capsys.readouterr().err)

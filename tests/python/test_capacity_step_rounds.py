@@ -254,6 +254,22 @@ def test_the_interval_is_the_wider_of_the_bootstrap_and_t():
     assert step_rounds.interval(ratios, machines=machines) == pytest.approx(
         (both[0][0], min(x[1] for x in both), max(x[2] for x in both)))
     assert step_rounds.interval([1.1]) is None
+    # Six machines alike, each with a round of 0.9 and one of 1.1: the machines' means agree, so t
+    # over the machines is narrow, while the bootstrap draws each machine's rounds too and spreads
+    # wider: interval() keeps the bootstrap's ends.
+    ratios = [0.9, 1.1] * 6
+    machines = [m for m in "abcdef" for _ in range(2)]
+    boot = step_rounds.bootstrap_interval(ratios, machines=machines)
+    student = step_rounds.t_interval(ratios, machines=machines)
+    assert boot[1] < student[1] and student[2] < boot[2]
+    assert step_rounds.interval(ratios, machines=machines) == boot
+    # The level reaches both: a 50% interval is narrower than the 90% one at both ends.
+    ratios = [1.005, 1.012, 1.016, 0.99]
+    half, ninety = step_rounds.interval(ratios, level=0.5), step_rounds.interval(ratios)
+    assert ninety[1] < half[1] and half[2] < ninety[2]
+    assert half == step_rounds.wider(step_rounds.bootstrap_interval(ratios, level=0.5),
+                                     step_rounds.t_interval(ratios, level=0.5))
+    assert step_rounds.t_interval(ratios, level=0.5)[2] < step_rounds.t_interval(ratios)[2]
 
 
 def test_the_interval_holds_the_true_ratio_about_as_often_as_it_says():
