@@ -162,15 +162,13 @@ def main(argv=None) -> int:
               f"{UNNAMED!r}", flush=True)
     removed: dict[str, set] = {}  # each machine left out, in the order named: its runs' rows
     if without:
-        held_runs = dict(results.rounds)
+        held_runs = list(results.rounds.values())
         try:
             left_out = machines.without_machines(results, without)
         except ValueError as e:
             ap.error(f"--without-machines: {e}")
-        removed = {m: set() for m in left_out}
-        for k, r in held_runs.items():
-            if k not in results.rounds:
-                removed[step_rounds.machine(r)].add((r["workload"], r["cap_gib"], r["dim"]))
+        removed = {m: {(r["workload"], r["cap_gib"], r["dim"]) for r in held_runs
+                       if step_rounds.machine(r) == m} for m in left_out}
         print(f"left out the step rounds of {', '.join(map(machines.short_machine, left_out))}; "
               f"{len(results.rounds)} step-round run(s) remain", flush=True)
     if a.traces and not a.table_only:
