@@ -89,7 +89,7 @@ def machines_table(results: Results, rows: Iterable[tuple[str, float, str]],
         by_machine: dict[tuple[str | None, str], dict[tuple[str, str],
                                                       list[tuple[float, float | None]]]] = {}
         for of, a in step_rounds.RATIOS:
-            for k, on, by_median, by_total in round_ratios(runs, of, a):
+            for k, on, by_median, by_total in step_rounds.round_ratios(runs, of, a):
                 card = (runs[of][k].get("device") or "-").removeprefix("NVIDIA ")
                 by_machine.setdefault((on, card), {}).setdefault((of, a), []).append(
                     (by_median, by_total))
@@ -110,22 +110,11 @@ def machines_table(results: Results, rows: Iterable[tuple[str, float, str]],
     return "\n".join(lines)
 
 
-def round_ratios(runs: dict[str, dict[int, dict]], of: str,
-                 against: str) -> list[tuple[int, str | None, float, float | None]]:
-    """Per paired round (step_rounds.paired_rounds()): its round, machine, and the ratio of `of`
-    over `against` by each run's steady median and by the steady steps' total (None where a run
-    stopped short)."""
-    mine, theirs = runs[of], runs[against]
-    return [(k, on, step_rounds.steady_time(mine[k]) / step_rounds.steady_time(theirs[k]),
-             step_rounds.total_ratio(mine[k]["step_s"], theirs[k]["step_s"]))
-            for k, on in step_rounds.paired_rounds(runs, against, of)]
-
-
 def measures(runs: dict[str, dict[int, dict]], of: str,
              against: str) -> list[tuple[str, list[tuple[float, str | None]]]]:
     """The paired rounds' (ratio, machine) pairs of `of` over `against`, by each run's steady
     median and by the steady steps' total (a round whose run stopped short has no total)."""
-    rounds = round_ratios(runs, of, against)
+    rounds = step_rounds.round_ratios(runs, of, against)
     return [("median", [(by_median, on) for _, on, by_median, _ in rounds]),
             ("total", [(by_total, on) for _, on, _, by_total in rounds if by_total is not None])]
 

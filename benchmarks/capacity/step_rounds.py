@@ -331,6 +331,16 @@ def total_ratio(mine: list[float], theirs: list[float]) -> float | None:
     return sum(mine[WARM_STEPS:]) / sum(theirs[WARM_STEPS:])
 
 
+def round_ratios(runs: dict[str, dict[int, dict]], of: str,
+                 against: str) -> list[tuple[int, str | None, float, float | None]]:
+    """Per paired round (paired_rounds()): its round, machine, and the ratio of `of` over `against`
+    by each run's steady median and by the steady steps' total (None where a run stopped short)."""
+    mine, theirs = runs[of], runs[against]
+    return [(k, on, steady_time(mine[k]) / steady_time(theirs[k]),
+             total_ratio(mine[k]["step_s"], theirs[k]["step_s"]))
+            for k, on in paired_rounds(runs, against, of)]
+
+
 def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_step: int) -> str:
     """Per row, each steady step's ratio over the paired rounds (paired_rounds()), then the ratio
     of the steady steps' total time (ratio_cell()): vramledger's over each torch allocator's, with
@@ -356,8 +366,8 @@ def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_st
             steps = [(runs[of][k]["step_s"], runs[a][k]["step_s"], on) for k, on in keys]
             cells = [ratio_cell([(mine[i] / theirs[i], on) for mine, theirs, on in steps
                                  if len(mine) > i and len(theirs) > i]) for i in steady]
-            cells.append(ratio_cell([(x, on) for mine, theirs, on in steps
-                                     if (x := total_ratio(mine, theirs)) is not None],
+            cells.append(ratio_cell([(by_total, on) for _, on, _, by_total
+                                     in round_ratios(runs, of, a) if by_total is not None],
                                     judged=of == "vramledger"))
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
                          f"{table.NAMES[of]} / {table.NAMES[a]} | " + " | ".join(cells) + " |")
@@ -387,9 +397,9 @@ def rounds_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_s
             median = f"{statistics.median(list(mine.values())):.3f}" if mine else "-"
             ratio, says = "-", "-"
             if a != "vramledger":
-                keys = paired_rounds(runs, a)
-                paired = [times["vramledger"][k] / mine[k] for k, _ in keys]
-                on = [m for _, m in keys]
+                rounds = round_ratios(runs, "vramledger", a)
+                paired = [by_median for _, _, by_median, _ in rounds]
+                on = [m for _, m, _, _ in rounds]
                 bounds = interval(paired, machines=on)
                 if bounds:
                     ratio = (f"{bounds_text(bounds)} over "
