@@ -26,7 +26,8 @@ leaves out the step rounds of the machines it names (labels, or the start of a k
 the tables print it), to show whether a pooled verdict rests on one machine's rounds, and says
 which of them ran none of the rows selected (leaving those out changes nothing printed);
 --unnamed-as-one counts the step-round runs whose records name no machine as one machine, where
-the intervals otherwise count each as a machine of its own.
+the intervals otherwise count each as a machine of its own. --allocators, --step-rounds and
+--traces pick trials, so --table-only refuses them.
 
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
@@ -141,6 +142,12 @@ def main(argv=None) -> int:
                         ("--unnamed-as-one", a.unnamed_as_one)):
         if given and not a.table_only:
             ap.error(f"{flag} prints a table of --resume: it needs --table-only")
+    # Trials' flags: --table-only runs none, and its tables show every allocator the files hold.
+    for flag, given in (("--allocators", set(allocators) != set(ALLOCATOR_ORDER)),
+                        ("--step-rounds", rounds), ("--traces", a.traces)):
+        if given and a.table_only:
+            ap.error(f"{flag} picks what trials run; --table-only runs none and prints every "
+                     "allocator the --resume files hold: leave it out")
     if a.table_only and not a.resume:
         ap.error("--table-only prints the tables of the --resume files (CAPACITY_RESUME): name "
                  "one or more")
@@ -171,7 +178,7 @@ def main(argv=None) -> int:
                        if step_rounds.machine(r) == m} for m in left_out}
         print(f"left out the step rounds of {', '.join(map(machines.short_machine, left_out))}; "
               f"{len(results.rounds)} step-round run(s) remain", flush=True)
-    if a.traces and not a.table_only:
+    if a.traces:
         try:  # a folder that cannot hold or read the traces fails before any trial runs
             os.makedirs(a.traces, exist_ok=True)
             traces.load_index(a.traces)

@@ -429,3 +429,23 @@ def test_unnamed_as_one_counts_the_runs_that_name_no_machine_as_one(tmp_path, ca
     assert e.value.code == 2
     assert "--unnamed-as-one prints a table of --resume: it needs --table-only" in (
         capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--allocators", "vramledger,torch"], "--allocators"),
+    (["--step-rounds", "3"], "--step-rounds"),
+    (["--traces", "traces-out"], "--traces"),
+])
+def test_table_only_refuses_the_flags_that_pick_trials(tmp_path, capsys, flags, named):
+    """--table-only runs no trial: a flag that only picks trials is refused (status 2) by name
+    instead of being ignored; --allocators naming all three, in any order, is what it prints."""
+    path = tmp_path / "r.json"
+    rounds_on_machines(str(path)).save()
+    with pytest.raises(SystemExit) as e:
+        capacity_main.main(["--table-only", "--resume", str(path), *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{named} picks what trials run; --table-only runs none" in err
+    assert not (tmp_path / "traces-out").exists()
+    assert capacity_main.main(["--table-only", "--resume", str(path), "--allocators",
+                               "vramledger,torch-expandable,torch"]) == 0
