@@ -7,13 +7,17 @@ rounds' spread) and asks whether each interval reaches it: the bootstrap's alone
 (step_rounds.bootstrap_interval), Student's t alone (step_rounds.t_interval) and the one the tables
 give, the wider of the two. With --machines K, K machines of N rounds each, each machine's rounds
 shifted alike by its own draw (log-normal, MACHINE_SPREAD), the intervals resampling and counting
-machines as the tables' do for rounds of several machines. Real rows are less tidy (machines with
-2 to 29 rounds, far-off rounds): the shares are those of this ideal case. A 90% interval that holds
-the true ratio in far fewer than 90% of the trials passes a verdict it should not: "not above"
-needs the upper end at most 1.02, and an interval too narrow gets there too early.
+machines as the tables' do for rounds of several machines. With --machine-rounds, one line for
+machines of unequal rounds, as real rows have (2 to 29 a machine; a round whose record names no
+machine counts as a machine of its own, of 1 round): `--machine-rounds 29 10 10 7 3 3 2 1 1 1 1 1
+1` is Llama-1B's 24 GiB sequence row. Real rounds are less tidy still (far-off rounds, machines that
+differ by more than a log-normal shift): the shares are those of these ideal cases. A 90% interval
+that holds the true ratio in far fewer than 90% of the trials passes a verdict it should not: "not
+above" needs the upper end at most 1.02, and an interval too narrow gets there too early.
 
   python -m benchmarks.capacity.coverage [--rounds 3 6 12 24] [--trials 1000] [--spread 0.02]
-      [--machines 1] [--machine-spread 0.02] [--seed 0] [--resamples 2000]
+      [--machines 1 | --machine-rounds N ...] [--machine-spread 0.02] [--seed 0]
+      [--resamples 2000]
 
 prints a line per N (the tables resample 10,000 times; 2,000 moves a percentile by little and keeps
 a line of one machine to seconds on a 2-core machine; 19 machines of 6 rounds take about two
@@ -31,19 +35,21 @@ from benchmarks.capacity import exit_with, step_rounds
 KINDS = ("bootstrap", "t", "interval")
 
 
-def coverage(rounds: int, *, trials: int = 1000, spread: float = 0.02, machines: int = 1,
-             machine_spread: float = 0.02, seed: int = 0,
+def coverage(rounds: int | list[int], *, trials: int = 1000, spread: float = 0.02,
+             machines: int = 1, machine_spread: float = 0.02, seed: int = 0,
              resamples: int = step_rounds.RESAMPLES) -> dict[str, float]:
     """The share of `trials` simulated comparisons in which each kind of interval (KINDS) holds
-    the true ratio, 1: `rounds` rounds, on each of `machines` machines where there are several."""
+    the true ratio, 1: `rounds` rounds, on each of `machines` machines where there are several;
+    or, where `rounds` is a list, one machine of each of its numbers of rounds."""
+    sizes = list(rounds) if isinstance(rounds, list) else [rounds] * machines
     rng = random.Random(seed)
     held = dict.fromkeys(KINDS, 0)
     for trial in range(trials):
         ratios, on = [], []
-        for m in range(machines):
-            shift = rng.gauss(0.0, machine_spread) if machines > 1 else 0.0
-            ratios += [math.exp(shift + rng.gauss(0.0, spread)) for _ in range(rounds)]
-            on += [f"machine {m}"] * rounds
+        for m, size in enumerate(sizes):
+            shift = rng.gauss(0.0, machine_spread) if len(sizes) > 1 else 0.0
+            ratios += [math.exp(shift + rng.gauss(0.0, spread)) for _ in range(size)]
+            on += [f"machine {m}"] * size
         bounds = {"bootstrap": step_rounds.bootstrap_interval(ratios, machines=on,
                                                               resamples=resamples, seed=trial),
                   "t": step_rounds.t_interval(ratios, machines=on)}
@@ -54,9 +60,15 @@ def coverage(rounds: int, *, trials: int = 1000, spread: float = 0.02, machines:
 
 
 def table(rounds: list[int], *, trials: int, spread: float, machines: int, machine_spread: float,
-          seed: int, resamples: int) -> str:
-    where = (f"{machines} machines (spread {machine_spread:g}) of N rounds each" if machines > 1
-             else "N rounds")
+          seed: int, resamples: int, machine_rounds: list[int] | None = None) -> str:
+    """The coverage table: a line per number of rounds, or one line for `machine_rounds`."""
+    if machine_rounds:
+        where = (f"{len(machine_rounds)} machines (spread {machine_spread:g}) of "
+                 f"{' / '.join(map(str, machine_rounds))} rounds, N in all")
+        rounds = [machine_rounds]
+    else:
+        where = (f"{machines} machines (spread {machine_spread:g}) of N rounds each"
+                 if machines > 1 else "N rounds")
     lines = [f"Share of {trials} simulated comparisons ({where}, log-normal rounds, spread "
              f"{spread:g}, true ratio 1) whose 90% interval holds the true ratio:", "",
              "| N | bootstrap alone | Student's t alone | the tables' interval (the wider) |",
@@ -64,15 +76,17 @@ def table(rounds: list[int], *, trials: int, spread: float, machines: int, machi
     for n in rounds:
         figures = coverage(n, trials=trials, spread=spread, machines=machines,
                            machine_spread=machine_spread, seed=seed, resamples=resamples)
-        lines.append(f"| {n} | " + " | ".join(f"{figures[k]:.3f}" for k in KINDS) + " |")
+        lines.append(f"| {sum(n) if isinstance(n, list) else n} | "
+                     + " | ".join(f"{figures[k]:.3f}" for k in KINDS) + " |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity.coverage",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, nargs="+", default=[3, 6, 12, 24], metavar="N",
-                    help="rounds per comparison (per machine with --machines), a line each")
+    ap.add_argument("--rounds", type=int, nargs="+", default=None, metavar="N",
+                    help="rounds per comparison (per machine with --machines), a line each "
+                         "(default 3 6 12 24)")
     ap.add_argument("--trials", type=int, default=1000, help="simulated comparisons per line")
     ap.add_argument("--spread", type=float, default=0.02,
                     help="the standard deviation of a round's log ratio (on one machine the "
@@ -80,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--machine-spread)")
     ap.add_argument("--machines", type=int, default=1,
                     help="machines per comparison, each machine's rounds shifted alike")
+    ap.add_argument("--machine-rounds", type=int, nargs="+", default=None, metavar="N",
+                    help="one line: a machine of each of these numbers of rounds")
     ap.add_argument("--machine-spread", type=float, default=None,
                     help="the standard deviation of a machine's shift (default 0.02; needs "
                          "--machines 2 or more)")
@@ -87,13 +103,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resamples", type=int, default=2000,
                     help="bootstrap resamples (the tables' own: 10000; at least 100)")
     a = ap.parse_args(argv)
+    if a.machine_rounds is not None:
+        if a.rounds is not None or a.machines != 1:
+            ap.error("--machine-rounds names every machine's rounds: leave out --rounds and "
+                     "--machines")
+        if len(a.machine_rounds) < 2 or min(a.machine_rounds) < 1:
+            ap.error(f"--machine-rounds needs 2 or more machines of 1 or more rounds each, got "
+                     f"{a.machine_rounds}")
     if a.machines < 1:
         ap.error(f"--machines must be at least 1, got {a.machines}")
-    if a.machine_spread is not None and a.machines < 2:
-        ap.error("--machine-spread shifts each machine's rounds: it needs --machines 2 or more")
+    machines = a.machines if a.machine_rounds is None else len(a.machine_rounds)
+    if a.machine_spread is not None and machines < 2:
+        ap.error("--machine-spread shifts each machine's rounds: it needs --machines 2 or more "
+                 "(or --machine-rounds)")
+    rounds = [3, 6, 12, 24] if a.rounds is None else a.rounds
     machine_spread = 0.02 if a.machine_spread is None else a.machine_spread
-    if any(n < 1 or n * a.machines < 2 for n in a.rounds):
-        ap.error(f"--rounds: an interval needs 2 or more rounds in all, got {a.rounds} on "
+    if any(n < 1 or n * a.machines < 2 for n in rounds):
+        ap.error(f"--rounds: an interval needs 2 or more rounds in all, got {rounds} on "
                  f"{a.machines} machine(s)")
     if machine_spread < 0:
         ap.error(f"--machine-spread must be 0 or more, got {machine_spread}")
@@ -104,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"{a.resamples}")
     if not a.spread > 0:
         ap.error(f"--spread must be above 0, got {a.spread}")
-    print(table(a.rounds, trials=a.trials, spread=a.spread, machines=a.machines,
-                machine_spread=machine_spread, seed=a.seed, resamples=a.resamples))
+    print(table(rounds, trials=a.trials, spread=a.spread, machines=a.machines,
+                machine_spread=machine_spread, seed=a.seed, resamples=a.resamples,
+                machine_rounds=a.machine_rounds))
     return 0
 
 

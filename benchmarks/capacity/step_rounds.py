@@ -196,23 +196,23 @@ def bootstrap_interval(ratios: list[float], *, machines: list[str | None] | None
 
 def t_interval(ratios: list[float], *, machines: list[str | None] | None = None,
                level: float = LEVEL) -> tuple[float, float, float] | None:
-    """(geometric mean, low, high) of paired ratios from Student's t over the mean of their logs;
-    None below two ratios. Over the rounds (n - 1 degrees of freedom) where bootstrap_interval()
-    resamples rounds; where it resamples machines, over the machines: the standard error from each
-    machine's summed deviations from the mean (the cluster-robust error of the mean, with the
-    small-sample factor G / (G - 1)) and G - 1 degrees of freedom for G machines."""
+    """(geometric mean, low, high) from Student's t over the mean of the ratios' logs; None below
+    two ratios. On one machine, over the rounds (n - 1 degrees of freedom); on several, over the
+    machines: each machine's mean log ratio counts once, and the interval is the t interval of
+    the mean of those G means (G - 1 degrees of freedom), around that mean, where the geometric
+    mean returned is over every round. Where every machine has as many rounds, this is the
+    cluster-robust interval of the rounds' mean (its error with the small-sample factor
+    G / (G - 1)); where one machine has most of the rounds, that error is small because the mean
+    sits on that machine's rounds, and the interval holds the true ratio far less often than it
+    says (coverage.py, --machine-rounds), while the machines' means do not lean on it."""
     if len(ratios) < 2:
         return None
     logs, machine_logs = log_groups(ratios, machines)
-    n, units = len(logs), len(machine_logs)
-    mean = math.fsum(logs) / n
-    if units in (1, n):
-        error, freedom = statistics.stdev(logs) / math.sqrt(n), n - 1
-    else:
-        spread = math.fsum(math.fsum(x - mean for x in mine) ** 2 for mine in machine_logs)
-        error, freedom = math.sqrt(units / (units - 1) * spread) / n, units - 1
-    half = scipy.stats.t.ppf((1 + level) / 2, freedom) * error
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    values = logs if len(machine_logs) == 1 else [math.fsum(m) / len(m) for m in machine_logs]
+    centre = math.fsum(values) / len(values)
+    error = statistics.stdev(values) / math.sqrt(len(values))
+    half = scipy.stats.t.ppf((1 + level) / 2, len(values) - 1) * error
+    return math.exp(math.fsum(logs) / len(logs)), math.exp(centre - half), math.exp(centre + half)
 
 
 def cluster_keys(machines: list[str | None] | None, n: int) -> list[object]:

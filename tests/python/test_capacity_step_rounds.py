@@ -214,9 +214,9 @@ def test_each_drawn_machines_rounds_are_resampled_too():
 def test_the_t_interval_over_rounds_and_over_machines():
     """Over rounds: the mean of the logs plus or minus t(0.95, n - 1) standard errors (2.919986
     for three rounds). Over machines: two machines of six rounds each, all 1.00 on one and all
-    1.10 on the other; the mean of logs is d / 2 (d = log 1.1), each machine's summed deviation
-    from it 3 d, so the error is sqrt(2 / 1 * 18 d^2) / 12 = d / 2, over 1 degree of freedom
-    (6.313752)."""
+    1.10 on the other: the machines' means 0 and d (d = log 1.1), their mean d / 2 and standard
+    error d / 2 (the rounds' cluster-robust error with the G / (G - 1) factor, as every machine
+    has as many rounds), over 1 degree of freedom (6.313752)."""
     a, b, c = 0.9, 1.0, 1.2
     logs = [math.log(x) for x in (a, b, c)]
     mean = sum(logs) / 3
@@ -227,6 +227,14 @@ def test_the_t_interval_over_rounds_and_over_machines():
     clustered = step_rounds.t_interval([1.0] * 6 + [1.1] * 6, machines=["a"] * 6 + ["b"] * 6)
     assert clustered == pytest.approx(
         (math.exp(d / 2), math.exp(d / 2 - 6.313752 * d / 2), math.exp(d / 2 + 6.313752 * d / 2)))
+    # Machines of unequal rounds: each machine's mean log counts once. Nine rounds of 1.00 on
+    # machine a, one of 1.10 on b, one of 1.21 on c: the means 0, d and 2 d, their mean d (stdev
+    # d) over 2 degrees of freedom (2.919986), around d, where the geometric mean is over every
+    # round (3 d / 11). The rounds' own cluster-robust error would be 0.34 d: the mean sits on a.
+    unequal = step_rounds.t_interval([1.0] * 9 + [1.1, 1.21], machines=["a"] * 9 + ["b", "c"])
+    half = 2.919986 * d / math.sqrt(3)
+    assert unequal == pytest.approx(
+        (math.exp(3 * d / 11), math.exp(d - half), math.exp(d + half)))
     # One machine, or one per ratio: over the rounds.
     assert step_rounds.t_interval([b, c, a], machines=["x"] * 3) == step_rounds.t_interval(
         [b, c, a], machines=["x", "y", None])
@@ -284,6 +292,10 @@ def test_the_interval_holds_the_true_ratio_about_as_often_as_it_says():
     figures = coverage.coverage(4, machines=3, trials=300, resamples=400)
     assert figures["bootstrap"] < 0.82
     assert figures["interval"] >= 0.85
+    # One machine of 16 rounds and six of one, as GPT-2-medium's 80 GiB sequence row: the t
+    # interval over the machines' means holds; the rounds' cluster-robust one held in 0.50.
+    figures = coverage.coverage([16, 1, 1, 1, 1, 1, 1], trials=300, resamples=400)
+    assert figures["t"] >= 0.85 and figures["interval"] >= 0.85
 
 
 def test_the_coverage_command(capsys):
@@ -298,11 +310,32 @@ def test_the_coverage_command(capsys):
                           (["--machines", "2", "--machine-spread", "-1"],
                            "--machine-spread must be 0 or more"),
                           (["--machine-spread", "0.1"], "it needs --machines 2 or more"),
-                          (["--resamples", "99"], "--resamples must be at least 100")):
+                          (["--resamples", "99"], "--resamples must be at least 100"),
+                          (["--machine-rounds", "3", "2", "--rounds", "3"],
+                           "leave out --rounds and --machines"),
+                          (["--machine-rounds", "3", "2", "--machines", "2"],
+                           "leave out --rounds and --machines"),
+                          (["--machine-rounds", "5"], "2 or more machines of 1 or more rounds"),
+                          (["--machine-rounds", "3", "0"],
+                           "2 or more machines of 1 or more rounds")):
         with pytest.raises(SystemExit) as exit_:
             coverage.main(args)
         assert exit_.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_coverage_of_machines_of_unequal_rounds(capsys):
+    """--machine-rounds: machines of the rounds it names. Equal ones draw what --machines does
+    (the same draws for a seed); the line counts the rounds in all and names each machine's."""
+    assert (coverage.coverage([4, 4, 4], trials=50, resamples=100)
+            == coverage.coverage(4, machines=3, trials=50, resamples=100))
+    assert coverage.main(["--machine-rounds", "8", "3", "1", "--trials", "20",
+                          "--resamples", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "3 machines (spread 0.02) of 8 / 3 / 1 rounds, N in all" in out
+    figures = coverage.coverage([8, 3, 1], trials=20, resamples=100)
+    assert out.strip().splitlines()[-1] == (
+        "| 12 | " + " | ".join(f"{figures[k]:.3f}" for k in coverage.KINDS) + " |")
 
 
 def test_the_rounds_table_resamples_rounds_of_several_machines_by_machine():
