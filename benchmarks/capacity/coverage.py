@@ -40,8 +40,9 @@ def coverage(rounds: int | list[int], *, trials: int = 1000, spread: float = 0.0
              resamples: int = step_rounds.RESAMPLES) -> dict[str, float]:
     """The share of `trials` simulated comparisons in which each kind of interval (KINDS) holds
     the true ratio, 1: `rounds` rounds, on each of `machines` machines where there are several;
-    or, where `rounds` is a list, one machine of each of its numbers of rounds."""
-    sizes = list(rounds) if isinstance(rounds, list) else [rounds] * machines
+    or, where `rounds` is a sequence, one machine of each of its numbers of rounds (`machines`
+    unused)."""
+    sizes = [rounds] * machines if isinstance(rounds, int) else list(rounds)
     rng = random.Random(seed)
     held = dict.fromkeys(KINDS, 0)
     for trial in range(trials):
@@ -92,26 +93,28 @@ def main(argv: list[str] | None = None) -> int:
                     help="the standard deviation of a round's log ratio (on one machine the "
                          "shares do not depend on it; on several, on its ratio to "
                          "--machine-spread)")
-    ap.add_argument("--machines", type=int, default=1,
-                    help="machines per comparison, each machine's rounds shifted alike")
+    ap.add_argument("--machines", type=int, default=None,
+                    help="machines per comparison, each machine's rounds shifted alike "
+                         "(default 1)")
     ap.add_argument("--machine-rounds", type=int, nargs="+", default=None, metavar="N",
                     help="one line: a machine of each of these numbers of rounds")
     ap.add_argument("--machine-spread", type=float, default=None,
                     help="the standard deviation of a machine's shift (default 0.02; needs "
-                         "--machines 2 or more)")
+                         "--machines 2 or more, or --machine-rounds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resamples", type=int, default=2000,
                     help="bootstrap resamples (the tables' own: 10000; at least 100)")
     a = ap.parse_args(argv)
     if a.machine_rounds is not None:
-        if a.rounds is not None or a.machines != 1:
+        if a.rounds is not None or a.machines is not None:
             ap.error("--machine-rounds names every machine's rounds: leave out --rounds and "
                      "--machines")
         if len(a.machine_rounds) < 2 or min(a.machine_rounds) < 1:
             ap.error(f"--machine-rounds needs 2 or more machines of 1 or more rounds each, got "
                      f"{a.machine_rounds}")
-    if a.machines < 1:
+    if a.machines is not None and a.machines < 1:
         ap.error(f"--machines must be at least 1, got {a.machines}")
+    a.machines = 1 if a.machines is None else a.machines
     machines = a.machines if a.machine_rounds is None else len(a.machine_rounds)
     if a.machine_spread is not None and machines < 2:
         ap.error("--machine-spread shifts each machine's rounds: it needs --machines 2 or more "

@@ -122,16 +122,19 @@ def steady_time(record: dict) -> float | None:
 def interval(ratios: list[float], *, machines: list[str | None] | None = None,
              level: float = LEVEL, resamples: int = RESAMPLES,
              seed: int = SEED) -> tuple[float, float, float] | None:
-    """(geometric mean, low, high) of paired ratios: the wider of two `level` intervals of the
-    geometric mean over the same units, bootstrap_interval()'s and t_interval()'s (the lower of
-    their low ends, the higher of their high ends); None below two ratios.
+    """(geometric mean over every round, low, high) of paired ratios: the smallest interval that
+    spans two `level` intervals, bootstrap_interval()'s, of that geometric mean, and
+    t_interval()'s, of the mean over rounds, or over machines where the rounds ran on several (the
+    lower of their low ends, the higher of their high ends); None below two ratios.
 
     A bootstrap percentile interval never reaches past the units' own range, so with few rounds
     (or machines) it is narrower than the truth: over three rounds a 90% bootstrap interval holds
     the true ratio far less often than 90% of the time. Student's t interval widens as the units
     get fewer (its quantile over 3 rounds is 2.92 standard errors, over 30 rounds 1.70) and is
     exact where the log ratios are normal; with many rounds the two agree, and resampled by
-    machine either can be the wider (the bootstrap counts a machine's own spread twice).
+    machine either can be the wider (the bootstrap counts a machine's own spread twice). Over
+    machines the two estimate different means, one weighing rounds and one machines: they differ
+    where the machines that ran more rounds lie apart from the rest, and the span holds both.
     """
     boot = bootstrap_interval(ratios, machines=machines, level=level, resamples=resamples,
                               seed=seed)
@@ -141,7 +144,7 @@ def interval(ratios: list[float], *, machines: list[str | None] | None = None,
 
 def wider(a: tuple[float, float, float],
           b: tuple[float, float, float]) -> tuple[float, float, float]:
-    """Two intervals of one point estimate joined: a's estimate, the lower low, the higher high."""
+    """The smallest interval spanning two: a's estimate, the lower low end, the higher high end."""
     return a[0], min(a[1], b[1]), max(a[2], b[2])
 
 
@@ -196,11 +199,11 @@ def bootstrap_interval(ratios: list[float], *, machines: list[str | None] | None
 
 def t_interval(ratios: list[float], *, machines: list[str | None] | None = None,
                level: float = LEVEL) -> tuple[float, float, float] | None:
-    """(geometric mean, low, high) from Student's t over the mean of the ratios' logs; None below
-    two ratios. On one machine, over the rounds (n - 1 degrees of freedom); on several, over the
-    machines: each machine's mean log ratio counts once, and the interval is the t interval of
-    the mean of those G means (G - 1 degrees of freedom), around that mean, where the geometric
-    mean returned is over every round. Where every machine has as many rounds, this is the
+    """(estimate, low, high) from Student's t over the mean of the ratios' logs; None below two
+    ratios. On one machine, over the rounds (n - 1 degrees of freedom), the estimate their
+    geometric mean; on several, over the machines: each machine's mean log ratio counts once, and
+    the estimate and interval are those of the mean of those G means (G - 1 degrees of freedom).
+    Where every machine has as many rounds, this is the
     cluster-robust interval of the rounds' mean (its error with the small-sample factor
     G / (G - 1)); where one machine has most of the rounds, that error is small because the mean
     sits on that machine's rounds, and the interval holds the true ratio far less often than it
@@ -212,7 +215,7 @@ def t_interval(ratios: list[float], *, machines: list[str | None] | None = None,
     centre = math.fsum(values) / len(values)
     error = statistics.stdev(values) / math.sqrt(len(values))
     half = scipy.stats.t.ppf((1 + level) / 2, len(values) - 1) * error
-    return math.exp(math.fsum(logs) / len(logs)), math.exp(centre - half), math.exp(centre + half)
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
 
 
 def cluster_keys(machines: list[str | None] | None, n: int) -> list[object]:

@@ -229,12 +229,19 @@ def test_the_t_interval_over_rounds_and_over_machines():
         (math.exp(d / 2), math.exp(d / 2 - 6.313752 * d / 2), math.exp(d / 2 + 6.313752 * d / 2)))
     # Machines of unequal rounds: each machine's mean log counts once. Nine rounds of 1.00 on
     # machine a, one of 1.10 on b, one of 1.21 on c: the means 0, d and 2 d, their mean d (stdev
-    # d) over 2 degrees of freedom (2.919986), around d, where the geometric mean is over every
-    # round (3 d / 11). The rounds' own cluster-robust error would be 0.34 d: the mean sits on a.
-    unequal = step_rounds.t_interval([1.0] * 9 + [1.1, 1.21], machines=["a"] * 9 + ["b", "c"])
+    # d) over 2 degrees of freedom (2.919986), the estimate d. The rounds' own mean is 3 d / 11,
+    # with a cluster-robust error of 0.34 d: the mean sits on a. A round whose machine is unknown
+    # counts as a machine of its own.
+    ratios, machines = [1.0] * 9 + [1.1, 1.21], ["a"] * 9 + ["b", "c"]
+    unequal = step_rounds.t_interval(ratios, machines=machines)
     half = 2.919986 * d / math.sqrt(3)
-    assert unequal == pytest.approx(
-        (math.exp(3 * d / 11), math.exp(d - half), math.exp(d + half)))
+    assert unequal == pytest.approx((math.exp(d), math.exp(d - half), math.exp(d + half)))
+    assert step_rounds.t_interval(ratios, machines=machines[:9] + ["b", None]) == unequal
+    # interval() spans it and the bootstrap's, whose estimate (over every round) it keeps.
+    spanned = step_rounds.interval(ratios, machines=machines)
+    boot = step_rounds.bootstrap_interval(ratios, machines=machines)
+    assert spanned == (boot[0], min(boot[1], unequal[1]), max(boot[2], unequal[2]))
+    assert spanned[0] == pytest.approx(math.exp(3 * d / 11))
     # One machine, or one per ratio: over the rounds.
     assert step_rounds.t_interval([b, c, a], machines=["x"] * 3) == step_rounds.t_interval(
         [b, c, a], machines=["x", "y", None])
@@ -315,6 +322,8 @@ def test_the_coverage_command(capsys):
                            "leave out --rounds and --machines"),
                           (["--machine-rounds", "3", "2", "--machines", "2"],
                            "leave out --rounds and --machines"),
+                          (["--machine-rounds", "3", "2", "--machines", "1"],
+                           "leave out --rounds and --machines"),
                           (["--machine-rounds", "5"], "2 or more machines of 1 or more rounds"),
                           (["--machine-rounds", "3", "0"],
                            "2 or more machines of 1 or more rounds")):
@@ -328,6 +337,7 @@ def test_coverage_of_machines_of_unequal_rounds(capsys):
     """--machine-rounds: machines of the rounds it names. Equal ones draw what --machines does
     (the same draws for a seed); the line counts the rounds in all and names each machine's."""
     assert (coverage.coverage([4, 4, 4], trials=50, resamples=100)
+            == coverage.coverage((4, 4, 4), trials=50, resamples=100)
             == coverage.coverage(4, machines=3, trials=50, resamples=100))
     assert coverage.main(["--machine-rounds", "8", "3", "1", "--trials", "20",
                           "--resamples", "100"]) == 0
