@@ -5,15 +5,16 @@ Each trial draws N rounds' ratios around a true ratio of 1 (log-normal, the logs
 deviation SPREAD; on one machine the shares do not depend on it, as both intervals scale with the
 rounds' spread) and asks whether each interval reaches it: the bootstrap's alone
 (step_rounds.bootstrap_interval), Student's t alone (step_rounds.t_interval) and the one the tables
-give, the wider of the two. With --machines K, K machines of N rounds each, each machine's rounds
-shifted alike by its own draw (log-normal, MACHINE_SPREAD), the intervals resampling and counting
-machines as the tables' do for rounds of several machines. With --machine-rounds, one line for
-machines of unequal rounds, as real rows have (2 to 29 a machine; a round whose record names no
-machine counts as a machine of its own, of 1 round): `--machine-rounds 29 10 10 7 3 3 2 1 1 1 1 1
-1` is Llama-1B's 24 GiB sequence row. Real rounds are less tidy still (far-off rounds, machines that
-differ by more than a log-normal shift): the shares are those of these ideal cases. A 90% interval
-that holds the true ratio in far fewer than 90% of the trials passes a verdict it should not: "not
-above" needs the upper end at most 1.02, and an interval too narrow gets there too early.
+give, the smallest spanning both. With --machines K, K machines of N rounds each, each machine's
+rounds shifted alike by its own draw (log-normal, MACHINE_SPREAD), the intervals resampling and
+counting machines as the tables' do for rounds of several machines. With --machine-rounds, one
+line for machines of unequal rounds, as real rows have (2 to 29 a machine; a round whose record
+names no machine counts as a machine of its own, of 1 round): `--machine-rounds 29 10 10 7 3 3 2 1
+1 1 1 1 1` is Llama-1B's 24 GiB sequence row. Real rounds are less tidy still (far-off rounds,
+machines that differ by more than a log-normal shift): the shares are those of these ideal cases.
+A 90% interval that holds the true ratio in far fewer than 90% of the trials passes a verdict it
+should not: "not above" needs the upper end at most 1.02, and an interval too narrow gets there
+too early.
 
   python -m benchmarks.capacity.coverage [--rounds 3 6 12 24] [--trials 1000] [--spread 0.02]
       [--machines 1 | --machine-rounds N ...] [--machine-spread 0.02] [--seed 0]
@@ -72,7 +73,7 @@ def table(rounds: list[int], *, trials: int, spread: float, machines: int, machi
                  if machines > 1 else "N rounds")
     lines = [f"Share of {trials} simulated comparisons ({where}, log-normal rounds, spread "
              f"{spread:g}, true ratio 1) whose 90% interval holds the true ratio:", "",
-             "| N | bootstrap alone | Student's t alone | the tables' interval (the wider) |",
+             "| N | bootstrap alone | Student's t alone | the tables' interval (spanning both) |",
              "|---|---|---|---|"]
     for n in rounds:
         figures = coverage(n, trials=trials, spread=spread, machines=machines,

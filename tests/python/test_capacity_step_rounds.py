@@ -308,7 +308,7 @@ def test_the_interval_holds_the_true_ratio_about_as_often_as_it_says():
 def test_the_coverage_command(capsys):
     assert coverage.main(["--rounds", "3", "--trials", "20", "--resamples", "100"]) == 0
     out = capsys.readouterr().out
-    assert "| N | bootstrap alone | Student's t alone | the tables' interval (the wider) |" in out
+    assert "| N | bootstrap alone | Student's t alone | the tables' interval (spanning both) |" in out
     assert out.strip().splitlines()[-1].startswith("| 3 | ")
     for args, message in ((["--rounds", "1"], "2 or more rounds in all"),
                           (["--trials", "0"], "--trials must be at least 1"),
