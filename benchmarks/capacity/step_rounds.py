@@ -203,11 +203,11 @@ def t_interval(ratios: list[float], *, machines: list[str | None] | None = None,
     ratios. On one machine, over the rounds (n - 1 degrees of freedom), the estimate their
     geometric mean; on several, over the machines: each machine's mean log ratio counts once, and
     the estimate and interval are those of the mean of those G means (G - 1 degrees of freedom).
-    Where every machine has as many rounds, this is the
-    cluster-robust interval of the rounds' mean (its error with the small-sample factor
-    G / (G - 1)); where one machine has most of the rounds, that error is small because the mean
-    sits on that machine's rounds, and the interval holds the true ratio far less often than it
-    says (coverage.py, --machine-rounds), while the machines' means do not lean on it."""
+    Where every machine has as many rounds, this is the cluster-robust interval of the rounds'
+    mean (its error with the small-sample factor G / (G - 1)); where one machine has most of the
+    rounds, that error is small because the mean sits on that machine's rounds, and the interval
+    holds the true ratio far less often than it says (coverage.py, --machine-rounds), while the
+    machines' means do not lean on it."""
     if len(ratios) < 2:
         return None
     logs, machine_logs = log_groups(ratios, machines)
