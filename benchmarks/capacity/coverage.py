@@ -55,7 +55,7 @@ def coverage(rounds: int | list[int], *, trials: int = 1000, spread: float = 0.0
         bounds = {"bootstrap": step_rounds.bootstrap_interval(ratios, machines=on,
                                                               resamples=resamples, seed=trial),
                   "t": step_rounds.t_interval(ratios, machines=on)}
-        bounds["interval"] = step_rounds.wider(bounds["bootstrap"], bounds["t"])  # interval()'s
+        bounds["interval"] = step_rounds.span(bounds["bootstrap"], bounds["t"])  # interval()'s
         for kind, (_, low, high) in bounds.items():
             held[kind] += low <= 1.0 <= high
     return {kind: count / trials for kind, count in held.items()}

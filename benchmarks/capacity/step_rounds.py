@@ -11,16 +11,17 @@ The figures, per row:
 - each allocator's figure is the median over rounds of its runs' step times;
 - per round, the paired ratio is vramledger's step time over a torch allocator's in that round (the
   two ran minutes apart at most, so what drifts between rounds cancels);
-- the point estimate is the geometric mean of the rounds' ratios, its 90% interval (interval())
-  the wider of two: the 5th and 95th percentiles of that mean over RESAMPLES resamples of the
-  rounds with replacement, from a seeded generator (the same records give the same interval), and
-  Student's t interval over the same rounds. Where the rounds ran on more than one machine, each
-  resample draws the machines with replacement and then each drawn machine's rounds, and the t
-  interval counts machines, not rounds: a machine's rounds share whatever makes that machine fast
-  or slow, and resampling rounds alone would count 18 rounds of three machines as 18 independent
-  machines. The t interval is there for the rows with few rounds: a bootstrap interval never
-  reaches past the rounds' own range, so over 3 to 6 rounds it is narrower than the truth. The
-  table gives the number of rounds beside the interval, and of machines where it counted them.
+- the point estimate is the geometric mean of the rounds' ratios, its 90% interval (interval()) the
+  span of two: the 5th and 95th percentiles of that mean over RESAMPLES resamples of the rounds with
+  replacement, from a seeded generator (the same records give the same interval), and Student's t
+  interval over the same rounds. Where the rounds ran on more than one machine, each resample draws
+  the machines with replacement and then each drawn machine's rounds, and the t interval is over the
+  machines' means, each machine once, not over the rounds: a machine's rounds share whatever makes
+  that machine fast or slow, and resampling rounds alone would count 18 rounds of three machines as
+  18 independent machines. The t interval is there for the rows with few rounds: a bootstrap
+  interval never reaches past the rounds' own range, so over 3 to 6 rounds it is narrower than the
+  truth. The table gives the number of rounds beside the interval, and of machines where it counted
+  them.
 - the verdict on "vramledger's step time is not above the torch allocator's": "not above" when
   the interval's upper end is at most 1 + MARGIN, "above" when its lower end is above 1 + MARGIN,
   "undecided" between (more rounds narrow the interval). MARGIN is 2%: a tie must be able to pass
@@ -138,12 +139,12 @@ def interval(ratios: list[float], *, machines: list[str | None] | None = None,
     """
     boot = bootstrap_interval(ratios, machines=machines, level=level, resamples=resamples,
                               seed=seed)
-    return None if boot is None else wider(boot, t_interval(ratios, machines=machines,
-                                                            level=level))
+    return None if boot is None else span(boot, t_interval(ratios, machines=machines,
+                                                           level=level))
 
 
-def wider(a: tuple[float, float, float],
-          b: tuple[float, float, float]) -> tuple[float, float, float]:
+def span(a: tuple[float, float, float],
+         b: tuple[float, float, float]) -> tuple[float, float, float]:
     """The smallest interval spanning two: a's estimate, the lower low end, the higher high end."""
     return a[0], min(a[1], b[1]), max(a[2], b[2])
 
@@ -369,8 +370,8 @@ def steps_table(results: Results, rows: Iterable[tuple[str, float, str]], seq_st
             steps = [(runs[of][k]["step_s"], runs[a][k]["step_s"], on) for k, on in keys]
             cells = [ratio_cell([(mine[i] / theirs[i], on) for mine, theirs, on in steps
                                  if len(mine) > i and len(theirs) > i]) for i in steady]
-            cells.append(ratio_cell([(by_total, on) for _, on, _, by_total
-                                     in round_ratios(runs, of, a) if by_total is not None],
+            cells.append(ratio_cell([(x, on) for mine, theirs, on in steps
+                                     if (x := total_ratio(mine, theirs)) is not None],
                                     judged=of == "vramledger"))
             lines.append(f"| {WORKLOADS[workload].title} | {cap:g} | {dim} | {size} | "
                          f"{table.NAMES[of]} / {table.NAMES[a]} | " + " | ".join(cells) + " |")

@@ -282,7 +282,7 @@ def test_the_interval_is_the_wider_of_the_bootstrap_and_t():
     ratios = [1.005, 1.012, 1.016, 0.99]
     half, ninety = step_rounds.interval(ratios, level=0.5), step_rounds.interval(ratios)
     assert ninety[1] < half[1] and half[2] < ninety[2]
-    assert half == step_rounds.wider(step_rounds.bootstrap_interval(ratios, level=0.5),
+    assert half == step_rounds.span(step_rounds.bootstrap_interval(ratios, level=0.5),
                                      step_rounds.t_interval(ratios, level=0.5))
     assert step_rounds.t_interval(ratios, level=0.5)[2] < step_rounds.t_interval(ratios)[2]
 
