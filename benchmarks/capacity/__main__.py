@@ -18,7 +18,10 @@ each one's steady step time and vramledger's ratio to each torch allocator with 
 over the rounds, then the same ratio for each steady step on its own
 (benchmarks/capacity/step_rounds.py); with --table-only --by-machine, only those ratios on each
 machine the rounds ran on, then the verdicts that change when one machine's rounds are left out
-(benchmarks/capacity/machines.py). With --traces DIR, last, traced trials at the
+(benchmarks/capacity/machines.py); with --table-only --verdicts, only vramledger's step-time
+verdicts: their counts by each measure, then a line per comparison (benchmarks/capacity/
+verdicts.py; benchmarks/capacity/next_rounds.py runs the rounds that could decide the undecided
+ones). With --traces DIR, last, traced trials at the
 largest size all three fit and at vramledger's limit, written to DIR for study without a GPU
 (benchmarks/capacity/traces.py). With --table-only, no trial runs: the tables of the --resume
 files' rows that --workloads, --caps (any cap unless given) and --dims select; --without-machines
@@ -32,7 +35,7 @@ the intervals otherwise count each as a machine of its own. --allocators, --step
   python -m benchmarks.capacity [--workloads ...] [--caps 24,80] [--allocators ...]
       [--dims batch,seq] [--budget-s 500] [--step-rounds 0] [--resume FILE ...] [--out FILE]
       [--traces DIR] [--trace-allocators vramledger]
-      [--table-only [--by-machine] [--without-machines NAMES] [--unnamed-as-one]]
+      [--table-only [--by-machine | --verdicts] [--without-machines NAMES] [--unnamed-as-one]]
 Filters and budget also come from CAPACITY_WORKLOADS, CAPACITY_CAPS, CAPACITY_ALLOCATORS,
 CAPACITY_DIMS, CAPACITY_BUDGET_S, CAPACITY_STEP_ROUNDS, CAPACITY_TRACE_ALLOCATORS and
 CAPACITY_RESUME (paths, space-separated). --out is rewritten after every trial with every record,
@@ -49,7 +52,8 @@ import collections
 import importlib.util
 import os
 
-from benchmarks.capacity import machines, planner, runner, step_rounds, table, traces, trial
+from benchmarks.capacity import (machines, planner, runner, step_rounds, table, traces, trial,
+                                 verdicts)
 from benchmarks.capacity.results import ALLOCATOR_ORDER, Results
 from benchmarks.capacity.workloads import WORKLOADS
 
@@ -85,12 +89,6 @@ def _count(text: str, what: str) -> int:
     return n
 
 
-def row_order(group: tuple[str, float, str]) -> tuple[int, float, str]:
-    """The tables' order of (workload, cap, dim) rows: workloads as WORKLOADS lists them."""
-    workload, cap, dim = group
-    return list(WORKLOADS).index(workload), cap, dim
-
-
 def main(argv=None) -> int:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__,
@@ -117,6 +115,10 @@ def main(argv=None) -> int:
                     help="with --table-only: print only the step rounds' ratios on each machine, "
                          "then the verdicts that change when one machine's rounds are left out, "
                          "of the rows --workloads, --caps and --dims select")
+    ap.add_argument("--verdicts", action="store_true",
+                    help="with --table-only: print only the verdicts on vramledger's step time, "
+                         "their counts, then a line per comparison (benchmarks/capacity/"
+                         "verdicts.py)")
     ap.add_argument("--unnamed-as-one", action="store_true",
                     help="with --table-only: count the step-round runs whose records name no "
                          "machine as one machine (the intervals count each as a machine of its "
@@ -138,7 +140,10 @@ def main(argv=None) -> int:
                        "--trace-allocators (CAPACITY_TRACE_ALLOCATORS)")
     except ValueError as e:
         ap.error(str(e))
-    for flag, given in (("--by-machine", a.by_machine), ("--without-machines", without),
+    if a.by_machine and a.verdicts:
+        ap.error("--by-machine and --verdicts each print their own tables: name one")
+    for flag, given in (("--by-machine", a.by_machine), ("--verdicts", a.verdicts),
+                        ("--without-machines", without),
                         ("--unnamed-as-one", a.unnamed_as_one)):
         if given and not a.table_only:
             ap.error(f"{flag} prints a table of --resume: it needs --table-only")
@@ -207,11 +212,20 @@ def main(argv=None) -> int:
         print("Each machine's step-round ratios at the largest size all three fit: the geometric "
               "mean of its rounds' ratios by each run's steady median / by the steady steps' "
               "total (rounds):\n")
-        rows = sorted(groups, key=row_order)
+        rows = sorted(groups, key=table.row_order)
         print(machines.machines_table(results, rows, a.seq_step))
         print("\nThe verdicts on vramledger's step that change when one machine's rounds are left "
               "out, only those (the interval resamples the rest as the pooled one does):\n")
         print(machines.one_machine_out_table(results, rows, a.seq_step))
+        return 0
+    if a.verdicts:
+        print("\nvramledger's step time over torch's at the largest size all three fit, by each "
+              "run's steady median and by the steady steps' total: the verdict, the geometric "
+              "mean of the rounds' ratios and its 90% interval (verdicts as the rounds table "
+              "says); rounds whose records name no machine are \"not recorded\", and the "
+              "interval counts each of them as a machine of its own:\n")
+        rows = sorted(groups, key=table.row_order)
+        print(verdicts.verdicts_table(verdicts.comparisons(results, rows, a.seq_step)))
         return 0
     if not a.table_only:
         results.save()
@@ -236,7 +250,7 @@ UNNAMED = "unnamed"  # --unnamed-as-one's machine
 
 def report(results: Results, groups, seq_step: int, only: bool = False) -> str:
     """Both tables over the groups asked for and, unless `only`, every group with records."""
-    every = sorted(set(groups) | (set() if only else results.groups()), key=row_order)
+    every = sorted(set(groups) | (set() if only else results.groups()), key=table.row_order)
     rows = list(dict.fromkeys((w, c) for w, c, _ in every))
     searched_on = sorted({f"{r.get('device')}, torch {r.get('torch')}"
                           for r in results.records.values() if r.get("device")})

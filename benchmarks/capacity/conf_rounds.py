@@ -404,7 +404,6 @@ def join(runs_path: str, results_path: str,
         times, whatever the file is called now), or results files that number two runs alike.
     """
     data = read(runs_path)
-    row = data["row"]
     folder = os.path.dirname(os.path.abspath(results_path))
     source = os.path.relpath(os.path.abspath(runs_path), folder)
     if source.startswith(os.pardir + os.sep):
@@ -417,31 +416,48 @@ def join(runs_path: str, results_path: str,
                                 if os.path.abspath(p) != os.path.abspath(results_path)))
     pool = results.Results()
     pool.load([results_path, *others])  # the rounds the table pools: refused if numbered alike
+    records, taken = joined_rounds(data, pool, source)
+    for record in records:
+        into.rounds[results.round_key(record["workload"], record["allocator"],
+                                      record["cap_gib"], record["dim"], record["size"],
+                                      record["round"])] = record
+    if records:
+        into.save()
+    return len(records), taken
+
+
+def joined_rounds(data: dict, pool: results.Results, source: str) -> tuple[list[dict], list[int]]:
+    """The step-round records join() makes of a runs file's contents (read()), numbered after the
+    row's last round in `pool` (the results files the table pools), each naming `source` and its
+    round there; and the rounds they take.
+
+    Raises:
+      ValueError: `pool` already holds one of the runs (the same allocator's same step times).
+    """
+    row = data["row"]
     joined = [r for r in data["runs"] if r["variant"] in JOINED and r.get("fits") is not None]
-    held = {fingerprint(r, r["allocator"]): pool.round_files[k] for k, r in pool.rounds.items()}
+    held = {fingerprint(r, r["allocator"]): pool.round_files.get(k, "the records")
+            for k, r in pool.rounds.items()}
     held.pop(None, None)
     # The file that holds each joined run already (a run without step times tells nothing).
     again = [held[f] for r in joined if (f := fingerprint(r, JOINED[r["variant"]])) in held]
     if again:
         raise ValueError(f"{again[0]} already holds {again.count(again[0])} of the "
-                         f"{len(joined)} runs of {runs_path} (the same step times)")
+                         f"{len(joined)} runs of {source} (the same step times)")
     same_row = [r["round"] for r in pool.rounds.values()
                 if (r["workload"], r["cap_gib"], r["dim"], r["size"])
                 == (row["workload"], row["cap_gib"], row["dim"], row["size"])]
     first = max(same_row, default=-1) + 1
     rounds = sorted({r["round"] for r in joined})
     batch, seq = workloads.WORKLOADS[row["workload"]].shape(row["dim"], row["size"])
+    records = []
     for r in joined:
         record = {k: v for k, v in r.items() if k not in ("variant", "conf")}
         record.update(row, allocator=JOINED[r["variant"]], batch=batch, seq=seq,
                       round=first + rounds.index(r["round"]),
                       conf_rounds=f"{source} round {r['round']}")
-        into.rounds[results.round_key(record["workload"], record["allocator"],
-                                      record["cap_gib"], record["dim"], record["size"],
-                                      record["round"])] = record
-    if joined:
-        into.save()
-    return len(joined), [first + i for i in range(len(rounds))]
+        records.append(record)
+    return records, [first + i for i in range(len(rounds))]
 
 
 def check_run_flags(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:

@@ -21,6 +21,12 @@ LEDGER_COLUMN = ("vramledger driver ms / waits / wait ms / cuMemMap / cuMemUnmap
                  "steady step")
 
 
+def row_order(group: tuple[str, float, str]) -> tuple[int, float, str]:
+    """The tables' order of (workload, cap, dim) rows: workloads as WORKLOADS lists them."""
+    workload, cap, dim = group
+    return list(WORKLOADS).index(workload), cap, dim
+
+
 def state(results: Results, workload: str, allocator: str, cap_gib: float, dim: str,
           seq_step: int) -> search.Search | None:
     """Where the row's search stands on its records; None when it has none."""

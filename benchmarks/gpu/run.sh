@@ -89,6 +89,14 @@
 #                   did in a steady step (CPU time, faults, switches, stolen time) and the
 #                   machine (runs in $OUT/conf-rounds.json, resumed from CONF_RESUME where set;
 #                   run only when named)
+#     steprounds    python -m benchmarks.capacity.next_rounds run: the step rounds the records
+#                   still want (docs/results' capacity files, or STEPROUNDS_RESULTS), the rows
+#                   that fewest machines have run first, STEPROUNDS_ROUNDS (3) rounds of the three
+#                   allocators a row, until the budget ends (STEPROUNDS_ROWS: at most that many
+#                   rows); each row's runs in $OUT/steprounds/ (STEPROUNDS_RESUME: a folder of an
+#                   earlier call's files, copied there first, so this boot's go on); prints the
+#                   rows' verdicts before and after pooling the new runs, and the commands that
+#                   join them (run only when named)
 #     mapcost       python -m benchmarks.capacity.mapping_cost: the host cost of a CUDA call
 #                   (pointer lookup, memset, memcpy, launch) while the process holds
 #                   MAPCOST_COUNTS (0,256,1024,2048,3072) blocks of 6 MiB, under each of
@@ -108,8 +116,8 @@
 # CAPACITY_BUDGET_S (500), CAPACITY_STEP_ROUNDS (0: no step-time rounds), CAPACITY_TRACES (1:
 # traced trials last), CAPACITY_TRACE_ALLOCATORS (vramledger),
 # CAPACITY_RESUME (results files; default .devbuild/capacity-results.json), CAPACITY_LIBRARY (a label
-# of the vramledger build, e.g. its commit, kept in its trials' records), PROFILE_ROW (capprofile's
-# row, llama1b,24,batch,1).
+# of the vramledger build kept in its trials' records; default the commit `prepare` built, from
+# .devbuild/lib/COMMIT), PROFILE_ROW (capprofile's row, llama1b,24,batch,1).
 # Background fuzzing on the CPU cores the items leave idle (nothing changes when unset):
 # FUZZ_BACKGROUND_S=S starts scripts/fuzz_long.sh run (allocator_ops_fuzz, -fork=FUZZ_JOBS jobs,
 # default nproc - 4, under nice) before the items, for S seconds (at most the budget less 30 s),
@@ -128,7 +136,8 @@ GPU_TEST="${GPU_TEST:-cuda_backend_test}"
 CHECKS="bundle unit pytest train integration native ipc streams compile matrix contiguous
         snapshot guard preload preload_plan preload_direct regions wheel multi ddp regions_core"
 BENCH="workloads kernels ab inprocess hostcost graphstep record_empty_cache capacity"
-NAMED="capprofile confrounds mapcost"  # benchmarks run only when named (not by "bench" or "all")
+# Benchmarks run only when named (not by "bench" or "all").
+NAMED="capprofile confrounds steprounds mapcost"
 CHECKS="$(echo $CHECKS)"  # one line, single spaces: the item tests match " name "
 
 # ---- here: build what the GPU machine runs ----
@@ -183,6 +192,12 @@ prepare() {
     xargs -r -I{} cp -n {} "$LIBDIR/"
   # Debug info stays here: the carried folder must stay under the device call's 64 MiB.
   find "$LIBDIR" -type f -exec strip --strip-debug {} \;
+  # The commit built (with "-dirty" where tracked files differ from it): the capacity trials'
+  # records name their vramledger build by it (CAPACITY_LIBRARY).
+  { git -C "$ROOT" rev-parse --short=7 HEAD 2>/dev/null || echo unknown; } | tr -d '\n' \
+    > "$LIBDIR/COMMIT"
+  git -C "$ROOT" diff --quiet HEAD 2>/dev/null || printf -- '-dirty' >> "$LIBDIR/COMMIT"
+  echo >> "$LIBDIR/COMMIT"
   echo "--- $PLUGIN"
   readelf -d "$PLUGIN" | grep -E 'NEEDED|RPATH|RUNPATH'
   # Every NEEDED library outside torch's and the system's must sit beside the plugin.
@@ -333,6 +348,25 @@ capprofile() {
   return "$rc"
 }
 
+# The records' rounds go into the H200 file or the H100 one by the card; either pools the other.
+steprounds() {
+  local results="${STEPROUNDS_RESULTS:-}" mib
+  if [ -z "$results" ]; then
+    mib="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)"
+    results="docs/results/capacity-h100-step-rounds.json docs/results/capacity-h200-results.json"
+    [ "${mib:-0}" -gt 100000 ] &&
+      results="docs/results/capacity-h200-results.json docs/results/capacity-h100-step-rounds.json"
+  fi
+  mkdir -p "$OUT/steprounds"
+  if [ -n "${STEPROUNDS_RESUME:-}" ]; then
+    cp "$STEPROUNDS_RESUME"/*.json "$OUT/steprounds/" || return 1
+  fi
+  # shellcheck disable=SC2086  # one word per results file
+  timeout "$(bound)" "$PY" -m benchmarks.capacity.next_rounds run $results \
+    --out-dir "$OUT/steprounds" --rounds "${STEPROUNDS_ROUNDS:-3}" \
+    ${STEPROUNDS_ROWS:+--rows "$STEPROUNDS_ROWS"} --budget-s "$(( $(bound) - 20 ))"
+}
+
 MAPCOST_DEFAULT="torch torch-expandable default expandable_segments:False expandable_page_mb:20"
 mapcost() {
   rm -f "$OUT/mapping-cost.json"  # a new file each call (the command refuses one that exists)
@@ -394,6 +428,7 @@ details() {
     capacity) sed -n '/^capacity (/,$p' "$f" ;;
     capprofile) sed -n '/^profiled steps/,$p' "$f" ;;
     confrounds) sed -n '/^conf rounds of /,$p' "$f" ;;
+    steprounds) sed -n '/^\(The verdicts on the rows run\|no runs to pool\)/,$p' "$f" ;;
     mapcost) sed -n '/^mapping cost, /,$p' "$f" ;;
     fuzz_long) grep -E "^fuzz_long" "$f" ;;
   esac
@@ -423,6 +458,9 @@ run_items() {
     exit 2
   fi
   export PYTHONUNBUFFERED=1 VRAMLEDGER_PLUGIN="$PLUGIN"
+  if [ -z "${CAPACITY_LIBRARY:-}" ] && [ -f "$LIBDIR/COMMIT" ]; then
+    export CAPACITY_LIBRARY="$(cat "$LIBDIR/COMMIT")"
+  fi
   export PYTHONPATH="$ROOT/torch_plugin/python${PYTHONPATH:+:$PYTHONPATH}"
   cd "$ROOT"
   START=$(date +%s)
@@ -518,6 +556,7 @@ print(os.path.join(r, 'lib') + ':' + os.path.join(os.path.dirname(r), 'nvidia', 
       capacity) item capacity bench 60 capacity ;;
       capprofile) item capprofile bench 150 capprofile ;;
       confrounds) item confrounds bench 120 confrounds ;;
+      steprounds) item steprounds bench 120 steprounds ;;
       mapcost) item mapcost bench 90 mapcost ;;
     esac
   done

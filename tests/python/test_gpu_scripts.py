@@ -77,7 +77,7 @@ def test_the_runner_runs_every_check_and_benchmark():
 
 @pytest.mark.parametrize("item", ["guard", "preload", "multi", "ddp", "hostcost",
                                   "record_empty_cache", "capacity", "capprofile", "confrounds",
-                                  "mapcost", "checks", "bench"])
+                                  "steprounds", "mapcost", "checks", "bench"])
 def test_the_runner_knows_every_item(item, tmp_path):
     """An item name passes the runner's check; it then stops, since its copy's tree has no
     prepared plugin."""
