@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from benchmarks.capacity import __main__ as capacity_main  # noqa: E402
-from benchmarks.capacity import conf_rounds, next_rounds, trial, verdicts  # noqa: E402
+from benchmarks.capacity import conf_rounds, next_rounds, table, trial, verdicts  # noqa: E402
 from benchmarks.capacity.results import Results  # noqa: E402
 from test_capacity_step_rounds import ROW, RoundRuns, run_rounds, searched  # noqa: E402
 
@@ -268,3 +268,18 @@ def test_the_run_command_runs_pools_and_prints_the_join_commands(tmp_path, capsy
             f"--pooled-with {other}") in out
     assert out.rstrip().endswith("next rounds: 1 row(s) ran, 0 run(s) failed or did not fit")
     assert os.listdir(out_dir) == ["77d062bb-gpt2m-24-batch-4.json"]
+
+
+def test_the_results_docs_verdict_table_is_the_records_own():
+    """docs/results/capacity-h200.md quotes the --verdicts table of the records beside it: it
+    must be what the records give now (a round joined later changes both, or this fails)."""
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results"
+    text = (docs / "capacity-h200.md").read_text()
+    start = text.index("<!-- verdicts:")
+    quoted = text[text.index("| workload", start):text.index("<!-- end of verdicts -->")].strip()
+    pool = Results()
+    pool.load([str(docs / "capacity-h200-results.json"),
+               str(docs / "capacity-h100-step-rounds.json")])
+    made = verdicts.verdicts_table(verdicts.comparisons(
+        pool, sorted(pool.groups(), key=table.row_order), 64))
+    assert quoted == made[made.index("| workload"):]
