@@ -222,8 +222,11 @@ def main(argv=None) -> int:
         print("\nvramledger's step time over torch's at the largest size all three fit, by each "
               "run's steady median and by the steady steps' total: the verdict, the geometric "
               "mean of the rounds' ratios and its 90% interval (verdicts as the rounds table "
-              "says); rounds whose records name no machine are \"not recorded\", and the "
-              "interval counts each of them as a machine of its own:\n")
+              "says); "
+              + ("the rounds whose records name no machine count as one machine here:\n"
+                 if a.unnamed_as_one else
+                 "rounds whose records name no machine are \"not recorded\", and the interval "
+                 "counts each of them as a machine of its own:\n"))
         rows = sorted(groups, key=table.row_order)
         print(verdicts.verdicts_table(verdicts.comparisons(results, rows, a.seq_step)))
         return 0
