@@ -19,10 +19,10 @@ over the rounds, then the same ratio for each steady step on its own
 (benchmarks/capacity/step_rounds.py); with --table-only --by-machine, only those ratios on each
 machine the rounds ran on, then the verdicts that change when one machine's rounds are left out
 (benchmarks/capacity/machines.py); with --table-only --verdicts, only vramledger's step-time
-verdicts: their counts by each measure, then a line per comparison (benchmarks/capacity/
-verdicts.py; benchmarks/capacity/next_rounds.py runs the rounds that could decide the undecided
-ones). With --traces DIR, last, traced trials at the
-largest size all three fit and at vramledger's limit, written to DIR for study without a GPU
+verdicts: their counts by each measure, then a line per comparison
+(benchmarks/capacity/verdicts.py; benchmarks/capacity/next_rounds.py runs the rounds that could
+decide the undecided ones). With --traces DIR, last, traced trials at the largest size all three
+fit and at vramledger's limit, written to DIR for study without a GPU
 (benchmarks/capacity/traces.py). With --table-only, no trial runs: the tables of the --resume
 files' rows that --workloads, --caps (any cap unless given) and --dims select; --without-machines
 leaves out the step rounds of the machines it names (labels, or the start of a kernel boot id as

@@ -416,7 +416,7 @@ def join(runs_path: str, results_path: str,
                                 if os.path.abspath(p) != os.path.abspath(results_path)))
     pool = results.Results()
     pool.load([results_path, *others])  # the rounds the table pools: refused if numbered alike
-    records, taken = joined_rounds(data, pool, source)
+    records, taken = joined_rounds(data, pool, source, shown=runs_path)
     for record in records:
         into.rounds[results.round_key(record["workload"], record["allocator"],
                                       record["cap_gib"], record["dim"], record["size"],
@@ -426,10 +426,11 @@ def join(runs_path: str, results_path: str,
     return len(records), taken
 
 
-def joined_rounds(data: dict, pool: results.Results, source: str) -> tuple[list[dict], list[int]]:
+def joined_rounds(data: dict, pool: results.Results, source: str,
+                  shown: str | None = None) -> tuple[list[dict], list[int]]:
     """The step-round records join() makes of a runs file's contents (read()), numbered after the
     row's last round in `pool` (the results files the table pools), each naming `source` and its
-    round there; and the rounds they take.
+    round there; and the rounds they take. Errors name the file as `shown` (default `source`).
 
     Raises:
       ValueError: `pool` already holds one of the runs (the same allocator's same step times).
@@ -443,7 +444,7 @@ def joined_rounds(data: dict, pool: results.Results, source: str) -> tuple[list[
     again = [held[f] for r in joined if (f := fingerprint(r, JOINED[r["variant"]])) in held]
     if again:
         raise ValueError(f"{again[0]} already holds {again.count(again[0])} of the "
-                         f"{len(joined)} runs of {source} (the same step times)")
+                         f"{len(joined)} runs of {shown or source} (the same step times)")
     same_row = [r["round"] for r in pool.rounds.values()
                 if (r["workload"], r["cap_gib"], r["dim"], r["size"])
                 == (row["workload"], row["cap_gib"], row["dim"], row["size"])]

@@ -7,23 +7,27 @@ ran. So what narrows an undecided interval is rounds on machines the row has not
 machines first (verdicts.wanted() orders the rows so).
 
   python -m benchmarks.capacity.next_rounds list RESULTS... [--card-gib G] [--machine BOOT_ID]
-      (any machine) the rows not yet decided that a card of G GiB can run (default: this
-      machine's GPU, from nvidia-smi), in the order `run` takes them, each with why.
+      (any machine; without a GPU, name --card-gib) the rows not yet decided that a card of G GiB
+      can run (default: this machine's first GPU, from nvidia-smi), in the order `run` takes
+      them, each with why; rows with a size all three allocators fit but no step round come
+      first.
   python -m benchmarks.capacity.next_rounds run RESULTS... --out-dir DIR [--rows N] [--rounds 3]
       [--budget-s 540] [--timeout-s 150] [--card-gib G]
       (on the GPU machine; benchmarks/gpu/run.sh item `steprounds`) runs, row after row in that
       order, --rounds rounds of torch native, torch expandable and vramledger's default
       (conf_rounds.run_rounds, one process each in rotating order) until the budget ends, each
       row's runs in DIR/BOOT-WORKLOAD-CAP-DIM-SIZE.json (BOOT: the first 8 digits of this boot's
-      id; a file there of this boot resumes, its runs not run again); then, last, the verdicts
-      of the rows it ran before and after pooling the new runs with RESULTS (the files in DIR
-      that RESULTS already hold are left out of the pool, with a note), and the commands that
-      join them for good (conf_rounds join).
+      id, which it refuses to run without; a file there of this boot resumes: its runs with an
+      answer are not run again, a failed one is); then, last, the verdicts of the rows of every
+      file in DIR before and after pooling its runs with RESULTS (a file RESULTS already holds,
+      or that cannot be read, is left out of the pool with a note), and the commands that join
+      them for good (conf_rounds join, from a folder step-rounds/ beside the first RESULTS).
 
 RESULTS are capacity results files as `python -m benchmarks.capacity --table-only --resume` reads
 them; the join commands join into the first and pool with the rest. Exit status 0 (also when the
-budget ended before the rows it listed), 1 when a run failed or did not fit, or a results file
-cannot be read; 2 on bad arguments (also when the card's memory cannot be found).
+budget ended before the rows it listed), 1 when a run failed or did not fit, a row's runs file
+could not be used, a results file cannot be read, or the reader closed the output early (`|
+head`); 2 on bad arguments (also when the card's memory or the boot's id cannot be found).
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ from benchmarks.capacity import conf_rounds, results, table, trial, verdicts
 from benchmarks.capacity.results import Results
 from benchmarks.capacity.workloads import WORKLOADS
 
-VARIANTS = ["torch", "torch-expandable", conf_rounds.DEFAULT]  # the step rounds' three allocators
+VARIANTS = ("torch", "torch-expandable", conf_rounds.DEFAULT)  # the step rounds' three allocators
 SEQ_STEP = 64  # the searches' sequence grid (python -m benchmarks.capacity --seq-step)
+DIMS = ("batch", "seq")
 
 
 def card_gib() -> float:
@@ -68,41 +73,50 @@ def load(paths: list[str]) -> Results:
     return pool
 
 
-def runs_path(out_dir: str, boot: str | None, w: verdicts.Wanted) -> str:
-    prefix = (boot or "unknown")[:8]
-    return os.path.join(out_dir, f"{prefix}-{w.workload}-{w.cap_gib:g}-{w.dim}-{w.size}.json")
+def runs_path(out_dir: str, boot: str, w: verdicts.Wanted) -> str:
+    """The runs file of row `w` on the machine of kernel boot id `boot`."""
+    return os.path.join(out_dir, f"{boot[:8]}-{w.workload}-{w.cap_gib:g}-{w.dim}-{w.size}.json")
 
 
-def run_wanted(pool: Results, want: list[verdicts.Wanted], out_dir: str, boot: str | None,
-               rounds: int, budget_s: float, timeout_s: float,
+def run_wanted(want: list[verdicts.Wanted], out_dir: str, boot: str, rounds: int,
+               budget_s: float, timeout_s: float,
                run: Callable[[conf_rounds.Variant, str, float, str, int, float], dict],
                log: Callable[[str], None] = print) -> tuple[list[str], int]:
     """Runs the rounds of each row of `want` in turn into its runs file (runs_path()) until the
-    budget ends; returns the files written and how many runs failed or did not fit.
-    `run(variant, workload, cap_gib, dim, size, timeout_s)` runs one trial."""
+    budget ends; returns the rows (Wanted.task()) where a run ran, and how many runs failed or
+    did not fit, plus one for each row whose runs file could not be used (named in the log).
+    `run(variant, workload, cap_gib, dim, size, timeout_s)` runs one trial; a run the budget cut
+    short is not a failure (conf_rounds.run_rounds does not keep it)."""
     start = time.monotonic()
-    written, bad = [], 0
+    ran, bad = [], 0
     for w in want:
         left = budget_s - (time.monotonic() - start)
         if left < min(timeout_s, 60.0):
             log(f"next rounds: the budget ended before {w.task()}")
             break
         path = runs_path(out_dir, boot, w)
-        runs = conf_rounds.Runs(path, {"workload": w.workload, "cap_gib": float(w.cap_gib),
-                                       "dim": w.dim, "size": w.size})
+        try:
+            runs = conf_rounds.Runs(path, {"workload": w.workload, "cap_gib": float(w.cap_gib),
+                                           "dim": w.dim, "size": w.size})
+        except ValueError as e:  # names the file
+            log(f"next rounds: {w.task()} not run: {e}")
+            bad += 1
+            continue
         log(f"next rounds: {w.task()} ({w.reason()}) into {path}")
+        calls = 0
 
         def one(variant: conf_rounds.Variant, t: float, w=w) -> dict:
-            nonlocal bad
+            nonlocal bad, calls
+            calls += 1
             record = run(variant, w.workload, w.cap_gib, w.dim, w.size, t)
             bad += record.get("fits") is not True and not (
                 record.get("timed_out") and t < timeout_s)  # the budget's cut is not a failure
             return record
 
-        conf_rounds.run_rounds(runs, VARIANTS, rounds, one, left, timeout_s, log=log)
-        if runs.runs:
-            written.append(path)
-    return written, bad
+        conf_rounds.run_rounds(runs, list(VARIANTS), rounds, one, left, timeout_s, log=log)
+        if calls:
+            ran.append(w.task())
+    return ran, bad
 
 
 def pooled_with(pool: Results, files: list[str],
@@ -116,7 +130,7 @@ def pooled_with(pool: Results, files: list[str],
     for path in files:
         try:
             records, _ = conf_rounds.joined_rounds(conf_rounds.read(path), after,
-                                                   os.path.basename(path))
+                                                   os.path.basename(path), shown=path)
         except ValueError as e:
             log(f"next rounds: {os.path.basename(path)} left out of the pool: {e}")
             continue
@@ -170,20 +184,21 @@ def main(argv=None) -> int:
     lister.add_argument("--machine", default=None, metavar="BOOT_ID",
                         help="the machine that would run them (its kernel boot id): the rows it "
                              "ran already come last")
-    runner.add_argument("--out-dir", required=True)
+    runner.add_argument("--out-dir", required=True,
+                        help="a folder for the runs files (and those of earlier calls to pool)")
     runner.add_argument("--rows", type=int, default=None, help="at most N rows (default: all)")
     runner.add_argument("--rounds", type=int, default=3, help="rounds per row (default 3)")
-    runner.add_argument("--budget-s", type=float, default=540.0)
-    runner.add_argument("--timeout-s", type=float, default=150.0, help="per trial process")
+    runner.add_argument("--budget-s", type=float, default=540.0,
+                        help="seconds for all the rows' runs (default 540)")
+    runner.add_argument("--timeout-s", type=float, default=150.0,
+                        help="seconds per trial process (default 150)")
     a = ap.parse_args(argv)
     if a.command == "run":
-        if a.rounds < 1 or (a.rows is not None and a.rows < 1):
-            ap.error(f"--rounds and --rows must be at least 1, got {a.rounds} and {a.rows}")
-        for flag, value in (("--timeout-s", a.timeout_s), ("--budget-s", a.budget_s)):
-            if not 0 < value < math.inf:
-                ap.error(f"{flag} must be a number of seconds above 0, got {value:g}")
-        if not os.path.isdir(a.out_dir):
-            ap.error(f"--out-dir {a.out_dir}: not a folder")
+        conf_rounds.check_run_flags(ap, a)
+        if a.rows is not None and a.rows < 1:
+            ap.error(f"--rows must be at least 1, got {a.rows}")
+        if not os.path.isdir(a.out_dir) or not os.access(a.out_dir, os.W_OK):
+            ap.error(f"--out-dir {a.out_dir}: not a folder that can be written")
     if a.card_gib is not None and not 0 < a.card_gib < math.inf:
         ap.error(f"--card-gib must be above 0, got {a.card_gib:g}")
     for path in a.results:
@@ -198,9 +213,18 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:
         print(f"next rounds: {e}", file=sys.stderr)
         return 1
-    rows = sorted(pool.groups(), key=table.row_order)
+    unknown = sorted({g for g in pool.groups() if g[0] not in WORKLOADS or g[2] not in DIMS},
+                     key=str)
+    if unknown:
+        print(f"next rounds: left out the records of rows it does not know: "
+              f"{', '.join(f'{w} {c:g} {d}' for w, c, d in unknown)}", file=sys.stderr)
+    rows = sorted(pool.groups() - set(unknown), key=table.row_order)
     before = verdicts.comparisons(pool, rows, SEQ_STEP)
     boot = a.machine if a.command == "list" else trial.host_facts()["boot_id"]
+    if a.command == "run" and not boot:
+        ap.error("this machine's kernel boot id (/proc/sys/kernel/random/boot_id) cannot be "
+                 "read: the runs files are named by it, so that another machine's are not "
+                 "resumed as this one's")
     want = verdicts.wanted(before, card, boot)
     if a.command == "run" and a.rows is not None:
         want = want[:a.rows]
@@ -211,29 +235,31 @@ def main(argv=None) -> int:
         return 0
 
     def one(variant, workload, cap, dim, size, timeout_s):
-        return trial.run_trial(workload, variant.allocator, cap, dim, size, timeout_s)
+        return trial.run_trial(workload, variant.allocator, cap, dim, size, timeout_s,
+                               conf=variant.conf, plugin=variant.plugin,
+                               extra_env=dict(variant.env))
 
-    written, bad = run_wanted(pool, want, a.out_dir, boot, a.rounds, a.budget_s, a.timeout_s,
-                              one)
+    ran, bad = run_wanted(want, a.out_dir, boot, a.rounds, a.budget_s, a.timeout_s, one)
     files = sorted(glob.glob(os.path.join(a.out_dir, "*.json")))
     after, joined = pooled_with(pool, files)
     if not joined:
         print("\nno runs to pool with the records")
     else:
-        ran = {(r["workload"], r["cap_gib"], r["dim"], r["size"])
-               for k, r in after.rounds.items() if after.round_files.get(k) in joined}
+        pooled_rows = {(r["workload"], r["cap_gib"], r["dim"], r["size"])
+                       for k, r in after.rounds.items() if after.round_files.get(k) in joined}
         now = verdicts.comparisons(after, rows, SEQ_STEP)
-        print(f"\nThe verdicts on the rows run, before and after pooling {len(joined)} file(s) "
-              f"of {a.out_dir} with the records:\n")
-        print(before_after(before, now, ran))
+        print(f"\nThe verdicts on the rows of {len(joined)} file(s) of {a.out_dir}, before and "
+              f"after pooling their runs with the records:\n")
+        print(before_after(before, now, pooled_rows))
         print(f"\nEvery row after pooling, {verdicts.counts(now)}.")
-        home = os.path.dirname(a.results[0]) or "."
+        into = os.path.join(os.path.dirname(a.results[0]), "step-rounds")
         pooled = "".join(f" --pooled-with {p}" for p in a.results[1:])
-        print(f"\nTo join them for good, copy each file under {home} and run:")
+        print(f"\nTo join them for good, with each file copied into {into}/:")
         for path in joined:
-            print(f"  python -m benchmarks.capacity.conf_rounds join {home}/.../"
-                  f"{os.path.basename(path)} {a.results[0]}{pooled}")
-    print(f"next rounds: {len(written)} row(s) ran, {bad} run(s) failed or did not fit")
+            print(f"  python -m benchmarks.capacity.conf_rounds join "
+                  f"{os.path.join(into, os.path.basename(path))} {a.results[0]}{pooled}")
+    print(f"next rounds: runs ran on {len(ran)} row(s)"
+          + (f" ({', '.join(ran)})" if ran else "") + f"; {bad} failed or did not fit")
     return 1 if bad else 0
 
 

@@ -23,7 +23,7 @@ import collections
 import dataclasses
 from typing import Iterable
 
-from benchmarks.capacity import step_rounds, table
+from benchmarks.capacity import machines, step_rounds, table
 from benchmarks.capacity.results import Results
 from benchmarks.capacity.workloads import WORKLOADS
 
@@ -32,11 +32,11 @@ MEASURES = ("median", "total")
 VERDICTS = ("not above", "undecided", "above", "too few rounds")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Comparison:
     """vramledger's step over one torch allocator's on one row: per measure, the paired rounds'
     machines (step_rounds.machine(); None where a record names none) and the interval (None
-    below two rounds)."""
+    below two rounds; a row with no paired round has none)."""
     workload: str
     cap_gib: float
     dim: str
@@ -46,42 +46,36 @@ class Comparison:
     bounds: dict[str, Bounds | None]  # measure -> (estimate, low, high)
 
     def verdict(self, measure: str) -> str:
+        """The verdict by `measure` (step_rounds.verdict(): "too few rounds" below two)."""
         return step_rounds.verdict(self.bounds[measure])
 
     @property
     def rounds(self) -> int:
         return len(self.machines["median"])
 
-    def machine_count(self, measure: str = "median") -> int:
-        """How many machines the interval counts (a run that names none counts as its own)."""
-        on = list(self.machines[measure])
-        return len(set(step_rounds.cluster_keys(on, len(on))))
-
     def named_machines(self) -> set[str | None]:
         """The machines the rounds ran on, the runs that name none as one (None)."""
         return set(self.machines["median"])
 
     def decided(self) -> bool:
+        """Whether both measures give "not above" or "above"."""
         return all(self.verdict(m) in ("not above", "above") for m in MEASURES)
 
 
 def comparisons(results: Results, rows: Iterable[tuple[str, float, str]],
                 seq_step: int) -> list[Comparison]:
     """Every comparison of vramledger's step with a torch allocator's on the rows given, in their
-    order, where the row has paired rounds at its common size."""
+    order, where the row has a size all three allocators fit (table.common_size); a row without
+    paired rounds there gives comparisons of no rounds."""
     found = []
     for workload, cap, dim in rows:
         size, runs = step_rounds.row_runs(results, workload, cap, dim, seq_step)
-        if not size or not runs["vramledger"]:
+        if not size:
             continue
         for of, against in step_rounds.RATIOS:
-            if of != "vramledger":
+            if of != "vramledger":  # torch's own two allocators' ratio has no verdict
                 continue
-            rounds = step_rounds.round_ratios(runs, of, against)
-            if not rounds:
-                continue
-            pairs = {"median": [(x, on) for _, on, x, _ in rounds],
-                     "total": [(x, on) for _, on, _, x in rounds if x is not None]}
+            pairs = dict(machines.measures(runs, of, against))
             found.append(Comparison(
                 workload, cap, dim, size, against,
                 machines={m: tuple(on for _, on in p) for m, p in pairs.items()},
@@ -108,10 +102,12 @@ def cell(c: Comparison, measure: str) -> str:
 
 
 def rounds_text(c: Comparison) -> str:
-    """"11 (2 machines)", "22 (1 machine; 6 not recorded)", "3 (not recorded)": the paired rounds,
-    the machines that ran them and the rounds whose records name none (the interval counts each
-    of those as a machine of its own); a total over fewer rounds says so."""
+    """"11 (2 machines)", "22 (1 machine; 6 not recorded)", "3 (not recorded)", "none": the paired
+    rounds, the machines that ran them and the rounds whose records name none (the interval counts
+    each of those as a machine of its own); a total over fewer rounds says so."""
     on = c.machines["median"]
+    if not on:
+        return "none"
     named = len(set(on) - {None})
     unknown = sum(m is None for m in on)
     parts = ([f"{named} machine{'s' if named > 1 else ''}"] if named else []) + (
@@ -153,19 +149,24 @@ class Wanted:
         return f"{self.workload} {self.cap_gib:g} {self.dim} {self.size}"
 
     def reason(self) -> str:
+        """The rounds of the comparison with the fewest machines (and rounds), then what is
+        undecided: "rounds
+        11 (2 machines); undecided against torch native by the median and the total"."""
+        fewest = min(self.undecided, key=lambda c: (len(c.named_machines()), c.rounds))
         said = []
         for c in self.undecided:
             how = [m for m in MEASURES if c.verdict(m) not in ("not above", "above")]
             said.append(f"{table.NAMES[c.against]} by the {' and the '.join(how)}")
-        return (f"rounds {rounds_text(self.undecided[0])}; undecided against " + ", ".join(said)
+        return (f"rounds {rounds_text(fewest)}; undecided against " + ", ".join(said)
                 + ("; this machine ran it already" if self.ran_here else ""))
 
 
 def wanted(found: list[Comparison], card_gib: float, machine: str | None = None) -> list[Wanted]:
     """The rows with a comparison not yet decided (undecided, or too few rounds, by either
     measure) whose cap fits a card of `card_gib` GiB, the fewest machines first (the module's
-    docstring says why), then the most such comparisons; a row `machine` ran rounds of already
-    comes after every other."""
+    docstring says why; a row without rounds first of all), then the most such comparisons; a row
+    `machine` ran rounds of already (a kernel boot id, or its start as the tables print it) comes
+    after every other."""
     by_row: dict[tuple[str, float, str, int], list[Comparison]] = {}
     for c in found:
         by_row.setdefault((c.workload, c.cap_gib, c.dim, c.size), []).append(c)
@@ -174,7 +175,9 @@ def wanted(found: list[Comparison], card_gib: float, machine: str | None = None)
         open_ = tuple(c for c in cs if not c.decided())
         if not open_ or cap > card_gib:
             continue
-        ran_here = machine is not None and any(machine in c.named_machines() for c in cs)
+        ran_here = bool(machine) and any(
+            m is not None and m.lower().startswith(machine.lower())
+            for c in cs for m in c.named_machines())
         rows.append(Wanted(workload, cap, dim, size,
                            min(len(c.named_machines()) for c in open_), open_, ran_here))
     order = list(WORKLOADS)

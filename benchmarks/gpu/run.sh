@@ -192,12 +192,16 @@ prepare() {
     xargs -r -I{} cp -n {} "$LIBDIR/"
   # Debug info stays here: the carried folder must stay under the device call's 64 MiB.
   find "$LIBDIR" -type f -exec strip --strip-debug {} \;
-  # The commit built (with "-dirty" where tracked files differ from it): the capacity trials'
-  # records name their vramledger build by it (CAPACITY_LIBRARY).
-  { git -C "$ROOT" rev-parse --short=7 HEAD 2>/dev/null || echo unknown; } | tr -d '\n' \
-    > "$LIBDIR/COMMIT"
-  git -C "$ROOT" diff --quiet HEAD 2>/dev/null || printf -- '-dirty' >> "$LIBDIR/COMMIT"
-  echo >> "$LIBDIR/COMMIT"
+  # The checkout's commit (with "-dirty" where tracked files differ from it; with PREBUILT, the
+  # tree must have been built from this checkout): the capacity trials' records name their
+  # vramledger build by it (CAPACITY_LIBRARY). "unknown" outside a git checkout.
+  local commit
+  if commit="$(git -C "$ROOT" rev-parse --short=7 HEAD 2>/dev/null)"; then
+    git -C "$ROOT" diff --quiet HEAD || commit="$commit-dirty"
+  else
+    commit=unknown
+  fi
+  echo "$commit" > "$LIBDIR/COMMIT"
   echo "--- $PLUGIN"
   readelf -d "$PLUGIN" | grep -E 'NEEDED|RPATH|RUNPATH'
   # Every NEEDED library outside torch's and the system's must sit beside the plugin.
@@ -352,9 +356,10 @@ capprofile() {
 steprounds() {
   local results="${STEPROUNDS_RESULTS:-}" mib
   if [ -z "$results" ]; then
-    mib="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)"
+    mib="$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null |
+      head -1)"
     results="docs/results/capacity-h100-step-rounds.json docs/results/capacity-h200-results.json"
-    [ "${mib:-0}" -gt 100000 ] &&
+    [[ "$mib" =~ ^[0-9]+$ ]] && [ "$mib" -gt 100000 ] &&
       results="docs/results/capacity-h200-results.json docs/results/capacity-h100-step-rounds.json"
   fi
   mkdir -p "$OUT/steprounds"
@@ -428,7 +433,8 @@ details() {
     capacity) sed -n '/^capacity (/,$p' "$f" ;;
     capprofile) sed -n '/^profiled steps/,$p' "$f" ;;
     confrounds) sed -n '/^conf rounds of /,$p' "$f" ;;
-    steprounds) sed -n '/^\(The verdicts on the rows run\|no runs to pool\)/,$p' "$f" ;;
+    steprounds) grep "left out of the pool\|not run: " "$f"
+                sed -n '/^\(The verdicts on the rows of\|no runs to pool\)/,$p' "$f" ;;
     mapcost) sed -n '/^mapping cost, /,$p' "$f" ;;
     fuzz_long) grep -E "^fuzz_long" "$f" ;;
   esac
@@ -459,7 +465,8 @@ run_items() {
   fi
   export PYTHONUNBUFFERED=1 VRAMLEDGER_PLUGIN="$PLUGIN"
   if [ -z "${CAPACITY_LIBRARY:-}" ] && [ -f "$LIBDIR/COMMIT" ]; then
-    export CAPACITY_LIBRARY="$(cat "$LIBDIR/COMMIT")"
+    CAPACITY_LIBRARY="$(cat "$LIBDIR/COMMIT")"
+    export CAPACITY_LIBRARY
   fi
   export PYTHONPATH="$ROOT/torch_plugin/python${PYTHONPATH:+:$PYTHONPATH}"
   cd "$ROOT"

@@ -5,6 +5,7 @@ trial and the verdicts before and after pooling the new runs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pathlib
@@ -40,8 +41,8 @@ def test_each_comparison_has_a_verdict_by_the_median_and_by_the_total():
     expandable ("not above"); the table gives the counts first, then a line per comparison."""
     results = rounds_of([0.5] * 4, [0.55] * 4, [0.55] * 4, [BOOT, BOOT, OTHER_BOOT, None])
     found = verdicts.comparisons(results, [ROW], 64)
-    assert [(c.against, c.rounds, c.machine_count()) for c in found] == [
-        ("torch", 4, 3), ("torch-expandable", 4, 3)]  # the unnamed round counts as its own
+    assert [(c.against, c.rounds, len(c.named_machines())) for c in found] == [
+        ("torch", 4, 3), ("torch-expandable", 4, 3)]  # two boot ids and "not recorded"
     native, expandable = found
     assert native.bounds["median"] == pytest.approx((1.1, 1.1, 1.1))
     assert [native.verdict(m) for m in verdicts.MEASURES] == ["above", "above"]
@@ -92,7 +93,7 @@ def test_the_rows_wanted_fewest_machines_first_and_the_asking_machines_last():
         comparison("llama1b-ckpt", 24, "batch", "torch", ["a"], NOT_ABOVE),  # decided
         comparison("llama1b-lora", 24, "seq", "torch", ["z"], (1.1, 0.9, 1.3)),
     ]
-    assert found[4].machine_count() == 3  # the interval counts each unnamed round
+    assert found[4].named_machines() == {None}  # one here; the interval counts each round
     want = verdicts.wanted(found, card_gib=140.0)
     assert [w.task() for w in want] == ["gpt2m 80 batch 4", "llama1b-lora 24 seq 4",
                                         "gpt2m 24 batch 4", "llama1b 24 batch 4"]
@@ -100,14 +101,16 @@ def test_the_rows_wanted_fewest_machines_first_and_the_asking_machines_last():
                                 "median and the total, torch expandable by the median and the "
                                 "total")
     # An H100's 79.6 GiB cannot run the 80 GiB cap; machine "z" ran the LoRA row already.
-    want = verdicts.wanted(found, card_gib=79.6, machine="z")
+    want = verdicts.wanted(found, card_gib=79.6, machine="Z")  # the start of its id, any case
     assert [w.task() for w in want] == ["gpt2m 24 batch 4", "llama1b 24 batch 4",
                                         "llama1b-lora 24 seq 4"]
     assert want[-1].ran_here and want[-1].reason().endswith("; this machine ran it already")
-    # Too few rounds is not decided either.
-    few = [comparison("gpt2m", 24, "seq", "torch", ["a"], None)]
+    # Too few rounds is not decided either; with as many machines, the more undecided first.
+    few = [comparison("gpt2m", 24, "seq", "torch", ["a"], None),
+           comparison("llama1b", 24, "seq", "torch", ["b"], UNDECIDED),
+           comparison("llama1b", 24, "seq", "torch-expandable", ["b"], UNDECIDED)]
     assert few[0].verdict("median") == "too few rounds"
-    assert [w.task() for w in verdicts.wanted(few, 80)] == ["gpt2m 24 seq 4"]
+    assert [w.task() for w in verdicts.wanted(few, 80)] == ["llama1b 24 seq 4", "gpt2m 24 seq 4"]
 
 
 def test_the_tables_command_prints_the_verdicts_alone(tmp_path, capsys):
@@ -149,6 +152,20 @@ def wanted_row(results) -> list[verdicts.Wanted]:
     return verdicts.wanted(verdicts.comparisons(results, [ROW], 64), 80.0)
 
 
+def test_a_row_without_step_rounds_is_wanted_first():
+    """A row whose searches found a size all three fit, but with no step round, has comparisons
+    of no rounds ("too few rounds"), and comes before a row with rounds on one machine."""
+    found = verdicts.comparisons(searched(), [ROW], 64)
+    assert [(c.against, c.rounds, c.verdict("median")) for c in found] == [
+        ("torch", 0, "too few rounds"), ("torch-expandable", 0, "too few rounds")]
+    assert verdicts.rounds_text(found[0]) == "none"
+    assert "| torch native | none | too few rounds (0) | too few rounds (0) |" in \
+        verdicts.verdicts_table(found)
+    other = comparison("llama1b", 24, "batch", "torch", ["a"], UNDECIDED)
+    assert [w.task() for w in verdicts.wanted(found + [other], 80)] == [
+        "gpt2m 24 batch 4", "llama1b 24 batch 4"]
+
+
 def test_the_wanted_rows_run_into_a_file_of_this_boot_and_pool_after(tmp_path):
     """Two rounds on two machines leave vramledger against torch native undecided; three rounds
     on a third machine, 10% slower every round, pooled: the interval narrows (a third machine),
@@ -157,15 +174,17 @@ def test_the_wanted_rows_run_into_a_file_of_this_boot_and_pool_after(tmp_path):
     want = wanted_row(before)
     assert [w.task() for w in want] == ["gpt2m 24 batch 4"]
     stand_in = Trial()
-    written, bad = next_rounds.run_wanted(before, want, str(tmp_path), BOOT, 3, 1e9, 100.0,
-                                          stand_in, log=lambda _: None)
-    assert bad == 0 and written == [str(tmp_path / "77d062bb-gpt2m-24-batch-4.json")]
+    ran, bad = next_rounds.run_wanted(want, str(tmp_path), BOOT, 3, 1e9, 100.0, stand_in,
+                                      log=lambda _: None)
+    assert (ran, bad) == (["gpt2m 24 batch 4"], 0)
+    written = [str(tmp_path / "77d062bb-gpt2m-24-batch-4.json")]
     assert len(stand_in.calls) == 9  # three rounds of three allocators
     data = conf_rounds.read(written[0])
     assert data["row"] == {"workload": "gpt2m", "cap_gib": 24.0, "dim": "batch", "size": 4}
+    held = copy.deepcopy((before.rounds, before.round_files))
     after, joined = next_rounds.pooled_with(before, written, log=lambda _: None)
     assert joined == written and len(after.rounds) == len(before.rounds) + 9
-    assert len(before.rounds) == 6  # the pool itself is not changed
+    assert (before.rounds, before.round_files) == held  # the pool itself is not changed
     rows = {("gpt2m", 24.0, "batch", 4)}
     text = next_rounds.before_after(verdicts.comparisons(before, [ROW], 64),
                                     verdicts.comparisons(after, [ROW], 64), rows)
@@ -179,8 +198,8 @@ def test_the_wanted_rows_run_into_a_file_of_this_boot_and_pool_after(tmp_path):
     assert low0 < low1 < 1.02 < high1 < high0  # narrower, still across the limit
     # A second call on the same boot resumes its file: nothing runs again.
     stand_in = Trial()
-    next_rounds.run_wanted(before, want, str(tmp_path), BOOT, 3, 1e9, 100.0, stand_in,
-                           log=lambda _: None)
+    assert next_rounds.run_wanted(want, str(tmp_path), BOOT, 3, 1e9, 100.0, stand_in,
+                                  log=lambda _: None) == ([], 0)
     assert stand_in.calls == []
     # A file the pool already holds is left out, with a note.
     notes = []
@@ -191,9 +210,19 @@ def test_the_wanted_rows_run_into_a_file_of_this_boot_and_pool_after(tmp_path):
 def test_a_failed_run_counts_and_the_budget_ends_the_rows_quietly(tmp_path):
     results = rounds_of([0.5, 0.5], [0.5, 0.5], [0.5, 0.56], [OTHER_BOOT, "second"])
     want = wanted_row(results)
-    _, bad = next_rounds.run_wanted(results, want, str(tmp_path), BOOT, 1, 1e9, 100.0,
+    _, bad = next_rounds.run_wanted(want, str(tmp_path), BOOT, 1, 1e9, 100.0,
                                     Trial(fail="torch-expandable"), log=lambda _: None)
     assert bad == 1
+    # A run that did not fit counts; one the budget cut short (its timeout below --timeout-s)
+    # does not, one that ran out its whole --timeout-s does.
+    for record, timeout_s, counts in (({"fits": False, "step_s": [9.0]}, 100.0, 1),
+                                      ({"fits": None, "timed_out": True}, 100.0, 1),
+                                      ({"fits": None, "timed_out": True}, 1e9, 0)):
+        folder = tmp_path / f"case-{timeout_s}-{record['fits']}"
+        folder.mkdir()
+        _, bad = next_rounds.run_wanted(want, str(folder), BOOT, 1, 1e9, timeout_s,
+                                        lambda *args, r=record: dict(r), log=lambda _: None)
+        assert bad == 3 * counts, record
     # A file whose every run failed has nothing to pool.
     failed_dir = tmp_path / "failed"
     failed_dir.mkdir()
@@ -202,16 +231,27 @@ def test_a_failed_run_counts_and_the_budget_ends_the_rows_quietly(tmp_path):
         def __call__(self, variant, *row):
             return {"fits": None, "error": "exit 1: no GPU"}
 
-    written, bad = next_rounds.run_wanted(results, want, str(failed_dir), BOOT, 1, 1e9, 100.0,
-                                          Failing(), log=lambda _: None)
-    assert bad == 3 and len(written) == 1
+    ran, bad = next_rounds.run_wanted(want, str(failed_dir), BOOT, 1, 1e9, 100.0, Failing(),
+                                      log=lambda _: None)
+    assert bad == 3 and ran == ["gpt2m 24 batch 4"]
     notes = []
-    _, joined = next_rounds.pooled_with(results, written, log=notes.append)
+    _, joined = next_rounds.pooled_with(results, [str(p) for p in failed_dir.iterdir()],
+                                        log=notes.append)
     assert joined == [] and "no run of torch, torch-expandable, default" in notes[0], notes
     said = []
-    written, bad = next_rounds.run_wanted(results, want, str(tmp_path / "none"), BOOT, 1, 10.0,
-                                          100.0, Trial(), log=said.append)
-    assert (written, bad) == ([], 0) and "the budget ended before gpt2m 24 batch 4" in said[0]
+    ran, bad = next_rounds.run_wanted(want, str(tmp_path / "none"), BOOT, 1, 10.0, 100.0,
+                                      Trial(), log=said.append)
+    assert (ran, bad) == ([], 0) and "the budget ended before gpt2m 24 batch 4" in said[0]
+    # A runs file that cannot be used (not JSON) is named, counted, and the rows go on.
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    (bad_dir / "77d062bb-gpt2m-24-batch-4.json").write_text("{")
+    said = []
+    ran, bad = next_rounds.run_wanted(want + want, str(bad_dir), BOOT, 1, 1e9, 100.0, Trial(),
+                                      log=said.append)
+    assert (ran, bad) == ([], 2)
+    assert said[0].startswith("next rounds: gpt2m 24 batch 4 not run: ") and \
+        "not a readable runs file" in said[0]
 
 
 def test_the_list_command_and_bad_arguments(tmp_path, capsys):
@@ -231,7 +271,10 @@ def test_the_list_command_and_bad_arguments(tmp_path, capsys):
             (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path / "x")],
              "not a folder"),
             (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path), "--rounds",
-              "0"], "at least 1"),
+              "0"], "--rounds must be at least 1"),
+            (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path), "--rows",
+              "0"], "--rows must be at least 1"),
+            (["run", str(path), "--card-gib", "80", "--out-dir", str(path)], "not a folder"),
             (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path), "--budget-s",
               "nan"], "--budget-s must be a number of seconds above 0")):
         with pytest.raises(SystemExit) as e:
@@ -240,6 +283,17 @@ def test_the_list_command_and_bad_arguments(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert next_rounds.main(["list", str(tmp_path / "bad.json"), "--card-gib", "80"]) == 1
     assert "not a capacity results file" in capsys.readouterr().err
+    # The machine that would run them: the start of its boot id, as the tables print it.
+    assert next_rounds.main(["list", str(path), "--card-gib", "80", "--machine", "3EC416AD"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("; this machine ran it already)")
+    # A record of a workload it does not know is left out, with a note.
+    doc = json.loads(path.read_text())
+    doc["trials"].append(dict(doc["trials"][0], workload="nope"))
+    path.write_text(json.dumps(doc))
+    assert next_rounds.main(["list", str(path), "--card-gib", "80"]) == 0
+    out, err = capsys.readouterr()
+    assert "left out the records of rows it does not know: nope 24 batch" in err
+    assert out.startswith("1 row(s) not yet decided")
 
 
 def test_the_run_command_runs_pools_and_prints_the_join_commands(tmp_path, capsys,
@@ -251,9 +305,12 @@ def test_the_run_command_runs_pools_and_prints_the_join_commands(tmp_path, capsy
     results.save()
     other.write_text(json.dumps({"trials": []}))
     stand_in = Trial()
-    monkeypatch.setattr(trial, "run_trial",
-                        lambda w, allocator, cap, dim, size, t: stand_in(
-                            conf_rounds.Variant(allocator), w, cap, dim, size, t))
+
+    def run_trial(w, allocator, cap, dim, size, t, conf, plugin, extra_env):
+        variant = conf_rounds.Variant(allocator, conf, plugin, tuple(extra_env.items()))
+        return stand_in(variant, w, cap, dim, size, t)
+
+    monkeypatch.setattr(trial, "run_trial", run_trial)
     monkeypatch.setattr(trial, "host_facts", lambda: {"boot_id": BOOT})
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -261,13 +318,24 @@ def test_the_run_command_runs_pools_and_prints_the_join_commands(tmp_path, capsy
                              str(out_dir), "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     assert len(stand_in.calls) == 6
-    assert "The verdicts on the rows run, before and after pooling 1 file(s)" in out
+    assert f"The verdicts on the rows of 1 file(s) of {out_dir}, before and after pooling" in out
     assert ("| GPT-2-medium | 24 | batch | 4 | torch native | 2 (2 machines) -> 4 (3 machines) |"
             in out)
-    assert (f"conf_rounds join {tmp_path}/.../77d062bb-gpt2m-24-batch-4.json {path} "
+    assert (f"conf_rounds join {tmp_path}/step-rounds/77d062bb-gpt2m-24-batch-4.json {path} "
             f"--pooled-with {other}") in out
-    assert out.rstrip().endswith("next rounds: 1 row(s) ran, 0 run(s) failed or did not fit")
+    assert out.rstrip().endswith(
+        "next rounds: runs ran on 1 row(s) (gpt2m 24 batch 4); 0 failed or did not fit")
     assert os.listdir(out_dir) == ["77d062bb-gpt2m-24-batch-4.json"]
+    # A failed run makes the status 1; --rows 1 runs the first row only; no boot id, no run.
+    stand_in.fail = "vramledger"
+    monkeypatch.setattr(trial, "host_facts", lambda: {"boot_id": OTHER_BOOT})
+    assert next_rounds.main(["run", str(path), "--card-gib", "79.6", "--out-dir", str(out_dir),
+                             "--rounds", "1", "--rows", "1"]) == 1
+    assert "1 failed or did not fit" in capsys.readouterr().out
+    monkeypatch.setattr(trial, "host_facts", lambda: {"boot_id": None})
+    with pytest.raises(SystemExit) as e:
+        next_rounds.main(["run", str(path), "--card-gib", "79.6", "--out-dir", str(out_dir)])
+    assert e.value.code == 2 and "boot id" in capsys.readouterr().err
 
 
 def test_the_results_docs_verdict_table_is_the_records_own():
