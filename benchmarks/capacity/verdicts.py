@@ -1,9 +1,9 @@
 """The step rounds' verdicts on vramledger's step time, one line per comparison, and the rows that
 more rounds could decide.
 
-- comparisons(): per row with step rounds at its common size (table.common_size), vramledger's step
-  over each torch allocator's: the paired rounds (step_rounds.round_ratios), the machines they ran
-  on, and the interval and verdict (step_rounds.interval, step_rounds.verdict) by each run's
+- comparisons(): per row with a size all three allocators fit (table.common_size), vramledger's
+  step over each torch allocator's there: the paired rounds (step_rounds.round_ratios; none where
+  the row has no step rounds yet), the machines they ran on, and the interval and verdict (step_rounds.interval, step_rounds.verdict) by each run's
   steady median and by the steady steps' total.
 - verdicts_table() (`python -m benchmarks.capacity --table-only --verdicts`): the counts of each
   verdict by each measure, then those comparisons in one short table; the rounds table and the
@@ -95,6 +95,8 @@ def counts(found: list[Comparison]) -> str:
 
 
 def cell(c: Comparison, measure: str) -> str:
+    """"undecided: 1.023 (0.967 - 1.074)": the verdict by `measure` with the geometric mean and its
+    interval; "too few rounds (N)" below two."""
     bounds = c.bounds[measure]
     if bounds is None:
         return f"too few rounds ({len(c.machines[measure])})"
@@ -133,7 +135,7 @@ def verdicts_table(found: list[Comparison]) -> str:
     return "\n".join(lines)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Wanted:
     """A row whose step rounds are wanted, and why: its comparisons not yet decided."""
     workload: str
@@ -150,8 +152,8 @@ class Wanted:
 
     def reason(self) -> str:
         """The rounds of the comparison with the fewest machines (and rounds), then what is
-        undecided: "rounds
-        11 (2 machines); undecided against torch native by the median and the total"."""
+        undecided: "rounds 11 (2 machines); undecided against torch native by the median and the
+        total"."""
         fewest = min(self.undecided, key=lambda c: (len(c.named_machines()), c.rounds))
         said = []
         for c in self.undecided:
