@@ -67,6 +67,24 @@ def card_gib() -> float:
                          "--card-gib") from None
 
 
+def gpu_listed() -> bool:
+    """Whether nvidia-smi lists a GPU here."""
+    try:
+        return "GPU" in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                       timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def plugin_found() -> bool:
+    """Whether a vramledger trial finds its plugin: trials import the package from the checkout
+    (trial.py), which holds the plugin only where VRAMLEDGER_PLUGIN names a built one
+    (`run.sh prepare` builds it into .devbuild/lib, and run.sh sets the variable)."""
+    named = os.environ.get("VRAMLEDGER_PLUGIN")
+    return bool(named and os.path.isfile(named)) or os.path.isfile(os.path.join(
+        trial.ROOT, "torch_plugin", "python", "vramledger", "libvramledger_plugin.so"))
+
+
 def load(paths: list[str]) -> Results:
     pool = Results()
     pool.load(paths)
@@ -152,8 +170,8 @@ def before_after(before: list[verdicts.Comparison], after: list[verdicts.Compari
     """A line per comparison of `rows`: its rounds and machines, then by each measure the verdict
     and interval before and after."""
     old = {(c.workload, c.cap_gib, c.dim, c.size, c.against): c for c in before}
-    lines = ["| workload | cap GiB | dimension | size | vramledger / | rounds (machines), before "
-             "-> after | by the median, before -> after | by the total, before -> after |",
+    lines = ["| workload | cap GiB | dimension | size | vramledger against | rounds (machines), "
+             "before -> after | by the median, before -> after | by the total, before -> after |",
              "|---" * 8 + "|"]
     for c in after:
         if (c.workload, c.cap_gib, c.dim, c.size) not in rows:
@@ -197,10 +215,13 @@ def main(argv=None) -> int:
         conf_rounds.check_run_flags(ap, a)
         if a.rows is not None and a.rows < 1:
             ap.error(f"--rows must be at least 1, got {a.rows}")
-        if not os.path.isdir(a.out_dir) or not os.access(a.out_dir, os.W_OK):
-            ap.error(f"--out-dir {a.out_dir}: not a folder that can be written")
+        if not os.path.isdir(a.out_dir):
+            ap.error(f"--out-dir {a.out_dir}: " + ("not a folder" if os.path.exists(a.out_dir)
+                                                   else "does not exist (create it first)"))
+        if not os.access(a.out_dir, os.W_OK):
+            ap.error(f"--out-dir {a.out_dir}: cannot be written")
     if a.card_gib is not None and not 0 < a.card_gib < math.inf:
-        ap.error(f"--card-gib must be above 0, got {a.card_gib:g}")
+        ap.error(f"--card-gib must be a finite number of GiB above 0, got {a.card_gib:g}")
     for path in a.results:
         if not os.path.isfile(path):
             ap.error(f"{path}: " + ("not a file" if os.path.exists(path) else "no such file"))
@@ -208,6 +229,13 @@ def main(argv=None) -> int:
         card = a.card_gib if a.card_gib is not None else card_gib()
     except ValueError as e:
         ap.error(str(e))
+    if a.command == "run" and not gpu_listed():
+        ap.error("run needs a GPU, and nvidia-smi lists none here (`list` names the rows "
+                 "without one)")
+    if a.command == "run" and not plugin_found():
+        ap.error("the trials would find no vramledger plugin: set VRAMLEDGER_PLUGIN to a built "
+                 "libvramledger_plugin.so, or run `bash benchmarks/gpu/run.sh steprounds`, which "
+                 "sets it to the one `run.sh prepare` built")
     try:
         pool = load(a.results)
     except (OSError, ValueError) as e:
@@ -225,10 +253,16 @@ def main(argv=None) -> int:
         ap.error("this machine's kernel boot id (/proc/sys/kernel/random/boot_id) cannot be "
                  "read: the runs files are named by it, so that another machine's are not "
                  "resumed as this one's")
+    if a.command == "list" and boot and not any(
+            m and m.lower().startswith(boot.lower()) for c in before for m in c.named_machines()):
+        print(f"next rounds: no step round names machine {boot!r}: every row is new to it",
+              file=sys.stderr)
     want = verdicts.wanted(before, card, boot)
+    larger = len(verdicts.wanted(before, math.inf, boot)) - len(want)
     if a.command == "run" and a.rows is not None:
         want = want[:a.rows]
-    print(f"{len(want)} row(s) not yet decided that a card of {card:.1f} GiB can run, in order:")
+    print(f"{len(want)} row(s) not yet decided that a card of {card:.1f} GiB can run, in order"
+          + (f" ({larger} more need a larger card)" if larger else "") + ":")
     for w in want:
         print(f"  {w.task()}  ({w.reason()})")
     if a.command == "list":

@@ -58,6 +58,9 @@ class Results:
                     isinstance(aside.get(f, []), list) for f in ("trials", "step_rounds")):
                 raise ValueError(f"{p}: \"superseded\" is not an object with \"trials\" and "
                                  "\"step_rounds\" lists")
+            records = doc["trials"] + doc.get("step_rounds", [])
+            if not all(isinstance(r, dict) for r in records):
+                raise ValueError(f"{p}: a record that is not an object")
             try:
                 for r in doc["trials"]:
                     self.records[key(r["workload"], r["allocator"], r["cap_gib"], r["dim"],

@@ -126,7 +126,7 @@ def verdicts_table(found: list[Comparison]) -> str:
         return "No step rounds recorded at a size all three allocators fit."
     said = counts(found)
     lines = [f"{said[0].upper()}{said[1:]}.", "",
-             "| workload | cap GiB | dimension | size | vramledger / | rounds (machines) | "
+             "| workload | cap GiB | dimension | size | vramledger against | rounds (machines) | "
              "by the median | by the total |", "|---" * 8 + "|"]
     for c in found:
         lines.append(f"| {WORKLOADS[c.workload].title} | {c.cap_gib:g} | {c.dim} | {c.size} | "

@@ -267,9 +267,13 @@ def test_the_list_command_and_bad_arguments(tmp_path, capsys):
         "median and the total, torch expandable by the median and the total)"]
     for argv, says in (
             (["list", str(tmp_path / "no.json"), "--card-gib", "80"], "no such file"),
-            (["list", str(path), "--card-gib", "0"], "--card-gib must be above 0"),
+            (["list", str(path), "--card-gib", "0"], "--card-gib must be a finite number"),
+            (["list", str(path), "--card-gib", "inf"], "--card-gib must be a finite number"),
             (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path / "x")],
-             "not a folder"),
+             "does not exist (create it first)"),
+            # No GPU here (the run test stands one in): run refuses before any trial.
+            (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path)],
+             "run needs a GPU, and nvidia-smi lists none here"),
             (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path), "--rounds",
               "0"], "--rounds must be at least 1"),
             (["run", str(path), "--card-gib", "80", "--out-dir", str(tmp_path), "--rows",
@@ -283,6 +287,16 @@ def test_the_list_command_and_bad_arguments(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert next_rounds.main(["list", str(tmp_path / "bad.json"), "--card-gib", "80"]) == 1
     assert "not a capacity results file" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text('{"trials": ["a"]}')
+    assert next_rounds.main(["list", str(tmp_path / "bad.json"), "--card-gib", "80"]) == 1
+    assert "bad.json: a record that is not an object" in capsys.readouterr().err
+    # A card too small for the row's cap: the row is counted, not listed.
+    assert next_rounds.main(["list", str(path), "--card-gib", "20"]) == 0
+    assert capsys.readouterr().out == ("0 row(s) not yet decided that a card of 20.0 GiB can "
+                                       "run, in order (1 more need a larger card):\n")
+    # A machine no round names gets a note.
+    assert next_rounds.main(["list", str(path), "--card-gib", "80", "--machine", "zzz"]) == 0
+    assert "no step round names machine 'zzz'" in capsys.readouterr().err
     # The machine that would run them: the start of its boot id, as the tables print it.
     assert next_rounds.main(["list", str(path), "--card-gib", "80", "--machine", "3EC416AD"]) == 0
     assert capsys.readouterr().out.splitlines()[1].endswith("; this machine ran it already)")
@@ -311,6 +325,8 @@ def test_the_run_command_runs_pools_and_prints_the_join_commands(tmp_path, capsy
         return stand_in(variant, w, cap, dim, size, t)
 
     monkeypatch.setattr(trial, "run_trial", run_trial)
+    monkeypatch.setattr(next_rounds, "gpu_listed", lambda: True)
+    monkeypatch.setattr(next_rounds, "plugin_found", lambda: True)
     monkeypatch.setattr(trial, "host_facts", lambda: {"boot_id": BOOT})
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -336,6 +352,23 @@ def test_the_run_command_runs_pools_and_prints_the_join_commands(tmp_path, capsy
     with pytest.raises(SystemExit) as e:
         next_rounds.main(["run", str(path), "--card-gib", "79.6", "--out-dir", str(out_dir)])
     assert e.value.code == 2 and "boot id" in capsys.readouterr().err
+    # Without a plugin the trials could load, nothing runs.
+    monkeypatch.setattr(next_rounds, "plugin_found", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        next_rounds.main(["run", str(path), "--card-gib", "79.6", "--out-dir", str(out_dir)])
+    assert e.value.code == 2 and "run.sh steprounds" in capsys.readouterr().err
+
+
+def test_the_plugin_is_found_where_vramledger_plugin_names_a_file(tmp_path, monkeypatch):
+    plugin = tmp_path / "libvramledger_plugin.so"
+    plugin.write_bytes(b"")
+    monkeypatch.setattr(trial, "ROOT", str(tmp_path))  # a checkout without a built plugin
+    monkeypatch.delenv("VRAMLEDGER_PLUGIN", raising=False)
+    assert not next_rounds.plugin_found()
+    monkeypatch.setenv("VRAMLEDGER_PLUGIN", str(tmp_path / "missing.so"))
+    assert not next_rounds.plugin_found()
+    monkeypatch.setenv("VRAMLEDGER_PLUGIN", str(plugin))
+    assert next_rounds.plugin_found()
 
 
 def test_the_results_docs_verdict_table_is_the_records_own():
