@@ -11,14 +11,17 @@ counting machines as the tables' do for rounds of several machines. With --machi
 line for machines of unequal rounds, as real rows have (2 to 29 a machine; a round whose record
 names no machine counts as a machine of its own, of 1 round): `--machine-rounds 29 10 10 7 3 3 2 1
 1 1 1 1 1` is Llama-1B's 24 GiB sequence row. Real rounds are less tidy still (far-off rounds,
-machines that differ by more than a log-normal shift): the shares are those of these ideal cases.
+machines that differ by more than a log-normal shift): with --tails t3 the rounds' and the
+machines' log draws come from Student's t with 3 degrees of freedom, scaled to the same standard
+deviation, whose tails put a far-off round or machine in a few comparisons of every hundred; the
+shares are those of these cases, not of the real machines.
 A 90% interval that holds the true ratio in far fewer than 90% of the trials passes a verdict it
 should not: "not above" needs the upper end at most 1.02, and an interval too narrow gets there
 too early.
 
   python -m benchmarks.capacity.coverage [--rounds 3 6 12 24] [--trials 1000] [--spread 0.02]
-      [--machines 1 | --machine-rounds N ...] [--machine-spread 0.02] [--seed 0]
-      [--resamples 2000]
+      [--machines 1 | --machine-rounds N ...] [--machine-spread 0.02] [--tails normal|t3]
+      [--seed 0] [--resamples 2000]
 
 prints a line per N (the tables resample 10,000 times; 2,000 moves a percentile by little and keeps
 a line of one machine to seconds on a 2-core machine; 19 machines of 6 rounds take about two
@@ -34,23 +37,38 @@ import random
 from benchmarks.capacity import exit_with, step_rounds
 
 KINDS = ("bootstrap", "t", "interval")
+TAILS = ("normal", "t3")
+
+
+def draw(rng: random.Random, sd: float, tails: str) -> float:
+    """A draw of mean 0 and standard deviation `sd`: normal, or Student's t with 3 degrees of
+    freedom (variance 3, so scaled by 1 / sqrt(3)) for "t3"."""
+    z = rng.gauss(0.0, 1.0)
+    if tails == "t3":
+        chi2 = sum(rng.gauss(0.0, 1.0) ** 2 for _ in range(3))
+        z = z / math.sqrt(chi2 / 3) / math.sqrt(3)
+    return sd * z
 
 
 def coverage(rounds: int | list[int], *, trials: int = 1000, spread: float = 0.02,
              machines: int = 1, machine_spread: float = 0.02, seed: int = 0,
-             resamples: int = step_rounds.RESAMPLES) -> dict[str, float]:
+             resamples: int = step_rounds.RESAMPLES, tails: str = "normal") -> dict[str, float]:
     """The share of `trials` simulated comparisons in which each kind of interval (KINDS) holds
     the true ratio, 1: `rounds` rounds, on each of `machines` machines where there are several;
     or, where `rounds` is a sequence, one machine of each of its numbers of rounds (`machines`
-    unused)."""
+    unused). The log draws are normal, or Student's t of 3 degrees of freedom (`tails`, draw())."""
     sizes = [rounds] * machines if isinstance(rounds, int) else list(rounds)
     rng = random.Random(seed)
     held = dict.fromkeys(KINDS, 0)
     for trial in range(trials):
         ratios, on = [], []
         for m, size in enumerate(sizes):
-            shift = rng.gauss(0.0, machine_spread) if len(sizes) > 1 else 0.0
-            ratios += [math.exp(shift + rng.gauss(0.0, spread)) for _ in range(size)]
+            if tails == "normal":  # the draws of the seed as they always were
+                shift = rng.gauss(0.0, machine_spread) if len(sizes) > 1 else 0.0
+                ratios += [math.exp(shift + rng.gauss(0.0, spread)) for _ in range(size)]
+            else:
+                shift = draw(rng, machine_spread, tails) if len(sizes) > 1 else 0.0
+                ratios += [math.exp(shift + draw(rng, spread, tails)) for _ in range(size)]
             on += [f"machine {m}"] * size
         bounds = {"bootstrap": step_rounds.bootstrap_interval(ratios, machines=on,
                                                               resamples=resamples, seed=trial),
@@ -62,7 +80,8 @@ def coverage(rounds: int | list[int], *, trials: int = 1000, spread: float = 0.0
 
 
 def table(rounds: list[int], *, trials: int, spread: float, machines: int, machine_spread: float,
-          seed: int, resamples: int, machine_rounds: list[int] | None = None) -> str:
+          seed: int, resamples: int, machine_rounds: list[int] | None = None,
+          tails: str = "normal") -> str:
     """The coverage table: a line per number of rounds, or one line for `machine_rounds`."""
     if machine_rounds:
         where = (f"{len(machine_rounds)} machines (spread {machine_spread:g}) of "
@@ -71,13 +90,16 @@ def table(rounds: list[int], *, trials: int, spread: float, machines: int, machi
     else:
         where = (f"{machines} machines (spread {machine_spread:g}) of N rounds each"
                  if machines > 1 else "N rounds")
-    lines = [f"Share of {trials} simulated comparisons ({where}, log-normal rounds, spread "
+    drawn = ("log-normal rounds" if tails == "normal" else
+             "rounds and machines drawn from Student's t of 3 degrees of freedom in the log")
+    lines = [f"Share of {trials} simulated comparisons ({where}, {drawn}, spread "
              f"{spread:g}, true ratio 1) whose 90% interval holds the true ratio:", "",
              "| N | bootstrap alone | Student's t alone | the tables' interval (spanning both) |",
              "|---|---|---|---|"]
     for n in rounds:
         figures = coverage(n, trials=trials, spread=spread, machines=machines,
-                           machine_spread=machine_spread, seed=seed, resamples=resamples)
+                           machine_spread=machine_spread, seed=seed, resamples=resamples,
+                           tails=tails)
         lines.append(f"| {sum(n) if isinstance(n, list) else n} | "
                      + " | ".join(f"{figures[k]:.3f}" for k in KINDS) + " |")
     return "\n".join(lines)
@@ -102,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--machine-spread", type=float, default=None,
                     help="the standard deviation of a machine's shift (default 0.02; needs "
                          "--machines 2 or more, or --machine-rounds)")
+    ap.add_argument("--tails", choices=TAILS, default="normal",
+                    help="the rounds' and machines' log draws: normal (default), or Student's t "
+                         "of 3 degrees of freedom with the same standard deviation")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resamples", type=int, default=2000,
                     help="bootstrap resamples (the tables' own: 10000; at least 100)")
@@ -136,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--spread must be above 0, got {a.spread}")
     print(table(rounds, trials=a.trials, spread=a.spread, machines=a.machines,
                 machine_spread=machine_spread, seed=a.seed, resamples=a.resamples,
-                machine_rounds=a.machine_rounds))
+                machine_rounds=a.machine_rounds, tails=a.tails))
     return 0
 
 

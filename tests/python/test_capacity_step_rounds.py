@@ -333,6 +333,31 @@ def test_the_coverage_command(capsys):
         assert message in capsys.readouterr().err
 
 
+def test_coverage_with_heavy_tails(capsys):
+    """--tails t3: the log draws from Student's t of 3 degrees of freedom, scaled to the same
+    standard deviation; normal draws stay those of the seed."""
+    import random
+    rng = random.Random(1)
+    xs = [coverage.draw(rng, 0.02, "t3") for _ in range(20000)]
+    sd = (sum(x * x for x in xs) / len(xs)) ** 0.5
+    assert 0.017 < sd < 0.023  # t3's sample spread converges slowly: no fourth moment
+    far = sum(abs(x) > 4 * 0.02 for x in xs) / len(xs)  # beyond 4 sd: normal 6e-5, t3 ~ 0.6%
+    assert 0.003 < far < 0.012
+    normal = coverage.coverage([4, 3, 1], trials=40, resamples=100)
+    assert normal == coverage.coverage([4, 3, 1], trials=40, resamples=100, tails="normal")
+    heavy = coverage.coverage([4, 3, 1], trials=40, resamples=100, tails="t3")
+    assert heavy != normal and all(0 <= heavy[k] <= 1 for k in coverage.KINDS)
+    assert coverage.main(["--machine-rounds", "4", "3", "1", "--trials", "40", "--resamples",
+                          "100", "--tails", "t3"]) == 0
+    out = capsys.readouterr().out
+    assert "Student's t of 3 degrees of freedom in the log" in out
+    assert out.strip().splitlines()[-1] == (
+        "| 8 | " + " | ".join(f"{heavy[k]:.3f}" for k in coverage.KINDS) + " |")
+    with pytest.raises(SystemExit) as exit_:
+        coverage.main(["--tails", "cauchy"])
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
 def test_coverage_of_machines_of_unequal_rounds(capsys):
     """--machine-rounds: machines of the rounds it names. Equal ones draw what --machines does
     (the same draws for a seed); the line counts the rounds in all and names each machine's."""
