@@ -13,8 +13,9 @@ names no machine counts as a machine of its own, of 1 round): `--machine-rounds 
 1 1 1 1 1` is Llama-1B's 24 GiB sequence row. Real rounds are less tidy still (far-off rounds,
 machines that differ by more than a log-normal shift): with --tails t3 the rounds' and the
 machines' log draws come from Student's t with 3 degrees of freedom, scaled to the same standard
-deviation, whose tails put a far-off round or machine in a few comparisons of every hundred; the
-shares are those of these cases, not of the real machines.
+deviation (a draw beyond 4 standard deviations about once in 160, a normal one once in 16,000), so
+that a draw that far off turns up in some comparisons of a few rounds and most of many; the shares
+are those of these cases, not of the real machines.
 A 90% interval that holds the true ratio in far fewer than 90% of the trials passes a verdict it
 should not: "not above" needs the upper end at most 1.02, and an interval too narrow gets there
 too early.
@@ -91,7 +92,8 @@ def table(rounds: list[int], *, trials: int, spread: float, machines: int, machi
         where = (f"{machines} machines (spread {machine_spread:g}) of N rounds each"
                  if machines > 1 else "N rounds")
     drawn = ("log-normal rounds" if tails == "normal" else
-             "rounds and machines drawn from Student's t of 3 degrees of freedom in the log")
+             ("rounds and machines" if machines > 1 or machine_rounds else "rounds")
+             + " drawn from Student's t of 3 degrees of freedom in the log")
     lines = [f"Share of {trials} simulated comparisons ({where}, {drawn}, spread "
              f"{spread:g}, true ratio 1) whose 90% interval holds the true ratio:", "",
              "| N | bootstrap alone | Student's t alone | the tables' interval (spanning both) |",
