@@ -27,7 +27,8 @@ RESULTS are capacity results files as `python -m benchmarks.capacity --table-onl
 them; the join commands join into the first and pool with the rest. Exit status 0 (also when the
 budget ended before the rows it listed), 1 when a run failed or did not fit, a row's runs file
 could not be used, a results file cannot be read, or the reader closed the output early (`|
-head`); 2 on bad arguments (also when the card's memory or the boot's id cannot be found).
+head`); 2 on bad arguments (also when the card's memory or the boot's id cannot be found, or,
+for `run`, nvidia-smi lists no GPU or the trials would find no vramledger plugin).
 """
 
 from __future__ import annotations
