@@ -260,14 +260,15 @@ def main(argv=None) -> int:
               file=sys.stderr)
     want = verdicts.wanted(before, card, boot)
     larger = len(verdicts.wanted(before, math.inf, boot)) - len(want)
-    if a.command == "run" and a.rows is not None:
-        want = want[:a.rows]
     print(f"{len(want)} row(s) not yet decided that a card of {card:.1f} GiB can run, in order"
           + (f" ({larger} more need a larger card)" if larger else "") + ":")
     for w in want:
         print(f"  {w.task()}  ({w.reason()})")
     if a.command == "list":
         return 0
+    if a.rows is not None and a.rows < len(want):
+        want = want[:a.rows]
+        print(f"--rows {a.rows}: the first {a.rows} of them")
 
     def one(variant, workload, cap, dim, size, timeout_s):
         return trial.run_trial(workload, variant.allocator, cap, dim, size, timeout_s,
