@@ -64,12 +64,8 @@ def coverage(rounds: int | list[int], *, trials: int = 1000, spread: float = 0.0
     for trial in range(trials):
         ratios, on = [], []
         for m, size in enumerate(sizes):
-            if tails == "normal":  # the draws of the seed as they always were
-                shift = rng.gauss(0.0, machine_spread) if len(sizes) > 1 else 0.0
-                ratios += [math.exp(shift + rng.gauss(0.0, spread)) for _ in range(size)]
-            else:
-                shift = draw(rng, machine_spread, tails) if len(sizes) > 1 else 0.0
-                ratios += [math.exp(shift + draw(rng, spread, tails)) for _ in range(size)]
+            shift = draw(rng, machine_spread, tails) if len(sizes) > 1 else 0.0
+            ratios += [math.exp(shift + draw(rng, spread, tails)) for _ in range(size)]
             on += [f"machine {m}"] * size
         bounds = {"bootstrap": step_rounds.bootstrap_interval(ratios, machines=on,
                                                               resamples=resamples, seed=trial),

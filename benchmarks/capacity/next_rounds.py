@@ -86,12 +86,6 @@ def plugin_found() -> bool:
         trial.ROOT, "torch_plugin", "python", "vramledger", "libvramledger_plugin.so"))
 
 
-def load(paths: list[str]) -> Results:
-    pool = Results()
-    pool.load(paths)
-    return pool
-
-
 def runs_path(out_dir: str, boot: str, w: verdicts.Wanted) -> str:
     """The runs file of row `w` on the machine of kernel boot id `boot`."""
     return os.path.join(out_dir, f"{boot[:8]}-{w.workload}-{w.cap_gib:g}-{w.dim}-{w.size}.json")
@@ -237,8 +231,9 @@ def main(argv=None) -> int:
         ap.error("the trials would find no vramledger plugin: set VRAMLEDGER_PLUGIN to a built "
                  "libvramledger_plugin.so, or run `bash benchmarks/gpu/run.sh steprounds`, which "
                  "sets it to the one `run.sh prepare` built")
+    pool = Results()
     try:
-        pool = load(a.results)
+        pool.load(a.results)
     except (OSError, ValueError) as e:
         print(f"next rounds: {e}", file=sys.stderr)
         return 1
