@@ -10,7 +10,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 ./scripts/setup.sh
-echo "== pip install --no-build-isolation . (into .venv)"
+echo "== pip install --no-build-isolation . (into .venv; compiles the C++ part quietly: ~4 min)"
 .venv/bin/python -m pip install -q --no-build-isolation .
 TRACE="${1:-traces/trace-gpt2m-native.csv.gz}"
 echo

@@ -5,6 +5,16 @@ import os
 import sys
 from typing import Callable
 
+# The exit status of a command that refuses what it was given, flags or files it cannot use, as
+# argparse's refusals and the capacity command's: 2. Status 1 says it ran and something failed.
+REFUSED = 2
+
+
+def refuse(prog: str, message: str) -> int:
+    """Prints `prog: message` on stderr and returns REFUSED, for a command's main() to return."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    return REFUSED
+
 
 def exit_with(main: Callable[[], int]) -> None:
     """Exits with main()'s status. A reader that stops early (`| head`) closes the pipe under the

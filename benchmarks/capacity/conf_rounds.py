@@ -61,7 +61,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from benchmarks.capacity import results, step_rounds, trial, workloads
+from benchmarks.capacity import refuse, results, step_rounds, trial, workloads
 from benchmarks.capacity import table as table_names
 
 TORCH_VARIANTS = ("torch", "torch-expandable")
@@ -502,8 +502,7 @@ def main(argv=None) -> int:
         try:
             added, taken = join(a.file, a.results, a.pooled_with)
         except (ValueError, OSError) as e:
-            print(f"conf rounds: {e}", file=sys.stderr)
-            return 1
+            return refuse("conf rounds", str(e))
         if not added:
             print(f"{a.file}: no run of {', '.join(JOINED)} to add; {a.results} unchanged")
         else:
@@ -517,8 +516,7 @@ def main(argv=None) -> int:
         try:
             data = read(a.file)
         except ValueError as e:  # names the file
-            print(f"conf rounds: {e}", file=sys.stderr)
-            return 1
+            return refuse("conf rounds", str(e))
         try:
             held = list(dict.fromkeys(r["variant"] for r in data["runs"]))
             if a.against not in held:
@@ -526,8 +524,7 @@ def main(argv=None) -> int:
                                  f"{', '.join(held) or 'none'})")
             text = report(data["runs"], against=a.against)
         except (ValueError, KeyError, TypeError) as e:
-            print(f"conf rounds: {a.file}: {e}", file=sys.stderr)
-            return 1
+            return refuse("conf rounds", f"{a.file}: {e}")
         row = data["row"]
         print(f"row: {row['workload']} at {row['cap_gib']:g} GiB, {row['dim']} {row['size']}")
         print(text)

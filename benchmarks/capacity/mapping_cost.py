@@ -51,7 +51,7 @@ import sys
 import time
 from typing import Callable
 
-from benchmarks.capacity import conf_rounds, trial
+from benchmarks.capacity import conf_rounds, refuse, trial
 
 RESULT = "RESULT_JSON "
 PROBES = ("control", "ptr_attr", "memset", "memcpy", "launch")
@@ -320,8 +320,7 @@ def main(argv=None) -> int:
                 runs = json.load(f)["runs"]
             text = table(runs)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            print(f"mapping cost: {a.file}: {e}", file=sys.stderr)
-            return 1
+            return refuse("mapping cost", f"{a.file}: {e}")
         print(text)
         return 0
     conf_rounds.check_run_flags(ap, a)

@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Callable
 
-from benchmarks.capacity import conf_rounds, results, table, trial, verdicts
+from benchmarks.capacity import conf_rounds, refuse, results, table, trial, verdicts
 from benchmarks.capacity.results import Results
 from benchmarks.capacity.workloads import WORKLOADS
 
@@ -235,8 +235,7 @@ def main(argv=None) -> int:
     try:
         pool.load(a.results)
     except (OSError, ValueError) as e:
-        print(f"next rounds: {e}", file=sys.stderr)
-        return 1
+        return refuse("next rounds", str(e))
     unknown = sorted({g for g in pool.groups() if g[0] not in WORKLOADS or g[2] not in DIMS},
                      key=str)
     if unknown:

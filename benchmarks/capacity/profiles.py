@@ -33,6 +33,7 @@ import os
 import sys
 from typing import Any, Iterable
 
+from benchmarks.capacity import refuse
 from benchmarks.capacity.results import ALLOCATOR_ORDER
 
 # The steady steps (after trial.py's first two, which fill the cache): lengths 0.3, 0.8, 1.0 and
@@ -237,8 +238,7 @@ def main(argv=None) -> int:
     except OSError as e:
         ap.error(f"{a.out_dir}: {e.strerror}")
     except ValueError as e:
-        print(f"profiles: {e}", file=sys.stderr)
-        return 1
+        return refuse("profiles", str(e))
     print(text)  # outside the try: a reader that closes the pipe is not a bad folder
     return 0
 

@@ -201,7 +201,7 @@ def test_the_table_command_prints_a_file_and_names_bad_input(tmp_path, capsys):
                        ("norow.json", '{"runs": []}'),
                        ("noref.json", json.dumps({"row": ROW, "runs": []}))):
         (tmp_path / name).write_text(text)
-        assert conf_rounds.main(["table", str(tmp_path / name)]) == 1, name
+        assert conf_rounds.main(["table", str(tmp_path / name)]) == 2, name
         out = capsys.readouterr()
         assert out.out == "" and name in out.err and "Traceback" not in out.err, name
     for path, said in ((tmp_path / "missing.json", "no such file"), (tmp_path, "not a file")):
@@ -233,7 +233,7 @@ def test_the_table_divides_by_the_variant_it_is_asked_to(tmp_path, capsys):
     path.write_text(json.dumps({"row": ROW, "runs": runs}))
     assert conf_rounds.main(["table", str(path), "--against", "x:1"]) == 0
     assert "| / x:1 [90%] |" in capsys.readouterr().out
-    assert conf_rounds.main(["table", str(path), "--against", "torch-expandable"]) == 1
+    assert conf_rounds.main(["table", str(path), "--against", "torch-expandable"]) == 2
     err = capsys.readouterr().err
     assert "--against torch-expandable: no run of that variant (the file's: torch, default, x:1)" \
         in err and "Traceback" not in err
@@ -397,12 +397,12 @@ def test_join_adds_the_three_allocators_runs_as_the_rows_next_step_rounds(tmp_pa
     assert all({"workload", "cap_gib", "dim", "size"} <= r.keys() for r in joined)
     # A second join of the same file would count its runs twice: refused, nothing written.
     before = results_path.read_text()
-    assert conf_rounds.main(["join", str(runs_path), str(results_path)]) == 1
+    assert conf_rounds.main(["join", str(runs_path), str(results_path)]) == 2
     assert "already holds 6 of the 6 runs of" in capsys.readouterr().err
     # So would the same runs under another name.
     copy = tmp_path / "copy.json"
     copy.write_text(runs_path.read_text())
-    assert conf_rounds.main(["join", str(copy), str(results_path)]) == 1
+    assert conf_rounds.main(["join", str(copy), str(results_path)]) == 2
     assert "already holds 6 of the 6 runs" in capsys.readouterr().err
     assert results_path.read_text() == before
 
@@ -434,7 +434,7 @@ def test_join_numbers_after_the_pooled_files_and_refuses_their_runs(tmp_path, ca
                   if r["size"] == 1 and "conf_rounds" in r) == [9, 9, 10, 10]
     # The same runs joined into B would be counted twice in the pooled table: refused.
     assert conf_rounds.main(["join", str(runs_path), str(other),
-                             "--pooled-with", str(results_path)]) == 1
+                             "--pooled-with", str(results_path)]) == 2
     assert (f"conf rounds: {results_path} already holds 4 of the 4 runs of"
             in capsys.readouterr().err)  # the file that holds them, not the one joined into
     assert other.read_text() == other_before
@@ -466,14 +466,14 @@ def test_join_reads_the_pooled_files_as_the_table_does(tmp_path, capsys):
     assert capsys.readouterr().out.rstrip().endswith("as round 4")
     # Joined again: refused by the one file that holds the runs, named once.
     assert conf_rounds.main(["join", str(runs_path), b, "--pooled-with", a,
-                             "--pooled-with", b]) == 1
+                             "--pooled-with", b]) == 2
     assert capsys.readouterr().err.startswith(f"conf rounds: {a} already holds 1 of the 1 runs")
     before = {n: f.read_text() for n, f in files.items()}
     # b's round 1 again in c, with another step time or only another field: refused.
     for change in ({"step_s": steps(0.9)}, {"fits": False}, {"device": "H200"}):
         held = dict(run, round=1, step_s=steps(0.31))
         files["c"].write_text(json.dumps({"trials": [], "step_rounds": [dict(held, **change)]}))
-        assert conf_rounds.main(["join", str(runs_path), b, "--pooled-with", c]) == 1, change
+        assert conf_rounds.main(["join", str(runs_path), b, "--pooled-with", c]) == 2, change
         err = capsys.readouterr().err
         assert f"step round 1 of llama1b torch at 24 GiB, batch 1, is also in {b}" in err, change
         assert "--pooled-with numbers joined rounds apart" in err and "Traceback" not in err
@@ -481,7 +481,7 @@ def test_join_reads_the_pooled_files_as_the_table_does(tmp_path, capsys):
     # One file that numbers two runs alike is refused as well.
     files["c"].write_text(json.dumps({"trials": [], "step_rounds": [
         dict(run, round=5, step_s=steps(0.3)), dict(run, round=5, step_s=steps(0.4))]}))
-    assert conf_rounds.main(["join", str(runs_path), c]) == 1
+    assert conf_rounds.main(["join", str(runs_path), c]) == 2
     assert f"{c}: step round 5 of llama1b torch at 24 GiB, batch 1 is in the file twice" in \
         capsys.readouterr().err
 
@@ -516,9 +516,9 @@ def test_join_names_bad_files(tmp_path, capsys):
     conf_rounds.run_rounds(conf_rounds.Runs(str(runs_path), ROW), ["torch"], 1, Trial(), 600,
                            60, log=lambda s: None)
     (tmp_path / "bad.json").write_text('{"step_rounds": []}')
-    assert conf_rounds.main(["join", str(runs_path), str(tmp_path / "bad.json")]) == 1
+    assert conf_rounds.main(["join", str(runs_path), str(tmp_path / "bad.json")]) == 2
     assert "not a capacity results file" in capsys.readouterr().err
-    assert conf_rounds.main(["join", str(tmp_path / "bad.json"), str(runs_path)]) == 1
+    assert conf_rounds.main(["join", str(tmp_path / "bad.json"), str(runs_path)]) == 2
     assert "not a runs file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         conf_rounds.main(["join", str(tmp_path / "missing.json"), str(runs_path)])
@@ -532,13 +532,13 @@ def test_join_names_bad_files(tmp_path, capsys):
             ("u.json", {"row": dict(ROW, workload=["x"]), "runs": []}, "is not a workload"),
             ("v.json", {"row": ROW, "runs": [{"variant": [1], "round": 0}]}, "not a name")):
         (tmp_path / name).write_text(json.dumps(doc))
-        assert conf_rounds.main(["join", str(tmp_path / name), str(results_path)]) == 1, name
+        assert conf_rounds.main(["join", str(tmp_path / name), str(results_path)]) == 2, name
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err, (name, err)
     (tmp_path / "inner").mkdir()
     inner = tmp_path / "inner" / "results.json"
     inner.write_text(json.dumps({"trials": []}))
-    assert conf_rounds.main(["join", str(runs_path), str(inner)]) == 1
+    assert conf_rounds.main(["join", str(runs_path), str(inner)]) == 2
     assert "is not under" in capsys.readouterr().err
 
 
@@ -619,11 +619,11 @@ def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(tmp_path
 def test_table_names_a_bad_file_once(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{bad")
-    assert conf_rounds.main(["table", str(bad)]) == 1
+    assert conf_rounds.main(["table", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"conf rounds: {bad}: not a readable runs file (")
     assert err.count(str(bad)) == 1
     bad.write_text('{"row": {}}')
-    assert conf_rounds.main(["table", str(bad)]) == 1
+    assert conf_rounds.main(["table", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"conf rounds: {bad}: not a runs file") and err.count(str(bad)) == 1

@@ -244,5 +244,5 @@ def test_the_command_refuses_bad_arguments_and_names_bad_files(tmp_path, capsys)
     for name, text in (("missing.json", None), ("bad.json", "[1]"), ("none.json", '{"runs": []}')):
         if text is not None:
             (tmp_path / name).write_text(text)
-        assert mapping_cost.main(["table", str(tmp_path / name)]) == 1, name
+        assert mapping_cost.main(["table", str(tmp_path / name)]) == 2, name
         assert name in capsys.readouterr().err

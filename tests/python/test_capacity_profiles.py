@@ -104,26 +104,26 @@ def test_the_compare_command_reads_a_directory(tmp_path, capsys):
     assert profiles.main(["compare", str(tmp_path)]) == 0
     assert "| aten::add | 0.01 (1) | 0.00 (1) | +0.01 |" in capsys.readouterr().out
     (tmp_path / "llama1b-24gib-batch1-torch.json").unlink()
-    assert profiles.main(["compare", str(tmp_path)]) == 1
+    assert profiles.main(["compare", str(tmp_path)]) == 2
     assert "profiles: no profile of torch" in capsys.readouterr().err
     # Another row's profile beside them, or a second one of an allocator, is refused.
     other = record("torch", {}) | {"size": 2}
     (tmp_path / "other.json").write_text(json.dumps(other))
-    assert profiles.main(["compare", str(tmp_path)]) == 1
+    assert profiles.main(["compare", str(tmp_path)]) == 2
     assert ("profiles of different rows: vramledger: llama1b 24 GiB batch 1; torch: llama1b 24 GiB "
             "batch 2") in capsys.readouterr().err
     (tmp_path / "other2.json").write_text(json.dumps(other))
-    assert profiles.main(["compare", str(tmp_path)]) == 1
+    assert profiles.main(["compare", str(tmp_path)]) == 2
     assert "other2.json: a second profile of torch" in capsys.readouterr().err
 
 
 def test_bad_files_and_arguments_are_refused_by_name(tmp_path, capsys):
     bad = tmp_path / "x.json"
     bad.write_text("{")
-    assert profiles.main(["compare", str(tmp_path)]) == 1
+    assert profiles.main(["compare", str(tmp_path)]) == 2
     assert f"profiles: {bad}: not JSON" in capsys.readouterr().err
     bad.write_text('{"allocator": "cuda-malloc"}')
-    assert profiles.main(["compare", str(tmp_path)]) == 1
+    assert profiles.main(["compare", str(tmp_path)]) == 2
     assert "not a profiled trial record" in capsys.readouterr().err
     for argv, says in ((["compare", str(tmp_path / "none")], "none: No such file"),
                        (["compare", str(tmp_path), "--top", "0"], "--top must be at least 1"),

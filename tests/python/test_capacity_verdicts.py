@@ -285,10 +285,10 @@ def test_the_list_command_and_bad_arguments(tmp_path, capsys):
             next_rounds.main(argv)
         assert e.value.code == 2 and says in capsys.readouterr().err, argv
     (tmp_path / "bad.json").write_text("{}")
-    assert next_rounds.main(["list", str(tmp_path / "bad.json"), "--card-gib", "80"]) == 1
+    assert next_rounds.main(["list", str(tmp_path / "bad.json"), "--card-gib", "80"]) == 2
     assert "not a capacity results file" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text('{"trials": ["a"]}')
-    assert next_rounds.main(["list", str(tmp_path / "bad.json"), "--card-gib", "80"]) == 1
+    assert next_rounds.main(["list", str(tmp_path / "bad.json"), "--card-gib", "80"]) == 2
     assert "bad.json: a record that is not an object" in capsys.readouterr().err
     # A card too small for the row's cap: the row is counted, not listed.
     assert next_rounds.main(["list", str(path), "--card-gib", "20"]) == 0

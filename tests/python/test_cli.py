@@ -72,7 +72,10 @@ def test_bundled_trace_table_shows_both_columns():
     proc = run_cli("replay", GPT2_TRACE)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "vramledger (replay)" in out and "recorded (trace, torch)" in out
+    # The recorded column names the policy that wrote the trace (torch native: cudaMalloc
+    # segments), whatever conf the replay ran with.
+    assert "vramledger (replay)" in out and "recorded (trace, native)" in out
+    assert "the cache the program still held when the trace ended" in out
     for row in ("alloc+free events", "peak allocated", "peak requested", "peak reserved",
                 "utilization"):
         assert f"\n  {row} " in out
@@ -597,3 +600,19 @@ def test_replay_of_an_expandable_recording_suggests_expandable_segments():
     native = run_cli("replay", ROOT / "traces" / "trace-gpt2m-native.csv.gz", "--json")
     assert json.loads(native.stdout)["recorded_segment_maps"] == 0
     assert "expandable segments" not in native.stderr
+
+
+def test_replay_table_names_the_policy_that_recorded_the_trace(tmp_path):
+    """The recorded column's heading follows the trace's segment events, not the replay's conf;
+    a trace without segment events names none."""
+    expandable = TRACES / "trace-gpt2m-prefetch-expandable.csv.gz"
+    bare = tmp_path / "no-segments.csv"
+    bare.write_text(MAX_SPLIT_TRACE)
+    for trace, conf, heading in ((expandable, "expandable_segments:True", "(trace, expandable)"),
+                                 (expandable, "expandable_segments:False", "(trace, expandable)"),
+                                 (GPT2_TRACE, "expandable_segments:True", "(trace, native)"),
+                                 (bare, "expandable_segments:True", "(trace)")):
+        proc = run_cli("replay", trace, "--conf", conf)
+        assert proc.returncode == 0, proc.stderr
+        header = next(line for line in proc.stdout.splitlines() if "vramledger (replay)" in line)
+        assert header.split() == ["vramledger", "(replay)", "recorded", *heading.split()]

@@ -27,6 +27,14 @@ nlohmann::json ListLines(const std::vector<LineAddress>& items, std::size_t max_
   return list;
 }
 
+// The recorded column's heading: which policy wrote the trace's segments, so a replay under
+// another conf is not read as that policy's figures. Mapped pages are expandable segments'.
+std::string RecordedHeading(const ReplayResult& r) {
+  if (r.recorded_segment_maps > 0) return "recorded (trace, expandable)";
+  if (r.recorded_segment_allocs > 0) return "recorded (trace, native)";
+  return "recorded (trace)";
+}
+
 std::string Row(absl::string_view label, absl::string_view replay, absl::string_view recorded) {
   return absl::StrFormat("  %-19s %-36s %s\n", label, replay, recorded);
 }
@@ -195,11 +203,11 @@ std::string FormatDriverTime(const ReplayResult& r) {
   absl::StrAppend(&out,
                   absl::StrFormat("  %-24s %s us = %.3f%% of the span\n", "driver time (modelled)",
                                   MicrosWithThousands(r.modeled_driver_us), r.driver_pct_of_span));
-  absl::StrAppend(&out, absl::StrFormat("  %-24s %s us = %.3f%% of the span (torch's segment "
-                                        "events, same cost model)\n",
-                                        "recorded (trace, torch)",
-                                        MicrosWithThousands(r.recorded_modeled_driver_us),
-                                        r.recorded_driver_pct_of_span));
+  absl::StrAppend(
+      &out, absl::StrFormat("  %-24s %s us = %.3f%% of the span (the trace's segment "
+                            "events, same cost model)\n",
+                            "recorded (trace)", MicrosWithThousands(r.recorded_modeled_driver_us),
+                            r.recorded_driver_pct_of_span));
   absl::StrAppend(&out,
                   absl::StrFormat("  %-24s after %.0f%% of the events (from line %d; span %s): %s "
                                   "calls, %s us = %.3f%% of its span\n",
@@ -242,6 +250,9 @@ std::string FormatFragmentation(const ReplayResult& r) {
   number_row("mapped free pages", WithThousands(p.mapped_free_pages),
              WithThousands(e.mapped_free_pages));
   bytes_row("other streams' cache", p.other_stream_cached_bytes, e.other_stream_cached_bytes);
+  absl::StrAppend(&out,
+                  "  at end: reserved - allocated is the cache the program still held when the "
+                  "trace ended (empty_cache() or the process's exit returns it)\n");
   return out;
 }
 
@@ -278,7 +289,7 @@ std::string FormatReplayTable(const ReplayResult& result) {
   absl::StrAppend(&out, "  ", WithThousands(result.trace_events),
                   " trace events; simulated capacity ", BytesAndGiB(result.capacity_bytes),
                   "; conf: ", result.conf.empty() ? "(defaults)" : result.conf, "\n\n");
-  absl::StrAppend(&out, Row("", "vramledger (replay)", "recorded (trace, torch)"));
+  absl::StrAppend(&out, Row("", "vramledger (replay)", RecordedHeading(result)));
   absl::StrAppend(&out, Row("alloc + free events", WithThousands(result.events),
                             WithThousands(result.recorded_events)));
   absl::StrAppend(&out, Row("peak allocated", BytesAndGiB(result.peak_allocated_bytes),

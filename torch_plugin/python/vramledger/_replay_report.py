@@ -21,8 +21,8 @@ def _format_driver_time(r: dict) -> list[str]:
         f"  {'trace span':<24} {span:,} us ({span / 1e6:.3f} s), first to last event",
         f"  {'driver time (modelled)':<24} {r['modeled_driver_us']:,.1f} us = "
         f"{r['driver_time_pct_of_span']:.3f}% of the span",
-        f"  {'recorded (trace, torch)':<24} {r['recorded_modeled_driver_us']:,.1f} us = "
-        f"{r['recorded_driver_time_pct_of_span']:.3f}% of the span (torch's segment events, "
+        f"  {'recorded (trace)':<24} {r['recorded_modeled_driver_us']:,.1f} us = "
+        f"{r['recorded_driver_time_pct_of_span']:.3f}% of the span (the trace's segment events, "
         "same cost model)",
         f"  {'steady state':<24} after {100 * s['after_fraction']:.0f}% of the events (from line "
         f"{s['start_line']}; span {s['span_us'] / 1e6:.3f} s): "
@@ -53,7 +53,19 @@ def _format_fragmentation(r: dict) -> list[str]:
              ("other streams' cache", _bytes(p["other_stream_cached_bytes"]),
               _bytes(e["other_stream_cached_bytes"]))]
     header = ("fragmentation", f"at peak reserved (line {p['line']})", "at end")
-    return [""] + [f"  {a:<26} {b:<34} {c}" for a, b, c in [header] + rows]
+    return [""] + [f"  {a:<26} {b:<34} {c}" for a, b, c in [header] + rows] + [
+        "  at end: reserved - allocated is the cache the program still held when the trace ended "
+        "(empty_cache() or the process's exit returns it)"]
+
+
+def _recorded_heading(r: dict) -> str:
+    """The recorded column's heading: which policy wrote the trace's segments, so a replay under
+    another conf is not read as that policy's figures (as the C++ table's)."""
+    if r["recorded_segment_maps"]:
+        return "recorded (trace, expandable)"
+    if r["recorded_segment_allocs"]:
+        return "recorded (trace, native)"
+    return "recorded (trace)"
 
 
 def _format_steps(r: dict) -> list[str]:
@@ -85,7 +97,7 @@ def format_table(r: dict) -> str:
     if r["recorded_segment_allocs"]:
         recorded_reserved = _bytes(r["recorded_peak_reserved_bytes"])
     rows = [
-        ("", "vramledger (replay)", "recorded (trace, torch)"),
+        ("", "vramledger (replay)", _recorded_heading(r)),
         ("alloc+free events", f"{r['events']:,}", f"{r['recorded_events']:,}"),
         ("peak allocated", _bytes(r["peak_allocated_bytes"]),
          "n/a (the trace has requested sizes only)"),
