@@ -41,11 +41,12 @@ probes do not exercise, the step's own work or the memory system under it).
       OTHER results files the table pools with it (benchmarks.capacity --resume RESULTS OTHER:
       rounds of one row must be numbered apart across them); each joined record's
       `conf_rounds` names the file (relative to RESULTS' folder) and its round there.
-Exit status 0; 1 when a run failed or the budget ended first (run), FILE cannot be read, is not a
-runs file or holds no run of torch native or of the --against variant (table), or the runs cannot
-be joined (join: runs RESULTS or an OTHER already holds, a FILE outside RESULTS' folder, a file
-that cannot be read or whose row is not one, results files that number two runs alike), or when
-the reader closes the output early (`| head`); 2 on bad arguments.
+Exit status 0; 1 when a run failed or the budget ended first (run), or when the reader closes the
+output early (`| head`); 2 on bad arguments and on files it refuses, nothing written: FILE cannot
+be read, is not a runs file or holds no run of torch native or of the --against variant (table),
+or the runs cannot be joined (join: runs RESULTS or an OTHER already holds, a FILE outside
+RESULTS' folder, a file that cannot be read or whose row is not one, results files that number two
+runs alike).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ calls, reserved bytes, and vramledger's cuMemMap calls).
       (any machine) prints the table of a file's runs: per variant and count, each probe's us per
       call (median over rounds), and per probe its growth per 1,000 blocks (least squares over
       the counts above 0, whose blocks are the measured kind).
-Exit status 0; 1 when a run failed or the budget ended first (run) or FILE holds no run (table);
-2 on bad arguments (an --out that exists included).
+Exit status 0; 1 when a run failed or the budget ended first (run); 2 on bad arguments (an --out
+that exists included) and when FILE cannot be read or holds no run (table).
 """
 
 from __future__ import annotations

@@ -21,14 +21,15 @@ machines first (verdicts.wanted() orders the rows so).
       answer are not run again, a failed one is); then, last, the verdicts of the rows of every
       file in DIR before and after pooling its runs with RESULTS (a file RESULTS already holds,
       or that cannot be read, is left out of the pool with a note), and the commands that join
-      them for good (conf_rounds join, from a folder step-rounds/ beside the first RESULTS).
+      them for good (conf_rounds join, from the folder of runs files beside the first RESULTS:
+      capacity-CARD-conf-rounds/ for capacity-CARD-*.json, as the records keep them).
 
 RESULTS are capacity results files as `python -m benchmarks.capacity --table-only --resume` reads
 them; the join commands join into the first and pool with the rest. Exit status 0 (also when the
 budget ended before the rows it listed), 1 when a run failed or did not fit, a row's runs file
-could not be used, a results file cannot be read, or the reader closed the output early (`|
-head`); 2 on bad arguments (also when the card's memory or the boot's id cannot be found, or,
-for `run`, nvidia-smi lists no GPU or the trials would find no vramledger plugin).
+could not be used, or the reader closed the output early (`| head`); 2 on bad arguments and
+files (a results file that cannot be read; also when the card's memory or the boot's id cannot
+be found, or, for `run`, nvidia-smi lists no GPU or the trials would find no vramledger plugin).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import copy
 import glob
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,6 +91,15 @@ def plugin_found() -> bool:
 def runs_path(out_dir: str, boot: str, w: verdicts.Wanted) -> str:
     """The runs file of row `w` on the machine of kernel boot id `boot`."""
     return os.path.join(out_dir, f"{boot[:8]}-{w.workload}-{w.cap_gib:g}-{w.dim}-{w.size}.json")
+
+
+def runs_folder(results_path: str) -> str:
+    """The folder beside a results file that keeps the runs files joined into it: the records'
+    capacity-CARD-conf-rounds/ for capacity-CARD-*.json, else STEM-conf-rounds/."""
+    head, name = os.path.split(results_path)
+    card = re.match(r"(capacity-[^-.]+)-", name)
+    return os.path.join(head, (card.group(1) if card else os.path.splitext(name)[0])
+                        + "-conf-rounds")
 
 
 def run_wanted(want: list[verdicts.Wanted], out_dir: str, boot: str, rounds: int,
@@ -282,7 +293,7 @@ def main(argv=None) -> int:
               f"after pooling their runs with the records:\n")
         print(before_after(before, now, pooled_rows))
         print(f"\nEvery row after pooling, {verdicts.counts(now)}.")
-        into = os.path.join(os.path.dirname(a.results[0]), "step-rounds")
+        into = runs_folder(a.results[0])
         pooled = "".join(f" --pooled-with {p}" for p in a.results[1:])
         print(f"\nTo join them for good, with each file copied into {into}/:")
         for path in joined:

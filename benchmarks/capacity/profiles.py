@@ -21,8 +21,9 @@ are compared only with each other, never with the rounds'.
       (any machine) prints, per profiled step, each allocator's step time, total self CPU and
       device time over its ops and, under vramledger, its allocator's host time; then the ops
       whose self CPU time differs most between vramledger and torch native over those steps.
-Exit status 0; 1 when DIR holds no profile of vramledger and torch native both (compare) or a
-trial failed (run); 2 on bad arguments.
+Exit status 0; 1 when a trial failed (run); 2 on bad arguments and when DIR's files cannot be
+compared: no profile of vramledger and torch native both, a file that is not a profile, profiles
+of different rows (compare).
 """
 
 from __future__ import annotations

@@ -337,8 +337,8 @@ def test_the_run_command_runs_pools_and_prints_the_join_commands(tmp_path, capsy
     assert f"The verdicts on the rows of 1 file(s) of {out_dir}, before and after pooling" in out
     assert ("| GPT-2-medium | 24 | batch | 4 | torch native | 2 (2 machines) -> 4 (3 machines) |"
             in out)
-    assert (f"conf_rounds join {tmp_path}/step-rounds/77d062bb-gpt2m-24-batch-4.json {path} "
-            f"--pooled-with {other}") in out
+    assert (f"conf_rounds join {tmp_path}/results-conf-rounds/77d062bb-gpt2m-24-batch-4.json "
+            f"{path} --pooled-with {other}") in out
     assert out.rstrip().endswith(
         "next rounds: runs ran on 1 row(s) (gpt2m 24 batch 4); 0 failed or did not fit")
     assert os.listdir(out_dir) == ["77d062bb-gpt2m-24-batch-4.json"]
@@ -384,3 +384,15 @@ def test_the_results_docs_verdict_table_is_the_records_own():
     made = verdicts.verdicts_table(verdicts.comparisons(
         pool, sorted(pool.groups(), key=table.row_order), 64))
     assert quoted == made[made.index("| workload"):]
+
+
+def test_runs_files_go_to_the_card_folder_the_records_use():
+    """The join commands name the folder that keeps a card's runs files beside its results."""
+    docs = os.path.join("docs", "results")
+    for results, folder in (("capacity-h100-step-rounds.json", "capacity-h100-conf-rounds"),
+                            ("capacity-h200-results.json", "capacity-h200-conf-rounds"),
+                            ("mine.json", "mine-conf-rounds")):
+        assert next_rounds.runs_folder(os.path.join(docs, results)) == os.path.join(docs, folder)
+    for folder in ("capacity-h100-conf-rounds", "capacity-h200-conf-rounds"):
+        repo = pathlib.Path(__file__).resolve().parents[2]
+        assert (repo / docs / folder).is_dir(), folder
