@@ -1,9 +1,10 @@
 """The capacity benchmark (python -m benchmarks.capacity): the largest batch and sequence each
 allocator trains under a cap on memory. __main__.py says how to run it."""
 
+import argparse
 import os
 import sys
-from typing import Callable
+from typing import Callable, Iterable
 
 # The exit status of a command that refuses what it was given, flags or files it cannot use, as
 # argparse's refusals and the capacity command's: 2. Status 1 says it ran and something failed.
@@ -14,6 +15,13 @@ def refuse(prog: str, message: str) -> int:
     """Prints `prog: message` on stderr and returns REFUSED, for a command's main() to return."""
     print(f"{prog}: {message}", file=sys.stderr)
     return REFUSED
+
+
+def check_files(ap: argparse.ArgumentParser, paths: Iterable[str]) -> None:
+    """ap.error() (status 2) naming the first of `paths` that is not a file, and why."""
+    for path in paths:
+        if not os.path.isfile(path):
+            ap.error(f"{path}: " + ("not a file" if os.path.exists(path) else "no such file"))
 
 
 def exit_with(main: Callable[[], int]) -> None:

@@ -62,7 +62,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from benchmarks.capacity import refuse, results, step_rounds, trial, workloads
+from benchmarks.capacity import check_files, refuse, results, step_rounds, trial, workloads
 from benchmarks.capacity import table as table_names
 
 TORCH_VARIANTS = ("torch", "torch-expandable")
@@ -497,9 +497,7 @@ def main(argv=None) -> int:
                         "they hold are refused")
     a = ap.parse_args(argv)
     if a.command == "join":
-        for path in (a.file, a.results, *a.pooled_with):
-            if not os.path.isfile(path):
-                ap.error(f"{path}: " + ("not a file" if os.path.exists(path) else "no such file"))
+        check_files(ap, (a.file, a.results, *a.pooled_with))
         try:
             added, taken = join(a.file, a.results, a.pooled_with)
         except (ValueError, OSError) as e:
@@ -512,8 +510,7 @@ def main(argv=None) -> int:
             print(f"{a.results}: added {added} runs of {a.file} as {said}")
         return 0
     if a.command == "table":
-        if not os.path.isfile(a.file):
-            ap.error(f"{a.file}: " + ("not a file" if os.path.exists(a.file) else "no such file"))
+        check_files(ap, [a.file])
         try:
             data = read(a.file)
         except ValueError as e:  # names the file

@@ -45,7 +45,7 @@ import sys
 import time
 from typing import Callable
 
-from benchmarks.capacity import conf_rounds, refuse, results, table, trial, verdicts
+from benchmarks.capacity import check_files, conf_rounds, refuse, results, table, trial, verdicts
 from benchmarks.capacity.results import Results
 from benchmarks.capacity.workloads import WORKLOADS
 
@@ -228,9 +228,7 @@ def main(argv=None) -> int:
             ap.error(f"--out-dir {a.out_dir}: cannot be written")
     if a.card_gib is not None and not 0 < a.card_gib < math.inf:
         ap.error(f"--card-gib must be a finite number of GiB above 0, got {a.card_gib:g}")
-    for path in a.results:
-        if not os.path.isfile(path):
-            ap.error(f"{path}: " + ("not a file" if os.path.exists(path) else "no such file"))
+    check_files(ap, a.results)
     try:
         card = a.card_gib if a.card_gib is not None else card_gib()
     except ValueError as e:
